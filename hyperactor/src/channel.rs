@@ -1,0 +1,1 @@
+//! Channels (being written).
