@@ -1,0 +1,55 @@
+#![doc = include_str!("../README.md")]
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// The crate version, exported to Python as `monarch._rust_bindings.__version__`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The cargo profile this module was compiled with: `"debug"` or `"release"`.
+///
+/// Derived from `debug_assertions`, which is what distinguishes the two profiles
+/// `make build-dev` and `make build-prod` use.
+pub const PROFILE: &str = if cfg!(debug_assertions) {
+    "debug"
+} else {
+    "release"
+};
+
+/// The target triple this module was compiled for, e.g. `x86_64-unknown-linux-gnu`.
+pub const TARGET: &str = env!("MONARCH_BUILD_TARGET");
+
+/// The output of `rustc --version` for the compiler that built this module.
+pub const RUSTC: &str = env!("MONARCH_BUILD_RUSTC");
+
+/// Describe how this extension was built, for bug reports.
+///
+/// Returns a new dict with the keys `version`, `profile`, `target` and `rustc`, all
+/// strings (see [`VERSION`], [`PROFILE`], [`TARGET`] and [`RUSTC`]).
+///
+/// # Errors
+///
+/// Fails only if Python cannot allocate the dict or its items.
+#[pyfunction]
+pub fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let info = PyDict::new(py);
+    info.set_item("version", VERSION)?;
+    info.set_item("profile", PROFILE)?;
+    info.set_item("target", TARGET)?;
+    info.set_item("rustc", RUSTC)?;
+    Ok(info)
+}
+
+/// Initialise the `monarch._rust_bindings` module.
+///
+/// Called by the interpreter on `import monarch._rust_bindings`.
+///
+/// # Errors
+///
+/// Fails if adding an attribute to the module fails.
+#[pymodule]
+pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", VERSION)?;
+    m.add_function(wrap_pyfunction!(build_info, m)?)?;
+    Ok(())
+}
