@@ -1,0 +1,99 @@
+# Monarch developer commands. `make` (or `make help`) lists them.
+#
+# Everything Python lives in $(VENV); nothing is installed globally. CI runs `.ci/run`,
+# which runs `make test`.
+
+PYTHON ?= python3
+VENV ?= .venv
+CARGO ?= cargo
+
+VENV_PYTHON := $(VENV)/bin/python
+MATURIN := $(VENV)/bin/maturin
+
+# Python packages the venv needs to build, test and lint. Changing this list changes the
+# stamp file name, so the next `make install` installs again; otherwise pip is skipped.
+PY_REQUIREMENTS := maturin>=1.9.4,<2 pytest pytest-timeout ruff mypy cloudpickle matplotlib torch
+REQ_HASH := $(shell printf '%s' '$(PY_REQUIREMENTS)' | sha256sum | cut -c1-16)
+REQ_STAMP := $(VENV)/.requirements-$(REQ_HASH)
+
+# Every cargo invocation (ours and maturin's) sees the same PyO3 configuration, so the
+# PyO3 build scripts do not rerun and rebuild the pyo3 crates when switching between
+# `maturin develop` and `cargo clippy`/`cargo test`. PYO3_BUILD_EXTENSION_MODULE keeps
+# libpython out of the link, as maturin does.
+export PYO3_PYTHON := $(abspath $(VENV_PYTHON))
+export PYO3_BUILD_EXTENSION_MODULE := 1
+
+MATURIN_DEVELOP := VIRTUAL_ENV=$(abspath $(VENV)) $(MATURIN) develop
+# `examples/` is not tracked until it has files; only lint the directories that exist.
+PY_LINT_PATHS := $(wildcard python tests examples)
+
+.DEFAULT_GOAL := help
+
+.PHONY: help install build-dev build-prod format lint lint-rust lint-python stubtest \
+	test test-rust test-python demo bench docs all clean distclean
+
+help: ## Show this list of targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' \
+		$(MAKEFILE_LIST)
+
+$(VENV_PYTHON):
+	$(PYTHON) -m venv $(VENV)
+
+$(REQ_STAMP): | $(VENV_PYTHON)
+	$(VENV_PYTHON) -m pip install --quiet -U pip
+	$(VENV_PYTHON) -m pip install --quiet $(foreach r,$(PY_REQUIREMENTS),'$(r)')
+	rm -f $(VENV)/.requirements-*
+	touch $@
+
+install: build-prod ## Create .venv, install Python deps (once), build the extension (release)
+
+build-dev: $(REQ_STAMP) ## Build the extension in debug mode into .venv (maturin develop)
+	$(MATURIN_DEVELOP)
+
+build-prod: $(REQ_STAMP) ## Build the extension in release mode into .venv
+	$(MATURIN_DEVELOP) --release
+
+format: $(REQ_STAMP) ## Format Rust and Python sources in place
+	$(CARGO) fmt --all
+	$(VENV)/bin/ruff format $(PY_LINT_PATHS)
+
+lint: lint-rust lint-python stubtest ## Run every linter
+
+lint-rust: | $(VENV_PYTHON) ## cargo fmt --check and clippy with warnings denied
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+lint-python: $(REQ_STAMP) ## ruff check and ruff format --check
+	$(VENV)/bin/ruff check $(PY_LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(PY_LINT_PATHS)
+
+stubtest: install ## Check the .pyi stubs against the built extension
+	$(VENV_PYTHON) -m mypy.stubtest monarch._rust_bindings
+
+test: install test-rust test-python ## Install everything and run the whole test suite
+
+test-rust: | $(VENV_PYTHON) ## cargo test --workspace (unit, integration and doc tests)
+	$(CARGO) test --workspace
+
+test-python: $(REQ_STAMP) ## Run pytest (build the extension first: make install or build-dev)
+	$(VENV_PYTHON) -m pytest
+
+demo: install ## Install everything and run the main demo (hyperactor ping-pong for now)
+	$(CARGO) run --release -p hyperactor --example ping_pong
+
+bench: install ## Install everything and run the hyperactor benchmark
+	$(CARGO) run --release -p hyperactor --example bench
+
+docs: ## Build the Rust API docs into target/doc
+	$(CARGO) doc --workspace --no-deps
+
+all: lint test ## Lint and test everything
+
+clean: ## Remove build outputs and caches (keeps .venv)
+	$(CARGO) clean
+	rm -rf dist .pytest_cache .ruff_cache .mypy_cache
+	find python -name '*.so' -delete
+	find python tests -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean ## Also remove .venv
+	rm -rf $(VENV)

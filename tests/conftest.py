@@ -1,0 +1,142 @@
+"""Shared pytest configuration for the monarch test suite.
+
+Leak check: every test must leave no child process behind. The autouse fixture
+``_no_leaked_child_processes`` snapshots the descendants of the pytest process before each
+test and, after it, gives new descendants a grace period to exit; whatever is still
+running is killed and the test errors with the pids and command lines involved. Zombies
+(exited but not yet waited for) count as exited; those that are our direct children are
+reaped so they do not pile up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Stop early, with the fix, when the extension module is not built."""
+    try:
+        import monarch._rust_bindings  # noqa: F401
+    except ImportError as e:
+        raise pytest.UsageError(
+            f"cannot import monarch._rust_bindings ({e}); build it into this interpreter "
+            "first: `make install` (release) or `make build-dev` (debug), then run the "
+            "tests with .venv/bin/python -m pytest"
+        ) from e
+
+#: How long new descendants get to exit after a test before they count as leaked.
+LEAK_GRACE_SECONDS = 5.0
+#: How often the leak check polls /proc during the grace period.
+LEAK_POLL_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class _Proc:
+    """One process as read from ``/proc/<pid>/stat``."""
+
+    pid: int
+    ppid: int
+    state: str
+    #: Start time in clock ticks since boot; with the pid, identifies the process even if
+    #: the pid is reused.
+    start: int
+
+
+def _read_stat(pid: int) -> _Proc | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode(errors="replace")
+    except OSError:  # exited, or not ours to read
+        return None
+    # The command name (field 2) is in parentheses and may itself contain spaces and
+    # parentheses: split after the last ")".
+    fields = data[data.rindex(")") + 2 :].split()
+    return _Proc(pid=pid, ppid=int(fields[1]), state=fields[0], start=int(fields[19]))
+
+
+def _descendants(root: int) -> dict[int, _Proc]:
+    """Return every live process under ``root`` (not ``root`` itself), by pid."""
+    children: dict[int, list[_Proc]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (proc := _read_stat(int(entry))) is not None:
+            children.setdefault(proc.ppid, []).append(proc)
+    found: dict[int, _Proc] = {}
+    stack = [root]
+    while stack:
+        for proc in children.get(stack.pop(), []):
+            found[proc.pid] = proc
+            stack.append(proc.pid)
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip() or "?"
+
+
+def _reap_zombie_children(procs: dict[int, _Proc]) -> None:
+    me = os.getpid()
+    for proc in procs.values():
+        if proc.state == "Z" and proc.ppid == me:
+            try:
+                os.waitpid(proc.pid, os.WNOHANG)
+            except ChildProcessError:  # already reaped, e.g. by its Popen
+                pass
+
+
+def _new_live(before: dict[int, _Proc]) -> dict[int, _Proc]:
+    """Descendants that did not exist before the test and have not exited."""
+    now = _descendants(os.getpid())
+    _reap_zombie_children(now)
+    return {
+        pid: proc
+        for pid, proc in now.items()
+        if proc.state != "Z" and (pid not in before or before[pid].start != proc.start)
+    }
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_child_processes() -> Iterator[None]:
+    """Fail the test if it leaves a child (or any descendant) process running."""
+    before = _descendants(os.getpid())
+    yield
+    deadline = time.monotonic() + LEAK_GRACE_SECONDS
+    leaked = _new_live(before)
+    while leaked and time.monotonic() < deadline:
+        time.sleep(LEAK_POLL_SECONDS)  # polling /proc for exits; nothing to wait on
+        leaked = _new_live(before)
+    if not leaked:
+        return
+    report = [f"  pid {pid}: {_cmdline(pid)}" for pid in sorted(leaked)]
+    for pid, proc in leaked.items():
+        current = _read_stat(pid)
+        if current is not None and current.start == proc.start:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    # Reap what we killed, so it does not show up as a zombie in the next test.
+    deadline = time.monotonic() + LEAK_GRACE_SECONDS
+    while _new_live(before) and time.monotonic() < deadline:
+        time.sleep(LEAK_POLL_SECONDS)
+    _reap_zombie_children(_descendants(os.getpid()))
+    pytest.fail(
+        f"test leaked {len(leaked)} child process(es), still running "
+        f"{LEAK_GRACE_SECONDS:g} s after it ended (now killed):\n"
+        + "\n".join(report)
+        + "\nwait for every process a test starts (Popen.wait(), a context manager, "
+        "or a fixture that stops it)",
+        pytrace=False,
+    )
