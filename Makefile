@@ -16,10 +16,11 @@ PY_REQUIREMENTS := maturin>=1.9.4,<2 pytest pytest-timeout ruff mypy cloudpickle
 REQ_HASH := $(shell printf '%s' '$(PY_REQUIREMENTS)' | sha256sum | cut -c1-16)
 REQ_STAMP := $(VENV)/.requirements-$(REQ_HASH)
 
-# Every cargo invocation (ours and maturin's) sees the same PyO3 configuration, so the
-# PyO3 build scripts do not rerun and rebuild the pyo3 crates when switching between
-# `maturin develop` and `cargo clippy`/`cargo test`. PYO3_BUILD_EXTENSION_MODULE keeps
-# libpython out of the link, as maturin does.
+# Plain cargo commands configure PyO3 the way maturin does: the venv's interpreter, and
+# PYO3_BUILD_EXTENSION_MODULE so the monarch_extension cdylib never links libpython (which
+# a machine without python3-dev lacks). maturin also passes a config file of its own, so
+# alternating `make build-dev` with clippy/test still rebuilds the pyo3 crates (~15 s);
+# `make test` builds the extension in release and tests in debug, so it does not.
 export PYO3_PYTHON := $(abspath $(VENV_PYTHON))
 export PYO3_BUILD_EXTENSION_MODULE := 1
 
@@ -84,7 +85,7 @@ demo: install ## Install everything and run the main demo (hyperactor ping-pong 
 bench: install ## Install everything and run the hyperactor benchmark
 	$(CARGO) run --release -p hyperactor --example bench
 
-docs: ## Build the Rust API docs into target/doc
+docs: | $(VENV_PYTHON) ## Build the Rust API docs into target/doc
 	$(CARGO) doc --workspace --no-deps
 
 all: lint test ## Lint and test everything

@@ -32,6 +32,7 @@ def pytest_configure(config: pytest.Config) -> None:
             "tests with .venv/bin/python -m pytest"
         ) from e
 
+
 #: How long new descendants get to exit after a test before they count as leaked.
 LEAK_GRACE_SECONDS = 5.0
 #: How often the leak check polls /proc during the grace period.

@@ -32,9 +32,7 @@ def test_leaked_child_fails_the_test(inner: pytest.Pytester) -> None:
     result = inner.runpytest_subprocess()
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.assert_outcomes(passed=1, errors=1)
-    result.stdout.fnmatch_lines(
-        ["*test leaked 1 child process(es)*", "*pid *: sleep 30*"]
-    )
+    result.stdout.fnmatch_lines(["*test leaked 1 child process(es)*", "*pid *: sleep 30*"])
 
 
 @pytest.mark.timeout(60)

@@ -40,9 +40,10 @@ pub fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(info)
 }
 
-/// Initialise the `monarch._rust_bindings` module.
+/// The compiled half of the `monarch` package. Private: `monarch` re-exports what users need.
 ///
-/// Called by the interpreter on `import monarch._rust_bindings`.
+/// (This doc is the module's `__doc__`; the interpreter calls this function on
+/// `import monarch._rust_bindings` to fill the module in.)
 ///
 /// # Errors
 ///

@@ -6,6 +6,8 @@ against the built module.
 
 from typing import Literal, TypedDict, type_check_only
 
+__all__ = ["__version__", "build_info"]
+
 __version__: str
 """The version of the ``monarch_extension`` crate, equal to the package version."""
 
