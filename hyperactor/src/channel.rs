@@ -1,1 +1,186 @@
-//! Channels (being written).
+//! Channels: one-directional, ordered, flow-controlled links that carry
+//! [`Frame`]s between endpoints, in process or over Unix or TCP sockets.
+//!
+//! [`serve`] binds a [`ChannelAddr`] and returns a [`ChannelRx`], which
+//! merges the frames of every link to it. [`dial`] returns a [`ChannelTx`]
+//! at once; the connection is made in the background and frames queue
+//! until then. Each `dial` makes a separate link (one connection).
+//!
+//! Invariants:
+//! - frames of one link are delivered in send order, each at most once;
+//! - a frame counts as delivered when [`ChannelRx::recv`] yields it; the
+//!   receiver acknowledges deliveries (batched), and the sender keeps
+//!   every frame until then, charged against the link's byte budget
+//!   ([`LINK_BUDGET_BYTES`]), so a sender's memory stays bounded when the
+//!   receiver stops pulling;
+//! - a link that fails (cannot connect, the peer closes or dies, I/O
+//!   error) is dead for good (no reconnect): every frame it could not
+//!   prove delivered goes to the dial's [`ReturnFn`] exactly once, later
+//!   sends hand their frame back in a [`SendError`], and
+//!   [`ChannelTx::closed`] resolves.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use std::sync::Arc;
+//! use bytes::Bytes;
+//! use hyperactor::channel::{dial, serve, ChannelAddr, ChannelTransport, Frame};
+//!
+//! let mut rx = serve(&ChannelAddr::any(ChannelTransport::Unix)).await.unwrap();
+//! let tx = dial(rx.addr(), Arc::new(|_frame, err| eprintln!("returned: {err}")));
+//! tx.send(Frame::new(Bytes::from_static(b"hi"), vec![])).await.unwrap();
+//! assert_eq!(rx.recv().await.unwrap().header, Bytes::from_static(b"hi"));
+//! # }
+//! ```
+
+mod ack;
+mod addr;
+mod error;
+mod frame;
+mod link;
+mod local;
+mod net;
+#[cfg(test)]
+mod tests;
+mod tx;
+
+use std::fmt;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+pub use self::addr::ChannelAddr;
+pub use self::addr::ChannelTransport;
+pub use self::error::ChannelError;
+pub use self::error::SendError;
+pub use self::frame::Frame;
+pub use self::frame::FrameError;
+pub use self::frame::MAX_FRAME_LEN;
+pub use self::frame::MAX_FRAME_PARTS;
+pub use self::tx::ChannelTx;
+pub use self::tx::ReturnFn;
+pub use self::tx::FRAME_COST_OVERHEAD;
+pub use self::tx::LINK_BUDGET_BYTES;
+
+/// Capacity, in frames, of a [`ChannelRx`] queue.
+const RX_QUEUE_FRAMES: usize = 256;
+
+/// Binds `addr` and starts accepting links.
+///
+/// `Local(0)`, a TCP port 0 and [`ChannelAddr::any`] bind a fresh
+/// endpoint; [`ChannelRx::addr`] tells which.
+///
+/// # Errors
+/// [`ChannelError::AddrInUse`] if something is served there already
+/// (local ids, live Unix sockets); [`ChannelError::Bind`] if binding fails.
+///
+/// # Cancel safety
+/// Cancel safe: if cancelled, nothing stays bound.
+pub async fn serve(addr: &ChannelAddr) -> Result<ChannelRx, ChannelError> {
+    let (queue, frames) = mpsc::channel(RX_QUEUE_FRAMES);
+    let (addr, guard) = match addr {
+        ChannelAddr::Local(id) => {
+            let id = local::register(*id, queue)?;
+            (ChannelAddr::Local(id), Guard::Local(id))
+        }
+        ChannelAddr::Unix(path) => {
+            let (addr, guard) = net::serve_unix(path, queue).await?;
+            (addr, Guard::Net(guard))
+        }
+        ChannelAddr::Tcp(sockaddr) => {
+            let (addr, guard) = net::serve_tcp(*sockaddr, queue).await?;
+            (addr, Guard::Net(guard))
+        }
+    };
+    Ok(ChannelRx {
+        addr,
+        frames,
+        _guard: guard,
+    })
+}
+
+/// Starts a link to `addr` and returns its sending end.
+///
+/// Never blocks: the connection is made by a runtime task, and frames
+/// queue until then. If the link fails, `on_return` is called (from a
+/// runtime task) once for every frame it could not prove delivered, with
+/// the error. Outside a Tokio runtime the link fails at once with
+/// [`ChannelError::NoRuntime`].
+pub fn dial(addr: &ChannelAddr, on_return: ReturnFn) -> ChannelTx {
+    let (tx, link, queue) = ChannelTx::new(addr, on_return);
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        let error = ChannelError::NoRuntime { addr: addr.clone() };
+        link::fail_unconnected(&link, error, queue);
+        return tx;
+    };
+    let guard = link::ClosedOnDrop(Arc::clone(&link));
+    let addr = addr.clone();
+    runtime.spawn(async move {
+        let _guard = guard;
+        match addr {
+            ChannelAddr::Local(id) => local::run_link(id, queue, link).await,
+            ChannelAddr::Unix(path) => {
+                let connect = tokio::net::UnixStream::connect(path);
+                net::run_link(connect, queue, link).await;
+            }
+            ChannelAddr::Tcp(sockaddr) => {
+                net::run_link(net::connect_tcp(sockaddr), queue, link).await;
+            }
+        }
+    });
+    tx
+}
+
+/// Releases what a [`ChannelRx`] holds when it drops.
+#[derive(Debug)]
+enum Guard {
+    Local(u64),
+    Net(#[expect(dead_code, reason = "held only for its Drop")] net::NetGuard),
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Guard::Local(id) = self {
+            local::unregister(*id);
+        }
+    }
+}
+
+/// The receiving end of a channel: frames from all its links, merged.
+///
+/// Dropping it stops accepting, closes its links (their senders see them
+/// fail and get back every frame `recv` did not yield) and removes its
+/// Unix socket file.
+pub struct ChannelRx {
+    addr: ChannelAddr,
+    frames: mpsc::Receiver<ack::Delivery>,
+    _guard: Guard,
+}
+
+impl fmt::Debug for ChannelRx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChannelRx")
+            .field("addr", &self.addr)
+            .field("queued", &self.frames.len())
+            .finish()
+    }
+}
+
+impl ChannelRx {
+    /// The bound address: the real TCP port, the socket path, the
+    /// allocated local id.
+    pub fn addr(&self) -> &ChannelAddr {
+        &self.addr
+    }
+
+    /// The next frame from any link; frames of one link come in send order.
+    /// Returns `None` only if the endpoint can receive nothing more (its
+    /// accept task ended), which does not happen in normal operation.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a cancelled call loses no frame.
+    pub async fn recv(&mut self) -> Option<Frame> {
+        let delivery = self.frames.recv().await?;
+        Some(delivery.deliver())
+    }
+}

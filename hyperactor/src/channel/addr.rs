@@ -1,0 +1,178 @@
+//! Channel addresses and transports.
+//!
+//! A [`ChannelAddr`] names an endpoint that [`crate::channel::serve`] binds
+//! and [`crate::channel::dial`] connects to. Each address belongs to one
+//! [`ChannelTransport`]: `local` (in-process), `unix` (Unix domain socket)
+//! or `tcp`.
+//!
+//! Invariant: an address has exactly one printable form, and it parses
+//! back to the same address (`"local:7"`, `"unix:/tmp/x.sock"`,
+//! `"tcp:127.0.0.1:4000"`, `"tcp:[::1]:4000"`). Serde uses that string
+//! form. (A Unix path that is not UTF-8 prints lossily and does not round
+//! trip.)
+//!
+//! ```
+//! use hyperactor::channel::{ChannelAddr, ChannelTransport};
+//! let addr: ChannelAddr = "tcp:[::1]:4000".parse().unwrap();
+//! assert_eq!(addr.transport(), ChannelTransport::Tcp);
+//! assert_eq!(addr.to_string(), "tcp:[::1]:4000");
+//! ```
+
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::time::SystemTime;
+use std::time::UNIX_EPOCH;
+
+use serde::Deserialize;
+use serde::Deserializer;
+use serde::Serialize;
+use serde::Serializer;
+
+use super::error::ChannelError;
+
+/// The kind of transport an address uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ChannelTransport {
+    /// In-process: frames are moved between tasks, never serialised.
+    Local,
+    /// Unix domain stream sockets.
+    Unix,
+    /// TCP (with `TCP_NODELAY`).
+    Tcp,
+}
+
+impl ChannelTransport {
+    fn as_str(self) -> &'static str {
+        match self {
+            ChannelTransport::Local => "local",
+            ChannelTransport::Unix => "unix",
+            ChannelTransport::Tcp => "tcp",
+        }
+    }
+}
+
+impl fmt::Display for ChannelTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ChannelTransport {
+    type Err = ChannelError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "local" => Ok(ChannelTransport::Local),
+            "unix" => Ok(ChannelTransport::Unix),
+            "tcp" => Ok(ChannelTransport::Tcp),
+            _ => Err(ChannelError::InvalidAddr {
+                input: s.to_string(),
+                expected: "a transport: \"local\", \"unix\" or \"tcp\"",
+            }),
+        }
+    }
+}
+
+/// The address of a channel endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ChannelAddr {
+    /// An in-process endpoint; `Local(0)` asks `serve` for a fresh id.
+    Local(u64),
+    /// A Unix domain socket path.
+    Unix(PathBuf),
+    /// A TCP socket address; port 0 asks `serve` for a free port.
+    Tcp(SocketAddr),
+}
+
+const EXPECTED_ADDR: &str =
+    "\"local:<u64>\", \"unix:<path>\", \"tcp:<ipv4>:<port>\" or \"tcp:[<ipv6>]:<port>\"";
+
+impl ChannelAddr {
+    /// An address that [`crate::channel::serve`] binds to a fresh endpoint:
+    /// `Local(0)`, a unique socket path under [`std::env::temp_dir`], or
+    /// `127.0.0.1:0`.
+    pub fn any(transport: ChannelTransport) -> ChannelAddr {
+        match transport {
+            ChannelTransport::Local => ChannelAddr::Local(0),
+            ChannelTransport::Unix => ChannelAddr::Unix(unique_socket_path()),
+            ChannelTransport::Tcp => {
+                ChannelAddr::Tcp(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0))
+            }
+        }
+    }
+
+    /// The transport this address uses.
+    pub fn transport(&self) -> ChannelTransport {
+        match self {
+            ChannelAddr::Local(_) => ChannelTransport::Local,
+            ChannelAddr::Unix(_) => ChannelTransport::Unix,
+            ChannelAddr::Tcp(_) => ChannelTransport::Tcp,
+        }
+    }
+}
+
+/// A socket path unique to this process and call (pid, counter, clock).
+fn unique_socket_path() -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    std::env::temp_dir().join(format!(
+        "hyperactor-{}-{n}-{nanos:x}.sock",
+        std::process::id()
+    ))
+}
+
+impl fmt::Display for ChannelAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChannelAddr::Local(id) => write!(f, "local:{id}"),
+            ChannelAddr::Unix(path) => write!(f, "unix:{}", path.display()),
+            ChannelAddr::Tcp(addr) => write!(f, "tcp:{addr}"),
+        }
+    }
+}
+
+impl FromStr for ChannelAddr {
+    type Err = ChannelError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let invalid = || ChannelError::InvalidAddr {
+            input: s.to_string(),
+            expected: EXPECTED_ADDR,
+        };
+        let (transport, rest) = s.split_once(':').ok_or_else(invalid)?;
+        match transport.parse::<ChannelTransport>().map_err(|_| invalid())? {
+            ChannelTransport::Local => {
+                // Only plain decimal digits: no sign, no whitespace.
+                if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(invalid());
+                }
+                rest.parse().map(ChannelAddr::Local).map_err(|_| invalid())
+            }
+            ChannelTransport::Unix if rest.is_empty() => Err(invalid()),
+            ChannelTransport::Unix => Ok(ChannelAddr::Unix(PathBuf::from(rest))),
+            ChannelTransport::Tcp => rest.parse().map(ChannelAddr::Tcp).map_err(|_| invalid()),
+        }
+    }
+}
+
+impl Serialize for ChannelAddr {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ChannelAddr {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}

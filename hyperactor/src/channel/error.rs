@@ -1,0 +1,144 @@
+//! Errors of the channel layer.
+//!
+//! [`ChannelError`] is the one error type of this module: every variant
+//! names the address involved (or, for parse errors, the input), so a
+//! message is useful on its own in a log line. It is `Clone` because one
+//! link failure is reported many times: to [`crate::channel::ChannelTx::error`],
+//! to every pending `send`, and to every frame handed back to the
+//! [`crate::channel::ReturnFn`]. [`SendError`] is a failed send: it hands
+//! the frame back to the caller.
+//!
+//! Invariant: messages are lowercase and carry no trailing period.
+//!
+//! ```
+//! use hyperactor::channel::ChannelAddr;
+//! let err = "bogus".parse::<ChannelAddr>().unwrap_err();
+//! assert!(err.to_string().starts_with("invalid channel address"));
+//! ```
+
+use std::io;
+use std::sync::Arc;
+
+use super::addr::ChannelAddr;
+use super::frame::Frame;
+use super::frame::FrameError;
+
+/// Why a channel operation failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChannelError {
+    /// A string is not a valid channel address or transport.
+    #[error("invalid channel address {input:?}: expected {expected}")]
+    InvalidAddr {
+        /// The rejected input.
+        input: String,
+        /// What a valid input looks like.
+        expected: &'static str,
+    },
+    /// Binding a listener failed.
+    #[error("failed to bind {addr}: {source}")]
+    Bind {
+        /// The address being bound.
+        addr: ChannelAddr,
+        /// The underlying I/O error.
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// Something is already served at this address.
+    #[error("address {addr} is already in use")]
+    AddrInUse {
+        /// The address.
+        addr: ChannelAddr,
+    },
+    /// Connecting to the peer failed.
+    #[error("failed to connect to {addr}: {source}")]
+    Connect {
+        /// The peer address.
+        addr: ChannelAddr,
+        /// The underlying I/O error.
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// No channel is served at this local address.
+    #[error("nothing is served at {addr}")]
+    NotServed {
+        /// The local address.
+        addr: ChannelAddr,
+    },
+    /// An I/O error on an established link.
+    #[error("i/o error on the link to {addr}: {source}")]
+    Io {
+        /// The peer address.
+        addr: ChannelAddr,
+        /// The underlying I/O error.
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// The peer closed the link (for example its `ChannelRx` was dropped).
+    #[error("the link to {addr} was closed by the peer")]
+    Closed {
+        /// The peer address.
+        addr: ChannelAddr,
+    },
+    /// A frame could not be encoded or decoded.
+    #[error("bad frame on the link to {addr}: {source}")]
+    Frame {
+        /// The peer address.
+        addr: ChannelAddr,
+        /// What was wrong with the frame.
+        #[source]
+        source: FrameError,
+    },
+    /// The peer broke the link protocol (for example acknowledged a frame
+    /// that was never sent).
+    #[error("protocol error on the link to {addr}: {reason}")]
+    Protocol {
+        /// The peer address.
+        addr: ChannelAddr,
+        /// What went wrong.
+        reason: String,
+    },
+    /// `dial` was called outside a Tokio runtime, so no link task could run.
+    #[error("cannot dial {addr}: not called from within a tokio runtime")]
+    NoRuntime {
+        /// The peer address.
+        addr: ChannelAddr,
+    },
+}
+
+impl ChannelError {
+    pub(crate) fn io(addr: &ChannelAddr, err: io::Error) -> Self {
+        ChannelError::Io {
+            addr: addr.clone(),
+            source: Arc::new(err),
+        }
+    }
+
+    pub(crate) fn frame(addr: &ChannelAddr, err: FrameError) -> Self {
+        match err {
+            FrameError::Io(source) => ChannelError::Io {
+                addr: addr.clone(),
+                source,
+            },
+            source => ChannelError::Frame {
+                addr: addr.clone(),
+                source,
+            },
+        }
+    }
+
+    pub(crate) fn closed(addr: &ChannelAddr) -> Self {
+        ChannelError::Closed { addr: addr.clone() }
+    }
+}
+
+/// A frame that could not be sent, handed back with the reason.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("failed to send a frame of {} bytes: {error}", frame.len())]
+pub struct SendError {
+    /// The frame, unchanged.
+    pub frame: Frame,
+    /// Why it could not be sent (its message names the address).
+    #[source]
+    pub error: ChannelError,
+}

@@ -1,0 +1,188 @@
+//! The task that drives one link, generic over its transport.
+//!
+//! A link task takes frames from the [`ChannelTx`](super::ChannelTx) queue,
+//! numbers them (from 1), keeps them in an *unacknowledged window* and hands
+//! them to a [`FrameSink`] in batches; concurrently it reads cumulative
+//! acknowledgements from an [`AckSource`] and drops acknowledged frames
+//! from the window, releasing their budget.
+//!
+//! Invariants:
+//! - a frame leaves the window only when acknowledged (delivered) or when
+//!   the link fails, in which case [`LinkShared::fail`] returns it, once;
+//! - after a sink error the task keeps reading acknowledgements for up to
+//!   [`SETTLE_TIMEOUT`], so frames that were delivered just before the peer
+//!   went away are not also returned;
+//! - when every `ChannelTx` is dropped, the task finishes writing, waits
+//!   for all acknowledgements and ends without failing the link.
+//!
+//! ```ignore
+//! drive(sink, acks, queue, link).await; // run by `dial` in its own task
+//! ```
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::PoisonError;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::sync::Notify;
+
+use super::error::ChannelError;
+use super::frame::Frame;
+use super::tx::LinkShared;
+use super::tx::Queued;
+
+/// The most frames handed to the sink in one batch.
+const MAX_BATCH_FRAMES: usize = 64;
+/// A batch stops growing once it holds this many bytes.
+const MAX_BATCH_BYTES: usize = 4 << 20;
+/// How long acknowledgements may still arrive after the sink failed.
+pub(crate) const SETTLE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Where a link writes frames.
+pub(crate) trait FrameSink: Send {
+    /// Writes `frames`, numbered consecutively from `first_seq`.
+    fn write(
+        &mut self,
+        frames: Vec<Frame>,
+        first_seq: u64,
+    ) -> impl Future<Output = Result<(), ChannelError>> + Send;
+}
+
+/// Where a link reads acknowledgements from.
+pub(crate) trait AckSource: Send {
+    /// The next cumulative acknowledgement; an error once the peer is gone.
+    fn next_ack(&mut self) -> impl Future<Output = Result<u64, ChannelError>> + Send;
+}
+
+/// Frames written but not yet acknowledged.
+#[derive(Debug, Default)]
+struct Window {
+    /// The last acknowledged sequence number; `frames[0]` is `acked + 1`.
+    acked: u64,
+    frames: VecDeque<Queued>,
+}
+
+/// Marks its link closed when dropped, so that a link task dropped
+/// without finishing (for example by a runtime shutting down) still
+/// resolves [`ChannelTx::closed`](super::ChannelTx::closed).
+#[derive(Debug)]
+pub(crate) struct ClosedOnDrop(pub(crate) Arc<LinkShared>);
+
+impl Drop for ClosedOnDrop {
+    fn drop(&mut self) {
+        self.0.mark_closed();
+    }
+}
+
+/// Runs a link until it fails or is closed gracefully.
+pub(crate) async fn drive<S: FrameSink, A: AckSource>(
+    mut sink: S,
+    mut acks: A,
+    mut queue: mpsc::UnboundedReceiver<Queued>,
+    link: Arc<LinkShared>,
+) {
+    let window = Mutex::new(Window::default());
+    let acked = Notify::new();
+    let error = {
+        let writing = write_loop(&mut sink, &mut queue, &window, &acked);
+        let reading = ack_loop(&mut acks, &window, &link, &acked);
+        tokio::pin!(writing);
+        tokio::pin!(reading);
+        tokio::select! {
+            res = &mut writing => match res {
+                Ok(()) => return,
+                Err(err) => {
+                    // Let acknowledgements already on their way land first.
+                    let _ = tokio::time::timeout(SETTLE_TIMEOUT, &mut reading).await;
+                    err
+                }
+            },
+            err = &mut reading => err,
+        }
+    };
+    let window = window.into_inner().unwrap_or_else(PoisonError::into_inner);
+    link.fail(error, window.frames, &mut queue);
+}
+
+/// Fails a link that never got a transport (connect failed).
+pub(crate) fn fail_unconnected(
+    link: &LinkShared,
+    error: ChannelError,
+    mut queue: mpsc::UnboundedReceiver<Queued>,
+) {
+    link.fail(error, std::iter::empty(), &mut queue);
+}
+
+async fn write_loop<S: FrameSink>(
+    sink: &mut S,
+    queue: &mut mpsc::UnboundedReceiver<Queued>,
+    window: &Mutex<Window>,
+    acked: &Notify,
+) -> Result<(), ChannelError> {
+    while let Some(first) = queue.recv().await {
+        let mut batch = Vec::with_capacity(1);
+        let mut bytes = 0;
+        let mut next = Some(first);
+        let first_seq = {
+            let mut window = window.lock().unwrap_or_else(PoisonError::into_inner);
+            let first_seq = window.acked + window.frames.len() as u64 + 1;
+            while let Some(queued) = next.take() {
+                bytes += queued.frame.len();
+                batch.push(queued.frame.clone());
+                window.frames.push_back(queued);
+                if batch.len() < MAX_BATCH_FRAMES && bytes < MAX_BATCH_BYTES {
+                    next = queue.try_recv().ok();
+                }
+            }
+            first_seq
+        };
+        sink.write(batch, first_seq).await?;
+    }
+    // Every handle is gone: wait until everything is acknowledged.
+    loop {
+        if window
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .frames
+            .is_empty()
+        {
+            return Ok(());
+        }
+        acked.notified().await;
+    }
+}
+
+async fn ack_loop<A: AckSource>(
+    acks: &mut A,
+    window: &Mutex<Window>,
+    link: &LinkShared,
+    acked: &Notify,
+) -> ChannelError {
+    loop {
+        let ack = match acks.next_ack().await {
+            Ok(ack) => ack,
+            Err(err) => return err,
+        };
+        let released = {
+            let mut window = window.lock().unwrap_or_else(PoisonError::into_inner);
+            let written = window.acked + window.frames.len() as u64;
+            if ack < window.acked || ack > written {
+                return ChannelError::Protocol {
+                    addr: link.addr.clone(),
+                    reason: format!(
+                        "acknowledgement {ack} outside the window {}..={written}",
+                        window.acked
+                    ),
+                };
+            }
+            let n = (ack - window.acked) as usize;
+            window.acked = ack;
+            window.frames.drain(..n).map(|q| q.cost).sum::<usize>()
+        };
+        link.budget.release(released);
+        acked.notify_one();
+    }
+}

@@ -1,0 +1,542 @@
+//! Tests of the channel module across all three transports.
+//!
+//! Every async test runs under [`within`] (a `tokio::time::timeout`), and
+//! most loop over [`TRANSPORTS`]. Nothing synchronises by sleeping.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::*;
+
+const TRANSPORTS: [ChannelTransport; 3] = [
+    ChannelTransport::Local,
+    ChannelTransport::Unix,
+    ChannelTransport::Tcp,
+];
+
+async fn within<F: Future>(fut: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(30), fut)
+        .await
+        .expect("test timed out")
+}
+
+/// A `ReturnFn` that records the numbers of returned frames.
+fn recorder() -> (ReturnFn, Arc<Mutex<Vec<u64>>>) {
+    let returned = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&returned);
+    let on_return: ReturnFn = Arc::new(move |frame: Frame, _err: &ChannelError| {
+        sink.lock().unwrap().push(number(&frame));
+    });
+    (on_return, returned)
+}
+
+fn numbered(n: u64, parts: Vec<Bytes>) -> Frame {
+    Frame::new(Bytes::copy_from_slice(&n.to_le_bytes()), parts)
+}
+
+fn number(frame: &Frame) -> u64 {
+    u64::from_le_bytes(frame.header[..8].try_into().unwrap())
+}
+
+async fn serve_any(transport: ChannelTransport) -> ChannelRx {
+    serve(&ChannelAddr::any(transport)).await.unwrap()
+}
+
+#[test]
+fn addr_display_parse_round_trip() {
+    for s in [
+        "local:7",
+        "local:0",
+        "unix:/tmp/x.sock",
+        "tcp:127.0.0.1:4000",
+        "tcp:[::1]:4000",
+        "tcp:[fe80::1]:1",
+    ] {
+        let addr: ChannelAddr = s.parse().unwrap();
+        assert_eq!(addr.to_string(), s);
+        assert_eq!(addr.to_string().parse::<ChannelAddr>().unwrap(), addr);
+    }
+    assert_eq!(
+        "tcp:[::1]:4000".parse::<ChannelAddr>().unwrap().transport(),
+        ChannelTransport::Tcp
+    );
+    for transport in TRANSPORTS {
+        let any = ChannelAddr::any(transport);
+        assert_eq!(any.transport(), transport);
+        assert_eq!(any.to_string().parse::<ChannelAddr>().unwrap(), any);
+        assert_eq!(transport.to_string().parse::<ChannelTransport>().unwrap(), transport);
+    }
+}
+
+#[test]
+fn addr_rejects_bad_strings() {
+    for s in [
+        "",
+        "local",
+        "local:",
+        "local:-1",
+        "local:x",
+        "local: 7",
+        "unix:",
+        "tcp:",
+        "tcp:127.0.0.1",
+        "tcp:::1:4000",
+        "tcp:host:80",
+        "udp:127.0.0.1:4000",
+        "127.0.0.1:4000",
+    ] {
+        let err = s.parse::<ChannelAddr>().unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, ChannelError::InvalidAddr { .. }), "{s}: {msg}");
+        assert!(msg.contains("expected"), "{msg}");
+        assert!(msg.contains(&format!("{s:?}")), "{msg}");
+    }
+    assert!("udp".parse::<ChannelTransport>().is_err());
+}
+
+#[test]
+fn addr_serde_round_trip() {
+    for s in ["local:42", "unix:/tmp/a b.sock", "tcp:10.0.0.1:80", "tcp:[::1]:4000"] {
+        let addr: ChannelAddr = s.parse().unwrap();
+        let bytes = bincode::serialize(&addr).unwrap();
+        // Serialised as the string form.
+        assert_eq!(bincode::deserialize::<String>(&bytes).unwrap(), s);
+        assert_eq!(bincode::deserialize::<ChannelAddr>(&bytes).unwrap(), addr);
+    }
+    let bad = bincode::serialize("nope:1").unwrap();
+    assert!(bincode::deserialize::<ChannelAddr>(&bad).is_err());
+}
+
+#[tokio::test]
+async fn serve_binds_fresh_endpoints() {
+    within(async {
+        let local = serve_any(ChannelTransport::Local).await;
+        assert!(matches!(local.addr(), ChannelAddr::Local(id) if *id != 0));
+        let tcp = serve_any(ChannelTransport::Tcp).await;
+        assert!(matches!(tcp.addr(), ChannelAddr::Tcp(a) if a.port() != 0));
+        let unix = serve_any(ChannelTransport::Unix).await;
+        let ChannelAddr::Unix(path) = unix.addr().clone() else {
+            panic!("not unix: {unix:?}")
+        };
+        assert!(path.exists());
+        // Serving a live address again is refused.
+        for rx in [&local, &unix] {
+            let err = serve(rx.addr()).await.unwrap_err();
+            assert!(matches!(err, ChannelError::AddrInUse { .. }), "{err}");
+        }
+        drop(unix);
+        assert!(!path.exists(), "socket file not removed on drop");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn stale_unix_socket_is_replaced() {
+    within(async {
+        let addr = ChannelAddr::any(ChannelTransport::Unix);
+        let ChannelAddr::Unix(path) = &addr else {
+            unreachable!()
+        };
+        // A socket file nobody listens on.
+        drop(std::os::unix::net::UnixListener::bind(path).unwrap());
+        assert!(path.exists());
+        let mut rx = serve(&addr).await.unwrap();
+        let (on_return, _) = recorder();
+        let tx = dial(&addr, on_return);
+        tx.send(numbered(1, vec![])).await.unwrap();
+        assert_eq!(number(&rx.recv().await.unwrap()), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn send_recv_keeps_frames_intact_and_ordered() {
+    within(async {
+        for transport in TRANSPORTS {
+            let mut rx = serve_any(transport).await;
+            let (on_return, _) = recorder();
+            let tx = dial(rx.addr(), on_return);
+            assert_eq!(tx.addr(), rx.addr());
+            let frames: Vec<Frame> = (0..5u64)
+                .map(|i| {
+                    let parts = (0..i)
+                        .map(|p| Bytes::from(vec![p as u8; (p * 1000 + 1) as usize]))
+                        .collect();
+                    numbered(i, parts)
+                })
+                .collect();
+            for frame in &frames[..3] {
+                tx.send(frame.clone()).await.unwrap();
+            }
+            for frame in &frames[3..] {
+                tx.post(frame.clone()).unwrap();
+            }
+            // An empty frame is carried too.
+            tx.send(Frame::default()).await.unwrap();
+            for frame in &frames {
+                assert_eq!(&rx.recv().await.unwrap(), frame, "{transport}");
+            }
+            assert!(rx.recv().await.unwrap().is_empty());
+            assert!(tx.error().is_none());
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_frame_arrives_intact() {
+    within(async {
+        let len = 64 << 20;
+        let data: Vec<u8> = (0..len as u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+            .collect();
+        let part = Bytes::from(data);
+        for transport in TRANSPORTS {
+            let mut rx = serve_any(transport).await;
+            let (on_return, _) = recorder();
+            let tx = dial(rx.addr(), on_return);
+            tx.send(numbered(9, vec![part.clone()])).await.unwrap();
+            let frame = rx.recv().await.unwrap();
+            assert_eq!(number(&frame), 9);
+            assert_eq!(frame.parts.len(), 1);
+            assert_eq!(frame.parts[0].len(), len);
+            assert!(frame.parts[0] == part, "{transport}: payload differs");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_link_is_fifo_under_concurrent_senders() {
+    const SENDERS: u64 = 4;
+    const FRAMES: u64 = 1000;
+    within(async {
+        for transport in TRANSPORTS {
+            let mut rx = serve_any(transport).await;
+            for s in 0..SENDERS {
+                let (on_return, _) = recorder();
+                let tx = dial(rx.addr(), on_return);
+                tokio::spawn(async move {
+                    for i in 0..FRAMES {
+                        let body = Bytes::copy_from_slice(&s.to_le_bytes());
+                        tx.send(numbered(i, vec![body])).await.unwrap();
+                    }
+                });
+            }
+            let mut next = vec![0u64; SENDERS as usize];
+            for _ in 0..SENDERS * FRAMES {
+                let frame = rx.recv().await.unwrap();
+                let s = u64::from_le_bytes(frame.parts[0][..].try_into().unwrap()) as usize;
+                assert_eq!(number(&frame), next[s], "{transport}: sender {s} out of order");
+                next[s] += 1;
+            }
+            assert!(next.iter().all(|n| *n == FRAMES));
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_waits_for_budget_until_receiver_drains() {
+    const MIB: usize = 1 << 20;
+    const TOTAL: u64 = 100;
+    within(async {
+        let part = Bytes::from(vec![7u8; MIB]);
+        for transport in TRANSPORTS {
+            let mut rx = serve_any(transport).await;
+            let (on_return, _) = recorder();
+            let tx = dial(rx.addr(), on_return);
+            let mut accepted = 0u64;
+            loop {
+                let send = tx.send(numbered(accepted, vec![part.clone()]));
+                match tokio::time::timeout(Duration::from_millis(200), send).await {
+                    Ok(res) => res.unwrap(),
+                    Err(_) => break, // pending: the budget is used up
+                }
+                accepted += 1;
+                assert!(accepted <= (LINK_BUDGET_BYTES / MIB) as u64 + 1);
+            }
+            assert!(tx.outstanding_bytes() <= LINK_BUDGET_BYTES, "{transport}");
+            assert!(accepted >= (LINK_BUDGET_BYTES / MIB / 2) as u64, "{transport}: {accepted}");
+            // Draining lets the sender finish.
+            let sender = tokio::spawn({
+                let tx = tx.clone();
+                let part = part.clone();
+                async move {
+                    for i in accepted..TOTAL {
+                        tx.send(numbered(i, vec![part.clone()])).await.unwrap();
+                    }
+                }
+            });
+            for i in 0..TOTAL {
+                assert_eq!(number(&rx.recv().await.unwrap()), i, "{transport}");
+            }
+            sender.await.unwrap();
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn dial_to_unserved_address_fails_and_returns_frames() {
+    within(async {
+        let local = serve_any(ChannelTransport::Local).await.addr().clone();
+        let tcp = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            ChannelAddr::Tcp(listener.local_addr().unwrap())
+        };
+        for addr in [local, ChannelAddr::any(ChannelTransport::Unix), tcp] {
+            let (on_return, returned) = recorder();
+            let tx = dial(&addr, on_return);
+            for i in 0..3 {
+                tx.post(numbered(i, vec![])).unwrap();
+            }
+            let err = tx.closed().await;
+            assert!(err.to_string().contains(&addr.to_string()), "{err}");
+            assert!(tx.error().is_some());
+            assert_eq!(*returned.lock().unwrap(), vec![0, 1, 2], "{addr}");
+            let failed = tx.send(numbered(3, vec![])).await.unwrap_err();
+            assert_eq!(number(&failed.frame), 3);
+            assert!(failed.to_string().contains(&addr.to_string()), "{failed}");
+            let failed = tx.post(numbered(4, vec![])).unwrap_err();
+            assert_eq!(number(&failed.frame), 4);
+            assert_eq!(returned.lock().unwrap().len(), 3);
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_receiver_mid_stream_accounts_for_every_frame() {
+    const TOTAL: u64 = 200;
+    within(async {
+        let part = Bytes::from(vec![1u8; 1 << 20]);
+        for transport in TRANSPORTS {
+            let mut rx = serve_any(transport).await;
+            let (on_return, returned) = recorder();
+            let tx = dial(rx.addr(), on_return);
+            let sender = tokio::spawn({
+                let tx = tx.clone();
+                let part = part.clone();
+                async move {
+                    let mut failed = Vec::new();
+                    for i in 0..TOTAL {
+                        if let Err(err) = tx.send(numbered(i, vec![part.clone()])).await {
+                            failed.push(number(&err.frame));
+                        }
+                    }
+                    failed
+                }
+            });
+            let mut received = Vec::new();
+            for _ in 0..10 {
+                received.push(number(&rx.recv().await.unwrap()));
+            }
+            drop(rx);
+            let failed = sender.await.unwrap();
+            let err = tx.closed().await;
+            assert!(!failed.is_empty(), "{transport}: no send was refused");
+            let returned = returned.lock().unwrap().clone();
+            let all: Vec<u64> = received.iter().chain(&returned).chain(&failed).copied().collect();
+            let unique: BTreeSet<u64> = all.iter().copied().collect();
+            assert_eq!(all.len(), unique.len(), "{transport}: duplicates ({err})");
+            assert_eq!(unique, (0..TOTAL).collect(), "{transport}: frames lost ({err})");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn idle_sender_notices_receiver_drop() {
+    within(async {
+        for transport in TRANSPORTS {
+            let mut rx = serve_any(transport).await;
+            let (on_return, returned) = recorder();
+            let tx = dial(rx.addr(), on_return);
+            tx.send(numbered(1, vec![])).await.unwrap();
+            assert_eq!(number(&rx.recv().await.unwrap()), 1);
+            drop(rx);
+            let err = tx.closed().await;
+            assert!(matches!(err, ChannelError::Closed { .. }), "{transport}: {err}");
+            assert!(returned.lock().unwrap().is_empty(), "{transport}: delivered frame returned");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn dropped_sender_still_delivers_queued_frames() {
+    within(async {
+        for transport in TRANSPORTS {
+            let mut rx = serve_any(transport).await;
+            let (on_return, returned) = recorder();
+            let tx = dial(rx.addr(), on_return);
+            for i in 0..500 {
+                tx.post(numbered(i, vec![Bytes::from_static(b"payload")])).unwrap();
+            }
+            drop(tx);
+            for i in 0..500 {
+                assert_eq!(number(&rx.recv().await.unwrap()), i, "{transport}");
+            }
+            assert!(returned.lock().unwrap().is_empty(), "{transport}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn separate_dials_are_separate_links() {
+    within(async {
+        for transport in TRANSPORTS {
+            let mut rx = serve_any(transport).await;
+            let (on_return, _) = recorder();
+            let a = dial(rx.addr(), Arc::clone(&on_return));
+            let b = dial(rx.addr(), on_return);
+            a.send(numbered(1, vec![])).await.unwrap();
+            b.send(numbered(2, vec![])).await.unwrap();
+            let got: BTreeSet<u64> = [rx.recv().await.unwrap(), rx.recv().await.unwrap()]
+                .iter()
+                .map(number)
+                .collect();
+            assert_eq!(got, BTreeSet::from([1, 2]));
+            // Dropping one sender does not affect the other.
+            drop(a);
+            b.send(numbered(3, vec![])).await.unwrap();
+            assert_eq!(number(&rx.recv().await.unwrap()), 3);
+            assert!(b.error().is_none());
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn oversized_frames_are_handed_back() {
+    within(async {
+        let rx = serve_any(ChannelTransport::Local).await;
+        let (on_return, _) = recorder();
+        let tx = dial(rx.addr(), on_return);
+        let frame = Frame::new(Bytes::new(), vec![Bytes::new(); MAX_FRAME_PARTS + 1]);
+        let err = tx.send(frame.clone()).await.unwrap_err();
+        assert_eq!(err.frame, frame);
+        assert!(matches!(err.error, ChannelError::Frame { .. }), "{err}");
+        assert!(tx.post(frame).is_err());
+        assert!(tx.error().is_none(), "a bad frame must not fail the link");
+    })
+    .await;
+}
+
+#[test]
+fn dial_outside_a_runtime_fails_the_link() {
+    let (on_return, returned) = recorder();
+    let tx = dial(&"local:1".parse().unwrap(), on_return);
+    assert!(matches!(tx.error(), Some(ChannelError::NoRuntime { .. })));
+    assert_eq!(number(&tx.post(numbered(5, vec![])).unwrap_err().frame), 5);
+    assert!(returned.lock().unwrap().is_empty());
+}
+
+mod codec {
+    use std::collections::VecDeque;
+
+    use bytes::BufMut;
+    use bytes::BytesMut;
+
+    use super::super::frame;
+    use super::*;
+
+    fn encoded(frames: &[Frame]) -> Vec<u8> {
+        let mut chunks = VecDeque::new();
+        for f in frames {
+            frame::encode(f, &mut chunks).unwrap();
+        }
+        chunks.iter().flat_map(|c| c.iter().copied()).collect()
+    }
+
+    async fn decode_all(mut wire: &[u8]) -> Result<Vec<Frame>, FrameError> {
+        let mut frames = Vec::new();
+        while let Some(f) = frame::read_frame(&mut wire).await? {
+            frames.push(f);
+        }
+        Ok(frames)
+    }
+
+    fn sample() -> Vec<Frame> {
+        vec![
+            Frame::default(),
+            Frame::new(Bytes::from_static(b"h"), vec![]),
+            Frame::new(
+                Bytes::from_static(b"header"),
+                vec![Bytes::from_static(b"a"), Bytes::new(), Bytes::from(vec![3u8; 100_000])],
+            ),
+        ]
+    }
+
+    #[tokio::test]
+    async fn round_trip() {
+        let frames = sample();
+        let wire = encoded(&frames);
+        assert_eq!(within(decode_all(&wire)).await.unwrap(), frames);
+    }
+
+    #[tokio::test]
+    async fn vectored_writer_round_trip() {
+        let frames = sample();
+        let mut chunks = VecDeque::new();
+        for f in &frames {
+            frame::encode(f, &mut chunks).unwrap();
+        }
+        let mut out = Vec::new();
+        within(frame::write_chunks(&mut out, &mut chunks)).await.unwrap();
+        assert!(chunks.is_empty());
+        assert_eq!(out, encoded(&frames));
+    }
+
+    #[tokio::test]
+    async fn truncated_stream_is_an_error() {
+        let wire = encoded(&sample());
+        for cut in [1, 5, 11, 13, 20, 24, 26, wire.len() - 1] {
+            let err = within(decode_all(&wire[..cut])).await.unwrap_err();
+            assert!(matches!(err, FrameError::Truncated), "cut {cut}: {err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn oversize_lengths_are_rejected_before_allocating() {
+        // A part claiming u64::MAX bytes: allocating it would abort.
+        let mut wire = BytesMut::new();
+        wire.put_slice(b"HYF1");
+        wire.put_u32_le(1);
+        wire.put_u32_le(0);
+        wire.put_u64_le(u64::MAX);
+        let err = within(decode_all(&wire)).await.unwrap_err();
+        assert!(matches!(err, FrameError::TooLarge { .. }), "{err}");
+        // Just over the maximum, spread over two parts.
+        let mut wire = BytesMut::new();
+        wire.put_slice(b"HYF1");
+        wire.put_u32_le(2);
+        wire.put_u32_le(0);
+        wire.put_u64_le(MAX_FRAME_LEN);
+        wire.put_u64_le(1);
+        let err = within(decode_all(&wire)).await.unwrap_err();
+        assert!(matches!(err, FrameError::TooLarge { .. }), "{err}");
+        // Too many parts.
+        let mut wire = BytesMut::new();
+        wire.put_slice(b"HYF1");
+        wire.put_u32_le(u32::MAX);
+        wire.put_u32_le(0);
+        let err = within(decode_all(&wire)).await.unwrap_err();
+        assert!(matches!(err, FrameError::TooManyParts { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn bad_magic_is_rejected() {
+        let mut wire = encoded(&sample());
+        wire[0] ^= 0xff;
+        let err = within(decode_all(&wire)).await.unwrap_err();
+        assert!(matches!(err, FrameError::BadMagic { .. }), "{err}");
+    }
+}
