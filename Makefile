@@ -82,8 +82,8 @@ test-python: $(REQ_STAMP) ## Run pytest (build the extension first: make install
 demo: install ## Install everything and run the main demo (hyperactor ping-pong for now)
 	$(CARGO) run --release -p hyperactor --example ping_pong
 
-bench: install ## Install everything and run the hyperactor benchmark
-	$(CARGO) run --release -p hyperactor --example bench
+bench: ## Run the benchmarks in release mode (hyperactor proc messaging for now)
+	$(CARGO) bench -p hyperactor --bench proc_messaging
 
 docs: | $(VENV_PYTHON) ## Build the Rust API docs into target/doc
 	$(CARGO) doc --workspace --no-deps

@@ -1,0 +1,235 @@
+//! Messaging between two procs in two OS processes, next to a raw Unix-socket
+//! ping-pong measured by the same program.
+//!
+//! ```text
+//! cargo bench -p hyperactor --bench proc_messaging
+//! ```
+//!
+//! Reports, for Unix and TCP:
+//!
+//! - the round trip of a `call` from a client in this process to an actor in the child
+//!   process (a request carrying a once port, answered on it);
+//! - one-way throughput of 64-byte and 1 MiB messages to an actor in the child (sent with
+//!   back-pressure, and closed by a call that ORD-1 orders after them);
+//!
+//! and the round trip of a blocking 8-byte ping-pong over a raw Unix socket between the
+//! same two processes, the floor any messaging layer pays. The process is this binary
+//! itself, re-run with `--child`.
+
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use hyperactor::{
+    Actor, ActorRef, Binder, BoxError, ChannelTransport, Client, Context, Handler, OncePortRef, PortId, PortRef, Proc,
+    SendContext,
+};
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncReadExt;
+
+const RTT_ROUNDS: u32 = 20_000;
+const SMALL_MESSAGES: u64 = 200_000;
+const LARGE_MESSAGES: u64 = 2_000;
+
+/// The child's actor: answers pings, counts bulk messages.
+#[derive(Debug, Default)]
+struct Sink {
+    received: u64,
+    bytes: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Ping(OncePortRef<()>);
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Bulk(#[serde(with = "serde_bytes_compat")] Vec<u8>);
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Drain(OncePortRef<(u64, u64)>);
+
+/// Serialize a `Vec<u8>` as one byte string (bincode writes it as length + bytes either
+/// way; this keeps the intent explicit without another dependency).
+mod serde_bytes_compat {
+    pub(crate) fn serialize<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+    pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        serde::Deserialize::deserialize(d)
+    }
+}
+
+impl Actor for Sink {
+    type Params = ();
+    async fn new(_: ()) -> Result<Self, BoxError> {
+        Ok(Sink::default())
+    }
+    fn bind(binder: &mut Binder<Self>) {
+        binder.handle::<Ping>().handle::<Bulk>().handle::<Drain>();
+    }
+}
+
+impl Handler<Ping> for Sink {
+    async fn handle(&mut self, cx: &Context<Self>, Ping(reply): Ping) -> Result<(), BoxError> {
+        reply.send(cx, ())?;
+        Ok(())
+    }
+}
+
+impl Handler<Bulk> for Sink {
+    async fn handle(&mut self, _cx: &Context<Self>, Bulk(bytes): Bulk) -> Result<(), BoxError> {
+        self.received += 1;
+        self.bytes += bytes.len() as u64;
+        Ok(())
+    }
+}
+
+impl Handler<Drain> for Sink {
+    async fn handle(&mut self, cx: &Context<Self>, Drain(reply): Drain) -> Result<(), BoxError> {
+        reply.send(cx, (self.received, self.bytes))?;
+        self.received = 0;
+        self.bytes = 0;
+        Ok(())
+    }
+}
+
+fn child_main(args: &[String]) -> anyhow::Result<()> {
+    match args {
+        [mode, path] if mode == "raw" => {
+            let mut stream = UnixStream::connect(path)?;
+            let mut buf = [0u8; 8];
+            while stream.read_exact(&mut buf).is_ok() {
+                stream.write_all(&buf)?;
+            }
+            Ok(())
+        }
+        [transport, report] => tokio::runtime::Runtime::new()?.block_on(async {
+            let proc = Proc::serve(transport.parse()?, "bench-child").await?;
+            let sink = proc.spawn::<Sink>("sink", ())?;
+            let client = proc.client("boot")?;
+            PortRef::<ActorRef<Sink>>::attest(report.parse::<PortId>()?).send(&client, sink.bind())?;
+            let mut stdin = tokio::io::stdin();
+            let mut buf = [0u8; 64];
+            while stdin.read(&mut buf).await? > 0 {}
+            Ok(())
+        }),
+        _ => bail!("usage: proc_messaging --child (raw PATH | TRANSPORT REPORT_PORT)"),
+    }
+}
+
+fn raw_unix_rtt() -> anyhow::Result<Duration> {
+    let path = std::env::temp_dir().join(format!("hyperactor-bench-raw-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)?;
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args(["--child", "raw", &path.to_string_lossy()])
+        .spawn()?;
+    let (mut stream, _) = listener.accept()?;
+    let mut buf = [0u8; 8];
+    let mut rtt = |rounds: u32| -> anyhow::Result<Duration> {
+        let start = Instant::now();
+        for i in 0..rounds {
+            stream.write_all(&u64::from(i).to_le_bytes())?;
+            stream.read_exact(&mut buf)?;
+        }
+        Ok(start.elapsed() / rounds)
+    };
+    rtt(RTT_ROUNDS / 10)?;
+    let result = rtt(RTT_ROUNDS)?;
+    drop(stream);
+    child.wait()?;
+    let _ = std::fs::remove_file(&path);
+    Ok(result)
+}
+
+struct Peer {
+    child: tokio::process::Child,
+    sink: ActorRef<Sink>,
+}
+
+async fn start_peer(client: &Client, transport: ChannelTransport) -> anyhow::Result<Peer> {
+    let (report, mut reports) = client.open_port::<ActorRef<Sink>>();
+    let child = tokio::process::Command::new(std::env::current_exe()?)
+        .args(["--child", &transport.to_string(), &report.port_id().to_string()])
+        .stdin(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let sink = tokio::time::timeout(Duration::from_secs(30), reports.recv())
+        .await
+        .context("child did not report")??;
+    Ok(Peer { child, sink })
+}
+
+async fn call_rtt(client: &Client, sink: &ActorRef<Sink>) -> anyhow::Result<Duration> {
+    let port = sink.port::<Ping>();
+    for _ in 0..RTT_ROUNDS / 10 {
+        client.call(&port, Ping).await?;
+    }
+    let start = Instant::now();
+    for _ in 0..RTT_ROUNDS {
+        client.call(&port, Ping).await?;
+    }
+    Ok(start.elapsed() / RTT_ROUNDS)
+}
+
+/// Returns (messages per second, bytes per second).
+async fn throughput(client: &Client, sink: &ActorRef<Sink>, size: usize, count: u64) -> anyhow::Result<(f64, f64)> {
+    let port = sink.port::<Bulk>();
+    let payload = vec![0xa5u8; size];
+    let start = Instant::now();
+    for _ in 0..count {
+        port.send_with_backpressure(client, Bulk(payload.clone())).await?;
+    }
+    let (received, bytes) = client.call(&sink.port::<Drain>(), Drain).await?;
+    let elapsed = start.elapsed().as_secs_f64();
+    if received != count || bytes != count * size as u64 {
+        bail!("sink received {received} messages / {bytes} bytes, expected {count} / {}", count * size as u64);
+    }
+    Ok((count as f64 / elapsed, bytes as f64 / elapsed))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--child") {
+        return child_main(&args[1..]);
+    }
+    // `cargo bench` passes `--bench`; nothing else is accepted.
+    if args.iter().any(|a| a != "--bench") {
+        bail!("usage: cargo bench -p hyperactor --bench proc_messaging");
+    }
+
+    let raw = tokio::task::spawn_blocking(raw_unix_rtt).await??;
+    println!("hyperactor proc messaging, two procs in two processes (release build)");
+    println!("{:<44} {:>14}", "raw Unix socket ping-pong round trip", format!("{:.1} µs", micros(raw)));
+    for transport in [ChannelTransport::Unix, ChannelTransport::Tcp] {
+        let proc = Proc::serve(transport, "bench").await?;
+        let client = proc.client("bench")?;
+        let mut peer = start_peer(&client, transport).await?;
+        let rtt = call_rtt(&client, &peer.sink).await?;
+        let (small_rate, _) = throughput(&client, &peer.sink, 64, SMALL_MESSAGES).await?;
+        let (large_rate, large_bw) = throughput(&client, &peer.sink, 1 << 20, LARGE_MESSAGES).await?;
+        println!(
+            "{:<44} {:>14}   ({:.2}x raw Unix socket)",
+            format!("{transport}: call round trip"),
+            format!("{:.1} µs", micros(rtt)),
+            rtt.as_secs_f64() / raw.as_secs_f64()
+        );
+        println!("{:<44} {:>14}", format!("{transport}: one-way 64 B messages"), format!("{:.0} msg/s", small_rate));
+        println!(
+            "{:<44} {:>14}   ({:.0} msg/s)",
+            format!("{transport}: one-way 1 MiB messages"),
+            format!("{:.2} GB/s", large_bw / 1e9),
+            large_rate
+        );
+        drop(peer.child.stdin.take());
+        tokio::time::timeout(Duration::from_secs(10), peer.child.wait()).await??;
+        proc.stop(Duration::from_secs(1)).await;
+    }
+    Ok(())
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}

@@ -1,0 +1,311 @@
+//! The actor runtime: the task that runs one actor, and its shared cell.
+//!
+//! [`spawn_actor`] registers a mailbox in the proc and starts the actor's task, which
+//! runs [`run`]: construction, then one message at a time (ACT-1), then the terminal
+//! phase shared by graceful stops and failures (children stopped, mailbox closed, queued
+//! messages returned, status published, owner told of a failure).
+
+use std::any::Any;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::sync::{mpsc, watch};
+
+use super::{Actor, ActorHandle, Binder, Context};
+use crate::context::SendContext;
+use crate::error::{BoxError, SpawnError};
+use crate::id::ActorId;
+use crate::mailbox::{Mailbox, Work};
+use crate::message::{Envelope, Serialized, Undeliverable, SUPERVISION_PORT, UNDELIVERABLE_PORT};
+use crate::proc::Proc;
+use crate::supervision::{ActorStatus, SupervisionEvent};
+
+/// How long an owner waits for each child to stop before aborting it.
+pub(crate) const CHILD_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Who receives an actor's supervision events.
+#[derive(Debug)]
+pub(crate) enum Owner {
+    /// A local actor, which also tracks the new actor as its child.
+    Actor(Arc<ActorCell>),
+    /// A mailbox without an actor loop (a client): events go to its supervision port.
+    Mailbox(ActorId),
+    /// The proc itself.
+    Proc,
+}
+
+/// Where an actor's failure is reported.
+#[derive(Debug, Clone)]
+enum OwnerId {
+    Actor(ActorId),
+    Proc,
+}
+
+/// The state of one actor shared between its task, its handles and its owner.
+#[derive(Debug)]
+pub(crate) struct ActorCell {
+    pub(crate) id: ActorId,
+    pub(crate) mailbox: Arc<Mailbox>,
+    owner: OwnerId,
+    status: watch::Sender<ActorStatus>,
+    children: Mutex<Vec<Arc<ActorCell>>>,
+    abort: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl ActorCell {
+    pub(crate) fn status(&self) -> ActorStatus {
+        self.status.borrow().clone()
+    }
+
+    fn set_status(&self, status: ActorStatus) {
+        self.status.send_replace(status);
+    }
+
+    pub(crate) async fn wait_terminal(&self) -> ActorStatus {
+        let mut rx = self.status.subscribe();
+        let status = match rx.wait_for(ActorStatus::is_terminal).await {
+            Ok(status) => status.clone(),
+            // The sender lives in `self`, so it cannot be gone while we borrow it.
+            Err(_) => self.status(),
+        };
+        status
+    }
+
+    fn add_child(&self, child: Arc<ActorCell>) -> bool {
+        if matches!(self.status(), ActorStatus::Stopping) || self.status().is_terminal() {
+            return false;
+        }
+        let mut children = lock(&self.children);
+        children.retain(|c| !c.status().is_terminal());
+        children.push(child);
+        true
+    }
+
+    pub(crate) async fn stop_and_wait(&self, timeout: Duration) -> ActorStatus {
+        self.mailbox.request_stop();
+        match tokio::time::timeout(timeout, self.wait_terminal()).await {
+            Ok(status) => status,
+            Err(_) => {
+                self.abort(&format!("did not stop within {timeout:?} and was aborted"));
+                self.status()
+            }
+        }
+    }
+
+    /// Ends the actor's task at once (and its children's), without running its hooks.
+    fn abort(&self, reason: &str) {
+        if let Some(handle) = lock(&self.abort).take() {
+            handle.abort();
+        }
+        for child in lock(&self.children).drain(..) {
+            child.abort(reason);
+        }
+        self.mailbox.close(reason);
+        if !self.status().is_terminal() {
+            self.set_status(ActorStatus::Failed(reason.to_string()));
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Spawns an actor of type `A` named `name` on `proc`, owned by `owner`.
+pub(crate) fn spawn_actor<A: Actor>(
+    proc: &Proc,
+    name: &str,
+    params: A::Params,
+    owner: Owner,
+) -> Result<ActorHandle<A>, SpawnError> {
+    let (id, mailbox, rx) = proc.allocate_actor(name)?;
+    let owner_id = match &owner {
+        Owner::Actor(parent) => OwnerId::Actor(parent.id.clone()),
+        Owner::Mailbox(id) => OwnerId::Actor(id.clone()),
+        Owner::Proc => OwnerId::Proc,
+    };
+    let cell = Arc::new(ActorCell {
+        id,
+        mailbox,
+        owner: owner_id,
+        status: watch::Sender::new(ActorStatus::Created),
+        children: Mutex::new(Vec::new()),
+        abort: Mutex::new(None),
+    });
+    match owner {
+        Owner::Actor(parent) => {
+            if !parent.add_child(Arc::clone(&cell)) {
+                cell.mailbox.close("its owner stopped before it started");
+                return Err(SpawnError::OwnerStopped {
+                    owner: parent.id.clone(),
+                    name: name.to_string(),
+                });
+            }
+        }
+        Owner::Mailbox(_) | Owner::Proc => proc.add_root(Arc::clone(&cell)),
+    }
+    let cx = Context::<A>::new(Arc::clone(&cell), proc.clone());
+    let task = proc.runtime().spawn(run::<A>(cx, params, rx));
+    *lock(&cell.abort) = Some(task.abort_handle());
+    Ok(ActorHandle::new(cell))
+}
+
+/// Why an actor failed.
+#[derive(Debug)]
+struct Failure {
+    reason: String,
+    caused_by: Option<Box<SupervisionEvent>>,
+}
+
+impl Failure {
+    fn new(reason: String) -> Self {
+        Self {
+            reason,
+            caused_by: None,
+        }
+    }
+}
+
+async fn run<A: Actor>(cx: Context<A>, params: A::Params, mut rx: mpsc::UnboundedReceiver<Work>) {
+    let outcome = drive::<A>(&cx, params, &mut rx).await;
+    let cell = &cx.cell;
+    cell.set_status(ActorStatus::Stopping);
+    let children: Vec<_> = lock(&cell.children).drain(..).collect();
+    for child in children {
+        child.stop_and_wait(CHILD_STOP_TIMEOUT).await;
+    }
+    let ended = match &outcome {
+        Ok(()) => "stopped".to_string(),
+        Err(failure) => format!("failed: {}", failure.reason),
+    };
+    cell.mailbox.close(&ended);
+    // DEL-1: whatever was still queued goes back to its senders.
+    rx.close();
+    while let Ok(work) = rx.try_recv() {
+        if let Work::Message(envelope) = work {
+            let reason = format!("actor {} {ended} before handling it", cell.id);
+            cx.proc.bounce(Undeliverable { envelope, reason });
+        }
+    }
+    match outcome {
+        Ok(()) => cell.set_status(ActorStatus::Stopped),
+        Err(failure) => {
+            cell.set_status(ActorStatus::Failed(failure.reason.clone()));
+            let event = SupervisionEvent {
+                actor_id: cell.id.clone(),
+                reason: failure.reason,
+                caused_by: failure.caused_by,
+            };
+            report(&cx, event);
+        }
+    }
+}
+
+/// SUP-1: exactly one event per failure, to the owner.
+fn report<A: Actor>(cx: &Context<A>, event: SupervisionEvent) {
+    match &cx.cell.owner {
+        OwnerId::Proc => cx.proc.report_supervision_event(event),
+        OwnerId::Actor(owner) => match Serialized::encode(&event) {
+            Ok(payload) => {
+                let mut header = cx.envelope_header(owner.port_id(SUPERVISION_PORT));
+                header.return_to = None;
+                cx.proc.post(Envelope { header, payload });
+            }
+            Err(e) => tracing::error!(actor = %cx.cell.id, "cannot report failure: {e}"),
+        },
+    }
+}
+
+async fn drive<A: Actor>(
+    cx: &Context<A>,
+    params: A::Params,
+    rx: &mut mpsc::UnboundedReceiver<Work>,
+) -> Result<(), Failure> {
+    cx.cell.set_status(ActorStatus::Initializing);
+    let mut actor = guard("new", A::new(params)).await?;
+    guard("init", actor.init(cx)).await?;
+    let binder = Binder::<A>::build();
+    cx.cell.set_status(ActorStatus::Idle);
+    while let Some(work) = rx.recv().await {
+        match work {
+            Work::Stop => return Ok(()),
+            Work::Message(envelope) => {
+                cx.cell.set_status(ActorStatus::Processing);
+                handle_one(&mut actor, cx, &binder, envelope).await?;
+                cx.cell.set_status(ActorStatus::Idle);
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn handle_one<A: Actor>(
+    actor: &mut A,
+    cx: &Context<A>,
+    binder: &Binder<A>,
+    envelope: Envelope,
+) -> Result<(), Failure> {
+    match envelope.header.dest.index() {
+        UNDELIVERABLE_PORT => {
+            let message = decode_runtime::<Undeliverable>(&envelope)?;
+            guard("handle_undeliverable", actor.handle_undeliverable(cx, message)).await
+        }
+        SUPERVISION_PORT => {
+            let event = decode_runtime::<SupervisionEvent>(&envelope)?;
+            let outcome = guard("handle_supervision_event", actor.handle_supervision_event(cx, &event)).await;
+            let reason = match outcome {
+                Ok(true) => return Ok(()),
+                Ok(false) => format!("did not handle the failure of its child {}", event.actor_id),
+                Err(failure) => failure.reason,
+            };
+            Err(Failure {
+                reason,
+                caused_by: Some(Box::new(event)),
+            })
+        }
+        port => match binder.get(port) {
+            Some((handler, type_name)) => match handler(actor, cx, envelope) {
+                Ok(future) => guard(&format!("handler for {type_name}"), future).await,
+                Err((envelope, error)) => {
+                    let reason = format!("actor {} could not decode it: {error}", cx.cell.id);
+                    cx.proc.bounce(Undeliverable { envelope, reason });
+                    Ok(())
+                }
+            },
+            None => {
+                let reason = format!("actor {} has no handler for port {port}", cx.cell.id);
+                cx.proc.bounce(Undeliverable { envelope, reason });
+                Ok(())
+            }
+        },
+    }
+}
+
+fn decode_runtime<M: crate::message::Message>(envelope: &Envelope) -> Result<M, Failure> {
+    envelope
+        .payload
+        .decode()
+        .map_err(|e| Failure::new(format!("corrupt runtime message: {e}")))
+}
+
+/// Runs `future`, turning an error or a panic into a [`Failure`] (ACT-3).
+async fn guard<T>(what: &str, future: impl Future<Output = Result<T, BoxError>>) -> Result<T, Failure> {
+    match AssertUnwindSafe(future).catch_unwind().await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(Failure::new(format!("{what} returned an error: {error}"))),
+        Err(panic) => Err(Failure::new(format!("{what} panicked: {}", panic_message(&*panic)))),
+    }
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a non-string panic payload".to_string()
+    }
+}

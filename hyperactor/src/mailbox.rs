@@ -1,0 +1,234 @@
+//! Mailboxes: where an actor's messages arrive, and where its ports are opened.
+//!
+//! Every actor (and every [`crate::client::Client`]) owns one [`Mailbox`]. The proc
+//! delivers each incoming [`Envelope`] to the mailbox of its destination actor, which
+//! routes it by port number:
+//!
+//! - a port opened with [`Mailbox::open_port`] or [`Mailbox::open_once_port`] gets the
+//!   envelope directly (its receiver decodes it);
+//! - any other handler port (top bit set, see [`crate::message`]) goes to the actor's
+//!   work queue, in arrival order, where the actor's loop handles one message at a time
+//!   (ACT-1).
+//!
+//! Invariants:
+//!
+//! - MB-1 (per-sender FIFO): envelopes from one sender are pushed into the work queue
+//!   in the order the proc delivers them; the queue never reorders.
+//! - MB-2 (exactly once for once ports): a once port is removed from the table by the
+//!   delivery that consumes it, under the mailbox lock, so a second message to it is
+//!   returned as undeliverable.
+//! - MB-3 (closed means returned): after [`Mailbox::close`] every delivery fails with the
+//!   close reason, so the proc returns the message to its sender (DEL-1).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::id::{ActorId, PortId};
+use crate::message::{Envelope, Message, Undeliverable, HANDLER_PORT_BIT};
+use crate::port::{OncePortReceiver, OncePortRef, PortReceiver, PortRef};
+
+/// An item of an actor's work queue.
+// Messages are the common case; boxing them to shrink the rare `Stop` would cost an
+// allocation per message.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub(crate) enum Work {
+    /// A message for one of the actor's handler ports.
+    Message(Envelope),
+    /// Stop after the messages queued before this one.
+    Stop,
+}
+
+/// Where an opened port's messages go.
+#[derive(Debug)]
+enum PortSink {
+    Stream(mpsc::UnboundedSender<Envelope>),
+    Once(oneshot::Sender<Envelope>),
+}
+
+#[derive(Debug)]
+struct MailboxState {
+    work: Option<mpsc::UnboundedSender<Work>>,
+    ports: HashMap<u64, PortSink>,
+    next_port: u64,
+    closed: Option<String>,
+}
+
+/// The mailbox of one actor or client. Obtained from a context
+/// ([`crate::context::SendContext::mailbox`]); it has no public constructor.
+#[derive(Debug)]
+pub struct Mailbox {
+    actor_id: ActorId,
+    state: Mutex<MailboxState>,
+}
+
+impl Mailbox {
+    /// A mailbox with a work queue (for an actor), returning the queue's receiver.
+    pub(crate) fn with_work_queue(actor_id: ActorId) -> (Arc<Self>, mpsc::UnboundedReceiver<Work>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Arc::new(Self::build(actor_id, Some(tx))), rx)
+    }
+
+    /// A mailbox without a work queue (for a client): only opened ports receive.
+    pub(crate) fn without_work_queue(actor_id: ActorId) -> Arc<Self> {
+        Arc::new(Self::build(actor_id, None))
+    }
+
+    fn build(actor_id: ActorId, work: Option<mpsc::UnboundedSender<Work>>) -> Self {
+        Self {
+            actor_id,
+            state: Mutex::new(MailboxState {
+                work,
+                ports: HashMap::new(),
+                next_port: 1,
+                closed: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, MailboxState> {
+        // A panic while holding this lock cannot leave the table half-updated (every
+        // critical section is a single map operation), so poisoning is ignored.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The id of the actor that owns this mailbox.
+    pub fn actor_id(&self) -> &ActorId {
+        &self.actor_id
+    }
+
+    /// Opens a streaming port: every message sent to the returned reference arrives, in
+    /// order, at the returned receiver. Dropping the receiver closes the port.
+    pub fn open_port<M: Message>(self: &Arc<Self>) -> (PortRef<M>, PortReceiver<M>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let port = self.insert(None, PortSink::Stream(tx));
+        (
+            PortRef::attest(port.clone()),
+            PortReceiver::new(port, rx, Arc::clone(self)),
+        )
+    }
+
+    /// Opens a once port: exactly one message sent to the returned reference arrives at
+    /// the returned receiver (MB-2); later ones are returned to their senders.
+    pub fn open_once_port<M: Message>(self: &Arc<Self>) -> (OncePortRef<M>, OncePortReceiver<M>) {
+        let (tx, rx) = oneshot::channel();
+        let port = self.insert(None, PortSink::Once(tx));
+        (
+            OncePortRef::attest(port.clone()),
+            OncePortReceiver::new(port, rx, Arc::clone(self)),
+        )
+    }
+
+    /// Binds a streaming receiver at a fixed port number (used by clients for the
+    /// runtime's reserved ports).
+    pub(crate) fn bind_port(self: &Arc<Self>, index: u64) -> mpsc::UnboundedReceiver<Envelope> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.insert(Some(index), PortSink::Stream(tx));
+        rx
+    }
+
+    fn insert(&self, index: Option<u64>, sink: PortSink) -> PortId {
+        let mut state = self.lock();
+        let index = index.unwrap_or_else(|| {
+            let n = state.next_port;
+            state.next_port += 1;
+            debug_assert!(n & HANDLER_PORT_BIT == 0);
+            n
+        });
+        if state.closed.is_none() {
+            state.ports.insert(index, sink);
+        }
+        // On a closed mailbox the sink is dropped at once: the receiver reports the port
+        // closed, which is what a caller of a stopped actor must see.
+        self.actor_id.port_id(index)
+    }
+
+    /// Removes an opened port (its receiver was dropped).
+    pub(crate) fn remove_port(&self, index: u64) {
+        self.lock().ports.remove(&index);
+    }
+
+    /// Delivers an envelope addressed to this mailbox's actor.
+    ///
+    /// # Errors
+    ///
+    /// Returns the envelope, with the reason, when it cannot be delivered: the mailbox is
+    /// closed, the port is not open, or the actor's queue is gone.
+    pub(crate) fn deliver(&self, envelope: Envelope) -> Result<(), Box<Undeliverable>> {
+        let index = envelope.header.dest.index();
+        let mut state = self.lock();
+        if let Some(reason) = &state.closed {
+            let reason = format!("actor {} is not running: {reason}", self.actor_id);
+            return Err(undeliverable(envelope, reason));
+        }
+        match state.ports.get(&index) {
+            Some(PortSink::Stream(tx)) => match tx.send(envelope) {
+                Ok(()) => Ok(()),
+                Err(mpsc::error::SendError(envelope)) => {
+                    state.ports.remove(&index);
+                    Err(closed_port(envelope))
+                }
+            },
+            Some(PortSink::Once(_)) => {
+                let Some(PortSink::Once(tx)) = state.ports.remove(&index) else {
+                    unreachable!("invariant: the entry was just seen to be a once port");
+                };
+                tx.send(envelope).map_err(closed_port)
+            }
+            None if index & HANDLER_PORT_BIT != 0 => match &state.work {
+                Some(work) => work.send(Work::Message(envelope)).map_err(|e| match e.0 {
+                    Work::Message(envelope) => {
+                        let reason = format!("actor {} is not running", self.actor_id);
+                        undeliverable(envelope, reason)
+                    }
+                    Work::Stop => unreachable!("invariant: a message was sent"),
+                }),
+                None => {
+                    let reason = format!("{} has no handler for port {index}", self.actor_id);
+                    Err(undeliverable(envelope, reason))
+                }
+            },
+            None => {
+                let reason = format!("port {} is not open", envelope.header.dest);
+                Err(undeliverable(envelope, reason))
+            }
+        }
+    }
+
+    /// Asks the actor loop to stop after the messages already queued.
+    ///
+    /// Returns false when the loop has already ended.
+    pub(crate) fn request_stop(&self) -> bool {
+        match &self.lock().work {
+            Some(work) => work.send(Work::Stop).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Closes the mailbox: every opened port's receiver sees the port closed, and every
+    /// later delivery fails with `reason` (MB-3).
+    pub(crate) fn close(&self, reason: &str) {
+        let mut state = self.lock();
+        if state.closed.is_none() {
+            state.closed = Some(reason.to_string());
+        }
+        state.ports.clear();
+        state.work = None;
+    }
+
+    /// The close reason, if closed.
+    pub fn closed_reason(&self) -> Option<String> {
+        self.lock().closed.clone()
+    }
+}
+
+fn undeliverable(envelope: Envelope, reason: String) -> Box<Undeliverable> {
+    Box::new(Undeliverable { envelope, reason })
+}
+
+fn closed_port(envelope: Envelope) -> Box<Undeliverable> {
+    let reason = format!("port {} is closed", envelope.header.dest);
+    undeliverable(envelope, reason)
+}

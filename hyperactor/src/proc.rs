@@ -1,0 +1,368 @@
+//! Procs: the runtime of one process, hosting actors and routing their messages.
+//!
+//! A [`Proc`] listens on one channel address and hosts any number of actors. Every
+//! message sent from the proc's actors and clients goes through [`Proc::post`]:
+//!
+//! - to an actor of this proc: straight into its mailbox;
+//! - to another proc: into the link (one [`ChannelTx`]) to that proc's address, created
+//!   on first use and re-created after a failure.
+//!
+//! Messages arriving on the proc's channel are delivered to local mailboxes by a router
+//! task.
+//!
+//! Invariants:
+//!
+//! - ORD-1 (per-sender FIFO): messages from one sender to one actor are delivered in
+//!   send order. Locally, a post is a push into the destination's queue; remotely, all
+//!   messages from this proc to another proc share one link, whose frames arrive in
+//!   order, and the remote router delivers them in arrival order.
+//! - DEL-1 (nothing lost silently): a message that cannot be delivered — no such actor,
+//!   the actor stopped, the port is closed, the link failed before the receiver took it
+//!   — is returned to the sender's `return_to` port as an [`Undeliverable`]. A returned
+//!   message that cannot itself be delivered is logged, never returned again.
+//!
+//! ```
+//! # use hyperactor::{channel::ChannelTransport, proc::Proc};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let proc = Proc::serve(ChannelTransport::Unix, "worker").await?;
+//! println!("serving at {}", proc.proc_id());
+//! proc.stop(std::time::Duration::from_secs(1)).await;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::actor::{spawn_actor, Actor, ActorCell, ActorHandle, Owner};
+use crate::channel::{self, ChannelAddr, ChannelError, ChannelRx, ChannelTransport, ChannelTx, Frame};
+use crate::client::Client;
+use crate::error::{ProcError, SpawnError};
+use crate::id::{validate_name, ActorId, ProcId};
+use crate::mailbox::{Mailbox, Work};
+use crate::message::{Envelope, EnvelopeHeader, Serialized, Undeliverable};
+use crate::supervision::SupervisionEvent;
+
+/// A handle to a proc. Cheap to clone; all clones share the proc.
+#[derive(Clone)]
+pub struct Proc {
+    inner: Arc<ProcInner>,
+}
+
+struct ProcInner {
+    id: ProcId,
+    runtime: tokio::runtime::Handle,
+    actors: RwLock<HashMap<ActorId, Arc<Mailbox>>>,
+    names: Mutex<HashMap<String, u64>>,
+    roots: Mutex<Vec<Arc<ActorCell>>>,
+    links: Mutex<HashMap<ChannelAddr, ChannelTx>>,
+    supervision_tx: mpsc::UnboundedSender<SupervisionEvent>,
+    supervision_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<SupervisionEvent>>,
+    stopped: AtomicBool,
+    /// Dropping this ends the router task.
+    router_stop: Mutex<Option<oneshot::Sender<()>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Proc {
+    /// Starts a proc listening on a fresh address of `transport`. Its uid is `name`
+    /// followed by a unique suffix.
+    ///
+    /// # Errors
+    ///
+    /// [`ProcError::Id`] for an invalid name; [`ProcError::Channel`] if the address cannot
+    /// be bound.
+    pub async fn serve(transport: ChannelTransport, name: &str) -> Result<Self, ProcError> {
+        Self::serve_at(&ChannelAddr::any(transport), name).await
+    }
+
+    /// Starts a proc listening on `addr` (see [`ChannelAddr::any`] for fresh addresses).
+    ///
+    /// # Errors
+    ///
+    /// As [`Proc::serve`].
+    pub async fn serve_at(addr: &ChannelAddr, name: &str) -> Result<Self, ProcError> {
+        validate_name(name)?;
+        let rx = channel::serve(addr).await?;
+        let id = ProcId::unique(name, rx.addr().clone())?;
+        let (supervision_tx, supervision_rx) = mpsc::unbounded_channel();
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let inner = Arc::new(ProcInner {
+            id,
+            runtime: tokio::runtime::Handle::current(),
+            actors: RwLock::new(HashMap::new()),
+            names: Mutex::new(HashMap::new()),
+            roots: Mutex::new(Vec::new()),
+            links: Mutex::new(HashMap::new()),
+            supervision_tx,
+            supervision_rx: tokio::sync::Mutex::new(supervision_rx),
+            stopped: AtomicBool::new(false),
+            router_stop: Mutex::new(Some(stop_tx)),
+        });
+        tokio::spawn(route(Arc::downgrade(&inner), rx, stop_rx));
+        Ok(Self { inner })
+    }
+
+    /// This proc's id (its address included).
+    pub fn proc_id(&self) -> &ProcId {
+        &self.inner.id
+    }
+
+    /// A client of this proc, with an actor id of its own named `name`.
+    ///
+    /// # Errors
+    ///
+    /// [`SpawnError::Name`] for an invalid name; [`SpawnError::ProcStopped`] if the proc
+    /// is stopped.
+    pub fn client(&self, name: &str) -> Result<Client, SpawnError> {
+        let (id, _) = self.register(name, |id| (Mailbox::without_work_queue(id), ()))?;
+        let mailbox = self.mailbox(&id).ok_or_else(|| SpawnError::ProcStopped {
+            proc_id: self.inner.id.clone(),
+            name: name.to_string(),
+        })?;
+        Ok(Client::new(self.clone(), mailbox))
+    }
+
+    /// Spawns a root actor: the proc itself owns it, and its failures are collected by
+    /// [`Proc::next_supervision_event`].
+    ///
+    /// # Errors
+    ///
+    /// [`SpawnError::Name`] for an invalid name; [`SpawnError::ProcStopped`] if the proc
+    /// is stopped.
+    pub fn spawn<A: Actor>(&self, name: &str, params: A::Params) -> Result<ActorHandle<A>, SpawnError> {
+        spawn_actor::<A>(self, name, params, Owner::Proc)
+    }
+
+    /// The next failure of an actor owned by the proc itself.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn next_supervision_event(&self) -> Option<SupervisionEvent> {
+        self.inner.supervision_rx.lock().await.recv().await
+    }
+
+    /// Routes `envelope` to its destination without waiting (see the module docs).
+    /// Failures come back to the sender (DEL-1).
+    pub fn post(&self, envelope: Envelope) {
+        let dest = envelope.header.dest.actor().proc_id();
+        if dest == &self.inner.id {
+            return self.deliver_local(envelope);
+        }
+        let link = self.link(dest.addr());
+        match envelope.into_frame() {
+            Ok(frame) => {
+                if let Err(e) = link.post(frame) {
+                    self.bounce_frame(e.frame, &e.error);
+                }
+            }
+            Err(e) => tracing::error!(proc = %self.inner.id, "cannot frame a message: {e}"),
+        }
+    }
+
+    /// Routes `envelope` like [`Proc::post`], but waits while the link to a remote
+    /// destination has too many bytes outstanding (flow control for bulk senders).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling may drop the message before it was queued; it is then neither
+    /// delivered nor returned.
+    pub async fn send(&self, envelope: Envelope) {
+        let dest = envelope.header.dest.actor().proc_id();
+        if dest == &self.inner.id {
+            return self.deliver_local(envelope);
+        }
+        let link = self.link(dest.addr());
+        match envelope.into_frame() {
+            Ok(frame) => {
+                if let Err(e) = link.send(frame).await {
+                    self.bounce_frame(e.frame, &e.error);
+                }
+            }
+            Err(e) => tracing::error!(proc = %self.inner.id, "cannot frame a message: {e}"),
+        }
+    }
+
+    /// Stops every actor of this proc (each owner stops its children first), waiting up
+    /// to `timeout` for each, then stops routing. Later spawns fail.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: actors already asked to stop go on stopping.
+    pub async fn stop(&self, timeout: Duration) {
+        self.inner.stopped.store(true, Ordering::SeqCst);
+        let roots: Vec<_> = lock(&self.inner.roots).drain(..).collect();
+        futures::future::join_all(roots.iter().map(|cell| cell.stop_and_wait(timeout))).await;
+        lock(&self.inner.router_stop).take();
+        lock(&self.inner.links).clear();
+    }
+
+    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.inner.runtime
+    }
+
+    pub(crate) fn add_root(&self, cell: Arc<ActorCell>) {
+        let mut roots = lock(&self.inner.roots);
+        roots.retain(|c| !c.status().is_terminal());
+        roots.push(cell);
+    }
+
+    /// Registers a new mailbox named `name`, built by `make`.
+    fn register<T>(
+        &self,
+        name: &str,
+        make: impl FnOnce(ActorId) -> (Arc<Mailbox>, T),
+    ) -> Result<(ActorId, T), SpawnError> {
+        validate_name(name)?;
+        if self.inner.stopped.load(Ordering::SeqCst) {
+            return Err(SpawnError::ProcStopped {
+                proc_id: self.inner.id.clone(),
+                name: name.to_string(),
+            });
+        }
+        let index = {
+            let mut names = lock(&self.inner.names);
+            let next = names.entry(name.to_string()).or_insert(0);
+            let index = *next;
+            *next += 1;
+            index
+        };
+        let id = self.inner.id.actor_id(name, index)?;
+        let (mailbox, extra) = make(id.clone());
+        self.inner
+            .actors
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone(), mailbox);
+        Ok((id, extra))
+    }
+
+    pub(crate) fn allocate_actor(
+        &self,
+        name: &str,
+    ) -> Result<(ActorId, Arc<Mailbox>, mpsc::UnboundedReceiver<Work>), SpawnError> {
+        let (id, rx) = self.register(name, Mailbox::with_work_queue)?;
+        let mailbox = self.mailbox(&id).ok_or_else(|| SpawnError::ProcStopped {
+            proc_id: self.inner.id.clone(),
+            name: name.to_string(),
+        })?;
+        Ok((id, mailbox, rx))
+    }
+
+    fn mailbox(&self, id: &ActorId) -> Option<Arc<Mailbox>> {
+        self.inner
+            .actors
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    pub(crate) fn report_supervision_event(&self, event: SupervisionEvent) {
+        tracing::warn!(proc = %self.inner.id, "root actor failure: {event}");
+        // The receiver lives in `inner`, so this cannot fail while `self` exists.
+        let _ = self.inner.supervision_tx.send(event);
+    }
+
+    /// The link to `proc`, or `None` when `proc` is this proc.
+    pub(crate) fn current_link(&self, proc: &ProcId) -> Option<ChannelTx> {
+        (proc != &self.inner.id).then(|| self.link(proc.addr()))
+    }
+
+    fn link(&self, addr: &ChannelAddr) -> ChannelTx {
+        let mut links = lock(&self.inner.links);
+        if let Some(tx) = links.get(addr) {
+            if tx.error().is_none() {
+                return tx.clone();
+            }
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let on_return: channel::ReturnFn = Arc::new(move |frame: Frame, error: &ChannelError| {
+            if let Some(inner) = weak.upgrade() {
+                Proc { inner }.bounce_frame(frame, error);
+            }
+        });
+        let _runtime = self.inner.runtime.enter();
+        let tx = channel::dial(addr, on_return);
+        links.insert(addr.clone(), tx.clone());
+        tx
+    }
+
+    fn deliver_local(&self, envelope: Envelope) {
+        match self.mailbox(envelope.header.dest.actor()) {
+            Some(mailbox) => {
+                if let Err(u) = mailbox.deliver(envelope) {
+                    self.bounce(*u);
+                }
+            }
+            None => {
+                let reason = format!(
+                    "no actor {} in proc {}",
+                    envelope.header.dest.actor(),
+                    self.inner.id
+                );
+                self.bounce(Undeliverable { envelope, reason });
+            }
+        }
+    }
+
+    fn bounce_frame(&self, frame: Frame, error: &ChannelError) {
+        match Envelope::from_frame(frame) {
+            Ok(envelope) => {
+                let reason = format!("link to {} failed: {error}", envelope.header.dest.actor().proc_id());
+                self.bounce(Undeliverable { envelope, reason });
+            }
+            Err(e) => tracing::error!(proc = %self.inner.id, "returned frame is corrupt: {e}"),
+        }
+    }
+
+    /// Returns an undelivered message to its sender's `return_to` port (DEL-1).
+    pub(crate) fn bounce(&self, undeliverable: Undeliverable) {
+        let Some(return_to) = undeliverable.envelope.header.return_to.clone() else {
+            tracing::error!(proc = %self.inner.id, "dropping a returned message: {undeliverable}");
+            return;
+        };
+        let header = EnvelopeHeader {
+            sender: undeliverable.envelope.header.dest.actor().clone(),
+            dest: return_to,
+            return_to: None,
+        };
+        match Serialized::encode(&undeliverable) {
+            Ok(payload) => self.post(Envelope { header, payload }),
+            Err(e) => tracing::error!(proc = %self.inner.id, "cannot return a message: {e}"),
+        }
+    }
+}
+
+impl std::fmt::Debug for Proc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proc").field("id", &self.inner.id).finish()
+    }
+}
+
+/// The router task: delivers frames arriving on the proc's channel, in arrival order.
+async fn route(inner: Weak<ProcInner>, mut rx: ChannelRx, mut stop: oneshot::Receiver<()>) {
+    loop {
+        let frame = tokio::select! {
+            _ = &mut stop => return,
+            frame = rx.recv() => match frame {
+                Some(frame) => frame,
+                None => return,
+            },
+        };
+        let Some(inner) = inner.upgrade() else { return };
+        match Envelope::from_frame(frame) {
+            Ok(envelope) => Proc { inner }.deliver_local(envelope),
+            Err(e) => tracing::error!(proc = %inner.id, "dropping a corrupt frame: {e}"),
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! Ports: once ports (MB-2), streaming ports, port references inside messages.
+
+use std::time::Duration;
+
+use hyperactor::actor::{Actor, Binder, Context, Handler};
+use hyperactor::error::RecvError;
+use hyperactor::testing::timed;
+use hyperactor::{BoxError, ChannelTransport, Proc, PortRef, SendContext};
+use serde::{Deserialize, Serialize};
+
+async fn local_proc() -> Proc {
+    Proc::serve(ChannelTransport::Local, "test").await.unwrap()
+}
+
+#[tokio::test]
+async fn mb2_once_port_delivers_exactly_once() {
+    let proc = local_proc().await;
+    let client = proc.client("client").unwrap();
+    let sender = proc.client("sender").unwrap();
+    let (port, rx) = client.open_once_port::<u64>();
+    // Send twice through copies of the reference (it is serializable, so copies exist).
+    let copy: hyperactor::OncePortRef<u64> =
+        bincode::deserialize(&bincode::serialize(&port).unwrap()).unwrap();
+    port.send(&sender, 1).unwrap();
+    copy.send(&sender, 2).unwrap();
+    assert_eq!(timed(rx.recv()).await.unwrap(), 1, "MB-2: first message delivered");
+    let returned = timed(sender.next_undeliverable()).await.unwrap();
+    assert!(returned.reason.contains("not open"), "MB-2: {}", returned.reason);
+    let second: u64 = returned.envelope.payload.decode().unwrap();
+    assert_eq!(second, 2, "MB-2: the second message is the one returned");
+}
+
+#[tokio::test]
+async fn streaming_port_delivers_every_message_in_order() {
+    let proc = local_proc().await;
+    let client = proc.client("client").unwrap();
+    let (port, mut rx) = client.open_port::<u64>();
+    for i in 0..1000 {
+        port.send(&client, i).unwrap();
+    }
+    for i in 0..1000 {
+        assert_eq!(timed(rx.recv()).await.unwrap(), i);
+    }
+    assert!(rx.try_recv().unwrap().is_none());
+}
+
+/// Sends `count` numbers to the port it receives.
+#[derive(Debug)]
+struct Streamer;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct StreamTo {
+    count: u64,
+    port: PortRef<u64>,
+}
+
+impl Actor for Streamer {
+    type Params = ();
+    async fn new(_: ()) -> Result<Self, BoxError> {
+        Ok(Streamer)
+    }
+    fn bind(binder: &mut Binder<Self>) {
+        binder.handle::<StreamTo>();
+    }
+}
+
+impl Handler<StreamTo> for Streamer {
+    async fn handle(&mut self, cx: &Context<Self>, msg: StreamTo) -> Result<(), BoxError> {
+        for i in 0..msg.count {
+            msg.port.send(cx, i)?;
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn port_refs_travel_inside_messages_across_procs() {
+    for transport in hyperactor::testing::TRANSPORTS {
+        let here = Proc::serve(transport, "here").await.unwrap();
+        let there = Proc::serve(transport, "there").await.unwrap();
+        let client = here.client("client").unwrap();
+        let streamer = there.spawn::<Streamer>("streamer", ()).unwrap();
+        let (port, mut rx) = client.open_port::<u64>();
+        streamer.bind().send(&client, StreamTo { count: 100, port }).unwrap();
+        for i in 0..100 {
+            assert_eq!(timed(rx.recv()).await.unwrap(), i, "{transport:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_dropped_receiver_closes_its_port() {
+    let proc = local_proc().await;
+    let client = proc.client("client").unwrap();
+    let (port, rx) = client.open_port::<u64>();
+    drop(rx);
+    port.send(&client, 5).unwrap();
+    let returned = timed(client.next_undeliverable()).await.unwrap();
+    assert_eq!(returned.envelope.header.dest, *port.port_id());
+}
+
+#[tokio::test]
+async fn receivers_fail_when_their_mailbox_closes() {
+    let proc = local_proc().await;
+    let client = proc.client("client").unwrap();
+    let (_port, mut rx) = client.open_port::<u64>();
+    let (_once, once_rx) = client.open_once_port::<u64>();
+    drop(client);
+    assert!(matches!(timed(rx.recv()).await, Err(RecvError::Closed { .. })));
+    assert!(matches!(timed(once_rx.recv()).await, Err(RecvError::Closed { .. })));
+}
+
+#[tokio::test]
+async fn a_message_of_the_wrong_type_is_a_decode_error() {
+    let proc = local_proc().await;
+    let client = proc.client("client").unwrap();
+    let (port, mut rx) = client.open_port::<String>();
+    let wrong = PortRef::<u8>::attest(port.port_id().clone());
+    wrong.send(&client, 200).unwrap();
+    let err = timed(rx.recv()).await.unwrap_err();
+    assert!(matches!(err, RecvError::Decode { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn call_waits_with_timeout_and_can_be_cancelled() {
+    let proc = local_proc().await;
+    let client = proc.client("client").unwrap();
+    // Nobody answers on this port: the call must stay pending, not fail or hang the test.
+    let (silent, _rx) = client.open_port::<hyperactor::OncePortRef<u64>>();
+    let pending = tokio::time::timeout(Duration::from_millis(50), client.call(&silent, |r| r)).await;
+    assert!(pending.is_err(), "a call with no reply must stay pending");
+}
