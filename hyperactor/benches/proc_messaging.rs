@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use hyperactor::{
-    Actor, ActorRef, Binder, BoxError, ChannelTransport, Client, Context, Handler, OncePortRef, PortId, PortRef, Proc,
-    SendContext,
+    Actor, ActorRef, Binder, BoxError, ChannelTransport, Client, Context, Handler, OncePortRef,
+    PortId, PortRef, Proc, SendContext,
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
@@ -104,11 +104,12 @@ fn child_main(args: &[String]) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        [transport, report] => tokio::runtime::Runtime::new()?.block_on(async {
+        [transport, report] => runtime()?.block_on(async {
             let proc = Proc::serve(transport.parse()?, "bench-child").await?;
             let sink = proc.spawn::<Sink>("sink", ())?;
             let client = proc.client("boot")?;
-            PortRef::<ActorRef<Sink>>::attest(report.parse::<PortId>()?).send(&client, sink.bind())?;
+            PortRef::<ActorRef<Sink>>::attest(report.parse::<PortId>()?)
+                .send(&client, sink.bind())?;
             let mut stdin = tokio::io::stdin();
             let mut buf = [0u8; 64];
             while stdin.read(&mut buf).await? > 0 {}
@@ -119,7 +120,8 @@ fn child_main(args: &[String]) -> anyhow::Result<()> {
 }
 
 fn raw_unix_rtt() -> anyhow::Result<Duration> {
-    let path = std::env::temp_dir().join(format!("hyperactor-bench-raw-{}.sock", std::process::id()));
+    let path =
+        std::env::temp_dir().join(format!("hyperactor-bench-raw-{}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path)?;
     let mut child = std::process::Command::new(std::env::current_exe()?)
@@ -151,7 +153,11 @@ struct Peer {
 async fn start_peer(client: &Client, transport: ChannelTransport) -> anyhow::Result<Peer> {
     let (report, mut reports) = client.open_port::<ActorRef<Sink>>();
     let child = tokio::process::Command::new(std::env::current_exe()?)
-        .args(["--child", &transport.to_string(), &report.port_id().to_string()])
+        .args([
+            "--child",
+            &transport.to_string(),
+            &report.port_id().to_string(),
+        ])
         .stdin(Stdio::piped())
         .kill_on_drop(true)
         .spawn()?;
@@ -174,23 +180,31 @@ async fn call_rtt(client: &Client, sink: &ActorRef<Sink>) -> anyhow::Result<Dura
 }
 
 /// Returns (messages per second, bytes per second).
-async fn throughput(client: &Client, sink: &ActorRef<Sink>, size: usize, count: u64) -> anyhow::Result<(f64, f64)> {
+async fn throughput(
+    client: &Client,
+    sink: &ActorRef<Sink>,
+    size: usize,
+    count: u64,
+) -> anyhow::Result<(f64, f64)> {
     let port = sink.port::<Bulk>();
     let payload = vec![0xa5u8; size];
     let start = Instant::now();
     for _ in 0..count {
-        port.send_with_backpressure(client, Bulk(payload.clone())).await?;
+        port.send_with_backpressure(client, Bulk(payload.clone()))
+            .await?;
     }
     let (received, bytes) = client.call(&sink.port::<Drain>(), Drain).await?;
     let elapsed = start.elapsed().as_secs_f64();
     if received != count || bytes != count * size as u64 {
-        bail!("sink received {received} messages / {bytes} bytes, expected {count} / {}", count * size as u64);
+        bail!(
+            "sink received {received} messages / {bytes} bytes, expected {count} / {}",
+            count * size as u64
+        );
     }
     Ok((count as f64 / elapsed, bytes as f64 / elapsed))
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--child") {
         return child_main(&args[1..]);
@@ -199,24 +213,36 @@ async fn main() -> anyhow::Result<()> {
     if args.iter().any(|a| a != "--bench") {
         bail!("usage: cargo bench -p hyperactor --bench proc_messaging");
     }
+    runtime()?.block_on(parent_main())
+}
 
+async fn parent_main() -> anyhow::Result<()> {
     let raw = tokio::task::spawn_blocking(raw_unix_rtt).await??;
     println!("hyperactor proc messaging, two procs in two processes (release build)");
-    println!("{:<44} {:>14}", "raw Unix socket ping-pong round trip", format!("{:.1} µs", micros(raw)));
+    println!(
+        "{:<44} {:>14}",
+        "raw Unix socket ping-pong round trip",
+        format!("{:.1} µs", micros(raw))
+    );
     for transport in [ChannelTransport::Unix, ChannelTransport::Tcp] {
         let proc = Proc::serve(transport, "bench").await?;
         let client = proc.client("bench")?;
         let mut peer = start_peer(&client, transport).await?;
         let rtt = call_rtt(&client, &peer.sink).await?;
         let (small_rate, _) = throughput(&client, &peer.sink, 64, SMALL_MESSAGES).await?;
-        let (large_rate, large_bw) = throughput(&client, &peer.sink, 1 << 20, LARGE_MESSAGES).await?;
+        let (large_rate, large_bw) =
+            throughput(&client, &peer.sink, 1 << 20, LARGE_MESSAGES).await?;
         println!(
             "{:<44} {:>14}   ({:.2}x raw Unix socket)",
             format!("{transport}: call round trip"),
             format!("{:.1} µs", micros(rtt)),
             rtt.as_secs_f64() / raw.as_secs_f64()
         );
-        println!("{:<44} {:>14}", format!("{transport}: one-way 64 B messages"), format!("{:.0} msg/s", small_rate));
+        println!(
+            "{:<44} {:>14}",
+            format!("{transport}: one-way 64 B messages"),
+            format!("{:.0} msg/s", small_rate)
+        );
         println!(
             "{:<44} {:>14}   ({:.0} msg/s)",
             format!("{transport}: one-way 1 MiB messages"),
@@ -228,6 +254,24 @@ async fn main() -> anyhow::Result<()> {
         proc.stop(Duration::from_secs(1)).await;
     }
     Ok(())
+}
+
+/// The runtime of each benchmark process: `HYPERACTOR_BENCH_THREADS=1` selects a
+/// current-thread runtime, another number a multi-thread one of that many workers.
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    match std::env::var("HYPERACTOR_BENCH_THREADS")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+    {
+        Some(1) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Some(n) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+        None => tokio::runtime::Runtime::new(),
+    }
 }
 
 fn micros(d: Duration) -> f64 {

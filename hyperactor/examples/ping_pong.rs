@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use hyperactor::{
-    Actor, ActorRef, Binder, BoxError, ChannelTransport, Context, Handler, OncePortRef, PortId, PortRef, Proc,
-    SendContext,
+    Actor, ActorRef, Binder, BoxError, ChannelTransport, Context, Handler, OncePortRef, PortId,
+    PortRef, Proc, SendContext,
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
@@ -99,7 +99,10 @@ impl Handler<Play> for Pinger {
 
 impl Handler<Pong> for Pinger {
     async fn handle(&mut self, cx: &Context<Self>, Pong(n): Pong) -> Result<(), BoxError> {
-        let game = self.game.as_ref().ok_or("a pong arrived with no game in progress")?;
+        let game = self
+            .game
+            .as_ref()
+            .ok_or("a pong arrived with no game in progress")?;
         if n < game.rounds {
             game.ponger.send(cx, Ping(n + 1, cx.self_ref()))?;
         } else if let Some(game) = self.game.take() {
@@ -132,8 +135,16 @@ async fn main() -> anyhow::Result<()> {
         };
         return pong_main(transport.parse()?, report).await;
     }
-    let transport: ChannelTransport = args.first().map(|s| s.parse()).transpose()?.unwrap_or(ChannelTransport::Unix);
-    let rounds: u64 = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(10_000);
+    let transport: ChannelTransport = args
+        .first()
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(ChannelTransport::Unix);
+    let rounds: u64 = args
+        .get(1)
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(10_000);
 
     let proc = Proc::serve(transport, "pinger").await?;
     let client = proc.client("main")?;
@@ -141,7 +152,11 @@ async fn main() -> anyhow::Result<()> {
 
     let (report, mut reports) = client.open_port::<ActorRef<Ponger>>();
     let mut child = tokio::process::Command::new(std::env::current_exe()?)
-        .args(["--pong", &transport.to_string(), &report.port_id().to_string()])
+        .args([
+            "--pong",
+            &transport.to_string(),
+            &report.port_id().to_string(),
+        ])
         .stdin(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -149,12 +164,20 @@ async fn main() -> anyhow::Result<()> {
     let ponger = tokio::time::timeout(Duration::from_secs(30), reports.recv())
         .await
         .context("the child did not report its ponger within 30 s")??;
-    println!("child process {} hosts {}", child.id().unwrap_or_default(), ponger.actor_id());
+    println!(
+        "child process {} hosts {}",
+        child.id().unwrap_or_default(),
+        ponger.actor_id()
+    );
 
     let pinger = client.spawn::<Pinger>("pinger", ())?;
     for (label, n) in [("warm-up", rounds.min(1000)), ("measured", rounds)] {
         let elapsed = client
-            .call(&pinger.bind().port::<Play>(), |done| Play { ponger: ponger.clone(), rounds: n, done })
+            .call(&pinger.bind().port::<Play>(), |done| Play {
+                ponger: ponger.clone(),
+                rounds: n,
+                done,
+            })
             .await?;
         println!(
             "{label}: {n} round trips over {transport} in {elapsed:?}: {:.1} µs per round trip",

@@ -153,14 +153,19 @@ pub trait Handler<M: Message>: Actor {
     /// # Errors
     ///
     /// An error fails the actor (ACT-3).
-    fn handle(&mut self, cx: &Context<Self>, message: M) -> impl Future<Output = Result<(), BoxError>> + Send;
+    fn handle(
+        &mut self,
+        cx: &Context<Self>,
+        message: M,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send;
 }
 
-type HandlerFn<A> = for<'a> fn(
-    &'a mut A,
-    &'a Context<A>,
-    Envelope,
-) -> Result<BoxFuture<'a, Result<(), BoxError>>, (Envelope, MessageError)>;
+type HandlerFn<A> =
+    for<'a> fn(
+        &'a mut A,
+        &'a Context<A>,
+        Envelope,
+    ) -> Result<BoxFuture<'a, Result<(), BoxError>>, (Envelope, MessageError)>;
 
 /// The table of an actor type's handlers, filled by [`Actor::bind`].
 pub struct Binder<A> {
@@ -241,8 +246,17 @@ impl<A: Actor> Context<A> {
     ///
     /// [`SpawnError::Name`] for an invalid name; [`SpawnError::OwnerStopped`] if this
     /// actor is already stopping.
-    pub fn spawn<B: Actor>(&self, name: &str, params: B::Params) -> Result<ActorHandle<B>, SpawnError> {
-        spawn_actor::<B>(&self.proc, name, params, Owner::Actor(Arc::clone(&self.cell)))
+    pub fn spawn<B: Actor>(
+        &self,
+        name: &str,
+        params: B::Params,
+    ) -> Result<ActorHandle<B>, SpawnError> {
+        spawn_actor::<B>(
+            &self.proc,
+            name,
+            params,
+            Owner::Actor(Arc::clone(&self.cell)),
+        )
     }
 
     /// Asks this actor to stop once the messages already queued are handled.
@@ -263,7 +277,9 @@ impl<A: Actor> SendContext for Context<A> {
 
 impl<A> fmt::Debug for Context<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Context").field("actor", &self.cell.id).finish()
+        f.debug_struct("Context")
+            .field("actor", &self.cell.id)
+            .finish()
     }
 }
 
@@ -332,7 +348,12 @@ impl<A> Eq for ActorRef<A> {}
 
 impl<A> fmt::Debug for ActorRef<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ActorRef<{}>({})", std::any::type_name::<A>(), self.actor_id)
+        write!(
+            f,
+            "ActorRef<{}>({})",
+            std::any::type_name::<A>(),
+            self.actor_id
+        )
     }
 }
 
@@ -403,6 +424,11 @@ impl<A> Clone for ActorHandle<A> {
 
 impl<A> fmt::Debug for ActorHandle<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ActorHandle<{}>({})", std::any::type_name::<A>(), self.cell.id)
+        write!(
+            f,
+            "ActorHandle<{}>({})",
+            std::any::type_name::<A>(),
+            self.cell.id
+        )
     }
 }

@@ -50,8 +50,17 @@ impl Client {
     ///
     /// [`SpawnError::Name`] for an invalid name; [`SpawnError::ProcStopped`] if the proc
     /// is stopped.
-    pub fn spawn<A: Actor>(&self, name: &str, params: A::Params) -> Result<ActorHandle<A>, SpawnError> {
-        spawn_actor::<A>(&self.proc, name, params, Owner::Mailbox(self.actor_id().clone()))
+    pub fn spawn<A: Actor>(
+        &self,
+        name: &str,
+        params: A::Params,
+    ) -> Result<ActorHandle<A>, SpawnError> {
+        spawn_actor::<A>(
+            &self.proc,
+            name,
+            params,
+            Owner::Mailbox(self.actor_id().clone()),
+        )
     }
 
     /// The next message this client sent that could not be delivered. `None` once the

@@ -38,7 +38,9 @@ use std::sync::Arc;
 use crate::error::CallError;
 use crate::id::{ActorId, PortId};
 use crate::mailbox::Mailbox;
-use crate::message::{Envelope, EnvelopeHeader, Message, Serialized, Undeliverable, UNDELIVERABLE_PORT};
+use crate::message::{
+    Envelope, EnvelopeHeader, Message, Serialized, Undeliverable, UNDELIVERABLE_PORT,
+};
 use crate::port::{OncePortReceiver, OncePortRef, PortReceiver, PortRef};
 use crate::proc::Proc;
 

@@ -292,12 +292,22 @@ mod tests {
         let proc = ProcId::new("w", "tcp:127.0.0.1:9".parse().unwrap()).unwrap();
         let port = proc.actor_id("a", 0).unwrap().port_id(5);
         assert_eq!(port.to_string(), "w@tcp:127.0.0.1:9/a[0]:5");
-        assert_eq!(format!("{:?}", port.actor()), "ActorId(w@tcp:127.0.0.1:9/a[0])");
+        assert_eq!(
+            format!("{:?}", port.actor()),
+            "ActorId(w@tcp:127.0.0.1:9/a[0])"
+        );
     }
 
     #[test]
     fn bad_ids_are_rejected_with_the_expected_form() {
-        for bad in ["", "noat", "w@nowhere:1", "w@local:1/a", "w@local:1/a[x]", "w@local:1/[0]"] {
+        for bad in [
+            "",
+            "noat",
+            "w@nowhere:1",
+            "w@local:1/a",
+            "w@local:1/a[x]",
+            "w@local:1/[0]",
+        ] {
             let err = bad.parse::<ActorId>().unwrap_err();
             assert!(err.to_string().contains("name[index]"), "{err}");
         }

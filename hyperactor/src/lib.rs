@@ -20,7 +20,7 @@ pub use client::Client;
 pub use context::SendContext;
 pub use error::BoxError;
 pub use id::{ActorId, PortId, ProcId};
-pub use port::{OncePortRef, OncePortReceiver, PortReceiver, PortRef};
+pub use port::{OncePortReceiver, OncePortRef, PortReceiver, PortRef};
 pub use proc::Proc;
 pub use supervision::{ActorStatus, SupervisionEvent};
 

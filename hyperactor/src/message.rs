@@ -132,7 +132,12 @@ impl Serialized {
 
 impl std::fmt::Debug for Serialized {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Serialized({} parts, {} bytes)", self.parts.len(), self.len())
+        write!(
+            f,
+            "Serialized({} parts, {} bytes)",
+            self.parts.len(),
+            self.len()
+        )
     }
 }
 

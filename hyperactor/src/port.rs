@@ -76,7 +76,13 @@ macro_rules! port_ref_common {
 
         impl<M> fmt::Debug for $t<M> {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "{}<{}>({})", stringify!($t), std::any::type_name::<M>(), self.port)
+                write!(
+                    f,
+                    "{}<{}>({})",
+                    stringify!($t),
+                    std::any::type_name::<M>(),
+                    self.port
+                )
             }
         }
 
@@ -140,7 +146,11 @@ impl<M: Message> PortRef<M> {
     /// # Cancel safety
     ///
     /// Cancelling may drop the message before it was queued.
-    pub async fn send_with_backpressure(&self, cx: &(impl SendContext + ?Sized), msg: M) -> Result<(), MessageError> {
+    pub async fn send_with_backpressure(
+        &self,
+        cx: &(impl SendContext + ?Sized),
+        msg: M,
+    ) -> Result<(), MessageError> {
         let payload = Serialized::encode(&msg)?;
         let envelope = Envelope {
             header: cx.envelope_header(self.port.clone()),
@@ -237,7 +247,12 @@ impl<M> Drop for PortReceiver<M> {
 
 impl<M> fmt::Debug for PortReceiver<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "PortReceiver<{}>({})", std::any::type_name::<M>(), self.port)
+        write!(
+            f,
+            "PortReceiver<{}>({})",
+            std::any::type_name::<M>(),
+            self.port
+        )
     }
 }
 
@@ -251,7 +266,11 @@ pub struct OncePortReceiver<M> {
 }
 
 impl<M: Message> OncePortReceiver<M> {
-    pub(crate) fn new(port: PortId, rx: oneshot::Receiver<Envelope>, mailbox: Arc<Mailbox>) -> Self {
+    pub(crate) fn new(
+        port: PortId,
+        rx: oneshot::Receiver<Envelope>,
+        mailbox: Arc<Mailbox>,
+    ) -> Self {
         Self {
             port,
             rx,
@@ -291,13 +310,21 @@ impl<M> Drop for OncePortReceiver<M> {
 
 impl<M> fmt::Debug for OncePortReceiver<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "OncePortReceiver<{}>({})", std::any::type_name::<M>(), self.port)
+        write!(
+            f,
+            "OncePortReceiver<{}>({})",
+            std::any::type_name::<M>(),
+            self.port
+        )
     }
 }
 
 fn decode<M: Message>(port: &PortId, envelope: &Envelope) -> Result<M, RecvError> {
-    envelope.payload.decode().map_err(|source| RecvError::Decode {
-        port: port.clone(),
-        source,
-    })
+    envelope
+        .payload
+        .decode()
+        .map_err(|source| RecvError::Decode {
+            port: port.clone(),
+            source,
+        })
 }

@@ -40,7 +40,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::actor::{spawn_actor, Actor, ActorCell, ActorHandle, Owner};
-use crate::channel::{self, ChannelAddr, ChannelError, ChannelRx, ChannelTransport, ChannelTx, Frame};
+use crate::channel::{
+    self, ChannelAddr, ChannelError, ChannelRx, ChannelTransport, ChannelTx, Frame,
+};
 use crate::client::Client;
 use crate::error::{ProcError, SpawnError};
 use crate::id::{validate_name, ActorId, ProcId};
@@ -138,7 +140,11 @@ impl Proc {
     ///
     /// [`SpawnError::Name`] for an invalid name; [`SpawnError::ProcStopped`] if the proc
     /// is stopped.
-    pub fn spawn<A: Actor>(&self, name: &str, params: A::Params) -> Result<ActorHandle<A>, SpawnError> {
+    pub fn spawn<A: Actor>(
+        &self,
+        name: &str,
+        params: A::Params,
+    ) -> Result<ActorHandle<A>, SpawnError> {
         spawn_actor::<A>(self, name, params, Owner::Proc)
     }
 
@@ -318,7 +324,10 @@ impl Proc {
     fn bounce_frame(&self, frame: Frame, error: &ChannelError) {
         match Envelope::from_frame(frame) {
             Ok(envelope) => {
-                let reason = format!("link to {} failed: {error}", envelope.header.dest.actor().proc_id());
+                let reason = format!(
+                    "link to {} failed: {error}",
+                    envelope.header.dest.actor().proc_id()
+                );
                 self.bounce(Undeliverable { envelope, reason });
             }
             Err(e) => tracing::error!(proc = %self.inner.id, "returned frame is corrupt: {e}"),

@@ -62,7 +62,11 @@ impl Actor for Echo {
 }
 
 impl Handler<EchoMsg> for Echo {
-    async fn handle(&mut self, cx: &Context<Self>, EchoMsg(bytes, reply): EchoMsg) -> Result<(), BoxError> {
+    async fn handle(
+        &mut self,
+        cx: &Context<Self>,
+        EchoMsg(bytes, reply): EchoMsg,
+    ) -> Result<(), BoxError> {
         reply.send(cx, bytes)?;
         Ok(())
     }
@@ -93,14 +97,22 @@ impl Actor for Recorder {
 }
 
 impl Handler<Record> for Recorder {
-    async fn handle(&mut self, _cx: &Context<Self>, Record(sender, seq): Record) -> Result<(), BoxError> {
+    async fn handle(
+        &mut self,
+        _cx: &Context<Self>,
+        Record(sender, seq): Record,
+    ) -> Result<(), BoxError> {
         self.records.push((sender, seq));
         Ok(())
     }
 }
 
 impl Handler<GetRecords> for Recorder {
-    async fn handle(&mut self, cx: &Context<Self>, GetRecords(reply): GetRecords) -> Result<(), BoxError> {
+    async fn handle(
+        &mut self,
+        cx: &Context<Self>,
+        GetRecords(reply): GetRecords,
+    ) -> Result<(), BoxError> {
         reply.send(cx, self.records.clone())?;
         Ok(())
     }
@@ -139,7 +151,11 @@ impl Handler<Fail> for Failer {
 }
 
 impl Handler<EchoMsg> for Failer {
-    async fn handle(&mut self, cx: &Context<Self>, EchoMsg(bytes, reply): EchoMsg) -> Result<(), BoxError> {
+    async fn handle(
+        &mut self,
+        cx: &Context<Self>,
+        EchoMsg(bytes, reply): EchoMsg,
+    ) -> Result<(), BoxError> {
         reply.send(cx, bytes)?;
         Ok(())
     }

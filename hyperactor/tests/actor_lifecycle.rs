@@ -1,5 +1,7 @@
 //! Actor lifecycle: construction, ACT-1/ACT-2, status, stop, children.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +21,9 @@ async fn spawn_then_call_round_trip() {
     let client = proc.client("client").unwrap();
     let echo = client.spawn::<Echo>("echo", ()).unwrap();
     let port = echo.bind().port::<EchoMsg>();
-    let reply = timed(client.call(&port, |r| EchoMsg(b"hi".to_vec(), r))).await.unwrap();
+    let reply = timed(client.call(&port, |r| EchoMsg(b"hi".to_vec(), r)))
+        .await
+        .unwrap();
     assert_eq!(reply, b"hi");
     assert_eq!(echo.actor_id().name(), "echo");
 }
@@ -38,7 +42,11 @@ struct Work(OncePortRef<bool>);
 impl Actor for Tracked {
     type Params = (Arc<AtomicUsize>, Arc<AtomicUsize>);
     async fn new((active, max_active): Self::Params) -> Result<Self, BoxError> {
-        Ok(Self { initialized: false, active, max_active })
+        Ok(Self {
+            initialized: false,
+            active,
+            max_active,
+        })
     }
     fn bind(binder: &mut Binder<Self>) {
         binder.handle::<Work>();
@@ -72,14 +80,24 @@ async fn act1_act2_one_message_at_a_time_after_init() {
     let client = proc.client("client").unwrap();
     let max_active = Arc::new(AtomicUsize::new(0));
     let actor = client
-        .spawn::<Tracked>("tracked", (Arc::new(AtomicUsize::new(0)), Arc::clone(&max_active)))
+        .spawn::<Tracked>(
+            "tracked",
+            (Arc::new(AtomicUsize::new(0)), Arc::clone(&max_active)),
+        )
         .unwrap();
     let port = actor.bind().port::<Work>();
     let calls: Vec<_> = (0..50).map(|_| client.call(&port, Work)).collect();
     for initialized in timed(futures::future::join_all(calls)).await {
-        assert!(initialized.unwrap(), "ACT-2: a message was handled before init finished");
+        assert!(
+            initialized.unwrap(),
+            "ACT-2: a message was handled before init finished"
+        );
     }
-    assert_eq!(max_active.load(Ordering::SeqCst), 1, "ACT-1: handlers overlapped");
+    assert_eq!(
+        max_active.load(Ordering::SeqCst),
+        1,
+        "ACT-1: handlers overlapped"
+    );
 }
 
 #[tokio::test]
@@ -89,12 +107,14 @@ async fn stop_handles_queued_messages_first_then_returns_later_ones() {
     let recorder = client.spawn::<Recorder>("recorder", ()).unwrap();
     let port = recorder.bind().port::<hyperactor::testing::Record>();
     for i in 0..10 {
-        port.send(&client, hyperactor::testing::Record(0, i)).unwrap();
+        port.send(&client, hyperactor::testing::Record(0, i))
+            .unwrap();
     }
     assert!(recorder.stop());
     assert_eq!(timed(recorder.wait()).await, ActorStatus::Stopped);
     // A message sent after the stop comes back to the sender (DEL-1).
-    port.send(&client, hyperactor::testing::Record(0, 99)).unwrap();
+    port.send(&client, hyperactor::testing::Record(0, 99))
+        .unwrap();
     let returned = timed(client.next_undeliverable()).await.unwrap();
     assert_eq!(returned.envelope.header.dest, *port.port_id());
     assert!(returned.reason.contains("stopped"), "{}", returned.reason);
@@ -106,7 +126,9 @@ async fn status_reports_lifecycle() {
     let client = proc.client("client").unwrap();
     let echo = client.spawn::<Echo>("echo", ()).unwrap();
     let port = echo.bind().port::<EchoMsg>();
-    timed(client.call(&port, |r| EchoMsg(vec![], r))).await.unwrap();
+    timed(client.call(&port, |r| EchoMsg(vec![], r)))
+        .await
+        .unwrap();
     assert!(
         matches!(echo.status(), ActorStatus::Idle | ActorStatus::Processing),
         "{:?}",
@@ -141,7 +163,11 @@ impl Actor for Parent {
 }
 
 impl Handler<GetChild> for Parent {
-    async fn handle(&mut self, cx: &Context<Self>, GetChild(reply): GetChild) -> Result<(), BoxError> {
+    async fn handle(
+        &mut self,
+        cx: &Context<Self>,
+        GetChild(reply): GetChild,
+    ) -> Result<(), BoxError> {
         let child = self.child.as_ref().ok_or("no child")?;
         reply.send(cx, child.bind())?;
         Ok(())
@@ -153,14 +179,23 @@ async fn stopping_an_owner_stops_its_children() {
     let proc = local_proc().await;
     let client = proc.client("client").unwrap();
     let parent = client.spawn::<Parent>("parent", ()).unwrap();
-    let child = timed(client.call(&parent.bind().port::<GetChild>(), GetChild)).await.unwrap();
+    let child = timed(client.call(&parent.bind().port::<GetChild>(), GetChild))
+        .await
+        .unwrap();
     assert_eq!(child.actor_id().proc_id(), proc.proc_id());
     // The child answers while its owner runs...
     let echo = child.port::<EchoMsg>();
-    timed(client.call(&echo, |r| EchoMsg(vec![1], r))).await.unwrap();
+    timed(client.call(&echo, |r| EchoMsg(vec![1], r)))
+        .await
+        .unwrap();
     // ...and is stopped with it.
-    assert_eq!(timed(parent.stop_and_wait(Duration::from_secs(5))).await, ActorStatus::Stopped);
-    let err = timed(client.call(&echo, |r| EchoMsg(vec![2], r))).await.unwrap_err();
+    assert_eq!(
+        timed(parent.stop_and_wait(Duration::from_secs(5))).await,
+        ActorStatus::Stopped
+    );
+    let err = timed(client.call(&echo, |r| EchoMsg(vec![2], r)))
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("not running"), "{err}");
 }
 
@@ -196,11 +231,16 @@ async fn a_message_type_without_handler_is_returned() {
     let echo = client.spawn::<Echo>("echo", ()).unwrap();
     // Address a handler port Echo does not bind.
     let port = hyperactor::PortRef::<u32>::attest(
-        echo.actor_id().port_id(hyperactor::message::handler_port::<u32>()),
+        echo.actor_id()
+            .port_id(hyperactor::message::handler_port::<u32>()),
     );
     port.send(&client, 7).unwrap();
     let returned = timed(client.next_undeliverable()).await.unwrap();
-    assert!(returned.reason.contains("no handler"), "{}", returned.reason);
+    assert!(
+        returned.reason.contains("no handler"),
+        "{}",
+        returned.reason
+    );
     // The actor itself is unharmed.
     let reply = timed(client.call(&echo.bind().port::<EchoMsg>(), |r| EchoMsg(vec![3], r))).await;
     assert_eq!(reply.unwrap(), vec![3]);

@@ -1,11 +1,13 @@
 //! Ports: once ports (MB-2), streaming ports, port references inside messages.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use hyperactor::actor::{Actor, Binder, Context, Handler};
 use hyperactor::error::RecvError;
 use hyperactor::testing::timed;
-use hyperactor::{BoxError, ChannelTransport, Proc, PortRef, SendContext};
+use hyperactor::{BoxError, ChannelTransport, PortRef, Proc, SendContext};
 use serde::{Deserialize, Serialize};
 
 async fn local_proc() -> Proc {
@@ -23,9 +25,17 @@ async fn mb2_once_port_delivers_exactly_once() {
         bincode::deserialize(&bincode::serialize(&port).unwrap()).unwrap();
     port.send(&sender, 1).unwrap();
     copy.send(&sender, 2).unwrap();
-    assert_eq!(timed(rx.recv()).await.unwrap(), 1, "MB-2: first message delivered");
+    assert_eq!(
+        timed(rx.recv()).await.unwrap(),
+        1,
+        "MB-2: first message delivered"
+    );
     let returned = timed(sender.next_undeliverable()).await.unwrap();
-    assert!(returned.reason.contains("not open"), "MB-2: {}", returned.reason);
+    assert!(
+        returned.reason.contains("not open"),
+        "MB-2: {}",
+        returned.reason
+    );
     let second: u64 = returned.envelope.payload.decode().unwrap();
     assert_eq!(second, 2, "MB-2: the second message is the one returned");
 }
@@ -81,7 +91,10 @@ async fn port_refs_travel_inside_messages_across_procs() {
         let client = here.client("client").unwrap();
         let streamer = there.spawn::<Streamer>("streamer", ()).unwrap();
         let (port, mut rx) = client.open_port::<u64>();
-        streamer.bind().send(&client, StreamTo { count: 100, port }).unwrap();
+        streamer
+            .bind()
+            .send(&client, StreamTo { count: 100, port })
+            .unwrap();
         for i in 0..100 {
             assert_eq!(timed(rx.recv()).await.unwrap(), i, "{transport:?}");
         }
@@ -106,8 +119,14 @@ async fn receivers_fail_when_their_mailbox_closes() {
     let (_port, mut rx) = client.open_port::<u64>();
     let (_once, once_rx) = client.open_once_port::<u64>();
     drop(client);
-    assert!(matches!(timed(rx.recv()).await, Err(RecvError::Closed { .. })));
-    assert!(matches!(timed(once_rx.recv()).await, Err(RecvError::Closed { .. })));
+    assert!(matches!(
+        timed(rx.recv()).await,
+        Err(RecvError::Closed { .. })
+    ));
+    assert!(matches!(
+        timed(once_rx.recv()).await,
+        Err(RecvError::Closed { .. })
+    ));
 }
 
 #[tokio::test]
@@ -127,6 +146,7 @@ async fn call_waits_with_timeout_and_can_be_cancelled() {
     let client = proc.client("client").unwrap();
     // Nobody answers on this port: the call must stay pending, not fail or hang the test.
     let (silent, _rx) = client.open_port::<hyperactor::OncePortRef<u64>>();
-    let pending = tokio::time::timeout(Duration::from_millis(50), client.call(&silent, |r| r)).await;
+    let pending =
+        tokio::time::timeout(Duration::from_millis(50), client.call(&silent, |r| r)).await;
     assert!(pending.is_err(), "a call with no reply must stay pending");
 }

@@ -4,12 +4,16 @@
 //! The child process is this test binary itself, re-run with `--ignored --exact
 //! child_proc_main`: that ignored test is the child's entry point.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Stdio;
 
 use hyperactor::actor::{Actor, Binder, Context, Handler};
 use hyperactor::error::CallError;
 use hyperactor::testing::{timed, EchoMsg};
-use hyperactor::{ActorRef, BoxError, ChannelTransport, OncePortRef, PortId, PortRef, Proc, SendContext};
+use hyperactor::{
+    ActorRef, BoxError, ChannelTransport, OncePortRef, PortId, PortRef, Proc, SendContext,
+};
 use serde::{Deserialize, Serialize};
 
 /// Echoes, or never answers.
@@ -30,14 +34,22 @@ impl Actor for Peer {
 }
 
 impl Handler<EchoMsg> for Peer {
-    async fn handle(&mut self, cx: &Context<Self>, EchoMsg(bytes, reply): EchoMsg) -> Result<(), BoxError> {
+    async fn handle(
+        &mut self,
+        cx: &Context<Self>,
+        EchoMsg(bytes, reply): EchoMsg,
+    ) -> Result<(), BoxError> {
         reply.send(cx, bytes)?;
         Ok(())
     }
 }
 
 impl Handler<NeverAnswer> for Peer {
-    async fn handle(&mut self, _cx: &Context<Self>, NeverAnswer(reply): NeverAnswer) -> Result<(), BoxError> {
+    async fn handle(
+        &mut self,
+        _cx: &Context<Self>,
+        NeverAnswer(reply): NeverAnswer,
+    ) -> Result<(), BoxError> {
         std::mem::forget(reply);
         Ok(())
     }
@@ -49,7 +61,8 @@ const TRANSPORT_ENV: &str = "HYPERACTOR_TEST_TRANSPORT";
 #[test]
 #[ignore = "entry point of the child process started by the other tests"]
 fn child_proc_main() {
-    let (Ok(report), Ok(transport)) = (std::env::var(REPORT_ENV), std::env::var(TRANSPORT_ENV)) else {
+    let (Ok(report), Ok(transport)) = (std::env::var(REPORT_ENV), std::env::var(TRANSPORT_ENV))
+    else {
         panic!("child_proc_main is started by the other tests of this file");
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -91,7 +104,8 @@ async fn two_os_processes_exchange_messages() {
         let (mut child, peer) = start_child(&client, transport).await;
         assert_ne!(peer.actor_id().proc_id(), proc.proc_id());
         for i in 0..100u8 {
-            let reply = timed(client.call(&peer.port::<EchoMsg>(), |r| EchoMsg(vec![i; 3], r))).await;
+            let reply =
+                timed(client.call(&peer.port::<EchoMsg>(), |r| EchoMsg(vec![i; 3], r))).await;
             assert_eq!(reply.unwrap(), vec![i; 3], "{transport:?}");
         }
         child.kill().await.unwrap();
@@ -105,17 +119,30 @@ async fn a_killed_peer_fails_the_calls_waiting_on_it() {
         let client = proc.client("client").unwrap();
         let (mut child, peer) = start_child(&client, transport).await;
         // Make sure the link is up and the request delivered before the kill.
-        timed(client.call(&peer.port::<EchoMsg>(), |r| EchoMsg(vec![], r))).await.unwrap();
+        timed(client.call(&peer.port::<EchoMsg>(), |r| EchoMsg(vec![], r)))
+            .await
+            .unwrap();
         let pending = client.call(&peer.port::<NeverAnswer>(), NeverAnswer);
         child.start_kill().unwrap();
         let err = timed(pending).await.unwrap_err();
         assert!(
-            matches!(err, CallError::LinkFailed { .. } | CallError::Undeliverable { .. }),
+            matches!(
+                err,
+                CallError::LinkFailed { .. } | CallError::Undeliverable { .. }
+            ),
             "{transport:?}: {err}"
         );
         child.wait().await.unwrap();
         // Later calls fail at once too.
-        let err = timed(client.call(&peer.port::<EchoMsg>(), |r| EchoMsg(vec![], r))).await.unwrap_err();
-        assert!(matches!(err, CallError::Undeliverable { .. } | CallError::LinkFailed { .. }), "{err}");
+        let err = timed(client.call(&peer.port::<EchoMsg>(), |r| EchoMsg(vec![], r)))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CallError::Undeliverable { .. } | CallError::LinkFailed { .. }
+            ),
+            "{err}"
+        );
     }
 }

@@ -1,10 +1,15 @@
 //! Supervision: failures reach owners (SUP-1), chains keep their causes (SUP-2).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use hyperactor::actor::{Actor, Binder, Context, Handler};
 use hyperactor::testing::{timed, EchoMsg, Fail, Failer};
-use hyperactor::{ActorHandle, ActorStatus, BoxError, ChannelTransport, OncePortRef, PortRef, Proc, SendContext, SupervisionEvent};
+use hyperactor::{
+    ActorHandle, ActorStatus, BoxError, ChannelTransport, OncePortRef, PortRef, Proc, SendContext,
+    SupervisionEvent,
+};
 use serde::{Deserialize, Serialize};
 
 async fn local_proc() -> Proc {
@@ -18,9 +23,21 @@ async fn sup1_a_handler_error_sends_one_event_to_the_owner() {
     let failer = client.spawn::<Failer>("failer", ()).unwrap();
     failer.bind().send(&client, Fail::Error).unwrap();
     let event = timed(client.next_supervision_event()).await.unwrap();
-    assert_eq!(event.actor_id, *failer.actor_id(), "SUP-1: the event names the failed actor");
-    assert!(event.reason.contains("failing as asked"), "{}", event.reason);
-    assert!(event.reason.contains("Fail"), "the reason names the message type: {}", event.reason);
+    assert_eq!(
+        event.actor_id,
+        *failer.actor_id(),
+        "SUP-1: the event names the failed actor"
+    );
+    assert!(
+        event.reason.contains("failing as asked"),
+        "{}",
+        event.reason
+    );
+    assert!(
+        event.reason.contains("Fail"),
+        "the reason names the message type: {}",
+        event.reason
+    );
     assert!(matches!(timed(failer.wait()).await, ActorStatus::Failed(_)));
 }
 
@@ -32,7 +49,11 @@ async fn sup1_a_panicking_handler_sends_an_event_to_the_owner() {
     failer.bind().send(&client, Fail::Panic).unwrap();
     let event = timed(client.next_supervision_event()).await.unwrap();
     assert_eq!(event.actor_id, *failer.actor_id());
-    assert!(event.reason.contains("panicked: panicking as asked"), "{}", event.reason);
+    assert!(
+        event.reason.contains("panicked: panicking as asked"),
+        "{}",
+        event.reason
+    );
     // The rest of the proc is unharmed.
     let other = client.spawn::<Failer>("other", ()).unwrap();
     let reply = timed(client.call(&other.bind().port::<EchoMsg>(), |r| EchoMsg(vec![1], r))).await;
@@ -57,7 +78,11 @@ async fn sup1_a_failing_constructor_sends_an_event() {
     let actor = client.spawn::<FailsToStart>("fails", ()).unwrap();
     let event = timed(client.next_supervision_event()).await.unwrap();
     assert_eq!(event.actor_id, *actor.actor_id());
-    assert!(event.reason.contains("new returned an error: cannot start"), "{}", event.reason);
+    assert!(
+        event.reason.contains("new returned an error: cannot start"),
+        "{}",
+        event.reason
+    );
 }
 
 #[tokio::test]
@@ -67,9 +92,16 @@ async fn a_failed_actor_returns_its_queued_messages() {
     let failer = client.spawn::<Failer>("failer", ()).unwrap();
     failer.bind().send(&client, Fail::Error).unwrap();
     let (reply, reply_rx) = client.open_once_port::<Vec<u8>>();
-    failer.bind().send(&client, EchoMsg(vec![9], reply)).unwrap();
+    failer
+        .bind()
+        .send(&client, EchoMsg(vec![9], reply))
+        .unwrap();
     let returned = timed(client.next_undeliverable()).await.unwrap();
-    assert!(returned.reason.contains("failed"), "DEL-1: {}", returned.reason);
+    assert!(
+        returned.reason.contains("failed"),
+        "DEL-1: {}",
+        returned.reason
+    );
     drop(reply_rx);
     timed(client.next_supervision_event()).await.unwrap();
 }
@@ -92,7 +124,11 @@ struct Ping(OncePortRef<()>);
 impl Actor for Supervisor {
     type Params = (bool, PortRef<SupervisionEvent>);
     async fn new((handle, report): Self::Params) -> Result<Self, BoxError> {
-        Ok(Self { handle, report, child: None })
+        Ok(Self {
+            handle,
+            report,
+            child: None,
+        })
     }
     fn bind(binder: &mut Binder<Self>) {
         binder.handle::<BreakChild>().handle::<Ping>();
@@ -112,7 +148,11 @@ impl Actor for Supervisor {
 }
 
 impl Handler<BreakChild> for Supervisor {
-    async fn handle(&mut self, cx: &Context<Self>, BreakChild(how): BreakChild) -> Result<(), BoxError> {
+    async fn handle(
+        &mut self,
+        cx: &Context<Self>,
+        BreakChild(how): BreakChild,
+    ) -> Result<(), BoxError> {
         let child = self.child.as_ref().ok_or("no child")?;
         child.bind().send(cx, how)?;
         Ok(())
@@ -135,7 +175,9 @@ async fn an_owner_that_handles_a_failure_carries_on() {
     sup.bind().send(&client, BreakChild(Fail::Panic)).unwrap();
     let event = timed(seen.recv()).await.unwrap();
     assert_eq!(event.actor_id.name(), "child");
-    timed(client.call(&sup.bind().port::<Ping>(), Ping)).await.unwrap();
+    timed(client.call(&sup.bind().port::<Ping>(), Ping))
+        .await
+        .unwrap();
     assert!(!sup.status().is_terminal(), "{:?}", sup.status());
 }
 
@@ -148,8 +190,15 @@ async fn sup2_an_unhandled_failure_passes_up_with_its_cause() {
     sup.bind().send(&client, BreakChild(Fail::Error)).unwrap();
     timed(seen.recv()).await.unwrap();
     let event = timed(client.next_supervision_event()).await.unwrap();
-    assert_eq!(event.actor_id, *sup.actor_id(), "SUP-2: the owner fails in turn");
-    let cause = event.caused_by.as_deref().expect("SUP-2: the child's event is the cause");
+    assert_eq!(
+        event.actor_id,
+        *sup.actor_id(),
+        "SUP-2: the owner fails in turn"
+    );
+    let cause = event
+        .caused_by
+        .as_deref()
+        .expect("SUP-2: the child's event is the cause");
     assert_eq!(cause.actor_id.name(), "child");
     assert_eq!(event.root_cause().reason, cause.reason);
     assert!(event.to_string().contains("caused by"), "{event}");
@@ -193,5 +242,8 @@ async fn a_stuck_actor_is_aborted_when_it_does_not_stop_in_time() {
     let stuck = client.spawn::<Stuck>("stuck", ()).unwrap();
     stuck.bind().send(&client, Hang).unwrap();
     let status = timed(stuck.stop_and_wait(Duration::from_secs(10))).await;
-    assert!(matches!(&status, ActorStatus::Failed(r) if r.contains("aborted")), "{status:?}");
+    assert!(
+        matches!(&status, ActorStatus::Failed(r) if r.contains("aborted")),
+        "{status:?}"
+    );
 }

@@ -251,11 +251,19 @@ async fn handle_one<A: Actor>(
     match envelope.header.dest.index() {
         UNDELIVERABLE_PORT => {
             let message = decode_runtime::<Undeliverable>(&envelope)?;
-            guard("handle_undeliverable", actor.handle_undeliverable(cx, message)).await
+            guard(
+                "handle_undeliverable",
+                actor.handle_undeliverable(cx, message),
+            )
+            .await
         }
         SUPERVISION_PORT => {
             let event = decode_runtime::<SupervisionEvent>(&envelope)?;
-            let outcome = guard("handle_supervision_event", actor.handle_supervision_event(cx, &event)).await;
+            let outcome = guard(
+                "handle_supervision_event",
+                actor.handle_supervision_event(cx, &event),
+            )
+            .await;
             let reason = match outcome {
                 Ok(true) => return Ok(()),
                 Ok(false) => format!("did not handle the failure of its child {}", event.actor_id),
@@ -292,11 +300,17 @@ fn decode_runtime<M: crate::message::Message>(envelope: &Envelope) -> Result<M, 
 }
 
 /// Runs `future`, turning an error or a panic into a [`Failure`] (ACT-3).
-async fn guard<T>(what: &str, future: impl Future<Output = Result<T, BoxError>>) -> Result<T, Failure> {
+async fn guard<T>(
+    what: &str,
+    future: impl Future<Output = Result<T, BoxError>>,
+) -> Result<T, Failure> {
     match AssertUnwindSafe(future).catch_unwind().await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => Err(Failure::new(format!("{what} returned an error: {error}"))),
-        Err(panic) => Err(Failure::new(format!("{what} panicked: {}", panic_message(&*panic)))),
+        Err(panic) => Err(Failure::new(format!(
+            "{what} panicked: {}",
+            panic_message(&*panic)
+        ))),
     }
 }
 

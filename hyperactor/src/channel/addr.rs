@@ -149,7 +149,10 @@ impl FromStr for ChannelAddr {
             expected: EXPECTED_ADDR,
         };
         let (transport, rest) = s.split_once(':').ok_or_else(invalid)?;
-        match transport.parse::<ChannelTransport>().map_err(|_| invalid())? {
+        match transport
+            .parse::<ChannelTransport>()
+            .map_err(|_| invalid())?
+        {
             ChannelTransport::Local => {
                 // Only plain decimal digits: no sign, no whitespace.
                 if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) {

@@ -358,7 +358,8 @@ impl<W: AsyncWrite + Unpin + Send> FrameSink for NetSink<W> {
     async fn write(&mut self, frames: Vec<Frame>, _first_seq: u64) -> Result<(), ChannelError> {
         let mut chunks: VecDeque<Bytes> = VecDeque::new();
         for frame in &frames {
-            frame::encode(frame, &mut chunks).map_err(|err| ChannelError::frame(&self.addr, err))?;
+            frame::encode(frame, &mut chunks)
+                .map_err(|err| ChannelError::frame(&self.addr, err))?;
         }
         frame::write_chunks(&mut self.write, &mut chunks)
             .await

@@ -69,7 +69,10 @@ fn addr_display_parse_round_trip() {
         let any = ChannelAddr::any(transport);
         assert_eq!(any.transport(), transport);
         assert_eq!(any.to_string().parse::<ChannelAddr>().unwrap(), any);
-        assert_eq!(transport.to_string().parse::<ChannelTransport>().unwrap(), transport);
+        assert_eq!(
+            transport.to_string().parse::<ChannelTransport>().unwrap(),
+            transport
+        );
     }
 }
 
@@ -92,7 +95,10 @@ fn addr_rejects_bad_strings() {
     ] {
         let err = s.parse::<ChannelAddr>().unwrap_err();
         let msg = err.to_string();
-        assert!(matches!(err, ChannelError::InvalidAddr { .. }), "{s}: {msg}");
+        assert!(
+            matches!(err, ChannelError::InvalidAddr { .. }),
+            "{s}: {msg}"
+        );
         assert!(msg.contains("expected"), "{msg}");
         assert!(msg.contains(&format!("{s:?}")), "{msg}");
     }
@@ -101,7 +107,12 @@ fn addr_rejects_bad_strings() {
 
 #[test]
 fn addr_serde_round_trip() {
-    for s in ["local:42", "unix:/tmp/a b.sock", "tcp:10.0.0.1:80", "tcp:[::1]:4000"] {
+    for s in [
+        "local:42",
+        "unix:/tmp/a b.sock",
+        "tcp:10.0.0.1:80",
+        "tcp:[::1]:4000",
+    ] {
         let addr: ChannelAddr = s.parse().unwrap();
         let bytes = bincode::serialize(&addr).unwrap();
         // Serialised as the string form.
@@ -232,7 +243,11 @@ async fn each_link_is_fifo_under_concurrent_senders() {
             for _ in 0..SENDERS * FRAMES {
                 let frame = rx.recv().await.unwrap();
                 let s = u64::from_le_bytes(frame.parts[0][..].try_into().unwrap()) as usize;
-                assert_eq!(number(&frame), next[s], "{transport}: sender {s} out of order");
+                assert_eq!(
+                    number(&frame),
+                    next[s],
+                    "{transport}: sender {s} out of order"
+                );
                 next[s] += 1;
             }
             assert!(next.iter().all(|n| *n == FRAMES));
@@ -262,7 +277,10 @@ async fn send_waits_for_budget_until_receiver_drains() {
                 assert!(accepted <= (LINK_BUDGET_BYTES / MIB) as u64 + 1);
             }
             assert!(tx.outstanding_bytes() <= LINK_BUDGET_BYTES, "{transport}");
-            assert!(accepted >= (LINK_BUDGET_BYTES / MIB / 2) as u64, "{transport}: {accepted}");
+            assert!(
+                accepted >= (LINK_BUDGET_BYTES / MIB / 2) as u64,
+                "{transport}: {accepted}"
+            );
             // Draining lets the sender finish.
             let sender = tokio::spawn({
                 let tx = tx.clone();
@@ -342,10 +360,19 @@ async fn dropping_receiver_mid_stream_accounts_for_every_frame() {
             let err = tx.closed().await;
             assert!(!failed.is_empty(), "{transport}: no send was refused");
             let returned = returned.lock().unwrap().clone();
-            let all: Vec<u64> = received.iter().chain(&returned).chain(&failed).copied().collect();
+            let all: Vec<u64> = received
+                .iter()
+                .chain(&returned)
+                .chain(&failed)
+                .copied()
+                .collect();
             let unique: BTreeSet<u64> = all.iter().copied().collect();
             assert_eq!(all.len(), unique.len(), "{transport}: duplicates ({err})");
-            assert_eq!(unique, (0..TOTAL).collect(), "{transport}: frames lost ({err})");
+            assert_eq!(
+                unique,
+                (0..TOTAL).collect(),
+                "{transport}: frames lost ({err})"
+            );
         }
     })
     .await;
@@ -362,8 +389,14 @@ async fn idle_sender_notices_receiver_drop() {
             assert_eq!(number(&rx.recv().await.unwrap()), 1);
             drop(rx);
             let err = tx.closed().await;
-            assert!(matches!(err, ChannelError::Closed { .. }), "{transport}: {err}");
-            assert!(returned.lock().unwrap().is_empty(), "{transport}: delivered frame returned");
+            assert!(
+                matches!(err, ChannelError::Closed { .. }),
+                "{transport}: {err}"
+            );
+            assert!(
+                returned.lock().unwrap().is_empty(),
+                "{transport}: delivered frame returned"
+            );
         }
     })
     .await;
@@ -377,7 +410,8 @@ async fn dropped_sender_still_delivers_queued_frames() {
             let (on_return, returned) = recorder();
             let tx = dial(rx.addr(), on_return);
             for i in 0..500 {
-                tx.post(numbered(i, vec![Bytes::from_static(b"payload")])).unwrap();
+                tx.post(numbered(i, vec![Bytes::from_static(b"payload")]))
+                    .unwrap();
             }
             drop(tx);
             for i in 0..500 {
@@ -470,7 +504,11 @@ mod codec {
             Frame::new(Bytes::from_static(b"h"), vec![]),
             Frame::new(
                 Bytes::from_static(b"header"),
-                vec![Bytes::from_static(b"a"), Bytes::new(), Bytes::from(vec![3u8; 100_000])],
+                vec![
+                    Bytes::from_static(b"a"),
+                    Bytes::new(),
+                    Bytes::from(vec![3u8; 100_000]),
+                ],
             ),
         ]
     }
@@ -490,7 +528,9 @@ mod codec {
             frame::encode(f, &mut chunks).unwrap();
         }
         let mut out = Vec::new();
-        within(frame::write_chunks(&mut out, &mut chunks)).await.unwrap();
+        within(frame::write_chunks(&mut out, &mut chunks))
+            .await
+            .unwrap();
         assert!(chunks.is_empty());
         assert_eq!(out, encoded(&frames));
     }

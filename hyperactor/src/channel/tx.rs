@@ -262,10 +262,12 @@ impl ChannelTx {
     }
 
     fn enqueue(&self, queued: Queued) -> Result<(), SendError> {
-        self.queue.send(queued).map_err(|mpsc::error::SendError(q)| {
-            self.link.budget.release(q.cost);
-            self.send_error(q.frame, None)
-        })
+        self.queue
+            .send(queued)
+            .map_err(|mpsc::error::SendError(q)| {
+                self.link.budget.release(q.cost);
+                self.send_error(q.frame, None)
+            })
     }
 
     fn send_error(&self, frame: Frame, err: Option<frame::FrameError>) -> SendError {
