@@ -37,6 +37,7 @@ mod ack;
 mod addr;
 mod error;
 mod frame;
+mod inbox;
 mod link;
 mod local;
 mod net;
@@ -49,6 +50,8 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
+use self::inbox::Inbox;
+
 pub use self::addr::ChannelAddr;
 pub use self::addr::ChannelTransport;
 pub use self::error::ChannelError;
@@ -57,6 +60,7 @@ pub use self::frame::Frame;
 pub use self::frame::FrameError;
 pub use self::frame::MAX_FRAME_LEN;
 pub use self::frame::MAX_FRAME_PARTS;
+pub use self::inbox::DeliverFn;
 pub use self::tx::ChannelTx;
 pub use self::tx::ReturnFn;
 pub use self::tx::FRAME_COST_OVERHEAD;
@@ -78,25 +82,86 @@ const RX_QUEUE_FRAMES: usize = 256;
 /// Cancel safe: if cancelled, nothing stays bound.
 pub async fn serve(addr: &ChannelAddr) -> Result<ChannelRx, ChannelError> {
     let (queue, frames) = mpsc::channel(RX_QUEUE_FRAMES);
-    let (addr, guard) = match addr {
-        ChannelAddr::Local(id) => {
-            let id = local::register(*id, queue)?;
-            (ChannelAddr::Local(id), Guard::Local(id))
-        }
-        ChannelAddr::Unix(path) => {
-            let (addr, guard) = net::serve_unix(path, queue).await?;
-            (addr, Guard::Net(guard))
-        }
-        ChannelAddr::Tcp(sockaddr) => {
-            let (addr, guard) = net::serve_tcp(*sockaddr, queue).await?;
-            (addr, Guard::Net(guard))
-        }
-    };
+    let (addr, guard) = bind(addr, Inbox::Queue(queue)).await?;
     Ok(ChannelRx {
         addr,
         frames,
         _guard: guard,
     })
+}
+
+/// Binds `addr` like [`serve`], but hands every frame to `deliver`, called
+/// by the task that read it, in each link's order. This saves the hop
+/// through a queue on the receive path; `deliver` must therefore never
+/// block (push into a queue of its own, or finish quickly). A frame counts
+/// as delivered, and is acknowledged, once `deliver` returned.
+///
+/// The endpoint serves until the returned [`ChannelServer`] is dropped.
+///
+/// # Errors
+/// As [`serve`].
+///
+/// # Cancel safety
+/// Cancel safe: if cancelled, nothing stays bound.
+pub async fn serve_with(
+    addr: &ChannelAddr,
+    deliver: DeliverFn,
+) -> Result<ChannelServer, ChannelError> {
+    let direct = inbox::Direct::new(deliver);
+    let (addr, guard) = bind(addr, Inbox::Direct(Arc::clone(&direct))).await?;
+    Ok(ChannelServer {
+        addr,
+        direct,
+        _guard: guard,
+    })
+}
+
+async fn bind(addr: &ChannelAddr, inbox: Inbox) -> Result<(ChannelAddr, Guard), ChannelError> {
+    Ok(match addr {
+        ChannelAddr::Local(id) => {
+            let id = local::register(*id, inbox)?;
+            (ChannelAddr::Local(id), Guard::Local(id))
+        }
+        ChannelAddr::Unix(path) => {
+            let (addr, guard) = net::serve_unix(path, inbox).await?;
+            (addr, Guard::Net(guard))
+        }
+        ChannelAddr::Tcp(sockaddr) => {
+            let (addr, guard) = net::serve_tcp(*sockaddr, inbox).await?;
+            (addr, Guard::Net(guard))
+        }
+    })
+}
+
+/// An endpoint served with [`serve_with`]. Dropping it stops accepting,
+/// closes its links (their senders get back every frame not yet handed to
+/// the delivery function) and removes its Unix socket file.
+pub struct ChannelServer {
+    addr: ChannelAddr,
+    direct: Arc<inbox::Direct>,
+    _guard: Guard,
+}
+
+impl ChannelServer {
+    /// The bound address: the real TCP port, the socket path, the
+    /// allocated local id.
+    pub fn addr(&self) -> &ChannelAddr {
+        &self.addr
+    }
+}
+
+impl Drop for ChannelServer {
+    fn drop(&mut self) {
+        self.direct.close();
+    }
+}
+
+impl fmt::Debug for ChannelServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChannelServer")
+            .field("addr", &self.addr)
+            .finish()
+    }
 }
 
 /// Starts a link to `addr` and returns its sending end.

@@ -7,8 +7,8 @@
 //! - to another proc: into the link (one [`ChannelTx`]) to that proc's address, created
 //!   on first use and re-created after a failure.
 //!
-//! Messages arriving on the proc's channel are delivered to local mailboxes by a router
-//! task.
+//! Messages arriving on the proc's channel are delivered to local mailboxes by the
+//! connection tasks that read them ([`channel::serve_with`]): no extra hop.
 //!
 //! Invariants:
 //!
@@ -37,11 +37,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::actor::{spawn_actor, Actor, ActorCell, ActorHandle, Owner};
 use crate::channel::{
-    self, ChannelAddr, ChannelError, ChannelRx, ChannelTransport, ChannelTx, Frame,
+    self, ChannelAddr, ChannelError, ChannelServer, ChannelTransport, ChannelTx, Frame,
 };
 use crate::client::Client;
 use crate::error::{ProcError, SpawnError};
@@ -66,8 +66,8 @@ struct ProcInner {
     supervision_tx: mpsc::UnboundedSender<SupervisionEvent>,
     supervision_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<SupervisionEvent>>,
     stopped: AtomicBool,
-    /// Dropping this ends the router task.
-    router_stop: Mutex<Option<oneshot::Sender<()>>>,
+    /// The proc's endpoint; dropping it stops receiving.
+    server: Mutex<Option<ChannelServer>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -93,10 +93,24 @@ impl Proc {
     /// As [`Proc::serve`].
     pub async fn serve_at(addr: &ChannelAddr, name: &str) -> Result<Self, ProcError> {
         validate_name(name)?;
-        let rx = channel::serve(addr).await?;
-        let id = ProcId::unique(name, rx.addr().clone())?;
+        // Frames are delivered by the connection tasks themselves (no router
+        // hop); until the proc exists they are refused, so they go back to
+        // their senders.
+        let slot: Arc<std::sync::OnceLock<Weak<ProcInner>>> = Arc::default();
+        let deliver_to = Arc::clone(&slot);
+        let deliver: channel::DeliverFn = Arc::new(move |frame: Frame| {
+            let Some(inner) = deliver_to.get().and_then(Weak::upgrade) else {
+                tracing::error!("dropping a frame that arrived while its proc starts or stops");
+                return;
+            };
+            match Envelope::from_frame(frame) {
+                Ok(envelope) => Proc { inner }.deliver_local(envelope),
+                Err(e) => tracing::error!(proc = %inner.id, "dropping a corrupt frame: {e}"),
+            }
+        });
+        let server = channel::serve_with(addr, deliver).await?;
+        let id = ProcId::unique(name, server.addr().clone())?;
         let (supervision_tx, supervision_rx) = mpsc::unbounded_channel();
-        let (stop_tx, stop_rx) = oneshot::channel();
         let inner = Arc::new(ProcInner {
             id,
             runtime: tokio::runtime::Handle::current(),
@@ -107,9 +121,9 @@ impl Proc {
             supervision_tx,
             supervision_rx: tokio::sync::Mutex::new(supervision_rx),
             stopped: AtomicBool::new(false),
-            router_stop: Mutex::new(Some(stop_tx)),
+            server: Mutex::new(Some(server)),
         });
-        tokio::spawn(route(Arc::downgrade(&inner), rx, stop_rx));
+        let _ = slot.set(Arc::downgrade(&inner));
         Ok(Self { inner })
     }
 
@@ -208,7 +222,7 @@ impl Proc {
         self.inner.stopped.store(true, Ordering::SeqCst);
         let roots: Vec<_> = lock(&self.inner.roots).drain(..).collect();
         futures::future::join_all(roots.iter().map(|cell| cell.stop_and_wait(timeout))).await;
-        lock(&self.inner.router_stop).take();
+        lock(&self.inner.server).take();
         lock(&self.inner.links).clear();
     }
 
@@ -355,23 +369,5 @@ impl Proc {
 impl std::fmt::Debug for Proc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Proc").field("id", &self.inner.id).finish()
-    }
-}
-
-/// The router task: delivers frames arriving on the proc's channel, in arrival order.
-async fn route(inner: Weak<ProcInner>, mut rx: ChannelRx, mut stop: oneshot::Receiver<()>) {
-    loop {
-        let frame = tokio::select! {
-            _ = &mut stop => return,
-            frame = rx.recv() => match frame {
-                Some(frame) => frame,
-                None => return,
-            },
-        };
-        let Some(inner) = inner.upgrade() else { return };
-        match Envelope::from_frame(frame) {
-            Ok(envelope) => Proc { inner }.deliver_local(envelope),
-            Err(e) => tracing::error!(proc = %inner.id, "dropping a corrupt frame: {e}"),
-        }
     }
 }

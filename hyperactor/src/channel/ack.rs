@@ -14,6 +14,11 @@
 //! frames or [`ACK_BYTES`] bytes are unacknowledged, or [`ACK_DELAY`] after
 //! the first unacknowledged delivery.
 //!
+//! The consumer is woken by a delivery only when it is idle (nothing was
+//! left to acknowledge when it last looked) or a threshold is crossed:
+//! under steady traffic it wakes on its own, at most every [`ACK_DELAY`],
+//! so a stream of small messages does not pay a task wake-up per message.
+//!
 //! ```ignore
 //! let ack = AckState::default();
 //! ack.deliver(1, 10);
@@ -21,6 +26,7 @@
 //! ```
 
 use std::fmt;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -44,17 +50,21 @@ pub(crate) struct AckState {
     delivered_bytes: AtomicU64,
     acked: AtomicU64,
     acked_bytes: AtomicU64,
+    /// True while the consumer waits with nothing to acknowledge.
+    idle: AtomicBool,
     notify: Notify,
 }
 
 impl AckState {
     /// Records that frame `seq` (of `len` bytes) was handed to the user.
     pub(crate) fn deliver(&self, seq: u64, len: usize) {
-        self.delivered.store(seq, Ordering::Release);
+        // SeqCst on `delivered` and `idle` (here and in `next`): each side
+        // stores its flag, then loads the other's, so at least one of them
+        // sees the other's store and no wake-up is lost.
+        self.delivered.store(seq, Ordering::SeqCst);
         let bytes = self.delivered_bytes.fetch_add(len as u64, Ordering::AcqRel) + len as u64;
-        let acked = self.acked.load(Ordering::Acquire);
-        // Wake the consumer when a batch starts (to arm its timer) or fills.
-        if seq == acked + 1 || self.over_threshold(seq, bytes) {
+        // Wake the consumer when it is idle (to arm its timer) or a batch fills.
+        if self.idle.load(Ordering::SeqCst) || self.over_threshold(seq, bytes) {
             self.notify.notify_one();
         }
     }
@@ -94,7 +104,15 @@ impl AckState {
                 }
                 return self.publish();
             }
-            self.notify.notified().await;
+            // Nothing to acknowledge: go idle, so the next delivery wakes us.
+            // The re-check closes the race with a delivery that saw `idle`
+            // still false; a stale permit left by `notify_one` only causes
+            // one spurious loop.
+            self.idle.store(true, Ordering::SeqCst);
+            if self.delivered.load(Ordering::SeqCst) == acked {
+                self.notify.notified().await;
+            }
+            self.idle.store(false, Ordering::Release);
         }
     }
 }

@@ -36,13 +36,14 @@ use super::ack::Delivery;
 use super::addr::ChannelAddr;
 use super::error::ChannelError;
 use super::frame::Frame;
+use super::inbox::Inbox;
 use super::link;
 use super::link::AckSource;
 use super::link::FrameSink;
 use super::tx::LinkShared;
 use super::tx::Queued;
 
-type Registry = Mutex<HashMap<u64, mpsc::Sender<Delivery>>>;
+type Registry = Mutex<HashMap<u64, Inbox>>;
 
 fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
@@ -54,7 +55,7 @@ fn registry() -> &'static Registry {
 ///
 /// # Errors
 /// [`ChannelError::AddrInUse`] if `id` is already served.
-pub(crate) fn register(id: u64, queue: mpsc::Sender<Delivery>) -> Result<u64, ChannelError> {
+pub(crate) fn register(id: u64, queue: Inbox) -> Result<u64, ChannelError> {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let mut map = registry().lock().unwrap_or_else(PoisonError::into_inner);
     let id = if id == 0 {
@@ -117,7 +118,7 @@ pub(crate) async fn run_link(
 
 #[derive(Debug)]
 struct LocalSink {
-    target: mpsc::Sender<Delivery>,
+    target: Inbox,
     ack: Arc<AckState>,
     addr: ChannelAddr,
 }
@@ -140,7 +141,7 @@ impl FrameSink for LocalSink {
 
 #[derive(Debug)]
 struct LocalAcks {
-    target: mpsc::Sender<Delivery>,
+    target: Inbox,
     ack: Arc<AckState>,
     addr: ChannelAddr,
     /// The receiver is gone and its final delivery count was reported.

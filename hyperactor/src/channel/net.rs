@@ -54,6 +54,7 @@ use super::addr::ChannelAddr;
 use super::error::ChannelError;
 use super::frame;
 use super::frame::Frame;
+use super::inbox::Inbox;
 use super::link;
 use super::link::AckSource;
 use super::link::FrameSink;
@@ -142,7 +143,7 @@ impl Drop for NetGuard {
 /// [`ChannelError::Bind`] if binding fails.
 pub(crate) async fn serve_tcp(
     addr: std::net::SocketAddr,
-    frames: mpsc::Sender<Delivery>,
+    frames: Inbox,
 ) -> Result<(ChannelAddr, NetGuard), ChannelError> {
     let bind_err = |err| ChannelError::Bind {
         addr: ChannelAddr::Tcp(addr),
@@ -168,7 +169,7 @@ pub(crate) async fn serve_tcp(
 /// [`ChannelError::Bind`] if binding fails.
 pub(crate) async fn serve_unix(
     path: &Path,
-    frames: mpsc::Sender<Delivery>,
+    frames: Inbox,
 ) -> Result<(ChannelAddr, NetGuard), ChannelError> {
     let addr = ChannelAddr::Unix(path.to_path_buf());
     let is_socket = std::fs::symlink_metadata(path)
@@ -198,11 +199,7 @@ pub(crate) async fn serve_unix(
     ))
 }
 
-async fn accept_loop<L: Listener>(
-    mut listener: L,
-    frames: mpsc::Sender<Delivery>,
-    addr: ChannelAddr,
-) {
+async fn accept_loop<L: Listener>(mut listener: L, frames: Inbox, addr: ChannelAddr) {
     loop {
         tokio::select! {
             () = frames.closed() => return,
@@ -230,7 +227,7 @@ enum ReadEnd {
 }
 
 /// Serves one incoming connection until it ends.
-async fn serve_conn<S: Stream>(stream: S, frames: mpsc::Sender<Delivery>, addr: ChannelAddr) {
+async fn serve_conn<S: Stream>(stream: S, frames: Inbox, addr: ChannelAddr) {
     let (read, mut write) = stream.into_halves();
     let mut reader = BufReader::with_capacity(READ_BUFFER, read);
     let ack = Arc::new(AckState::default());
@@ -264,7 +261,7 @@ async fn serve_conn<S: Stream>(stream: S, frames: mpsc::Sender<Delivery>, addr: 
 
 async fn read_frames<R: AsyncRead + Unpin>(
     reader: &mut BufReader<R>,
-    frames: &mpsc::Sender<Delivery>,
+    frames: &Inbox,
     ack: &Arc<AckState>,
 ) -> ReadEnd {
     let mut seq = 0;
@@ -289,11 +286,7 @@ async fn read_frames<R: AsyncRead + Unpin>(
 
 /// Writes acknowledgements until the `ChannelRx` is gone (then writes the
 /// final one and shuts down the write side) or writing fails.
-async fn write_acks<W: AsyncWrite + Unpin>(
-    write: &mut W,
-    frames: &mpsc::Sender<Delivery>,
-    ack: &AckState,
-) {
+async fn write_acks<W: AsyncWrite + Unpin>(write: &mut W, frames: &Inbox, ack: &AckState) {
     let mut sent = 0;
     loop {
         tokio::select! {

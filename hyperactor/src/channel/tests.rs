@@ -378,6 +378,73 @@ async fn dropping_receiver_mid_stream_accounts_for_every_frame() {
     .await;
 }
 
+/// A direct-delivery endpoint that forwards frame numbers to a queue.
+async fn serve_direct(
+    transport: ChannelTransport,
+) -> (ChannelServer, tokio::sync::mpsc::UnboundedReceiver<u64>) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let deliver: DeliverFn = Arc::new(move |frame: Frame| {
+        let _ = tx.send(number(&frame));
+    });
+    let server = serve_with(&ChannelAddr::any(transport), deliver)
+        .await
+        .unwrap();
+    (server, rx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_delivery_keeps_each_link_in_order() {
+    within(async {
+        for transport in TRANSPORTS {
+            let (server, mut delivered) = serve_direct(transport).await;
+            let (on_return, returned) = recorder();
+            let tx = dial(server.addr(), on_return);
+            for i in 0..1000 {
+                tx.send(numbered(i, vec![Bytes::from_static(b"x")]))
+                    .await
+                    .unwrap();
+            }
+            for i in 0..1000 {
+                assert_eq!(delivered.recv().await, Some(i), "{transport}");
+            }
+            assert!(returned.lock().unwrap().is_empty(), "{transport}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_direct_server_accounts_for_every_frame() {
+    const TOTAL: u64 = 2000;
+    within(async {
+        for transport in TRANSPORTS {
+            let (server, mut delivered) = serve_direct(transport).await;
+            let (on_return, returned) = recorder();
+            let tx = dial(server.addr(), on_return);
+            for i in 0..TOTAL {
+                tx.post(numbered(i, vec![])).unwrap();
+            }
+            // Stop the server once some frames got through.
+            let first = delivered.recv().await.unwrap();
+            drop(server);
+            let err = tx.closed().await;
+            let mut all = vec![first];
+            while let Ok(n) = delivered.try_recv() {
+                all.push(n);
+            }
+            all.extend(returned.lock().unwrap().iter().copied());
+            let unique: BTreeSet<u64> = all.iter().copied().collect();
+            assert_eq!(all.len(), unique.len(), "{transport}: duplicates ({err})");
+            assert_eq!(
+                unique,
+                (0..TOTAL).collect(),
+                "{transport}: frames lost ({err})"
+            );
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn idle_sender_notices_receiver_drop() {
     within(async {

@@ -1,0 +1,113 @@
+//! Where a served endpoint puts the frames it receives.
+//!
+//! An [`Inbox`] is either a bounded queue drained by [`ChannelRx::recv`](super::ChannelRx::recv),
+//! or a direct delivery function called by the connection task itself
+//! ([`serve_with`](super::serve_with)), which saves a task hop per message on
+//! the receive path. Both count a frame as delivered (and so acknowledge it)
+//! only once it has been handed over: popped from the queue, or passed to the
+//! function. Both close when their owner (the `ChannelRx` or the
+//! [`ChannelServer`](super::ChannelServer)) is dropped; connections then send a
+//! final acknowledgement and stop.
+//!
+//! ```ignore
+//! inbox.send(delivery).await?; // queue it, or deliver it right here
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+
+use super::ack::Delivery;
+use super::frame::Frame;
+
+/// The function a direct inbox hands each frame to. It must not block.
+pub type DeliverFn = Arc<dyn Fn(Frame) + Send + Sync>;
+
+/// See the [module docs](self).
+#[derive(Clone)]
+pub(crate) enum Inbox {
+    Queue(mpsc::Sender<Delivery>),
+    Direct(Arc<Direct>),
+}
+
+/// A direct inbox: the function, and whether its owner is gone.
+pub(crate) struct Direct {
+    deliver: DeliverFn,
+    closed: watch::Sender<bool>,
+}
+
+impl Direct {
+    pub(crate) fn new(deliver: DeliverFn) -> Arc<Self> {
+        Arc::new(Self {
+            deliver,
+            closed: watch::Sender::new(false),
+        })
+    }
+
+    /// Stops delivering: later frames are refused (and so returned to
+    /// their senders).
+    pub(crate) fn close(&self) {
+        self.closed.send_replace(true);
+    }
+}
+
+impl Inbox {
+    /// Hands a delivery over: queues it (waiting for room), or delivers it.
+    ///
+    /// # Errors
+    /// Gives the delivery back if the inbox is closed.
+    ///
+    /// # Cancel safety
+    /// Cancel safe for the queue (nothing is queued if cancelled); a
+    /// direct delivery does not wait.
+    pub(crate) async fn send(&self, delivery: Delivery) -> Result<(), Delivery> {
+        match self {
+            Inbox::Queue(queue) => queue.send(delivery).await.map_err(|e| e.0),
+            Inbox::Direct(direct) => {
+                if *direct.closed.borrow() {
+                    return Err(delivery);
+                }
+                (direct.deliver)(delivery.deliver());
+                Ok(())
+            }
+        }
+    }
+
+    /// Resolves once the inbox is closed.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub(crate) async fn closed(&self) {
+        match self {
+            Inbox::Queue(queue) => queue.closed().await,
+            Inbox::Direct(direct) => {
+                let mut rx = direct.closed.subscribe();
+                let _ = rx.wait_for(|closed| *closed).await;
+            }
+        }
+    }
+
+    /// True once the inbox is closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        match self {
+            Inbox::Queue(queue) => queue.is_closed(),
+            Inbox::Direct(direct) => *direct.closed.borrow(),
+        }
+    }
+}
+
+impl fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Inbox::Queue(queue) => write!(
+                f,
+                "Inbox::Queue({} queued)",
+                queue.max_capacity() - queue.capacity()
+            ),
+            Inbox::Direct(direct) => {
+                write!(f, "Inbox::Direct(closed: {})", *direct.closed.borrow())
+            }
+        }
+    }
+}
