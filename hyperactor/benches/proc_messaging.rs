@@ -44,21 +44,10 @@ struct Sink {
 struct Ping(OncePortRef<()>);
 
 #[derive(Debug, Serialize, Deserialize)]
-struct Bulk(#[serde(with = "serde_bytes_compat")] Vec<u8>);
+struct Bulk(serde_bytes::ByteBuf);
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Drain(OncePortRef<(u64, u64)>);
-
-/// Serialize a `Vec<u8>` as one byte string (bincode writes it as length + bytes either
-/// way; this keeps the intent explicit without another dependency).
-mod serde_bytes_compat {
-    pub(crate) fn serialize<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_bytes(v)
-    }
-    pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        serde::Deserialize::deserialize(d)
-    }
-}
 
 impl Actor for Sink {
     type Params = ();
@@ -187,7 +176,7 @@ async fn throughput(
     count: u64,
 ) -> anyhow::Result<(f64, f64)> {
     let port = sink.port::<Bulk>();
-    let payload = vec![0xa5u8; size];
+    let payload = serde_bytes::ByteBuf::from(vec![0xa5u8; size]);
     let start = Instant::now();
     for _ in 0..count {
         port.send_with_backpressure(client, Bulk(payload.clone()))

@@ -49,7 +49,14 @@ pub struct Echo;
 
 /// A request to [`Echo`]: the bytes and where to send them back.
 #[derive(Debug, Serialize, Deserialize)]
-pub struct EchoMsg(pub Vec<u8>, pub OncePortRef<Vec<u8>>);
+pub struct EchoMsg(
+    #[serde(with = "serde_bytes")] pub Vec<u8>,
+    pub OncePortRef<EchoReply>,
+);
+
+/// The bytes an [`Echo`] sends back (`serde_bytes`, so large payloads are copied in
+/// one piece rather than decoded byte by byte).
+pub type EchoReply = serde_bytes::ByteBuf;
 
 impl Actor for Echo {
     type Params = ();
@@ -67,7 +74,7 @@ impl Handler<EchoMsg> for Echo {
         cx: &Context<Self>,
         EchoMsg(bytes, reply): EchoMsg,
     ) -> Result<(), BoxError> {
-        reply.send(cx, bytes)?;
+        reply.send(cx, serde_bytes::ByteBuf::from(bytes))?;
         Ok(())
     }
 }
@@ -156,7 +163,7 @@ impl Handler<EchoMsg> for Failer {
         cx: &Context<Self>,
         EchoMsg(bytes, reply): EchoMsg,
     ) -> Result<(), BoxError> {
-        reply.send(cx, bytes)?;
+        reply.send(cx, serde_bytes::ByteBuf::from(bytes))?;
         Ok(())
     }
 }

@@ -39,7 +39,7 @@ impl Handler<EchoMsg> for Peer {
         cx: &Context<Self>,
         EchoMsg(bytes, reply): EchoMsg,
     ) -> Result<(), BoxError> {
-        reply.send(cx, bytes)?;
+        reply.send(cx, serde_bytes::ByteBuf::from(bytes))?;
         Ok(())
     }
 }

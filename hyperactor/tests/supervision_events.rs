@@ -91,7 +91,7 @@ async fn a_failed_actor_returns_its_queued_messages() {
     let client = proc.client("client").unwrap();
     let failer = client.spawn::<Failer>("failer", ()).unwrap();
     failer.bind().send(&client, Fail::Error).unwrap();
-    let (reply, reply_rx) = client.open_once_port::<Vec<u8>>();
+    let (reply, reply_rx) = client.open_once_port::<hyperactor::testing::EchoReply>();
     failer
         .bind()
         .send(&client, EchoMsg(vec![9], reply))

@@ -167,15 +167,40 @@ impl FromStr for ChannelAddr {
     }
 }
 
+/// The compact form of an address, used by binary formats (every message header
+/// carries several addresses, so formatting and parsing strings there would be
+/// paid on every message).
+#[derive(Serialize, Deserialize)]
+enum CompactAddr {
+    Local(u64),
+    Unix(PathBuf),
+    Tcp(std::net::SocketAddr),
+}
+
 impl Serialize for ChannelAddr {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        if serializer.is_human_readable() {
+            return serializer.collect_str(self);
+        }
+        match self {
+            ChannelAddr::Local(id) => CompactAddr::Local(*id),
+            ChannelAddr::Unix(path) => CompactAddr::Unix(path.clone()),
+            ChannelAddr::Tcp(addr) => CompactAddr::Tcp(*addr),
+        }
+        .serialize(serializer)
     }
 }
 
 impl<'de> Deserialize<'de> for ChannelAddr {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(deserializer)?;
-        s.parse().map_err(serde::de::Error::custom)
+        if deserializer.is_human_readable() {
+            let s = String::deserialize(deserializer)?;
+            return s.parse().map_err(serde::de::Error::custom);
+        }
+        Ok(match CompactAddr::deserialize(deserializer)? {
+            CompactAddr::Local(id) => ChannelAddr::Local(id),
+            CompactAddr::Unix(path) => ChannelAddr::Unix(path),
+            CompactAddr::Tcp(addr) => ChannelAddr::Tcp(addr),
+        })
     }
 }
