@@ -93,6 +93,15 @@ fn child_main(args: &[String]) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        [mode, path] if mode == "raw-async" => runtime()?.block_on(async {
+            use tokio::io::AsyncWriteExt;
+            let mut stream = tokio::net::UnixStream::connect(path).await?;
+            let mut buf = [0u8; 8];
+            while stream.read_exact(&mut buf).await.is_ok() {
+                stream.write_all(&buf).await?;
+            }
+            Ok(())
+        }),
         [transport, report] => runtime()?.block_on(async {
             let proc = Proc::serve(transport.parse()?, "bench-child").await?;
             let sink = proc.spawn::<Sink>("sink", ())?;
@@ -130,6 +139,37 @@ fn raw_unix_rtt() -> anyhow::Result<Duration> {
     let result = rtt(RTT_ROUNDS)?;
     drop(stream);
     child.wait()?;
+    let _ = std::fs::remove_file(&path);
+    Ok(result)
+}
+
+/// The same ping-pong as [`raw_unix_rtt`], on tokio sockets in the runtime being
+/// measured: the floor for any messaging layer built on that runtime.
+async fn raw_async_unix_rtt() -> anyhow::Result<Duration> {
+    use tokio::io::AsyncWriteExt;
+    let path = std::env::temp_dir().join(format!(
+        "hyperactor-bench-raw-async-{}.sock",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&path);
+    let listener = tokio::net::UnixListener::bind(&path)?;
+    let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .args(["--child", "raw-async", &path.to_string_lossy()])
+        .kill_on_drop(true)
+        .spawn()?;
+    let (mut stream, _) = listener.accept().await?;
+    let mut buf = [0u8; 8];
+    let mut result = Duration::ZERO;
+    for rounds in [RTT_ROUNDS / 10, RTT_ROUNDS] {
+        let start = Instant::now();
+        for i in 0..rounds {
+            stream.write_all(&u64::from(i).to_le_bytes()).await?;
+            stream.read_exact(&mut buf).await?;
+        }
+        result = start.elapsed() / rounds;
+    }
+    drop(stream);
+    child.wait().await?;
     let _ = std::fs::remove_file(&path);
     Ok(result)
 }
@@ -202,39 +242,75 @@ fn main() -> anyhow::Result<()> {
     if args.iter().any(|a| a != "--bench") {
         bail!("usage: cargo bench -p hyperactor --bench proc_messaging");
     }
-    runtime()?.block_on(parent_main())
-}
-
-async fn parent_main() -> anyhow::Result<()> {
-    let raw = tokio::task::spawn_blocking(raw_unix_rtt).await??;
     println!("hyperactor proc messaging, two procs in two processes (release build)");
+    let raw = raw_unix_rtt()?;
     println!(
-        "{:<44} {:>14}",
+        "{:<52} {:>14}",
         "raw Unix socket ping-pong round trip",
         format!("{:.1} µs", micros(raw))
     );
+    // Both processes of a measurement run the same runtime: chosen by
+    // HYPERACTOR_BENCH_THREADS, or else each of the two kinds in turn.
+    let kinds = match std::env::var("HYPERACTOR_BENCH_THREADS") {
+        Ok(threads) => vec![threads],
+        Err(_) => vec!["1".to_string(), "2".to_string()],
+    };
+    for threads in kinds {
+        // SAFETY-free: set before any thread of this measurement exists; the
+        // children inherit it and build the same kind of runtime.
+        std::env::set_var("HYPERACTOR_BENCH_THREADS", &threads);
+        runtime()?.block_on(measure(raw))?;
+    }
+    Ok(())
+}
+
+fn runtime_label() -> String {
+    match std::env::var("HYPERACTOR_BENCH_THREADS").as_deref() {
+        Ok("1") => "current-thread".to_string(),
+        Ok(n) => format!("{n}-worker"),
+        Err(_) => "default".to_string(),
+    }
+}
+
+async fn measure(raw: Duration) -> anyhow::Result<()> {
+    let label = runtime_label();
+    let raw_async = raw_async_unix_rtt().await?;
+    println!(
+        "{:<52} {:>14}",
+        format!("raw tokio Unix socket ping-pong, {label} runtime"),
+        format!("{:.1} µs", micros(raw_async))
+    );
     for transport in [ChannelTransport::Unix, ChannelTransport::Tcp] {
+        let transport_label = format!("{transport}, {label} runtime");
+        let transport_label = &transport_label;
         let proc = Proc::serve(transport, "bench").await?;
         let client = proc.client("bench")?;
         let mut peer = start_peer(&client, transport).await?;
         let rtt = call_rtt(&client, &peer.sink).await?;
+        if std::env::var_os("HYPERACTOR_BENCH_RTT_ONLY").is_some() {
+            println!("{transport_label}: call round trip {:.1} µs", micros(rtt));
+            drop(peer.child.stdin.take());
+            peer.child.wait().await?;
+            continue;
+        }
         let (small_rate, _) = throughput(&client, &peer.sink, 64, SMALL_MESSAGES).await?;
         let (large_rate, large_bw) =
             throughput(&client, &peer.sink, 1 << 20, LARGE_MESSAGES).await?;
         println!(
-            "{:<44} {:>14}   ({:.2}x raw Unix socket)",
-            format!("{transport}: call round trip"),
+            "{:<52} {:>14}   ({:.2}x raw socket, {:.2}x raw tokio socket)",
+            format!("{transport_label}: call round trip"),
             format!("{:.1} µs", micros(rtt)),
-            rtt.as_secs_f64() / raw.as_secs_f64()
+            rtt.as_secs_f64() / raw.as_secs_f64(),
+            rtt.as_secs_f64() / raw_async.as_secs_f64()
         );
         println!(
-            "{:<44} {:>14}",
-            format!("{transport}: one-way 64 B messages"),
+            "{:<52} {:>14}",
+            format!("{transport_label}: one-way 64 B messages"),
             format!("{:.0} msg/s", small_rate)
         );
         println!(
-            "{:<44} {:>14}   ({:.0} msg/s)",
-            format!("{transport}: one-way 1 MiB messages"),
+            "{:<52} {:>14}   ({:.0} msg/s)",
+            format!("{transport_label}: one-way 1 MiB messages"),
             format!("{:.2} GB/s", large_bw / 1e9),
             large_rate
         );
