@@ -229,3 +229,36 @@ def test_get_releases_the_gil(port: Port) -> None:
         for t in threads:
             t.join(10)
     assert count >= 200_000
+
+
+@pytest.mark.timeout(30)
+def test_get_on_a_runtime_thread_raises_would_block_runtime(port: Port) -> None:
+    """The runtime calls ``loop.call_soon_threadsafe`` from one of its own threads to
+    wake an awaiting loop; a loop that blocks in ``get()`` right there gets
+    ``WouldBlockRuntime`` instead of stalling the runtime."""
+    port.send(b"done")
+    done = port.rx.recv()
+    done.get(timeout=10)
+    seen: list[BaseException] = []
+
+    class Loop(asyncio.SelectorEventLoop):
+        def call_soon_threadsafe(self, callback, *args, context=None):  # type: ignore[no-untyped-def,override]
+            if threading.current_thread() is not threading.main_thread():
+                try:
+                    done.get()
+                except WouldBlockRuntime as e:
+                    seen.append(e)
+            return super().call_soon_threadsafe(callback, *args, context=context)
+
+    async def main() -> list[bytes]:
+        fut = port.rx.recv()
+        asyncio.get_running_loop().call_soon(port.send, b"wake")
+        return await fut
+
+    loop = Loop()
+    try:
+        assert loop.run_until_complete(main()) == [b"wake"]
+    finally:
+        loop.close()
+    assert len(seen) == 1
+    assert "tokio runtime" in str(seen[0])
