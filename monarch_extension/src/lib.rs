@@ -3,6 +3,11 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+pub mod future;
+pub mod port;
+pub mod proc;
+pub mod runtime;
+
 /// The crate version, exported to Python as `monarch._rust_bindings.__version__`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -52,5 +57,14 @@ pub fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", VERSION)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
+    m.add_class::<future::PyFuture>()?;
+    m.add_class::<proc::PyProc>()?;
+    m.add_class::<proc::PyClient>()?;
+    m.add_class::<port::PyPortRef>()?;
+    m.add_class::<port::PyPortReceiver>()?;
+    m.add(
+        "WouldBlockRuntime",
+        m.py().get_type::<runtime::WouldBlockRuntime>(),
+    )?;
     Ok(())
 }

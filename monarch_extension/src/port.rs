@@ -1,0 +1,194 @@
+//! `PortRef` and `PortReceiver`: streaming ports that carry lists of byte parts.
+//!
+//! A message is a list of `bytes` parts (so that pickle protocol 5 out-of-band buffers
+//! can travel next to the pickle stream without being concatenated into it). On the
+//! wire it is a hyperactor message of type [`Parts`].
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hyperactor::id::PortId;
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+use tokio::sync::{watch, Mutex};
+
+use crate::future::{Convert, PyFuture};
+use crate::proc::PyClient;
+use crate::runtime::runtime;
+
+/// The message type of Python byte ports: the parts, in order.
+pub type Parts = Vec<Bytes>;
+
+/// Copies `bytes` or a list of `bytes` into message parts.
+fn extract_parts(parts: &Bound<'_, PyAny>) -> PyResult<Parts> {
+    if let Ok(b) = parts.cast::<PyBytes>() {
+        return Ok(vec![Bytes::copy_from_slice(b.as_bytes())]);
+    }
+    let wrong = || {
+        PyTypeError::new_err(format!(
+            "PortRef.send() takes bytes or a list of bytes, got {}",
+            parts
+                .get_type()
+                .name()
+                .map_or_else(|_| "?".to_string(), |n| n.to_string())
+        ))
+    };
+    let list = parts.cast::<PyList>().map_err(|_| wrong())?;
+    list.iter()
+        .map(|item| {
+            item.cast::<PyBytes>()
+                .map(|b| Bytes::copy_from_slice(b.as_bytes()))
+                .map_err(|_| wrong())
+        })
+        .collect()
+}
+
+/// A reference to a port, to send to; picklable (its `str` is the port id).
+#[pyclass(module = "monarch._rust_bindings", name = "PortRef", frozen, eq, hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PyPortRef {
+    port_id: PortId,
+}
+
+impl PyPortRef {
+    pub(crate) fn new(port: hyperactor::PortRef<Parts>) -> Self {
+        Self {
+            port_id: port.port_id().clone(),
+        }
+    }
+}
+
+#[pymethods]
+impl PyPortRef {
+    /// Parses a port id (the `str` of a `PortRef`) back into a reference.
+    #[staticmethod]
+    fn from_string(port_id: &str) -> PyResult<Self> {
+        let port_id = port_id
+            .parse()
+            .map_err(|e: hyperactor::error::IdError| PyValueError::new_err(e.to_string()))?;
+        Ok(Self { port_id })
+    }
+
+    /// Sends one message (`bytes`, or a list of `bytes` parts) from `client`.
+    fn send(&self, py: Python<'_>, client: &PyClient, parts: &Bound<'_, PyAny>) -> PyResult<()> {
+        let parts = extract_parts(parts)?;
+        let port = hyperactor::PortRef::<Parts>::attest(self.port_id.clone());
+        let client = Arc::clone(&client.client);
+        let rt = runtime()?;
+        py.detach(|| {
+            let _guard = rt.enter();
+            port.send(&*client, parts)
+        })
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot send to port {}: {e}", self.port_id)))
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
+        let from_string = slf.get_type().getattr("from_string")?;
+        Ok((from_string, (slf.get().port_id.to_string(),)))
+    }
+
+    fn __str__(&self) -> String {
+        self.port_id.to_string()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("PortRef({})", self.port_id)
+    }
+}
+
+struct ReceiverState {
+    port_id: PortId,
+    rx: Mutex<Option<hyperactor::PortReceiver<Parts>>>,
+    closed: watch::Sender<bool>,
+    /// Dropping the last client handle closes its mailbox, and with it this port: keep
+    /// the client alive as long as its receiver is.
+    _client: Arc<hyperactor::Client>,
+}
+
+/// The receiving end of a port opened by `Client.open_port()`.
+#[pyclass(module = "monarch._rust_bindings", name = "PortReceiver", frozen)]
+pub struct PyPortReceiver {
+    state: Arc<ReceiverState>,
+}
+
+impl std::fmt::Debug for PyPortReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PortReceiver({})", self.state.port_id)
+    }
+}
+
+impl PyPortReceiver {
+    pub(crate) fn new(
+        client: Arc<hyperactor::Client>,
+        rx: hyperactor::PortReceiver<Parts>,
+    ) -> Self {
+        Self {
+            state: Arc::new(ReceiverState {
+                port_id: rx.port_id().clone(),
+                rx: Mutex::new(Some(rx)),
+                closed: watch::channel(false).0,
+                _client: client,
+            }),
+        }
+    }
+}
+
+fn closed_error(port_id: &PortId) -> PyErr {
+    PyRuntimeError::new_err(format!(
+        "port {port_id} is closed: its receiver was closed or its client is gone; open a \
+         new port to receive again"
+    ))
+}
+
+async fn recv(state: Arc<ReceiverState>) -> PyResult<Convert> {
+    let mut closed = state.closed.subscribe();
+    let mut rx = state.rx.lock().await;
+    let Some(receiver) = rx.as_mut() else {
+        return Err(closed_error(&state.port_id));
+    };
+    let parts = tokio::select! {
+        biased;
+        _ = closed.wait_for(|c| *c) => {
+            rx.take();
+            return Err(closed_error(&state.port_id));
+        }
+        received = receiver.recv() => received.map_err(|e| {
+            PyRuntimeError::new_err(format!("receiving on port {}: {e}", state.port_id))
+        })?,
+    };
+    Ok(Box::new(move |py: Python<'_>| {
+        let list = PyList::new(py, parts.iter().map(|p| PyBytes::new(py, p)))?;
+        Ok(list.into_any().unbind())
+    }))
+}
+
+#[pymethods]
+impl PyPortReceiver {
+    /// The next message, as a lazy future of its list of byte parts.
+    fn recv(&self) -> PyFuture {
+        PyFuture::from_work(
+            format!("PortReceiver.recv() on port {}", self.state.port_id),
+            recv(Arc::clone(&self.state)),
+        )
+    }
+
+    /// Closes the port: pending and later `recv()` futures raise; messages sent to the
+    /// port later go back to their senders.
+    fn close(&self) {
+        self.state.closed.send_replace(true);
+        if let Ok(mut rx) = self.state.rx.try_lock() {
+            rx.take();
+        }
+    }
+
+    /// The id of the port (the `str` of its `PortRef`).
+    #[getter]
+    fn port_id(&self) -> String {
+        self.state.port_id.to_string()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("PortReceiver({})", self.state.port_id)
+    }
+}

@@ -1,0 +1,111 @@
+//! `Proc` and `Client`: a thin binding of hyperactor procs and clients.
+//!
+//! A `Proc` serves one channel address (in-process, Unix socket or TCP) and routes
+//! messages; a `Client` is a mailbox on a proc from which Python sends and on which it
+//! opens ports.
+
+use std::sync::Arc;
+
+use hyperactor::context::SendContext;
+use hyperactor::error::{IdError, ProcError, SpawnError};
+use hyperactor::ChannelTransport;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::port::{PyPortReceiver, PyPortRef};
+use crate::runtime::{block_on, runtime};
+
+fn parse_transport(transport: &str) -> PyResult<ChannelTransport> {
+    match transport {
+        "local" => Ok(ChannelTransport::Local),
+        "unix" => Ok(ChannelTransport::Unix),
+        "tcp" => Ok(ChannelTransport::Tcp),
+        other => Err(PyValueError::new_err(format!(
+            "unknown channel transport {other:?}: expected \"local\", \"unix\" or \"tcp\""
+        ))),
+    }
+}
+
+fn spawn_error(err: SpawnError) -> PyErr {
+    match err {
+        SpawnError::Name(e) => PyValueError::new_err(e.to_string()),
+        other => PyRuntimeError::new_err(other.to_string()),
+    }
+}
+
+/// A hyperactor proc served on a fresh address; see the [module docs](self).
+#[pyclass(module = "monarch._rust_bindings", name = "Proc", frozen)]
+#[derive(Debug)]
+pub struct PyProc {
+    proc: hyperactor::Proc,
+}
+
+#[pymethods]
+impl PyProc {
+    /// Starts a proc listening on a fresh address of `transport`.
+    #[staticmethod]
+    #[pyo3(signature = (transport, name = "proc"))]
+    fn serve(py: Python<'_>, transport: &str, name: &str) -> PyResult<Self> {
+        let transport = parse_transport(transport)?;
+        let proc = block_on(py, "Proc.serve()", hyperactor::Proc::serve(transport, name))?
+            .map_err(|e| match e {
+                ProcError::Id(e @ IdError::InvalidName { .. }) => {
+                    PyValueError::new_err(e.to_string())
+                }
+                other => PyRuntimeError::new_err(format!(
+                    "cannot serve proc {name:?} over {transport:?}: {other}"
+                )),
+            })?;
+        Ok(Self { proc })
+    }
+
+    /// This proc's id, address included.
+    #[getter]
+    fn proc_id(&self) -> String {
+        self.proc.proc_id().to_string()
+    }
+
+    /// A new client mailbox on this proc named `name`.
+    #[pyo3(signature = (name = "client"))]
+    fn client(&self, name: &str) -> PyResult<PyClient> {
+        let _guard = runtime()?.enter();
+        let client = self.proc.client(name).map_err(spawn_error)?;
+        Ok(PyClient {
+            client: Arc::new(client),
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Proc({})", self.proc.proc_id())
+    }
+}
+
+/// A mailbox on a proc, for code that is not an actor; see the [module docs](self).
+#[pyclass(module = "monarch._rust_bindings", name = "Client", frozen)]
+#[derive(Debug)]
+pub struct PyClient {
+    pub(crate) client: Arc<hyperactor::Client>,
+}
+
+#[pymethods]
+impl PyClient {
+    /// This client's actor id.
+    #[getter]
+    fn actor_id(&self) -> String {
+        self.client.actor_id().to_string()
+    }
+
+    /// Opens a streaming port on this client's mailbox, carrying lists of byte parts.
+    fn open_port(&self) -> PyResult<(PyPortRef, PyPortReceiver)> {
+        let _guard = runtime()?.enter();
+        let (port, receiver) = self.client.open_port();
+        Ok((
+            PyPortRef::new(port),
+            PyPortReceiver::new(Arc::clone(&self.client), receiver),
+        ))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Client({})", self.client.actor_id())
+    }
+}

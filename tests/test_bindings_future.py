@@ -1,0 +1,264 @@
+"""``monarch._rust_bindings.Future``: blocking ``get``, ``await`` and caching (API.md §1.4).
+
+Pending futures come from ``PortReceiver.recv()`` on a port nobody has sent to yet; a
+test completes them by sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from monarch._rust_bindings import (
+    Client,
+    Future,
+    PortReceiver,
+    PortRef,
+    Proc,
+    WouldBlockRuntime,
+)
+
+
+@dataclass
+class Port:
+    client: Client
+    ref: PortRef
+    rx: PortReceiver
+
+    def send(self, *parts: bytes) -> None:
+        self.ref.send(self.client, list(parts))
+
+
+@pytest.fixture
+def port() -> Iterator[Port]:
+    proc = Proc.serve("local")
+    client = proc.client("test")
+    ref, rx = client.open_port()
+    yield Port(client, ref, rx)
+    rx.close()
+
+
+@pytest.mark.timeout(30)
+def test_future_is_not_user_constructible() -> None:
+    with pytest.raises(TypeError):
+        Future()  # type: ignore[call-arg]
+
+
+@pytest.mark.timeout(30)
+def test_future_is_generic_at_runtime() -> None:
+    alias = Future[int]
+    assert alias is not None
+
+
+@pytest.mark.timeout(30)
+def test_would_block_runtime_is_a_runtime_error() -> None:
+    assert issubclass(WouldBlockRuntime, RuntimeError)
+
+
+@pytest.mark.timeout(30)
+def test_get_returns_the_message(port: Port) -> None:
+    port.send(b"hello", b"world")
+    assert port.rx.recv().get(timeout=10) == [b"hello", b"world"]
+
+
+@pytest.mark.timeout(30)
+def test_timeout_does_not_cancel(port: Port) -> None:
+    fut = port.rx.recv()
+    with pytest.raises(TimeoutError, match="keeps running"):
+        fut.get(timeout=0.05)
+    with pytest.raises(TimeoutError):
+        fut.get(timeout=0)
+    port.send(b"late")
+    assert fut.get(timeout=10) == [b"late"]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("timeout", [-1.0, -0.001, math.nan, math.inf, -math.inf])
+def test_bad_timeout_is_a_value_error(port: Port, timeout: float) -> None:
+    port.send(b"x")
+    fut = port.rx.recv()
+    with pytest.raises(ValueError, match="timeout"):
+        fut.get(timeout=timeout)
+    with pytest.raises(ValueError, match="timeout"):
+        fut.result(timeout=timeout)
+    assert fut.get(timeout=10) == [b"x"]
+
+
+@pytest.mark.timeout(30)
+def test_result_is_cached(port: Port) -> None:
+    port.send(b"once")
+    fut = port.rx.recv()
+    first = fut.get()
+    assert first == [b"once"]
+    assert fut.get() is first
+    assert fut.result(timeout=1) is first
+    assert fut.exception() is None
+
+
+@pytest.mark.timeout(30)
+def test_exception_is_cached(port: Port) -> None:
+    fut = port.rx.recv()
+    with pytest.raises(TimeoutError):
+        fut.get(timeout=0.01)  # started, pending
+    port.rx.close()
+    with pytest.raises(RuntimeError, match="is closed") as first:
+        fut.get(timeout=10)
+    assert str(port.ref) in str(first.value)
+    with pytest.raises(RuntimeError) as second:
+        fut.get()
+    assert second.value is first.value
+    assert fut.exception() is first.value
+    # A receiver that is already closed fails new receives too.
+    with pytest.raises(RuntimeError, match="is closed"):
+        port.rx.recv().get(timeout=10)
+
+
+@pytest.mark.timeout(30)
+def test_await_on_asyncio(port: Port) -> None:
+    async def main() -> tuple[list[bytes], list[bytes]]:
+        fut = port.rx.recv()
+        # The send runs on this loop after the await started: the loop is not blocked.
+        asyncio.get_running_loop().call_soon(port.send, b"async")
+        first = await fut
+        second = await fut
+        assert second is first
+        return first, await port.rx.recv().as_asyncio()
+
+    port.send(b"second")
+    # Order on the port: b"second" was sent first.
+    first, second = asyncio.run(main())
+    assert first == [b"second"]
+    assert second == [b"async"]
+
+
+@pytest.mark.timeout(30)
+def test_await_a_done_future(port: Port) -> None:
+    port.send(b"done")
+    fut = port.rx.recv()
+    value = fut.get(timeout=10)
+
+    async def main() -> list[bytes]:
+        return await fut
+
+    assert asyncio.run(main()) is value
+
+
+@pytest.mark.timeout(30)
+def test_await_outside_a_loop_is_a_value_error(port: Port) -> None:
+    with pytest.raises(ValueError, match="running asyncio loop"):
+        port.rx.recv().__await__()
+
+
+@pytest.mark.timeout(30)
+def test_await_from_two_loops_in_two_threads(port: Port) -> None:
+    fut = port.rx.recv()
+    results: dict[int, object] = {}
+    awaiting = [threading.Event(), threading.Event()]
+
+    def run(i: int) -> None:
+        async def main() -> object:
+            aw = fut.as_asyncio()  # registered with the future from here on
+            awaiting[i].set()
+            return await aw
+
+        results[i] = asyncio.run(main())
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for e in awaiting:
+        assert e.wait(10)
+    port.send(b"both")
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    assert results[0] == [b"both"]
+    assert results[1] is results[0]
+
+
+@pytest.mark.timeout(30)
+def test_get_inside_a_running_loop_warns(port: Port) -> None:
+    port.send(b"warned")
+
+    async def main() -> list[bytes]:
+        with pytest.warns(UserWarning, match="asyncio loop"):
+            return port.rx.recv().get(timeout=10)
+
+    assert asyncio.run(main()) == [b"warned"]
+
+
+@pytest.mark.timeout(60)
+def test_get_releases_the_gil(port: Port) -> None:
+    """A counter thread runs Python code while the main thread blocks in ``get()``; the
+    message is sent by a third thread only once the counter has advanced a lot after
+    ``get()`` was entered. If ``get()`` held the GIL, nothing would progress and ``get``
+    would time out."""
+    entering = threading.Event()
+    progressed = threading.Event()
+    stop = threading.Event()
+    count = 0
+
+    def counter() -> None:
+        nonlocal count
+        entering.wait(10)
+        start = count
+        while not stop.is_set():
+            count += 1
+            if count - start == 200_000:
+                progressed.set()
+
+    def sender() -> None:
+        if progressed.wait(20):
+            port.send(b"progress")
+
+    threads = [threading.Thread(target=counter), threading.Thread(target=sender)]
+    for t in threads:
+        t.start()
+    try:
+        fut = port.rx.recv()
+        entering.set()
+        assert fut.get(timeout=30) == [b"progress"]
+    finally:
+        stop.set()
+        progressed.set()
+        for t in threads:
+            t.join(10)
+    assert count >= 200_000
+
+
+@pytest.mark.timeout(30)
+def test_get_on_a_runtime_thread_raises_would_block_runtime(port: Port) -> None:
+    """The runtime calls ``loop.call_soon_threadsafe`` from one of its own threads to
+    wake an awaiting loop; a loop that blocks in ``get()`` right there gets
+    ``WouldBlockRuntime`` instead of stalling the runtime."""
+    port.send(b"done")
+    done = port.rx.recv()
+    done.get(timeout=10)
+    seen: list[BaseException] = []
+
+    class Loop(asyncio.SelectorEventLoop):
+        def call_soon_threadsafe(self, callback, *args, context=None):  # type: ignore[no-untyped-def,override]
+            if threading.current_thread() is not threading.main_thread():
+                try:
+                    done.get()
+                except WouldBlockRuntime as e:
+                    seen.append(e)
+            return super().call_soon_threadsafe(callback, *args, context=context)
+
+    async def main() -> list[bytes]:
+        fut = port.rx.recv()
+        asyncio.get_running_loop().call_soon(port.send, b"wake")
+        return await fut
+
+    loop = Loop()
+    try:
+        assert loop.run_until_complete(main()) == [b"wake"]
+    finally:
+        loop.close()
+    assert len(seen) == 1
+    assert "tokio runtime" in str(seen[0])
