@@ -174,18 +174,10 @@ impl Proc {
     /// Routes `envelope` to its destination without waiting (see the module docs).
     /// Failures come back to the sender (DEL-1).
     pub fn post(&self, envelope: Envelope) {
-        let dest = envelope.header.dest.actor().proc_id();
-        if dest == &self.inner.id {
-            return self.deliver_local(envelope);
-        }
-        let link = self.link(dest.addr());
-        match envelope.into_frame() {
-            Ok(frame) => {
-                if let Err(e) = link.post(frame) {
-                    self.bounce_frame(e.frame, &e.error);
-                }
+        if let Some((link, frame)) = self.outbound(envelope) {
+            if let Err(e) = link.post(frame) {
+                self.bounce_frame(e.frame, &e.error);
             }
-            Err(e) => tracing::error!(proc = %self.inner.id, "cannot frame a message: {e}"),
         }
     }
 
@@ -197,18 +189,28 @@ impl Proc {
     /// Cancelling may drop the message before it was queued; it is then neither
     /// delivered nor returned.
     pub async fn send(&self, envelope: Envelope) {
+        if let Some((link, frame)) = self.outbound(envelope) {
+            if let Err(e) = link.send(frame).await {
+                self.bounce_frame(e.frame, &e.error);
+            }
+        }
+    }
+
+    /// Delivers `envelope` if it is for this proc; otherwise returns the link to
+    /// its destination and the frame to put on it.
+    fn outbound(&self, envelope: Envelope) -> Option<(ChannelTx, Frame)> {
         let dest = envelope.header.dest.actor().proc_id();
         if dest == &self.inner.id {
-            return self.deliver_local(envelope);
+            self.deliver_local(envelope);
+            return None;
         }
         let link = self.link(dest.addr());
         match envelope.into_frame() {
-            Ok(frame) => {
-                if let Err(e) = link.send(frame).await {
-                    self.bounce_frame(e.frame, &e.error);
-                }
+            Ok(frame) => Some((link, frame)),
+            Err(e) => {
+                tracing::error!(proc = %self.inner.id, "cannot frame a message: {e}");
+                None
             }
-            Err(e) => tracing::error!(proc = %self.inner.id, "cannot frame a message: {e}"),
         }
     }
 
