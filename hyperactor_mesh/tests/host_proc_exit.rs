@@ -113,3 +113,95 @@ async fn dropping_the_host_kills_its_procs() {
         );
     }
 }
+
+/// The variable through which `a_killed_host_takes_its_procs_along` tells its child
+/// host where to report its proc's pid.
+#[cfg(target_os = "linux")]
+const PID_REPORT_ENV: &str = "HYPERACTOR_MESH_TEST_PID_REPORT";
+
+/// A proc that ignores its stdin (BOOT-2) and serves for ever: only the parent-death
+/// signal can end it when its host dies.
+#[test]
+#[ignore = "entry point of the child processes started by the other tests"]
+fn child_echo_ignoring_stdin() {
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let info = hyperactor_mesh::BootInfo::from_env().unwrap();
+        let proc = info.serve(ChannelTransport::Unix).await.unwrap();
+        info.report_ready(&proc).unwrap();
+        std::future::pending::<()>().await;
+    });
+}
+
+/// A host process: spawns one `child_echo_ignoring_stdin` proc, reports its pid, and
+/// serves until killed.
+#[cfg(target_os = "linux")]
+#[test]
+#[ignore = "entry point of the child processes started by the other tests"]
+fn child_host_of_one_proc() {
+    use hyperactor::{PortId, PortRef};
+    let report: PortId = std::env::var(PID_REPORT_ENV).unwrap().parse().unwrap();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let host = Host::serve(ChannelTransport::Unix).await.unwrap();
+        let cmd = child_command("child_echo_ignoring_stdin");
+        let procs = timed(host.spawn_procs("orphan", 1, &cmd)).await.unwrap();
+        PortRef::<u32>::attest(report)
+            .send(host.client(), procs[0].pid())
+            .unwrap();
+        std::future::pending::<()>().await;
+    });
+}
+
+/// Resolves when process `pid` (not necessarily a child) has exited, through a pidfd.
+#[cfg(target_os = "linux")]
+fn process_exit(pid: u32) -> impl std::future::Future<Output = ()> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    assert!(
+        fd >= 0,
+        "pidfd_open({pid}): {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // SAFETY: the `AsyncFd` owns the descriptor, which is neither replaced nor closed
+    // while registered.
+    let fd = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+    }
+    .unwrap();
+    async move {
+        // A pidfd becomes readable when its process exits.
+        let _ready = fd.readable().await.unwrap();
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_host_takes_its_procs_along() {
+    let proc = hyperactor::Proc::serve(ChannelTransport::Unix, "test")
+        .await
+        .unwrap();
+    let client = proc.client("test").unwrap();
+    let (report, mut pids) = client.open_port::<u32>();
+    let mut host = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "child_host_of_one_proc",
+            "--nocapture",
+        ])
+        .args(["--quiet"])
+        .env(PID_REPORT_ENV, report.port_id().to_string())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = timed(pids.recv()).await.unwrap();
+    assert!(process_exists(pid));
+    let exited = process_exit(pid);
+
+    host.start_kill().unwrap();
+    timed(host.wait()).await.unwrap();
+    // The proc ignores its stdin, so only its parent-death signal can end it.
+    timed(exited).await;
+}
