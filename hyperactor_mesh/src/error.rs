@@ -1,0 +1,180 @@
+//! The errors of the hyperactor_mesh crate.
+//!
+//! Two enums, one per side of a bootstrap:
+//!
+//! - [`BootstrapError`]: a child process could not start its proc or report in
+//!   ([`crate::bootstrap::bootstrap_proc`]);
+//! - [`HostError`]: the host agent could not start, watch or stop its procs
+//!   ([`crate::host::Host`]).
+//!
+//! Display strings are lowercase, have no trailing period, and name the host and the
+//! proc (name and rank) involved, so that a message read in a log is enough to find the
+//! process at fault. Both enums are `#[non_exhaustive]`.
+
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use hyperactor::error::{IdError, ProcError, SpawnError};
+use hyperactor::ProcId;
+
+/// A child process could not start its proc or report to its host.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BootstrapError {
+    /// A variable the host sets is missing: the process was not started by a host.
+    #[error(
+        "environment variable {var} is not set: this process must be started by a \
+         hyperactor_mesh host (Host::spawn_procs), which sets it"
+    )]
+    MissingEnv {
+        /// The missing variable.
+        var: &'static str,
+    },
+    /// A variable the host sets does not parse.
+    #[error("environment variable {var}={value:?} is invalid: {reason}")]
+    InvalidEnv {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What was expected, in words.
+        reason: String,
+    },
+    /// The child's proc could not be served.
+    #[error("cannot serve proc {name} rank {rank}: {source}")]
+    Serve {
+        /// The proc name given by the host.
+        name: String,
+        /// The proc's rank.
+        rank: usize,
+        /// The proc error.
+        #[source]
+        source: ProcError,
+    },
+    /// The ready report could not be sent to the host.
+    #[error("proc {proc_id} (rank {rank}) cannot report ready to its host: {reason}")]
+    Report {
+        /// The child's proc.
+        proc_id: ProcId,
+        /// The proc's rank.
+        rank: usize,
+        /// Why, in words.
+        reason: String,
+    },
+}
+
+/// The host agent could not start, watch or stop its procs.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostError {
+    /// The host's own proc could not be served.
+    #[error("cannot serve the host proc: {0}")]
+    Serve(#[from] ProcError),
+    /// The host's client could not be created on its proc.
+    #[error("cannot create the client of host {host}: {source}")]
+    Client {
+        /// The host's proc.
+        host: ProcId,
+        /// The spawn error.
+        #[source]
+        source: SpawnError,
+    },
+    /// The host's proc uses the in-process transport, which children cannot reach.
+    #[error(
+        "host proc {host} listens on the local (in-process) transport, which child \
+         processes cannot reach: serve it with ChannelTransport::Unix or Tcp"
+    )]
+    LocalTransport {
+        /// The host's proc.
+        host: ProcId,
+    },
+    /// The proc name is not a valid id name.
+    #[error("host {host} cannot spawn procs named {name:?}: {source}")]
+    InvalidName {
+        /// The host's proc.
+        host: ProcId,
+        /// The rejected name.
+        name: String,
+        /// Why it was rejected.
+        #[source]
+        source: IdError,
+    },
+    /// The host was shut down.
+    #[error("host {host} is shut down and cannot spawn procs {name}")]
+    ShutDown {
+        /// The host's proc.
+        host: ProcId,
+        /// The procs that were to be spawned.
+        name: String,
+    },
+    /// The OS process could not be started.
+    #[error("host {host} cannot start proc {name} rank {rank} ({program}): {source}")]
+    Spawn {
+        /// The host's proc.
+        host: ProcId,
+        /// The proc name.
+        name: String,
+        /// The proc's rank.
+        rank: usize,
+        /// The program that was to be run.
+        program: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A child exited (or was lost) before it reported ready.
+    #[error(
+        "proc {name} rank {rank} (pid {pid}) {status} before reporting ready to host \
+         {host}{}",
+        stderr_section(stderr_tail)
+    )]
+    ExitedBeforeReady {
+        /// The host's proc.
+        host: ProcId,
+        /// The proc name.
+        name: String,
+        /// The proc's rank.
+        rank: usize,
+        /// The child's pid.
+        pid: u32,
+        /// How it ended, in words (for example `exited with exit status: 3`).
+        status: String,
+        /// The exit status, when the host reaped the child.
+        exit_status: Option<ExitStatus>,
+        /// The last lines the child wrote to its standard error.
+        stderr_tail: String,
+    },
+    /// Some children did not report ready in time.
+    #[error(
+        "procs {name} ranks {ranks:?} did not report ready to host {host} within \
+         {timeout:?}: check that the bootstrap command calls bootstrap_proc, or raise the \
+         limit with Host::with_ready_timeout"
+    )]
+    ReadyTimeout {
+        /// The host's proc.
+        host: ProcId,
+        /// The proc name.
+        name: String,
+        /// The ranks that did not report.
+        ranks: Vec<usize>,
+        /// The limit that expired.
+        timeout: Duration,
+    },
+    /// The host's report port closed while waiting (its client stopped).
+    #[error("host {host} stopped receiving ready reports while spawning procs {name}")]
+    ReportPortClosed {
+        /// The host's proc.
+        host: ProcId,
+        /// The proc name.
+        name: String,
+    },
+}
+
+fn stderr_section(tail: &str) -> String {
+    if tail.trim().is_empty() {
+        "; it wrote nothing to stderr".to_string()
+    } else {
+        format!("; last lines of its stderr:\n{tail}")
+    }
+}

@@ -1,0 +1,351 @@
+//! The host agent: spawns procs as OS processes, reaps them, reports their exit.
+//!
+//! A [`Host`] runs inside some process — for `this_host()`, the client process itself —
+//! and owns the procs it spawns. [`Host::spawn_procs`] starts `count` copies of a
+//! [`BootstrapCommand`], one per rank, and returns a [`ProcHandle`] for each once every
+//! child has reported ready (see [`crate::bootstrap`]).
+//!
+//! How children are kept from outliving the host (DESIGN.md, "Supervision": no orphans):
+//!
+//! - each child gets its **own process group**, so one signal reaches the child and
+//!   anything it started; [`ProcHandle::kill`], [`Host::shutdown`] and dropping the
+//!   [`Host`] kill whole groups;
+//! - on Linux each child has a **parent-death signal** (`PR_SET_PDEATHSIG` = `SIGKILL`),
+//!   set between fork and exec and tied to a thread that lives as long as the host
+//!   process, so a host killed with `SIGKILL` still takes its children along;
+//! - each child's **stdin** is a pipe from the host; it closes when the host stops the
+//!   proc or dies, and [`crate::bootstrap::serve_until_stopped`] exits on that (BOOT-2) —
+//!   the portable fallback where no parent-death signal exists.
+//!
+//! Invariants:
+//!
+//! - HOST-1 (all or nothing): `spawn_procs` returns handles for every rank, or an error
+//!   and no running process — children already started are killed.
+//! - HOST-2 (prompt exit): see [`proc_handle`].
+//! - HOST-3 (no orphans): after [`Host::shutdown`] returns, every proc of the host has
+//!   been reaped; dropping the host kills every proc's process group.
+//!
+//! ```no_run
+//! use hyperactor::ChannelTransport;
+//! use hyperactor_mesh::bootstrap::BootstrapCommand;
+//! use hyperactor_mesh::host::Host;
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let host = Host::serve(ChannelTransport::Unix).await?;
+//! let cmd = BootstrapCommand::new("/path/to/worker").with_env("RUST_LOG", "info");
+//! let procs = host.spawn_procs("workers", 4, &cmd).await?;
+//! for proc in &procs {
+//!     println!("rank {} is {} (pid {})", proc.rank(), proc.proc_id(), proc.pid());
+//! }
+//! host.shutdown(std::time::Duration::from_secs(5)).await;
+//! # Ok(())
+//! # }
+//! ```
+
+mod child;
+pub mod proc_handle;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyperactor::error::RecvError;
+use hyperactor::id::validate_name;
+use hyperactor::{ChannelTransport, Client, Proc, ProcId, SendContext};
+use tokio::sync::mpsc;
+
+use crate::bootstrap::{BootInfo, BootstrapCommand, ProcReady};
+use crate::error::HostError;
+use child::{lock, ChildProc};
+pub use proc_handle::{ProcExit, ProcHandle, ProcStatus};
+
+/// How long [`Host::spawn_procs`] waits for every child to report ready, unless set with
+/// [`Host::with_ready_timeout`].
+pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a failed spawn waits for the failed child's stderr to close, to quote it.
+const STDERR_CLOSE_LIMIT: Duration = Duration::from_secs(1);
+
+/// The host agent: see the [module docs](self).
+pub struct Host {
+    proc: Proc,
+    client: Client,
+    ready_timeout: Duration,
+    procs: Mutex<Vec<ProcHandle>>,
+    exits_tx: mpsc::UnboundedSender<ProcExit>,
+    exits_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<ProcExit>>,
+    shut_down: AtomicBool,
+}
+
+impl Host {
+    /// A host with a proc of its own, served on `transport` (Unix or TCP: children must
+    /// reach it).
+    ///
+    /// # Errors
+    ///
+    /// [`HostError::Serve`] if the proc cannot be served; as [`Host::new`] otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: nothing stays served.
+    pub async fn serve(transport: ChannelTransport) -> Result<Self, HostError> {
+        Self::new(Proc::serve(transport, "host").await?)
+    }
+
+    /// A host that receives its children's reports on `proc`.
+    ///
+    /// # Errors
+    ///
+    /// [`HostError::LocalTransport`] if `proc` is served on the in-process transport;
+    /// [`HostError::Client`] if `proc` is stopped.
+    pub fn new(proc: Proc) -> Result<Self, HostError> {
+        if proc.proc_id().addr().transport() == ChannelTransport::Local {
+            return Err(HostError::LocalTransport {
+                host: proc.proc_id().clone(),
+            });
+        }
+        let client = proc.client("host").map_err(|source| HostError::Client {
+            host: proc.proc_id().clone(),
+            source,
+        })?;
+        let (exits_tx, exits_rx) = mpsc::unbounded_channel();
+        Ok(Self {
+            proc,
+            client,
+            ready_timeout: DEFAULT_READY_TIMEOUT,
+            procs: Mutex::new(Vec::new()),
+            exits_tx,
+            exits_rx: tokio::sync::Mutex::new(exits_rx),
+            shut_down: AtomicBool::new(false),
+        })
+    }
+
+    /// The same host, waiting at most `timeout` for children to report ready.
+    #[must_use]
+    pub fn with_ready_timeout(mut self, timeout: Duration) -> Self {
+        self.ready_timeout = timeout;
+        self
+    }
+
+    /// The host's proc.
+    pub fn proc(&self) -> &Proc {
+        &self.proc
+    }
+
+    /// The host's client, on its proc: use it to talk to the spawned procs' actors.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Every proc this host spawned, running or not.
+    pub fn procs(&self) -> Vec<ProcHandle> {
+        lock(&self.procs).clone()
+    }
+
+    /// Starts `count` procs named `name`, ranks `0..count`, each running `cmd`, and
+    /// waits until all of them reported ready (HOST-1). The processes are started
+    /// without waiting for one another, then boot concurrently.
+    ///
+    /// # Errors
+    ///
+    /// - [`HostError::ShutDown`] after [`Host::shutdown`];
+    /// - [`HostError::InvalidName`] if `name` cannot be part of a proc id;
+    /// - [`HostError::Spawn`] if a process cannot be started;
+    /// - [`HostError::ExitedBeforeReady`] if a child exits before every rank is ready,
+    ///   naming its rank and status and quoting its stderr;
+    /// - [`HostError::ReadyTimeout`] if some ranks are not ready within the ready
+    ///   timeout ([`DEFAULT_READY_TIMEOUT`] unless set);
+    /// - [`HostError::ReportPortClosed`] if the host's client stopped.
+    ///
+    /// On error, every child of the call is killed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: cancelling kills the children started so far.
+    pub async fn spawn_procs(
+        &self,
+        name: &str,
+        count: usize,
+        cmd: &BootstrapCommand,
+    ) -> Result<Vec<ProcHandle>, HostError> {
+        let host = self.proc.proc_id();
+        if self.shut_down.load(Ordering::SeqCst) {
+            return Err(HostError::ShutDown {
+                host: host.clone(),
+                name: name.to_string(),
+            });
+        }
+        validate_name(name).map_err(|source| HostError::InvalidName {
+            host: host.clone(),
+            name: name.to_string(),
+            source,
+        })?;
+        let (report, mut reports) = self.client.open_port::<ProcReady>();
+        let (exited_tx, mut exited_rx) = mpsc::unbounded_channel();
+        let mut batch = Batch(Vec::with_capacity(count));
+        for rank in 0..count {
+            let info = BootInfo {
+                name: name.to_string(),
+                rank,
+                count,
+                report: report.port_id().clone(),
+            };
+            let child = child::start(cmd, &info, exited_tx.clone())
+                .await
+                .map_err(|source| HostError::Spawn {
+                    host: host.clone(),
+                    name: name.to_string(),
+                    rank,
+                    program: cmd.program.clone(),
+                    source,
+                })?;
+            batch.0.push(child);
+        }
+
+        let mut ready: Vec<Option<ProcId>> = vec![None; count];
+        let mut pending = count;
+        let deadline = tokio::time::sleep(self.ready_timeout);
+        tokio::pin!(deadline);
+        while pending > 0 {
+            tokio::select! {
+                report = reports.recv() => match report {
+                    Ok(report) => {
+                        if accept(&batch, &mut ready, report, name) {
+                            pending -= 1;
+                        }
+                    }
+                    Err(RecvError::Closed { .. }) => {
+                        return Err(HostError::ReportPortClosed {
+                            host: host.clone(),
+                            name: name.to_string(),
+                        });
+                    }
+                    Err(e) => tracing::warn!(host = %host, "ignoring a corrupt ready report: {e}"),
+                },
+                Some(rank) = exited_rx.recv() => {
+                    return Err(self.exited_before_ready(&batch.0[rank]).await);
+                }
+                () = &mut deadline => {
+                    return Err(HostError::ReadyTimeout {
+                        host: host.clone(),
+                        name: name.to_string(),
+                        ranks: (0..count).filter(|&r| ready[r].is_none()).collect(),
+                        timeout: self.ready_timeout,
+                    });
+                }
+            }
+        }
+
+        let handles: Vec<ProcHandle> = batch
+            .disarm()
+            .into_iter()
+            .zip(ready.into_iter().flatten())
+            .map(|(child, proc_id)| {
+                child.promote(proc_id.clone(), self.exits_tx.clone());
+                ProcHandle::new(proc_id, child)
+            })
+            .collect();
+        lock(&self.procs).extend(handles.iter().cloned());
+        Ok(handles)
+    }
+
+    async fn exited_before_ready(&self, child: &ChildProc) -> HostError {
+        let status = child.status();
+        HostError::ExitedBeforeReady {
+            host: self.proc.proc_id().clone(),
+            name: child.name.clone(),
+            rank: child.rank,
+            pid: child.pid,
+            status: status.to_string(),
+            exit_status: status.exit_status(),
+            stderr_tail: child.stderr_tail_at_close(STDERR_CLOSE_LIMIT).await,
+        }
+    }
+
+    /// The next exit of a proc of this host, in the order the host reaped them (HOST-2).
+    /// Waits for ever if no proc exits.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: an exit is taken from the stream only when this returns.
+    pub async fn next_exit(&self) -> ProcExit {
+        let mut rx = self.exits_rx.lock().await;
+        match rx.recv().await {
+            Some(exit) => exit,
+            // The host holds a sender, so the stream never ends.
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Stops every proc of this host gracefully, all at once (see [`ProcHandle::stop`]:
+    /// each gets `timeout`, then is killed), and waits until all are reaped (HOST-3).
+    /// Later spawns fail with [`HostError::ShutDown`]. The host's own proc keeps running.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: procs already asked to stop go on stopping, and are killed when the
+    /// host is dropped.
+    pub async fn shutdown(&self, timeout: Duration) {
+        self.shut_down.store(true, Ordering::SeqCst);
+        let procs = self.procs();
+        futures::future::join_all(procs.iter().map(|p| p.stop(timeout))).await;
+    }
+}
+
+/// Accepts a ready report if it names a rank of this batch, from that rank's process.
+fn accept(batch: &Batch, ready: &mut [Option<ProcId>], report: ProcReady, name: &str) -> bool {
+    let expected = batch.0.get(report.rank).map(|c| c.pid);
+    match ready.get_mut(report.rank) {
+        Some(slot @ None) if expected == Some(report.pid) => {
+            *slot = Some(report.proc_id);
+            true
+        }
+        _ => {
+            tracing::warn!(
+                "ignoring a ready report for procs {name}: rank {} pid {} ({}) is not an \
+                 unreported rank of this spawn",
+                report.rank,
+                report.pid,
+                report.proc_id
+            );
+            false
+        }
+    }
+}
+
+impl Drop for Host {
+    /// Kills the process group of every proc still running (HOST-3).
+    fn drop(&mut self) {
+        for proc in lock(&self.procs).iter() {
+            proc.kill();
+        }
+    }
+}
+
+impl std::fmt::Debug for Host {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Host")
+            .field("proc", self.proc.proc_id())
+            .field("procs", &lock(&self.procs).len())
+            .field("ready_timeout", &self.ready_timeout)
+            .finish()
+    }
+}
+
+/// The children of one `spawn_procs` call: killed on drop unless disarmed (HOST-1).
+struct Batch(Vec<Arc<ChildProc>>);
+
+impl Batch {
+    fn disarm(mut self) -> Vec<Arc<ChildProc>> {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        for child in &self.0 {
+            child.kill();
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! The OS side of one proc: starting its process, reaping it, killing its group.
+//!
+//! - **Start.** The process is forked by one long-lived thread of the host process (the
+//!   *spawner thread*), with its own process group and, on Linux, a parent-death
+//!   `SIGKILL` (`PR_SET_PDEATHSIG`). Linux ties that signal to the *thread* that forked
+//!   the child, not the process; forking from a thread that lives as long as the process
+//!   makes it fire exactly when the host process dies, not when some runtime worker or
+//!   blocking-pool thread retires.
+//! - **Reap.** A task per child awaits `Child::wait` (woken by the runtime's child
+//!   watcher, not by polling), then publishes the status on a watch channel and to the
+//!   child's route: the spawn that is still waiting for it, or the host's exit stream.
+//! - **Kill.** `SIGKILL` to the whole process group (and the leader), sent under the state
+//!   lock only while the leader is unreaped, so the pid cannot have been reused. After
+//!   the leader is reaped, its group is killed once more to take any grandchildren with
+//!   it (the kernel keeps the pgid reserved while members remain).
+
+use std::collections::VecDeque;
+use std::io;
+use std::process::Stdio;
+use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use hyperactor::ProcId;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{ChildStderr, ChildStdin, Command};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::bootstrap::{BootInfo, BootstrapCommand};
+use crate::host::proc_handle::{ProcExit, ProcStatus};
+
+/// The most stderr lines kept per child.
+const STDERR_TAIL_LINES: usize = 20;
+/// The longest stderr line kept, in bytes; longer lines are cut.
+const STDERR_LINE_BYTES: usize = 512;
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where a child's exit is reported.
+#[derive(Debug)]
+enum Route {
+    /// To the `spawn_procs` call still waiting for it to report ready: its rank.
+    Spawning(mpsc::UnboundedSender<usize>),
+    /// To the host's exit stream.
+    Host {
+        proc_id: ProcId,
+        events: mpsc::UnboundedSender<ProcExit>,
+    },
+}
+
+#[derive(Debug)]
+struct State {
+    /// Set (under this lock) as soon as the leader is reaped.
+    exited: bool,
+    route: Route,
+}
+
+/// One child process, shared by its reaper task, its stderr task and its handles.
+#[derive(Debug)]
+pub(crate) struct ChildProc {
+    pub(crate) name: String,
+    pub(crate) rank: usize,
+    pub(crate) pid: u32,
+    state: Mutex<State>,
+    status: watch::Sender<ProcStatus>,
+    stdin: Mutex<Option<ChildStdin>>,
+    stderr_tail: Mutex<VecDeque<String>>,
+    stderr_done: watch::Sender<bool>,
+}
+
+impl ChildProc {
+    pub(crate) fn status(&self) -> ProcStatus {
+        self.status.borrow().clone()
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<ProcStatus> {
+        self.status.subscribe()
+    }
+
+    /// Sends `SIGKILL` to the child's process group; false if it had already exited.
+    pub(crate) fn kill(&self) -> bool {
+        let state = lock(&self.state);
+        if state.exited {
+            return false;
+        }
+        kill_group(self.pid);
+        true
+    }
+
+    /// Closes the child's stdin: the graceful stop request (BOOT-2).
+    pub(crate) fn close_stdin(&self) {
+        lock(&self.stdin).take();
+    }
+
+    /// The last lines of the child's stderr, as read so far.
+    pub(crate) fn stderr_tail(&self) -> String {
+        lock(&self.stderr_tail)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Waits until the child's stderr is closed (bounded by `limit`), then returns its
+    /// tail. A grandchild holding stderr open makes this wait out the limit.
+    pub(crate) async fn stderr_tail_at_close(&self, limit: std::time::Duration) -> String {
+        let mut done = self.stderr_done.subscribe();
+        let _ = tokio::time::timeout(limit, done.wait_for(|d| *d)).await;
+        self.stderr_tail()
+    }
+
+    /// Reports this child's exit to the host's stream from now on. If it already
+    /// exited, reports that at once.
+    pub(crate) fn promote(&self, proc_id: ProcId, events: mpsc::UnboundedSender<ProcExit>) {
+        let mut state = lock(&self.state);
+        if state.exited {
+            let _ = events.send(self.exit_event(&proc_id));
+        }
+        state.route = Route::Host { proc_id, events };
+    }
+
+    fn exit_event(&self, proc_id: &ProcId) -> ProcExit {
+        ProcExit {
+            name: self.name.clone(),
+            rank: self.rank,
+            proc_id: proc_id.clone(),
+            pid: self.pid,
+            status: self.status(),
+        }
+    }
+
+    /// Called by the reaper once the leader is reaped.
+    fn set_exited(&self, status: ProcStatus) {
+        let mut state = lock(&self.state);
+        // Take any grandchildren left in the group along.
+        kill_group(self.pid);
+        state.exited = true;
+        self.status.send_replace(status);
+        self.close_stdin();
+        match &state.route {
+            Route::Spawning(tx) => {
+                let _ = tx.send(self.rank);
+            }
+            Route::Host { proc_id, events } => {
+                let _ = events.send(self.exit_event(proc_id));
+            }
+        }
+    }
+
+    fn push_stderr(&self, line: &[u8]) {
+        let line = String::from_utf8_lossy(&line[..line.len().min(STDERR_LINE_BYTES)]);
+        let mut tail = lock(&self.stderr_tail);
+        if tail.len() == STDERR_TAIL_LINES {
+            tail.pop_front();
+        }
+        tail.push_back(line.trim_end().to_string());
+    }
+}
+
+fn kill_group(pid: u32) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    // SAFETY: kill(2) has no memory-safety preconditions. The targets are the child's
+    // process group (created for it, see `start`) and the child itself, which the caller
+    // guarantees is not yet reaped or still leads a live group.
+    unsafe {
+        libc::kill(-pid, libc::SIGKILL);
+        libc::kill(pid, libc::SIGKILL);
+    }
+}
+
+/// Starts the process of proc `info.rank`, reporting its exit to `spawning` until it is
+/// promoted.
+///
+/// # Errors
+///
+/// The OS error when the process cannot be started.
+///
+/// # Cancel safety
+///
+/// Cancel safe: a process started after cancellation is killed by `kill_on_drop`.
+pub(crate) async fn start(
+    cmd: &BootstrapCommand,
+    info: &BootInfo,
+    spawning: mpsc::UnboundedSender<usize>,
+) -> io::Result<Arc<ChildProc>> {
+    let mut command = Command::new(&cmd.program);
+    command
+        .args(&cmd.args)
+        .envs(cmd.env.iter().map(|(k, v)| (k, v)))
+        .envs(info.to_env())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .process_group(0);
+    set_parent_death_signal(&mut command);
+
+    let mut child = spawn_on_spawner_thread(command).await?;
+    let pid = child
+        .id()
+        .ok_or_else(|| io::Error::other("the child was reaped before its pid was read"))?;
+    let stdin = child.stdin.take();
+    let stderr = child.stderr.take();
+    let control = Arc::new(ChildProc {
+        name: info.name.clone(),
+        rank: info.rank,
+        pid,
+        state: Mutex::new(State {
+            exited: false,
+            route: Route::Spawning(spawning),
+        }),
+        status: watch::channel(ProcStatus::Running).0,
+        stdin: Mutex::new(stdin),
+        stderr_tail: Mutex::new(VecDeque::new()),
+        stderr_done: watch::channel(false).0,
+    });
+    tokio::spawn(reap(child, Arc::clone(&control)));
+    match stderr {
+        Some(stderr) => {
+            tokio::spawn(drain_stderr(stderr, Arc::clone(&control)));
+        }
+        None => {
+            control.stderr_done.send_replace(true);
+        }
+    }
+    Ok(control)
+}
+
+/// Sets `PR_SET_PDEATHSIG` to `SIGKILL` in the child, between fork and exec.
+#[cfg(target_os = "linux")]
+fn set_parent_death_signal(command: &mut Command) {
+    // SAFETY: getpid has no preconditions.
+    let host_pid = unsafe { libc::getpid() };
+    let set = move || -> io::Result<()> {
+        // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag of the calling process; the
+        // unused arguments are zero as the man page asks.
+        let rc = unsafe {
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // The host may have died between fork and prctl: then no signal will come.
+        // SAFETY: getppid has no preconditions.
+        if unsafe { libc::getppid() } != host_pid {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        Ok(())
+    };
+    // SAFETY: the closure runs in the forked child before exec; it calls only prctl and
+    // getppid, which are async-signal-safe, and allocates nothing (`last_os_error` and
+    // `from_raw_os_error` build an unboxed OS error).
+    unsafe {
+        command.pre_exec(set);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn set_parent_death_signal(_command: &mut Command) {}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Runs `command.spawn()` on the spawner thread (see the module docs), inside the
+/// caller's runtime so the child is registered with its child watcher.
+async fn spawn_on_spawner_thread(mut command: Command) -> io::Result<tokio::process::Child> {
+    static SPAWNER: OnceLock<Option<std_mpsc::Sender<Job>>> = OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = std_mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("hyperactor-mesh-spawner".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    job();
+                }
+            })
+            .ok()
+            .map(|_| tx)
+    });
+    let runtime = tokio::runtime::Handle::current();
+    let (result_tx, result_rx) = oneshot::channel();
+    let job: Job = Box::new(move || {
+        let _entered = runtime.enter();
+        let _ = result_tx.send(command.spawn());
+    });
+    match spawner {
+        Some(tx) => {
+            if let Err(std_mpsc::SendError(job)) = tx.send(job) {
+                job();
+            }
+        }
+        // No spawner thread could be started: fork from this thread instead.
+        None => job(),
+    }
+    result_rx
+        .await
+        .map_err(|_| io::Error::other("the spawner thread dropped the spawn request"))?
+}
+
+/// The reaper task of one child.
+async fn reap(mut child: tokio::process::Child, control: Arc<ChildProc>) {
+    let status = match child.wait().await {
+        Ok(status) => ProcStatus::Exited(status),
+        Err(e) => ProcStatus::Lost {
+            reason: format!("cannot wait for pid {}: {e}", control.pid),
+        },
+    };
+    tracing::debug!(proc = %control.name, rank = control.rank, pid = control.pid, "{status}");
+    control.set_exited(status);
+}
+
+/// Forwards the child's stderr to the host's, prefixed, keeping a tail of it.
+async fn drain_stderr(stderr: ChildStderr, control: Arc<ChildProc>) {
+    let mut reader = BufReader::new(stderr);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                eprintln!(
+                    "[{} {}] {}",
+                    control.name,
+                    control.rank,
+                    String::from_utf8_lossy(&line).trim_end()
+                );
+                control.push_stderr(&line);
+            }
+        }
+    }
+    control.stderr_done.send_replace(true);
+}

@@ -1,0 +1,196 @@
+//! Proc handles: the host's view of one running proc, and the record of its exit.
+//!
+//! A [`ProcHandle`] is returned for each rank by [`crate::host::Host::spawn_procs`]. It
+//! names the proc (rank, [`ProcId`], pid), tells its [`ProcStatus`], and stops it:
+//! [`ProcHandle::kill`] at once, [`ProcHandle::stop`] gracefully. Clones share the proc.
+//!
+//! Invariants:
+//!
+//! - HOST-2 (prompt exit): a proc's exit is published as soon as the host reaps it — on
+//!   the handle's status watch ([`ProcHandle::watch`], [`ProcHandle::wait`]) and as one
+//!   [`ProcExit`] on the host's exit stream ([`crate::host::Host::next_exit`]) — driven
+//!   by the child's exit itself, never by polling.
+
+use std::fmt;
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyperactor::ProcId;
+use tokio::sync::watch;
+
+use crate::host::child::ChildProc;
+
+/// The state of a proc's OS process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProcStatus {
+    /// The process runs (or is exiting but not yet reaped).
+    Running,
+    /// The process exited and was reaped; how it ended.
+    Exited(ExitStatus),
+    /// The host could not wait for the process; why.
+    Lost {
+        /// What went wrong, in words.
+        reason: String,
+    },
+}
+
+impl ProcStatus {
+    /// True while the process runs.
+    pub fn is_running(&self) -> bool {
+        matches!(self, Self::Running)
+    }
+
+    /// The exit status, once the process exited.
+    pub fn exit_status(&self) -> Option<ExitStatus> {
+        match self {
+            Self::Exited(status) => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ProcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Running => f.write_str("running"),
+            Self::Exited(status) => write!(f, "exited with {status}"),
+            Self::Lost { reason } => write!(f, "was lost: {reason}"),
+        }
+    }
+}
+
+/// The exit of a proc, as published on the host's exit stream (HOST-2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcExit {
+    /// The proc name given to `spawn_procs`.
+    pub name: String,
+    /// The proc's rank.
+    pub rank: usize,
+    /// The proc.
+    pub proc_id: ProcId,
+    /// Its OS process id (no longer valid).
+    pub pid: u32,
+    /// How it ended (never [`ProcStatus::Running`]).
+    pub status: ProcStatus,
+}
+
+impl fmt::Display for ProcExit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "proc {} rank {} ({}, pid {}) {}",
+            self.name, self.rank, self.proc_id, self.pid, self.status
+        )
+    }
+}
+
+/// The host's handle to one proc. Dropping it does not stop the proc: the host does,
+/// on [`crate::host::Host::shutdown`] or when dropped.
+#[derive(Clone)]
+pub struct ProcHandle {
+    proc_id: ProcId,
+    child: Arc<ChildProc>,
+}
+
+impl ProcHandle {
+    pub(crate) fn new(proc_id: ProcId, child: Arc<ChildProc>) -> Self {
+        Self { proc_id, child }
+    }
+
+    /// The proc name given to `spawn_procs`.
+    pub fn name(&self) -> &str {
+        &self.child.name
+    }
+
+    /// The proc's rank, `0..count`.
+    pub fn rank(&self) -> usize {
+        self.child.rank
+    }
+
+    /// The proc's id: send to its actors through it.
+    pub fn proc_id(&self) -> &ProcId {
+        &self.proc_id
+    }
+
+    /// The proc's OS process id (also the id of its process group).
+    pub fn pid(&self) -> u32 {
+        self.child.pid
+    }
+
+    /// The proc's current status.
+    pub fn status(&self) -> ProcStatus {
+        self.child.status()
+    }
+
+    /// A watch of the proc's status: it changes once, from [`ProcStatus::Running`] to
+    /// the final status, as soon as the host reaps the process (HOST-2).
+    pub fn watch(&self) -> watch::Receiver<ProcStatus> {
+        self.child.subscribe()
+    }
+
+    /// Waits until the process has exited and returns how it ended.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn wait(&self) -> ProcStatus {
+        let mut watch = self.child.subscribe();
+        let status = match watch.wait_for(|status| !status.is_running()).await {
+            Ok(status) => status.clone(),
+            // Unreachable while `self` holds the sender; kept total for safety.
+            Err(_) => ProcStatus::Lost {
+                reason: "the host stopped watching the process".to_string(),
+            },
+        };
+        status
+    }
+
+    /// Sends `SIGKILL` to the proc's process group. Returns false if the process had
+    /// already exited. The exit is then published as usual (HOST-2).
+    pub fn kill(&self) -> bool {
+        self.child.kill()
+    }
+
+    /// Stops the proc gracefully: closes its stdin (the stop request of
+    /// [`crate::bootstrap::serve_until_stopped`]), waits up to `timeout` for it to exit,
+    /// then kills it. Returns how it ended.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the stop request is made before the first await; a cancelled call
+    /// does not kill the proc after the timeout.
+    pub async fn stop(&self, timeout: Duration) -> ProcStatus {
+        self.child.close_stdin();
+        match tokio::time::timeout(timeout, self.wait()).await {
+            Ok(status) => status,
+            Err(_) => {
+                tracing::warn!(
+                    proc = %self.proc_id,
+                    rank = self.rank(),
+                    "proc did not stop within {timeout:?} of its stop request; killing it"
+                );
+                self.kill();
+                self.wait().await
+            }
+        }
+    }
+
+    /// The last lines the proc wrote to its stderr (up to 20), as read so far.
+    pub fn stderr_tail(&self) -> String {
+        self.child.stderr_tail()
+    }
+}
+
+impl fmt::Debug for ProcHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProcHandle")
+            .field("name", &self.child.name)
+            .field("rank", &self.child.rank)
+            .field("proc_id", &self.proc_id)
+            .field("pid", &self.child.pid)
+            .field("status", &self.status())
+            .finish()
+    }
+}
