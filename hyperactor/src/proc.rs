@@ -37,6 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
+use rustc_hash::FxHashMap;
 use tokio::sync::mpsc;
 
 use crate::actor::{spawn_actor, Actor, ActorCell, ActorHandle, Owner};
@@ -59,10 +60,12 @@ pub struct Proc {
 struct ProcInner {
     id: ProcId,
     runtime: tokio::runtime::Handle,
-    actors: RwLock<HashMap<ActorId, Arc<Mailbox>>>,
+    // Looked up on every message: hashed with FxHash, not SipHash (keys are ids
+    // chosen by this process and its peers, not by untrusted input).
+    actors: RwLock<FxHashMap<ActorId, Arc<Mailbox>>>,
     names: Mutex<HashMap<String, u64>>,
     roots: Mutex<Vec<Arc<ActorCell>>>,
-    links: Mutex<HashMap<ChannelAddr, ChannelTx>>,
+    links: Mutex<FxHashMap<ChannelAddr, ChannelTx>>,
     supervision_tx: mpsc::UnboundedSender<SupervisionEvent>,
     supervision_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<SupervisionEvent>>,
     stopped: AtomicBool,
@@ -114,10 +117,10 @@ impl Proc {
         let inner = Arc::new(ProcInner {
             id,
             runtime: tokio::runtime::Handle::current(),
-            actors: RwLock::new(HashMap::new()),
+            actors: RwLock::new(FxHashMap::default()),
             names: Mutex::new(HashMap::new()),
             roots: Mutex::new(Vec::new()),
-            links: Mutex::new(HashMap::new()),
+            links: Mutex::new(FxHashMap::default()),
             supervision_tx,
             supervision_rx: tokio::sync::Mutex::new(supervision_rx),
             stopped: AtomicBool::new(false),

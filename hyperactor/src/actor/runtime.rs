@@ -8,6 +8,7 @@
 use std::any::Any;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -50,14 +51,22 @@ pub(crate) struct ActorCell {
     pub(crate) id: ActorId,
     pub(crate) mailbox: Arc<Mailbox>,
     owner: OwnerId,
+    /// Lifecycle transitions, watched by waiters. `Idle` here means running;
+    /// whether a message is being handled is `processing`, kept out of the
+    /// watch so the per-message path does not notify anyone.
     status: watch::Sender<ActorStatus>,
+    processing: AtomicBool,
     children: Mutex<Vec<Arc<ActorCell>>>,
     abort: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
 impl ActorCell {
     pub(crate) fn status(&self) -> ActorStatus {
-        self.status.borrow().clone()
+        let status = self.status.borrow().clone();
+        if status == ActorStatus::Idle && self.processing.load(Ordering::Relaxed) {
+            return ActorStatus::Processing;
+        }
+        status
     }
 
     fn set_status(&self, status: ActorStatus) {
@@ -132,6 +141,7 @@ pub(crate) fn spawn_actor<A: Actor>(
         mailbox,
         owner: owner_id,
         status: watch::Sender::new(ActorStatus::Created),
+        processing: AtomicBool::new(false),
         children: Mutex::new(Vec::new()),
         abort: Mutex::new(None),
     });
@@ -233,9 +243,10 @@ async fn drive<A: Actor>(
         match work {
             Work::Stop => return Ok(()),
             Work::Message(envelope) => {
-                cx.cell.set_status(ActorStatus::Processing);
-                handle_one(&mut actor, cx, &binder, envelope).await?;
-                cx.cell.set_status(ActorStatus::Idle);
+                cx.cell.processing.store(true, Ordering::Relaxed);
+                let handled = handle_one(&mut actor, cx, &binder, envelope).await;
+                cx.cell.processing.store(false, Ordering::Relaxed);
+                handled?;
             }
         }
     }
