@@ -259,7 +259,10 @@ fn main() -> anyhow::Result<()> {
         // SAFETY-free: set before any thread of this measurement exists; the
         // children inherit it and build the same kind of runtime.
         std::env::set_var("HYPERACTOR_BENCH_THREADS", &threads);
-        runtime()?.block_on(measure(raw))?;
+        // Measure on a runtime task, as an actor or a client task would run:
+        // a multi-thread runtime's `block_on` future lives on the calling
+        // thread, so every reply would pay a cross-thread wake-up to reach it.
+        runtime()?.block_on(async move { tokio::spawn(measure(raw)).await })??;
     }
     Ok(())
 }
