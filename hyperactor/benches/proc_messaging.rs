@@ -256,8 +256,8 @@ fn main() -> anyhow::Result<()> {
         Err(_) => vec!["1".to_string(), "2".to_string()],
     };
     for threads in kinds {
-        // SAFETY-free: set before any thread of this measurement exists; the
-        // children inherit it and build the same kind of runtime.
+        // Set before this measurement's runtime exists; the children inherit
+        // it and build the same kind of runtime.
         std::env::set_var("HYPERACTOR_BENCH_THREADS", &threads);
         // Measure on a runtime task, as an actor or a client task would run:
         // a multi-thread runtime's `block_on` future lives on the calling

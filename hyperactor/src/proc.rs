@@ -142,11 +142,7 @@ impl Proc {
     /// [`SpawnError::Name`] for an invalid name; [`SpawnError::ProcStopped`] if the proc
     /// is stopped.
     pub fn client(&self, name: &str) -> Result<Client, SpawnError> {
-        let (id, _) = self.register(name, |id| (Mailbox::without_work_queue(id), ()))?;
-        let mailbox = self.mailbox(&id).ok_or_else(|| SpawnError::ProcStopped {
-            proc_id: self.inner.id.clone(),
-            name: name.to_string(),
-        })?;
+        let (_, mailbox, ()) = self.register(name, |id| (Mailbox::without_work_queue(id), ()))?;
         Ok(Client::new(self.clone(), mailbox))
     }
 
@@ -246,7 +242,7 @@ impl Proc {
         &self,
         name: &str,
         make: impl FnOnce(ActorId) -> (Arc<Mailbox>, T),
-    ) -> Result<(ActorId, T), SpawnError> {
+    ) -> Result<(ActorId, Arc<Mailbox>, T), SpawnError> {
         validate_name(name)?;
         if self.inner.stopped.load(Ordering::SeqCst) {
             return Err(SpawnError::ProcStopped {
@@ -267,20 +263,15 @@ impl Proc {
             .actors
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(id.clone(), mailbox);
-        Ok((id, extra))
+            .insert(id.clone(), Arc::clone(&mailbox));
+        Ok((id, mailbox, extra))
     }
 
     pub(crate) fn allocate_actor(
         &self,
         name: &str,
     ) -> Result<(ActorId, Arc<Mailbox>, mpsc::UnboundedReceiver<Work>), SpawnError> {
-        let (id, rx) = self.register(name, Mailbox::with_work_queue)?;
-        let mailbox = self.mailbox(&id).ok_or_else(|| SpawnError::ProcStopped {
-            proc_id: self.inner.id.clone(),
-            name: name.to_string(),
-        })?;
-        Ok((id, mailbox, rx))
+        self.register(name, Mailbox::with_work_queue)
     }
 
     fn mailbox(&self, id: &ActorId) -> Option<Arc<Mailbox>> {
