@@ -135,6 +135,17 @@ impl<M: Message> PortRef<M> {
 }
 
 impl<M: Message> PortRef<M> {
+    /// Sends an already-serialized message: its parts travel as they are, each its own
+    /// part of the frame, never concatenated (for encoders that keep large buffers out
+    /// of band, like pickle protocol 5). The receiver reads it with
+    /// [`PortReceiver::recv_serialized`], or decodes it as an `M`.
+    pub fn send_serialized(&self, cx: &(impl SendContext + ?Sized), payload: Serialized) {
+        cx.proc().post(Envelope {
+            header: cx.envelope_header(self.port.clone()),
+            payload,
+        });
+    }
+
     /// Sends `msg` like [`PortRef::send`], but first waits while the link to a remote
     /// destination has too many bytes outstanding: the way for bulk senders to keep
     /// their memory bounded when the receiver is slower than they are.
@@ -221,6 +232,25 @@ impl<M: Message> PortReceiver<M> {
             port: self.port.clone(),
         })?;
         decode(&self.port, &envelope)
+    }
+
+    /// Receives the next message without decoding it: its parts, as sent (see
+    /// [`PortRef::send_serialized`]).
+    ///
+    /// # Errors
+    ///
+    /// [`RecvError::Closed`] once the owning actor has stopped.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`PortReceiver::recv`].
+    pub async fn recv_serialized(&mut self) -> Result<Serialized, RecvError> {
+        match self.rx.recv().await {
+            Some(envelope) => Ok(envelope.payload),
+            None => Err(RecvError::Closed {
+                port: self.port.clone(),
+            }),
+        }
     }
 
     /// Receives a message if one is already queued.

@@ -150,3 +150,25 @@ async fn call_waits_with_timeout_and_can_be_cancelled() {
         tokio::time::timeout(Duration::from_millis(50), client.call(&silent, |r| r)).await;
     assert!(pending.is_err(), "a call with no reply must stay pending");
 }
+
+#[tokio::test]
+async fn serialized_messages_keep_their_parts_across_procs() {
+    use bytes::Bytes;
+    use hyperactor::message::Serialized;
+    for transport in hyperactor::testing::TRANSPORTS {
+        let here = Proc::serve(transport, "here").await.unwrap();
+        let there = Proc::serve(transport, "there").await.unwrap();
+        let sender = here.client("sender").unwrap();
+        let receiver = there.client("receiver").unwrap();
+        let (port, mut rx) = receiver.open_port::<Vec<u8>>();
+        let big = Bytes::from(vec![7u8; 1 << 20]);
+        let parts = vec![Bytes::from_static(b"stream"), big.clone(), Bytes::new()];
+        port.send_serialized(&sender, Serialized::from_parts(parts.clone()));
+        let received = timed(rx.recv_serialized()).await.unwrap();
+        assert_eq!(
+            received.parts(),
+            &parts[..],
+            "{transport:?}: parts changed on the way"
+        );
+    }
+}

@@ -1,13 +1,15 @@
 //! `PortRef` and `PortReceiver`: streaming ports that carry lists of byte parts.
 //!
 //! A message is a list of `bytes` parts (so that pickle protocol 5 out-of-band buffers
-//! can travel next to the pickle stream without being concatenated into it). On the
-//! wire it is a hyperactor message of type [`Parts`].
+//! can travel next to the pickle stream without being concatenated into it). Each part
+//! is a part of the hyperactor frame on the wire
+//! ([`hyperactor::PortRef::send_serialized`]): never re-encoded, never concatenated.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use hyperactor::id::PortId;
+use hyperactor::message::Serialized;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
@@ -17,7 +19,8 @@ use crate::future::{Convert, PyFuture};
 use crate::proc::PyClient;
 use crate::runtime::runtime;
 
-/// The message type of Python byte ports: the parts, in order.
+/// The nominal message type of Python byte ports: the parts, in order. Messages are
+/// sent and received already serialized, so this type is never encoded.
 pub type Parts = Vec<Bytes>;
 
 /// Copies `bytes` or a list of `bytes` into message parts.
@@ -78,9 +81,9 @@ impl PyPortRef {
         let rt = runtime()?;
         py.detach(|| {
             let _guard = rt.enter();
-            port.send(&*client, parts)
-        })
-        .map_err(|e| PyRuntimeError::new_err(format!("cannot send to port {}: {e}", self.port_id)))
+            port.send_serialized(&*client, Serialized::from_parts(parts));
+        });
+        Ok(())
     }
 
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
@@ -153,9 +156,9 @@ async fn recv(state: Arc<ReceiverState>) -> PyResult<Convert> {
             rx.take();
             return Err(closed_error(&state.port_id));
         }
-        received = receiver.recv() => received.map_err(|e| {
+        received = receiver.recv_serialized() => received.map_err(|e| {
             PyRuntimeError::new_err(format!("receiving on port {}: {e}", state.port_id))
-        })?,
+        })?.into_parts(),
     };
     Ok(Box::new(move |py: Python<'_>| {
         let list = PyList::new(py, parts.iter().map(|p| PyBytes::new(py, p)))?;
