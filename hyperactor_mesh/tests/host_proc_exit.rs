@@ -56,6 +56,13 @@ async fn a_killed_proc_is_reported_at_once_and_the_others_keep_answering() {
     );
     timed(watch.wait_for(|s| !s.is_running())).await.unwrap();
     assert_eq!(procs[1].status(), exit.status, "HOST-2: the handle agrees");
+    if let hyperactor::ChannelAddr::Unix(path) = exit.proc_id.addr() {
+        assert!(
+            !path.exists(),
+            "the killed proc's socket file {} is left behind",
+            path.display()
+        );
+    }
     assert!(!procs[1].kill(), "a second kill finds it gone");
     assert!(!process_exists(procs[1].pid()));
 

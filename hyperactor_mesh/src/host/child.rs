@@ -115,6 +115,7 @@ impl ChildProc {
     pub(crate) fn promote(&self, proc_id: ProcId, events: mpsc::UnboundedSender<ProcExit>) {
         let mut state = lock(&self.state);
         if state.exited {
+            remove_socket_file(&proc_id);
             let _ = events.send(self.exit_event(&proc_id));
         }
         state.route = Route::Host { proc_id, events };
@@ -143,6 +144,7 @@ impl ChildProc {
                 let _ = tx.send(self.rank);
             }
             Route::Host { proc_id, events } => {
+                remove_socket_file(proc_id);
                 let _ = events.send(self.exit_event(proc_id));
             }
         }
@@ -337,4 +339,18 @@ async fn drain_stderr(stderr: ChildStderr, control: Arc<ChildProc>) {
         }
     }
     control.stderr_done.send_replace(true);
+}
+
+/// Removes the Unix socket file of a proc that has exited: a proc that is killed
+/// cannot remove it itself, and nothing else would.
+fn remove_socket_file(proc_id: &ProcId) {
+    if let hyperactor::ChannelAddr::Unix(path) = proc_id.addr() {
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::debug!(path = %path.display(), "cannot remove the socket file of an exited proc: {e}")
+            }
+        }
+    }
 }
