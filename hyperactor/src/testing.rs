@@ -54,6 +54,19 @@ pub struct EchoMsg(
     pub OncePortRef<EchoReply>,
 );
 
+impl EchoMsg {
+    /// Answers the request with its own bytes, from `cx`.
+    ///
+    /// # Errors
+    ///
+    /// If the reply cannot be serialized.
+    pub fn answer(self, cx: &impl crate::context::SendContext) -> Result<(), BoxError> {
+        let EchoMsg(bytes, reply) = self;
+        reply.send(cx, serde_bytes::ByteBuf::from(bytes))?;
+        Ok(())
+    }
+}
+
 /// The bytes an [`Echo`] sends back (`serde_bytes`, so large payloads are copied in
 /// one piece rather than decoded byte by byte).
 pub type EchoReply = serde_bytes::ByteBuf;
@@ -69,13 +82,8 @@ impl Actor for Echo {
 }
 
 impl Handler<EchoMsg> for Echo {
-    async fn handle(
-        &mut self,
-        cx: &Context<Self>,
-        EchoMsg(bytes, reply): EchoMsg,
-    ) -> Result<(), BoxError> {
-        reply.send(cx, serde_bytes::ByteBuf::from(bytes))?;
-        Ok(())
+    async fn handle(&mut self, cx: &Context<Self>, msg: EchoMsg) -> Result<(), BoxError> {
+        msg.answer(cx)
     }
 }
 
@@ -158,12 +166,7 @@ impl Handler<Fail> for Failer {
 }
 
 impl Handler<EchoMsg> for Failer {
-    async fn handle(
-        &mut self,
-        cx: &Context<Self>,
-        EchoMsg(bytes, reply): EchoMsg,
-    ) -> Result<(), BoxError> {
-        reply.send(cx, serde_bytes::ByteBuf::from(bytes))?;
-        Ok(())
+    async fn handle(&mut self, cx: &Context<Self>, msg: EchoMsg) -> Result<(), BoxError> {
+        msg.answer(cx)
     }
 }

@@ -2,8 +2,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
-
 use hyperactor::actor::{Actor, Binder, Context, Handler};
 use hyperactor::error::RecvError;
 use hyperactor::testing::timed;
@@ -141,14 +139,26 @@ async fn a_message_of_the_wrong_type_is_a_decode_error() {
 }
 
 #[tokio::test]
-async fn call_waits_with_timeout_and_can_be_cancelled() {
+async fn a_call_stays_pending_until_answered_and_cancelling_closes_its_reply_port() {
     let proc = local_proc().await;
     let client = proc.client("client").unwrap();
-    // Nobody answers on this port: the call must stay pending, not fail or hang the test.
-    let (silent, _rx) = client.open_port::<hyperactor::OncePortRef<u64>>();
-    let pending =
-        tokio::time::timeout(Duration::from_millis(50), client.call(&silent, |r| r)).await;
-    assert!(pending.is_err(), "a call with no reply must stay pending");
+    let responder = proc.client("responder").unwrap();
+    let (service, mut requests) = responder.open_port::<hyperactor::OncePortRef<u64>>();
+    let mut call = Box::pin(client.call(&service, |reply| reply));
+    // The request arrives (it is sent when `call` is called)...
+    let reply = timed(requests.recv()).await.unwrap();
+    // ...and, unanswered, the call is still pending.
+    let pending = tokio::select! {
+        biased;
+        _ = &mut call => false,
+        () = std::future::ready(()) => true,
+    };
+    assert!(pending, "a call with no reply must stay pending");
+    // Cancelling the call closes its reply port: a late reply goes back to the replier.
+    drop(call);
+    reply.send(&responder, 7).unwrap();
+    let returned = timed(responder.next_undeliverable()).await.unwrap();
+    assert!(returned.reason.contains("not open"), "{}", returned.reason);
 }
 
 #[tokio::test]

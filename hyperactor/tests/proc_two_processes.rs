@@ -34,13 +34,8 @@ impl Actor for Peer {
 }
 
 impl Handler<EchoMsg> for Peer {
-    async fn handle(
-        &mut self,
-        cx: &Context<Self>,
-        EchoMsg(bytes, reply): EchoMsg,
-    ) -> Result<(), BoxError> {
-        reply.send(cx, serde_bytes::ByteBuf::from(bytes))?;
-        Ok(())
+    async fn handle(&mut self, cx: &Context<Self>, msg: EchoMsg) -> Result<(), BoxError> {
+        msg.answer(cx)
     }
 }
 
