@@ -73,11 +73,16 @@ stubtest: install ## Check the .pyi stubs against the built extension
 
 test: install test-rust test-python ## Install everything and run the whole test suite
 
+# Hard ceilings on each half of the suite, far above its normal run time, so that a bug
+# which slips past every per-test timeout still ends the run with an error, not a hang.
+TEST_RUST_LIMIT ?= 1800
+TEST_PYTHON_LIMIT ?= 1200
+
 test-rust: | $(VENV_PYTHON) ## cargo test --workspace (unit, integration and doc tests)
-	$(CARGO) test --workspace
+	timeout -k 30 $(TEST_RUST_LIMIT) $(CARGO) test --workspace
 
 test-python: $(REQ_STAMP) ## Run pytest (build the extension first: make install or build-dev)
-	$(VENV_PYTHON) -m pytest
+	timeout -k 30 $(TEST_PYTHON_LIMIT) $(VENV_PYTHON) -m pytest
 
 demo: install ## Install everything and run the main demo (hyperactor ping-pong for now)
 	$(CARGO) run --release -p hyperactor --example ping_pong

@@ -6,12 +6,19 @@ test and, after it, gives new descendants a grace period to exit; whatever is st
 running is killed and the test errors with the pids and command lines involved. Zombies
 (exited but not yet waited for) count as exited; those that are our direct children are
 reaped so they do not pile up.
+
+Thread check: a test must not leave a non-daemon thread running either (it would keep the
+interpreter, and so CI, from ever exiting). ``_no_leaked_threads`` fails such a test; if
+one is still alive when pytest is done, ``pytest_unconfigure`` reports it and exits the
+process instead of hanging.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +38,35 @@ def pytest_configure(config: pytest.Config) -> None:
             "first: `make install` (release) or `make build-dev` (debug), then run the "
             "tests with .venv/bin/python -m pytest"
         ) from e
+
+
+_EXIT_STATUS = pytest.StashKey[int]()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_EXIT_STATUS] = int(exitstatus)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Never hang at exit on a leaked non-daemon thread: report it and leave."""
+    stuck = [
+        t
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and not t.daemon and t.is_alive()
+    ]
+    for t in stuck:
+        t.join(LEAK_GRACE_SECONDS)
+    stuck = [t for t in stuck if t.is_alive()]
+    if stuck:
+        names = ", ".join(t.name for t in stuck)
+        print(
+            f"\nconftest: non-daemon thread(s) still running after the session: {names};"
+            " exiting without waiting for them",
+            file=sys.stderr,
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(config.stash.get(_EXIT_STATUS, 1) or 1)
 
 
 #: How long new descendants get to exit after a test before they count as leaked.
@@ -141,3 +177,26 @@ def _no_leaked_child_processes() -> Iterator[None]:
         "or a fixture that stops it)",
         pytrace=False,
     )
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_threads() -> Iterator[None]:
+    """Fail the test if it leaves a non-daemon thread running."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + LEAK_GRACE_SECONDS
+    leaked = []
+    for t in threading.enumerate():
+        if t in before or t.daemon:
+            continue
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            leaked.append(t)
+    if leaked:
+        pytest.fail(
+            f"test left {len(leaked)} non-daemon thread(s) running "
+            f"{LEAK_GRACE_SECONDS:g} s after it ended: "
+            + ", ".join(t.name for t in leaked)
+            + "\njoin every thread a test starts, or make it a daemon thread",
+            pytrace=False,
+        )

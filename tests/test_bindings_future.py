@@ -164,11 +164,11 @@ def test_await_from_two_loops_in_two_threads(port: Port) -> None:
         async def main() -> object:
             aw = fut.as_asyncio()  # registered with the future from here on
             awaiting[i].set()
-            return await aw
+            return await asyncio.wait_for(aw, 10)
 
         results[i] = asyncio.run(main())
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(2)]
     for t in threads:
         t.start()
     for e in awaiting:
@@ -179,6 +179,56 @@ def test_await_from_two_loops_in_two_threads(port: Port) -> None:
         assert not t.is_alive()
     assert results[0] == [b"both"]
     assert results[1] is results[0]
+
+
+def _read_concurrently(port: Port, payload: bytes) -> None:
+    """Four threads read one future the moment it finishes: two block in ``get`` and
+    two await it on their own loops."""
+    fut = port.rx.recv()
+    results: list[object] = []
+    failures: list[BaseException] = []
+    ready = threading.Barrier(5)
+
+    def blocking() -> None:
+        ready.wait(10)
+        try:
+            results.append(fut.get(timeout=10))
+        except BaseException as e:  # recorded; asserted below
+            failures.append(e)
+
+    def awaiting() -> None:
+        async def main() -> object:
+            aw = fut.as_asyncio()
+            ready.wait(10)
+            return await asyncio.wait_for(aw, 10)
+
+        try:
+            results.append(asyncio.run(main()))
+        except BaseException as e:  # recorded; asserted below
+            failures.append(e)
+
+    threads = [threading.Thread(target=blocking, daemon=True) for _ in range(2)]
+    threads += [threading.Thread(target=awaiting, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    ready.wait(10)
+    port.send(payload)
+    for t in threads:
+        t.join(15)
+        assert not t.is_alive()
+    assert failures == []
+    assert len(results) == 4
+    assert all(r is results[0] for r in results)
+    assert results[0] == [payload]
+
+
+@pytest.mark.timeout(60)
+def test_concurrent_first_reads_all_see_one_result(port: Port) -> None:
+    """Many readers of a just-finished future at once: exactly one conversion runs and
+    every reader gets the same object. Repeated, since the race is between GIL
+    switches."""
+    for round_ in range(30):
+        _read_concurrently(port, f"round {round_}".encode())
 
 
 @pytest.mark.timeout(30)
@@ -216,7 +266,10 @@ def test_get_releases_the_gil(port: Port) -> None:
         if progressed.wait(20):
             port.send(b"progress")
 
-    threads = [threading.Thread(target=counter), threading.Thread(target=sender)]
+    threads = [
+        threading.Thread(target=counter, daemon=True),
+        threading.Thread(target=sender, daemon=True),
+    ]
     for t in threads:
         t.start()
     try:

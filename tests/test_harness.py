@@ -1,4 +1,5 @@
-"""The leak check in conftest.py catches a test that leaves a child process running.
+"""The leak checks in conftest.py catch a test that leaves a child process or a thread
+running.
 
 Each case runs an inner pytest session (``pytester``, in a subprocess) whose conftest is
 this suite's own conftest.py, so the check under test is the real one.
@@ -49,3 +50,24 @@ def test_waited_child_passes(inner: pytest.Pytester) -> None:
     result = inner.runpytest_subprocess()
     assert result.ret == pytest.ExitCode.OK
     result.assert_outcomes(passed=1)
+
+
+@pytest.mark.timeout(60)
+def test_leaked_thread_fails_the_test_and_the_session_still_exits(
+    inner: pytest.Pytester,
+) -> None:
+    inner.makepyfile(
+        """
+        import threading
+
+        STOP = threading.Event()
+
+        def test_leaks_a_thread():
+            threading.Thread(target=STOP.wait, name="stuck-forever").start()
+        """
+    )
+    result = inner.runpytest_subprocess(timeout=50)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*left 1 non-daemon thread(s) running*stuck-forever*"])
+    result.stderr.fnmatch_lines(["*non-daemon thread(s) still running*stuck-forever*"])

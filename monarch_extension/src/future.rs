@@ -150,36 +150,38 @@ impl Shared {
         if future.call_method0("done")?.is_truthy()? {
             return Ok(());
         }
-        match self.resolved(py)? {
-            Ok(value) => future.call_method1("set_result", (value,))?,
-            Err(exc) => future.call_method1("set_exception", (exc,))?,
+        // Even a failure to produce the result settles the future: an awaiting task
+        // must never be left hanging.
+        match self.resolved(py) {
+            Ok(Ok(value)) => future.call_method1("set_result", (value,))?,
+            Ok(Err(exc)) => future.call_method1("set_exception", (exc,))?,
+            Err(err) => future.call_method1("set_exception", (err.into_value(py),))?,
         };
         Ok(())
     }
 
     /// The cached Python result of a finished future, converting it on first use.
+    ///
+    /// Several threads may ask at once (a `get` and loops settling their futures); the
+    /// once-cell runs exactly one conversion and makes the others wait for it, without
+    /// holding the GIL, since a conversion running Python code may let other threads in.
     fn resolved(&self, py: Python<'_>) -> PyResult<Resolved> {
-        if let Some(v) = self.value.get(py) {
-            return Ok(clone_resolved(py, v));
-        }
-        let outcome = match &mut lock(&self.state).phase {
-            Phase::Done(outcome) => outcome.take(),
-            _ => None,
-        };
-        let Some(outcome) = outcome else {
-            return match self.value.get(py) {
-                Some(v) => Ok(clone_resolved(py, v)),
-                None => Err(PyRuntimeError::new_err(format!(
+        let resolved = self.value.get_or_try_init(py, || {
+            let outcome = match &mut lock(&self.state).phase {
+                Phase::Done(outcome) => outcome.take(),
+                _ => None,
+            };
+            let Some(outcome) = outcome else {
+                return Err(PyRuntimeError::new_err(format!(
                     "the result of {} was read before it was ready (a bug in monarch)",
                     self.what
-                ))),
+                )));
             };
-        };
-        let resolved = match outcome.and_then(|convert| convert(py)) {
-            Ok(value) => Ok(value),
-            Err(err) => Err(err.into_value(py)),
-        };
-        let resolved = self.value.get_or_init(py, || resolved);
+            Ok(match outcome.and_then(|convert| convert(py)) {
+                Ok(value) => Ok(value),
+                Err(err) => Err(err.into_value(py)),
+            })
+        })?;
         Ok(clone_resolved(py, resolved))
     }
 
