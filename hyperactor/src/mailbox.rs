@@ -41,11 +41,25 @@ pub(crate) enum Work {
     Stop,
 }
 
+/// A function that takes delivery of a direct port's messages (see
+/// [`Mailbox::open_direct_port`]).
+pub type DirectSink = Arc<dyn Fn(Envelope) + Send + Sync>;
+
 /// Where an opened port's messages go.
-#[derive(Debug)]
 enum PortSink {
     Stream(mpsc::UnboundedSender<Envelope>),
     Once(oneshot::Sender<Envelope>),
+    Direct(DirectSink),
+}
+
+impl std::fmt::Debug for PortSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PortSink::Stream(_) => "Stream",
+            PortSink::Once(_) => "Once",
+            PortSink::Direct(_) => "Direct",
+        })
+    }
 }
 
 #[derive(Debug)]
@@ -121,6 +135,27 @@ impl Mailbox {
         )
     }
 
+    /// Opens a port whose messages are handed to `sink` as they are delivered, on the
+    /// delivering task (for a remote sender, the task reading its connection), with no
+    /// queue in between. `sink` must be quick and must not block: it runs while the
+    /// mailbox is locked. Messages from one sender reach it in send order (ORD-1).
+    ///
+    /// Dropping the returned [`DirectPort`] closes the port; messages sent to it later
+    /// go back to their senders (DEL-1).
+    pub fn open_direct_port<M: Message>(
+        self: &Arc<Self>,
+        sink: DirectSink,
+    ) -> (PortRef<M>, DirectPort) {
+        let port = self.insert(None, PortSink::Direct(sink));
+        (
+            PortRef::attest(port.clone()),
+            DirectPort {
+                port,
+                mailbox: Arc::clone(self),
+            },
+        )
+    }
+
     /// Binds a streaming receiver at a fixed port number (used by clients for the
     /// runtime's reserved ports).
     pub(crate) fn bind_port(self: &Arc<Self>, index: u64) -> mpsc::UnboundedReceiver<Envelope> {
@@ -171,6 +206,10 @@ impl Mailbox {
                     Err(closed_port(envelope))
                 }
             },
+            Some(PortSink::Direct(sink)) => {
+                sink(envelope);
+                Ok(())
+            }
             Some(PortSink::Once(_)) => {
                 let Some(PortSink::Once(tx)) = state.ports.remove(&index) else {
                     unreachable!("invariant: the entry was just seen to be a once port");
@@ -221,6 +260,28 @@ impl Mailbox {
     /// The close reason, if closed.
     pub fn closed_reason(&self) -> Option<String> {
         self.lock().closed.clone()
+    }
+}
+
+/// Keeps a port opened with [`Mailbox::open_direct_port`] open; dropping it closes the
+/// port.
+#[must_use = "dropping the handle closes the port"]
+#[derive(Debug)]
+pub struct DirectPort {
+    port: PortId,
+    mailbox: Arc<Mailbox>,
+}
+
+impl DirectPort {
+    /// The port's id.
+    pub fn port_id(&self) -> &PortId {
+        &self.port
+    }
+}
+
+impl Drop for DirectPort {
+    fn drop(&mut self) {
+        self.mailbox.remove_port(self.port.index());
     }
 }
 

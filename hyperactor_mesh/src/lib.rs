@@ -3,6 +3,7 @@
 pub mod bootstrap;
 pub mod error;
 pub mod host;
+pub mod inbox;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 

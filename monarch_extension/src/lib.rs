@@ -4,6 +4,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 pub mod future;
+pub mod host;
+pub mod inbox;
 pub mod port;
 pub mod proc;
 pub mod runtime;
@@ -62,6 +64,10 @@ pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<proc::PyClient>()?;
     m.add_class::<port::PyPortRef>()?;
     m.add_class::<port::PyPortReceiver>()?;
+    m.add_class::<inbox::PyInbox>()?;
+    m.add_class::<inbox::PyQueue>()?;
+    m.add_class::<host::PyHost>()?;
+    m.add_class::<host::PyBootChild>()?;
     m.add(
         "WouldBlockRuntime",
         m.py().get_type::<runtime::WouldBlockRuntime>(),

@@ -37,7 +37,7 @@ fn spawn_error(err: SpawnError) -> PyErr {
 #[pyclass(module = "monarch._rust_bindings", name = "Proc", frozen)]
 #[derive(Debug)]
 pub struct PyProc {
-    proc: hyperactor::Proc,
+    pub(crate) proc: hyperactor::Proc,
 }
 
 #[pymethods]

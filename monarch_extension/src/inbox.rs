@@ -1,0 +1,196 @@
+//! `Inbox` and `Queue`: the keyed inbox of a process hosting Python actors (see
+//! [`hyperactor_mesh::inbox`]), bound for Python.
+//!
+//! Messages are lists of `bytes` parts; the key part is stripped on arrival. A `Queue`
+//! is read by blocking a thread without the GIL (`get`), by polling (`try_get`) or by
+//! awaiting (`recv`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hyperactor_mesh::inbox::{self, QueueClosed, REPLY_KEY_BIT};
+use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+
+use crate::future::{Convert, PyFuture, SIGNAL_CHECK_INTERVAL};
+use crate::port::PyPortRef;
+use crate::proc::PyClient;
+use crate::runtime::runtime;
+
+fn to_list(py: Python<'_>, parts: &[Bytes]) -> PyResult<Py<PyAny>> {
+    Ok(PyList::new(py, parts.iter().map(|p| PyBytes::new(py, p)))?
+        .into_any()
+        .unbind())
+}
+
+fn closed_error(e: &QueueClosed) -> PyErr {
+    PyRuntimeError::new_err(format!(
+        "{e}: the actor or call it belonged to is gone, or its process is shutting down"
+    ))
+}
+
+/// A keyed inbox on a client's mailbox; see the [module docs](self).
+#[pyclass(module = "monarch._rust_bindings", name = "Inbox", frozen)]
+#[derive(Debug)]
+pub struct PyInbox {
+    inbox: Arc<inbox::Inbox>,
+    _client: Arc<hyperactor::Client>,
+}
+
+#[pymethods]
+impl PyInbox {
+    /// Opens an inbox as a new port of `client`.
+    #[new]
+    fn new(client: &PyClient) -> PyResult<Self> {
+        let _guard = runtime()?.enter();
+        Ok(Self {
+            inbox: Arc::new(inbox::Inbox::open(&*client.client)),
+            _client: Arc::clone(&client.client),
+        })
+    }
+
+    /// The port to send this inbox's messages to (first part: the key).
+    #[getter]
+    fn port(&self) -> PyPortRef {
+        PyPortRef::new(self.inbox.port())
+    }
+
+    /// The queue of actor key `key` (high bit clear).
+    fn queue(&self, key: u64) -> PyResult<PyQueue> {
+        if key & REPLY_KEY_BIT != 0 {
+            return Err(PyValueError::new_err(format!(
+                "actor key {key:#x} has the reply bit (1 << 63) set; use a key below 2**63"
+            )));
+        }
+        Ok(PyQueue {
+            queue: self.inbox.queue(key),
+            inbox: Arc::clone(&self.inbox),
+            remove_on_drop: false,
+        })
+    }
+
+    /// A queue under a fresh reply key; it is removed when the object is dropped.
+    fn reply_queue(&self) -> PyQueue {
+        PyQueue {
+            queue: self.inbox.reply_queue(),
+            inbox: Arc::clone(&self.inbox),
+            remove_on_drop: true,
+        }
+    }
+
+    /// Closes and forgets the queue of `key`.
+    fn remove(&self, key: u64) {
+        self.inbox.remove(key);
+    }
+
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.inbox)
+    }
+}
+
+/// The messages of one key, in arrival order.
+#[pyclass(module = "monarch._rust_bindings", name = "Queue", frozen)]
+#[derive(Debug)]
+pub struct PyQueue {
+    queue: Arc<inbox::Queue>,
+    inbox: Arc<inbox::Inbox>,
+    remove_on_drop: bool,
+}
+
+impl Drop for PyQueue {
+    fn drop(&mut self) {
+        if self.remove_on_drop {
+            self.inbox.remove(self.queue.key());
+        }
+    }
+}
+
+#[pymethods]
+impl PyQueue {
+    /// The key (the first part of every message for this queue).
+    #[getter]
+    fn key(&self) -> u64 {
+        self.queue.key()
+    }
+
+    /// The key as the 8-byte part that starts a message for this queue.
+    #[getter]
+    fn key_part<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.queue.key().to_le_bytes())
+    }
+
+    /// The inbox port messages for this queue go to.
+    #[getter]
+    fn port(&self) -> PyPortRef {
+        PyPortRef::new(self.inbox.port())
+    }
+
+    /// The next message if one is queued, else `None`.
+    fn try_get(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        match self.queue.try_pop() {
+            Ok(Some(parts)) => Ok(Some(to_list(py, &parts)?)),
+            Ok(None) => Ok(None),
+            Err(e) => Err(closed_error(&e)),
+        }
+    }
+
+    /// Blocks, without the GIL, for the next message; `TimeoutError` after `timeout`
+    /// seconds (the message, when it comes, stays queued).
+    #[pyo3(signature = (timeout = None))]
+    fn get(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Py<PyAny>> {
+        let deadline = match timeout {
+            None => None,
+            Some(t) if t.is_finite() && t >= 0.0 => {
+                Instant::now().checked_add(Duration::try_from_secs_f64(t).unwrap_or(Duration::MAX))
+            }
+            Some(t) => {
+                return Err(PyValueError::new_err(format!(
+                    "timeout must be a finite number of seconds >= 0, or None; got {t}"
+                )))
+            }
+        };
+        if let Ok(Some(parts)) = self.queue.try_pop() {
+            return to_list(py, &parts);
+        }
+        loop {
+            let slice_end = Instant::now() + SIGNAL_CHECK_INTERVAL;
+            let until = deadline.map_or(slice_end, |d| d.min(slice_end));
+            let popped = py.detach(|| self.queue.pop_blocking(Some(until)));
+            match popped {
+                Ok(Some(parts)) => return to_list(py, &parts),
+                Err(e) => return Err(closed_error(&e)),
+                Ok(None) => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(PyTimeoutError::new_err(format!(
+                            "no message on queue {:#x} within {} s",
+                            self.queue.key(),
+                            timeout.unwrap_or_default()
+                        )));
+                    }
+                    py.check_signals()?;
+                }
+            }
+        }
+    }
+
+    /// The next message, as a future to await (or `get()`).
+    fn recv(&self) -> PyFuture {
+        let queue = Arc::clone(&self.queue);
+        PyFuture::from_work(format!("{:?}.recv()", self.queue), async move {
+            let parts = queue.pop().await.map_err(|e| closed_error(&e))?;
+            let convert: Convert = Box::new(move |py: Python<'_>| to_list(py, &parts));
+            Ok(convert)
+        })
+    }
+
+    /// Closes the queue; waiters raise once it is empty.
+    fn close(&self) {
+        self.queue.close();
+    }
+
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.queue)
+    }
+}

@@ -1,0 +1,218 @@
+"""``monarch.actor.Future``: one result, waited for by blocking (``get``) or by ``await``.
+
+A future is backed by an *implementation* with two methods, ``wait(timeout)`` (blocking;
+raises ``TimeoutError`` without cancelling anything) and ``async wait_async()``. The
+future caches the first outcome, so every later ``get``/``await`` returns the same value
+or re-raises the same exception object (API.md §1.4).
+
+Implementations in this package: replies gathered from a reply queue
+(:mod:`monarch._src.actor.actor_mesh`), and :class:`CoroutineWork`, which runs a
+coroutine on the process's background loop the first time somebody waits (lazy work,
+e.g. ``ProcMesh.stop()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import warnings
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, Generic, Protocol, TypeVar
+
+R = TypeVar("R")
+
+_UNSET: Any = object()
+
+
+class _Impl(Protocol[R]):
+    def wait(self, timeout: float | None) -> R: ...
+
+    async def wait_async(self) -> R: ...
+
+
+def _check_timeout(timeout: float | None) -> None:
+    if timeout is None:
+        return
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool):
+        raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
+    if timeout != timeout or timeout in (float("inf"), float("-inf")) or timeout < 0:
+        raise ValueError(
+            f"timeout must be a finite number of seconds >= 0, or None to wait forever; "
+            f"got {timeout}"
+        )
+
+
+class Future(Generic[R]):
+    """The result of work started by Monarch (an endpoint call, a stop, ...).
+
+    Not constructed by users. ``get(timeout)`` blocks and does not cancel on timeout;
+    ``await fut`` works on any running asyncio loop; both may be repeated and give the
+    same outcome.
+    """
+
+    __slots__ = ("_impl", "_lock", "_value", "_error")
+
+    def __init__(self, *, impl: _Impl[R]) -> None:
+        self._impl = impl
+        self._lock = threading.Lock()
+        self._value: Any = _UNSET
+        self._error: BaseException | None = None
+
+    def _settled(self) -> bool:
+        return self._value is not _UNSET or self._error is not None
+
+    def _outcome(self) -> R:
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[no-any-return]
+
+    def _record(self, value: Any, error: BaseException | None) -> None:
+        if not self._settled():
+            if error is not None:
+                self._error = error
+            else:
+                self._value = value
+
+    def get(self, timeout: float | None = None) -> R:
+        """Block until the result is ready and return it, or raise its exception.
+
+        Raises:
+            TimeoutError: not ready within ``timeout`` seconds; the work goes on and a
+                later ``get``/``await`` still sees its result.
+            ValueError: ``timeout`` is negative or not finite.
+        """
+        _check_timeout(timeout)
+        if self._settled():
+            return self._outcome()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            warnings.warn(
+                "Future.get() called on a thread running an asyncio loop: it blocks the "
+                "loop until the result is ready. Use `await fut` in async code instead.",
+                UserWarning,
+                stacklevel=2,
+            )
+        with self._lock:
+            if not self._settled():
+                try:
+                    value = self._impl.wait(timeout)
+                except TimeoutError:
+                    raise
+                except BaseException as e:  # the work's own failure: cached
+                    self._record(None, e)
+                else:
+                    self._record(value, None)
+        return self._outcome()
+
+    def result(self, timeout: float | None = None) -> R:
+        """Same as :meth:`get`."""
+        return self.get(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait like :meth:`get`; return the work's exception, or ``None``."""
+        try:
+            self.get(timeout)
+        except TimeoutError:
+            if self._error is None:
+                raise
+        except BaseException:
+            pass
+        return self._error
+
+    async def _wait_async(self) -> R:
+        if not self._settled():
+            try:
+                value = await self._impl.wait_async()
+            except BaseException as e:  # cached, as for get()
+                self._record(None, e)
+            else:
+                self._record(value, None)
+        return self._outcome()
+
+    def __await__(self) -> Generator[Any, None, R]:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            raise ValueError(
+                "cannot await a monarch Future outside a running asyncio loop; use "
+                "get() in synchronous code"
+            ) from None
+        return self._wait_async().__await__()
+
+    def as_asyncio(self) -> asyncio.Future[R]:
+        """An ``asyncio.Future`` on the running loop that completes with this future."""
+        loop = asyncio.get_running_loop()
+        return loop.create_task(self._wait_async())
+
+    def __repr__(self) -> str:
+        state = "done" if self._settled() else "pending"
+        return f"<monarch.actor.Future ({state})>"
+
+
+# --- lazy coroutine work ------------------------------------------------------------
+
+_loop_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+def background_loop() -> asyncio.AbstractEventLoop:
+    """The process's background asyncio loop (a daemon thread), started on first use."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(
+                target=loop.run_forever, name="monarch-background-loop", daemon=True
+            ).start()
+            _loop = loop
+        return _loop
+
+
+class CoroutineWork(Generic[R]):
+    """Runs ``make()``'s coroutine on the background loop the first time it is waited
+    for; timeouts do not cancel it."""
+
+    def __init__(self, make: Callable[[], Coroutine[Any, Any, R]]) -> None:
+        self._make = make
+        self._started: concurrent.futures.Future[R] | None = None
+        self._lock = threading.Lock()
+
+    def _start(self) -> concurrent.futures.Future[R]:
+        with self._lock:
+            if self._started is None:
+                self._started = asyncio.run_coroutine_threadsafe(self._make(), background_loop())
+            return self._started
+
+    def wait(self, timeout: float | None) -> R:
+        try:
+            return self._start().result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(
+                f"not finished within {timeout} s; it keeps running: call get() again or "
+                "await the future"
+            ) from None
+
+    async def wait_async(self) -> R:
+        return await asyncio.wrap_future(self._start())
+
+
+class Done(Generic[R]):
+    """Already finished work."""
+
+    def __init__(self, value: R) -> None:
+        self._value = value
+
+    def wait(self, timeout: float | None) -> R:
+        return self._value
+
+    async def wait_async(self) -> R:
+        return self._value
+
+
+def coroutine_future(make: Callable[[], Coroutine[Any, Any, R]]) -> Future[R]:
+    """A lazy future over a coroutine factory."""
+    return Future(impl=CoroutineWork(make))

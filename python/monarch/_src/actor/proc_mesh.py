@@ -1,0 +1,324 @@
+"""Host meshes and proc meshes (API.md §1.6).
+
+``this_host()`` is the client's machine: the client process is its host agent
+(:class:`monarch._rust_bindings.Host`), which starts procs as OS processes running
+:mod:`monarch._src.actor.bootstrap`. ``spawn_procs`` returns at once; the procs boot in
+the background. Messages sent to them before they are ready wait, in order, in their
+:class:`_ProcGroup` and are flushed the moment the procs report ready (or answered
+with the spawn's error if it failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from monarch._rust_bindings import PortRef
+from monarch._src.actor import runtime
+from monarch._src.actor.future import Future
+from monarch._src.actor.runtime import FAILED, dumps
+from monarch._src.actor.shape import MeshTrait, Shape
+from monarch._src.actor.slice import Slice
+
+A = TypeVar("A")
+
+#: How long a stopping proc gets before it is killed.
+STOP_TIMEOUT = 5.0
+
+
+class _ProcGroup:
+    """The procs of one spawn: their inbox ports once ready, and messages waiting for
+    them until then."""
+
+    def __init__(self, name: str, count: int, *, owned: bool) -> None:
+        self.name = name
+        self.count = count
+        self.owned = owned
+        self.proc_ids: list[str] | None = None
+        self._ports: list[PortRef] | None = None
+        self._error: str | None = None
+        self._stopped: str | None = None
+        self._lock = threading.Lock()
+        self._pending: list[tuple[int, list[bytes], tuple[str, int, int] | None]] = []
+        self._ready = threading.Event()
+
+    @classmethod
+    def ready_now(cls, name: str, proc_ids: list[str], *, owned: bool) -> _ProcGroup:
+        group = cls(name, len(proc_ids), owned=owned)
+        group._set_ready(proc_ids)
+        return group
+
+    def _set_ready(self, proc_ids: list[str], first: list[bytes] | None = None) -> None:
+        ctx = runtime.process_context()
+        ports = [ctx.port_ref(runtime.inbox_port_of(p)) for p in proc_ids]
+        with self._lock:
+            self.proc_ids = proc_ids
+            if first is not None:
+                for port in ports:
+                    ctx.send(port, first)
+            for g, parts, _ in self._pending:
+                ctx.send(ports[g], parts)
+            self._pending.clear()
+            self._ports = ports
+        self._ready.set()
+
+    def _set_failed(self, error: str) -> None:
+        with self._lock:
+            self._error = error
+            pending, self._pending = self._pending, []
+        self._ready.set()
+        for _, _, reply in pending:
+            self._fail(reply, error)
+
+    def _fail(self, reply: tuple[str, int, int] | None, reason: str) -> None:
+        if reply is not None:
+            port, key, index = reply
+            runtime.process_context().reply(port, key, index, FAILED, reason)
+
+    def send(self, rank: int, parts: list[bytes], reply: tuple[str, int, int] | None) -> None:
+        ports = self._ports
+        if ports is None:
+            with self._lock:
+                ports = self._ports
+                if ports is None and self._error is None:
+                    self._pending.append((rank, parts, reply))
+                    return
+        if self._stopped is not None:
+            self._fail(reply, f"`ProcMesh` has already been stopped ({self._stopped})")
+            return
+        if self._error is not None or ports is None:
+            self._fail(reply, f"the procs of {self.name!r} failed to start: {self._error}")
+            return
+        runtime.process_context().send(ports[rank], parts)
+
+    def wait_ready(self, timeout: float | None) -> None:
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"procs {self.name!r} not ready within {timeout} s")
+        if self._error is not None:
+            raise RuntimeError(f"the procs of {self.name!r} failed to start: {self._error}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        self._ready.wait()
+        return (_remote_group, (self.name, self.proc_ids, self._error))
+
+
+def _remote_group(name: str, proc_ids: list[str] | None, error: str | None) -> _ProcGroup:
+    if proc_ids is not None:
+        return _ProcGroup.ready_now(name, proc_ids, owned=False)
+    group = _ProcGroup(name, 0, owned=False)
+    group._set_failed(error or "unknown error")
+    return group
+
+
+class _GroupReady:
+    def __init__(self, group: _ProcGroup) -> None:
+        self._group = group
+
+    def wait(self, timeout: float | None) -> bool:
+        self._group.wait_ready(timeout)
+        return True
+
+    async def wait_async(self) -> bool:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.wait, None)
+
+
+class ProcMesh(MeshTrait):
+    """A mesh of procs (OS processes). ``spawn`` puts one actor on each."""
+
+    def __init__(self, group: _ProcGroup, shape: Shape, host_mesh: HostMesh | None = None) -> None:
+        self._group = group
+        self._pm_shape = shape
+        self._host_mesh = host_mesh
+
+    @property
+    def _shape(self) -> Shape:
+        return self._pm_shape
+
+    def _new_with_shape(self, shape: Shape) -> ProcMesh:
+        return ProcMesh(self._group, shape, self._host_mesh)
+
+    def _describe(self) -> str:
+        return f"proc mesh {self._group.name!r} with extent {self.sizes}"
+
+    def spawn(self, name: str, Class: type[A], *args: Any, **kwargs: Any) -> A:
+        """Spawn one ``Class`` actor per proc; returns at once (``__init__`` runs
+        remotely, before any message sent afterwards)."""
+        from monarch._src.actor.actor_mesh import spawn_actor_mesh
+
+        return spawn_actor_mesh(self, name, Class, args, kwargs)  # type: ignore[arg-type,return-value]
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Completes (with True) once every proc is running."""
+        return Future(impl=_GroupReady(self._group))
+
+    @property
+    def host_mesh(self) -> HostMesh:
+        if self._host_mesh is None or len(self) != 1:
+            raise NotImplementedError("host_mesh is available on singleton proc meshes only")
+        return self._host_mesh
+
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Stop every proc of this mesh (lazy: runs when waited for)."""
+        group = self._group
+
+        async def stop() -> None:
+            if not group.owned:
+                raise RuntimeError(
+                    f"{self._describe()} is a reference (received, or this process's own "
+                    "proc); only the process that spawned the procs can stop them"
+                )
+            if group._stopped is not None:
+                return
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, group.wait_ready, None)
+            group._stopped = reason
+            ctx = runtime.process_context()
+            assert ctx.host is not None and group.proc_ids is not None
+            fut = ctx.host.stop_procs(group.proc_ids, STOP_TIMEOUT)
+            await fut
+
+        from monarch._src.actor.future import coroutine_future
+
+        return coroutine_future(stop)
+
+    async def __aenter__(self) -> ProcMesh:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ProcMesh, (self._group, self._pm_shape))
+
+    def __repr__(self) -> str:
+        return f"ProcMesh({self._group.name!r}, {self.sizes})"
+
+
+class HostMesh(MeshTrait):
+    """A mesh of hosts; ``this_host()`` is the client's machine (0-dimensional)."""
+
+    def __init__(self, shape: Shape) -> None:
+        self._hm_shape = shape
+
+    @property
+    def _shape(self) -> Shape:
+        return self._hm_shape
+
+    def _new_with_shape(self, shape: Shape) -> HostMesh:
+        return HostMesh(shape)
+
+    def spawn_procs(
+        self,
+        per_host: dict[str, int] | None = None,
+        bootstrap: Callable[[], Any] | None = None,
+        name: str | None = None,
+        proc_bind: list[dict[str, str]] | None = None,
+        bootstrap_command: Any = None,
+    ) -> ProcMesh:
+        """Start ``prod(per_host)`` procs on each host; returns at once."""
+        per_host = dict(per_host or {})
+        for label, size in per_host.items():
+            if (
+                not isinstance(label, str)
+                or not isinstance(size, int)
+                or isinstance(size, bool)
+                or size < 1
+            ):
+                raise ValueError(
+                    f"spawn_procs(per_host={per_host!r}): expected dimension names mapped to "
+                    "positive ints, e.g. {'gpus': 8}"
+                )
+            if label in self._hm_shape.labels:
+                raise ValueError(
+                    f"spawn_procs: per_host dimension {label!r} clashes with a host dimension "
+                    f"({self._hm_shape.labels})"
+                )
+        count = math.prod(per_host.values()) if per_host else 1
+        if proc_bind is not None and len(proc_bind) != count:
+            raise ValueError(
+                f"spawn_procs: proc_bind has {len(proc_bind)} entries for {count} procs; give "
+                "one per proc"
+            )
+        name = "anon" if name is None else name
+        if not isinstance(name, str) or not name or any(c in name for c in "@/[]: \t\n"):
+            raise ValueError(
+                f"spawn_procs: name {name!r} is not a valid proc name (non-empty, without "
+                "whitespace or any of @ / [ ] :)"
+            )
+        if bootstrap is not None and not callable(bootstrap):
+            raise TypeError(f"spawn_procs: bootstrap must be callable, got {bootstrap!r}")
+        first: list[bytes] | None = None
+        if bootstrap is not None:
+            try:
+                first = [runtime.AGENT_KEY_PART, dumps(("bootstrap",)), dumps(bootstrap)]
+            except Exception as e:
+                raise TypeError(
+                    f"spawn_procs: the bootstrap function cannot be pickled: {e}"
+                ) from e
+        ctx = runtime.process_context()
+        if ctx.host is None:
+            raise NotImplementedError(
+                "spawning procs from inside an actor is not supported yet; spawn them from "
+                "the client and pass the mesh to the actor"
+            )
+        labels = list(self._hm_shape.labels) + list(per_host)
+        sizes = list(self._hm_shape.ndslice.sizes) + list(per_host.values())
+        shape = Shape(labels, Slice.new_row_major(sizes))
+        group = _ProcGroup(name, count, owned=True)
+        program = [sys.executable, "-m", "monarch._src.actor.bootstrap"]
+        env = list(runtime.child_environment().items())
+        spawning = ctx.host.spawn_procs(name, count, program[0], program[1:], env)
+
+        def wait() -> None:
+            try:
+                procs = spawning.get()
+            except BaseException as e:
+                group._set_failed(str(e))
+            else:
+                group._set_ready([p for p, _ in procs], first)
+
+        threading.Thread(target=wait, name=f"monarch-spawn-{name}", daemon=True).start()
+        return ProcMesh(group, shape, self)
+
+    @property
+    def initialized(self) -> Future[bool]:
+        from monarch._src.actor.future import Done
+
+        return Future(impl=Done(True))
+
+    def __repr__(self) -> str:
+        return f"HostMesh({self.sizes})"
+
+
+_this_host: HostMesh | None = None
+_this_proc: ProcMesh | None = None
+
+
+def this_host() -> HostMesh:
+    """The caller's machine, as a 0-dimensional host mesh."""
+    global _this_host
+    runtime.process_context()
+    if _this_host is None:
+        _this_host = HostMesh(Shape.unity())
+    return _this_host
+
+
+def _own_proc_mesh() -> ProcMesh:
+    global _this_proc
+    if _this_proc is None:
+        ctx = runtime.process_context()
+        group = _ProcGroup.ready_now("this_proc", [ctx.proc_id], owned=False)
+        _this_proc = ProcMesh(group, Shape.unity())
+    return _this_proc
+
+
+def this_proc() -> ProcMesh:
+    """The caller's own process, as a 0-dimensional proc mesh (actors spawned on it run
+    in this process)."""
+    return _own_proc_mesh()

@@ -1,0 +1,253 @@
+"""The per-process runtime of Python actors: the process context, the agent and the
+wire protocol.
+
+Every process that takes part (the client, and each proc a host spawns) has one
+:class:`ProcessContext`: a hyperactor proc, a client mailbox named ``agent`` on it, and
+a keyed :class:`~monarch._rust_bindings.Inbox` — the single port through which the
+process receives everything. A message's first part is a key (see
+``hyperactor_mesh::inbox``):
+
+- key ``0`` is the **agent**: spawn requests and process-level requests, handled in
+  order by the agent thread;
+- an **actor key** (chosen by the spawner, the same on every proc of an actor mesh) is
+  one hosted actor: its thread drains the key's queue one message at a time (ACT-1);
+- a **reply key** is one pending call of this process.
+
+Because one sender's messages to one inbox keep their order, an actor's spawn request
+reaches the agent before any message sent after it reaches the actor's queue, and the
+actor runs ``__init__`` before draining that queue.
+
+Wire formats (every part is bytes):
+
+- to an actor: ``[key, header, payload]``; ``header`` pickles ``(method, reply_port,
+  reply_key, message_rank, labels, sizes)``, ``payload`` pickles ``(args, kwargs)`` once
+  per cast;
+- a reply: ``[reply_key, body]``; ``body`` pickles ``(index, status, value)`` with
+  ``status`` one of :data:`OK`, :data:`ERROR` (an ``ActorError``'s parts) or
+  :data:`FAILED` (the actor has failed or stopped: a ``SupervisionError`` message).
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import os
+import pickle
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from monarch._rust_bindings import Client, Host, Inbox, PortRef, Proc, Queue
+
+#: Reply statuses.
+OK = 0
+ERROR = 1
+FAILED = 2
+
+#: The agent's key.
+AGENT_KEY = 0
+AGENT_KEY_PART = AGENT_KEY.to_bytes(8, "little")
+
+#: The name of the mailbox that owns every process's inbox.
+AGENT_NAME = "agent"
+
+
+def key_part(key: int) -> bytes:
+    return key.to_bytes(8, "little")
+
+
+def inbox_port_of(proc_id: str) -> str:
+    """The inbox port id of the process serving ``proc_id``: the first port of its
+    ``agent`` mailbox (checked by :meth:`ProcessContext.__init__`)."""
+    return f"{proc_id}/{AGENT_NAME}[0]:1"
+
+
+def dumps(obj: Any) -> bytes:
+    """Pickle with the standard pickler when it can, cloudpickle otherwise: for what the
+    standard pickler refuses (lambdas, closures) and for references into ``__main__``,
+    which names a different module in the receiving process (a script's classes and
+    functions travel by value). Both load with ``pickle.loads``."""
+    try:
+        data = pickle.dumps(obj, protocol=5)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        pass
+    else:
+        # A reference to __main__ spells the module name; a false positive (a string
+        # that contains it) only costs the slower pickler.
+        if b"__main__" not in data:
+            return data
+    import cloudpickle
+
+    return cloudpickle.dumps(obj, protocol=5)  # type: ignore[no-any-return]
+
+
+def loads(data: bytes) -> Any:
+    return pickle.loads(data)
+
+
+class ProcessContext:
+    """This process's proc, mailbox and inbox; see the module docs."""
+
+    def __init__(self, proc: Proc, *, is_root: bool, root_port: str | None = None) -> None:
+        self.proc = proc
+        self.proc_id: str = proc.proc_id
+        self.client: Client = proc.client(AGENT_NAME)
+        self.inbox = Inbox(self.client)
+        self.port: PortRef = self.inbox.port
+        self.port_id = str(self.port)
+        if self.port_id != inbox_port_of(self.proc_id):
+            raise RuntimeError(
+                f"monarch: this process's inbox is {self.port_id}, not the expected "
+                f"{inbox_port_of(self.proc_id)} (a bug in monarch)"
+            )
+        self.is_root = is_root
+        #: The root client's inbox, for process-wide singletons (controllers).
+        self.root_port: str = root_port if root_port is not None else self.port_id
+        self.agent_queue: Queue = self.inbox.queue(AGENT_KEY)
+        self._ports: dict[str, PortRef] = {}
+        self.actors: dict[int, Any] = {}
+        self.controllers: dict[str, Any] = {}
+        self.controllers_lock = threading.Lock()
+        self.host: Host | None = None
+        self._agent_thread: threading.Thread | None = None
+
+    def port_ref(self, port_id: str) -> PortRef:
+        """A cached :class:`PortRef` for ``port_id``."""
+        ref = self._ports.get(port_id)
+        if ref is None:
+            if len(self._ports) > 4096:
+                self._ports.clear()
+            ref = self._ports[port_id] = PortRef.from_string(port_id)
+        return ref
+
+    def send(self, port: PortRef, parts: list[bytes]) -> None:
+        port.send(self.client, parts)
+
+    def reply(self, port_id: str, reply_key: int, index: int, status: int, value: Any) -> None:
+        """Send one reply; a value that cannot be pickled becomes an error reply."""
+        try:
+            body = dumps((index, status, value))
+        except Exception as e:  # unpicklable result: tell the caller why
+            from monarch._src.actor.actor_mesh import ActorError
+
+            err = ActorError._from_local(
+                TypeError(f"the endpoint's return value cannot be pickled: {e}"),
+                "while sending the reply",
+            )
+            body = dumps((index, ERROR, err._to_wire()))
+        self.send(self.port_ref(port_id), [key_part(reply_key), body])
+
+    # --- the agent -------------------------------------------------------------------
+
+    def start_agent_thread(self) -> None:
+        """Run the agent on a daemon thread (the client process)."""
+        t = threading.Thread(target=self.run_agent, name="monarch-agent", daemon=True)
+        self._agent_thread = t
+        t.start()
+
+    def run_agent(self) -> None:
+        """Handle agent requests in order until the agent queue is closed."""
+        from monarch._src.actor import actor_mesh
+
+        while True:
+            try:
+                parts = self.agent_queue.get()
+            except RuntimeError:  # closed: the process is stopping
+                return
+            try:
+                request = loads(parts[0])
+                actor_mesh._handle_agent_request(self, request, parts[1:])
+            except BaseException as e:  # keep serving; say what went wrong
+                print(
+                    f"monarch: proc {self.proc_id}: agent request failed: {e!r}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+
+_lock = threading.RLock()
+_context: ProcessContext | None = None
+_shutdown = False
+
+
+def set_process_context(ctx: ProcessContext) -> None:
+    global _context
+    with _lock:
+        _context = ctx
+
+
+def process_context() -> ProcessContext:
+    """This process's context, bootstrapping the root client on first use."""
+    ctx = _context
+    if ctx is not None:
+        return ctx
+    with _lock:
+        if _context is None:
+            _bootstrap_root()
+        assert _context is not None
+        return _context
+
+
+def _bootstrap_root() -> None:
+    global _context
+    if _shutdown:
+        raise RuntimeError(
+            "the monarch client context was shut down (shutdown_context() or interpreter "
+            "exit); it cannot be used again in this process"
+        )
+    proc = Proc.serve("unix", "client")
+    ctx = ProcessContext(proc, is_root=True)
+    ctx.host = Host(proc)
+    ctx.start_agent_thread()
+    _context = ctx
+    atexit.register(_shutdown_at_exit)
+
+
+def _shutdown_at_exit() -> None:
+    try:
+        shutdown(timeout=1.0)
+    except Exception as e:  # at exit there is nobody left to raise to
+        print(f"monarch: shutdown at exit failed: {e!r}", file=sys.stderr)
+
+
+def shutdown(timeout: float = 1.0) -> None:
+    """Stop every proc this process spawned (each gets ``timeout`` seconds, then is
+    killed). Idempotent."""
+    global _shutdown
+    with _lock:
+        ctx = _context
+        if _shutdown or ctx is None:
+            _shutdown = True
+            return
+        _shutdown = True
+    if ctx.host is not None:
+        ctx.host.shutdown(timeout)
+
+
+def is_shut_down() -> bool:
+    return _shutdown
+
+
+def format_exception(exc: BaseException) -> str:
+    import traceback
+
+    out = io.StringIO()
+    traceback.print_exception(type(exc), exc, exc.__traceback__, file=out)
+    return out.getvalue()
+
+
+def child_environment() -> dict[str, str]:
+    """The environment additions of a spawned proc: this process's import path, so the
+    child imports what the parent does (modules given by reference in pickles)."""
+    path = [p for p in sys.path if p]
+    cwd = os.getcwd()
+    if cwd not in path:
+        path.insert(0, cwd)
+    existing = os.environ.get("PYTHONPATH")
+    if existing:
+        path.append(existing)
+    return {"PYTHONPATH": os.pathsep.join(path)}
+
+
+Callback = Callable[[], None]

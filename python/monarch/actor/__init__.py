@@ -1,0 +1,69 @@
+"""Monarch's actor API: actors, endpoints, meshes of hosts, procs and actors, futures.
+
+See API.md §1 for the contract; the implementation lives in ``monarch._src.actor``.
+"""
+
+from monarch._src.actor.actor_mesh import (
+    Actor,
+    ActorError,
+    ActorMesh,
+    Context,
+    Endpoint,
+    Instance,
+    Port,
+    SupervisionError,
+    as_endpoint,
+    concurrent_endpoint,
+    context,
+    current_actor_name,
+    current_rank,
+    current_size,
+    endpoint,
+    get_or_spawn_controller,
+)
+from monarch._src.actor.extent import Extent
+from monarch._src.actor.future import Future
+from monarch._src.actor.point import Point
+from monarch._src.actor.proc_mesh import HostMesh, ProcMesh, this_host, this_proc
+from monarch._src.actor.runtime import shutdown as _shutdown
+from monarch._src.actor.value_mesh import ValueMesh
+
+
+def shutdown_context() -> Future[None]:
+    """Tear down the client context: stop every proc it spawned. Idempotent; runs at
+    interpreter exit too."""
+    from monarch._src.actor.future import coroutine_future
+
+    async def stop() -> None:
+        _shutdown(timeout=1.0)
+
+    return coroutine_future(stop)
+
+
+__all__ = [
+    "Actor",
+    "ActorError",
+    "ActorMesh",
+    "Context",
+    "Endpoint",
+    "Extent",
+    "Future",
+    "HostMesh",
+    "Instance",
+    "Point",
+    "Port",
+    "ProcMesh",
+    "SupervisionError",
+    "ValueMesh",
+    "as_endpoint",
+    "concurrent_endpoint",
+    "context",
+    "current_actor_name",
+    "current_rank",
+    "current_size",
+    "endpoint",
+    "get_or_spawn_controller",
+    "shutdown_context",
+    "this_host",
+    "this_proc",
+]
