@@ -10,11 +10,15 @@ from types import GenericAlias
 from typing import Any, Generic, Literal, TypedDict, TypeVar, final, type_check_only
 
 __all__ = [
+    "BootChild",
     "Client",
     "Future",
+    "Host",
+    "Inbox",
     "PortReceiver",
     "PortRef",
     "Proc",
+    "Queue",
     "WouldBlockRuntime",
     "__version__",
     "build_info",
@@ -145,3 +149,119 @@ class PortReceiver:
     def close(self) -> None:
         """Close the port: pending and later ``recv()`` futures raise ``RuntimeError``;
         messages sent to the port later go back to their senders."""
+
+@final
+class Inbox:
+    """A keyed inbox: one port whose messages (first part: an 8-byte little-endian key)
+    are sorted into per-key queues as they arrive."""
+
+    def __new__(cls, client: Client) -> Inbox:
+        """Open an inbox as a new port of ``client``."""
+
+    @property
+    def port(self) -> PortRef:
+        """The port to send this inbox's messages to."""
+
+    def queue(self, key: int) -> Queue:
+        """The queue of actor key ``key`` (below 2**63; ``ValueError`` otherwise),
+        created if no message for it arrived yet."""
+
+    def reply_queue(self) -> Queue:
+        """A queue under a fresh reply key, removed when the object is dropped."""
+
+    def remove(self, key: int) -> None:
+        """Close and forget the queue of ``key``."""
+
+@final
+class Queue:
+    """The messages of one key of an ``Inbox``, in arrival order (key part stripped)."""
+
+    @property
+    def key(self) -> int:
+        """The key."""
+
+    @property
+    def key_part(self) -> bytes:
+        """The key as the 8-byte part that starts a message for this queue."""
+
+    @property
+    def port(self) -> PortRef:
+        """The inbox port messages for this queue go to."""
+
+    def try_get(self) -> list[bytes] | None:
+        """The next message if one is queued, else ``None``."""
+
+    def get(self, timeout: float | None = None) -> list[bytes]:
+        """Block, without the GIL, for the next message; ``TimeoutError`` after
+        ``timeout`` seconds (nothing is lost); ``RuntimeError`` once closed and empty."""
+
+    def recv(self) -> Future[list[bytes]]:
+        """The next message, as a future to await."""
+
+    def close(self) -> None:
+        """Close the queue: waiters raise ``RuntimeError`` once it is empty."""
+
+@final
+class Host:
+    """The host agent serving on a proc: spawns, stops and reaps procs."""
+
+    def __new__(cls, proc: Proc, ready_timeout: float = 30.0) -> Host:
+        """A host agent receiving its children's ready reports on ``proc`` (not a
+        ``local`` proc)."""
+
+    def spawn_procs(
+        self,
+        name: str,
+        count: int,
+        program: str,
+        args: list[str],
+        env: list[tuple[str, str]],
+    ) -> Future[list[tuple[str, int]]]:
+        """Start ``count`` procs running ``program args...`` with ``env`` added; a future
+        of ``(proc_id, pid)`` by rank, once every proc reported ready."""
+
+    def stop_procs(self, proc_ids: list[str], timeout: float) -> Future[list[str]]:
+        """Stop the given procs (stdin closed, killed after ``timeout``); a future of
+        their final statuses."""
+
+    def kill_proc(self, proc_id: str) -> bool:
+        """Kill a proc's process group at once; false if it was not running."""
+
+    def next_exit(self) -> Future[tuple[str, str, int, str]]:
+        """The next exit of a proc: ``(proc_id, name, rank, status)``."""
+
+    def shutdown(self, timeout: float) -> None:
+        """Stop every proc and wait until all are reaped (GIL released)."""
+
+    def running_pids(self) -> list[int]:
+        """The pids of this host's procs that still run."""
+
+@final
+class BootChild:
+    """The child side of a proc's bootstrap (this process was started by a host)."""
+
+    @staticmethod
+    def serve(transport: Literal["unix", "tcp"] = "unix") -> BootChild:
+        """Read the host's variables and serve this child's proc (not yet reported)."""
+
+    @property
+    def proc(self) -> Proc:
+        """The proc."""
+
+    @property
+    def name(self) -> str:
+        """The proc name of the spawn."""
+
+    @property
+    def rank(self) -> int:
+        """This proc's rank in the spawn."""
+
+    @property
+    def count(self) -> int:
+        """How many procs the spawn started."""
+
+    def report_ready(self) -> None:
+        """Tell the host this proc is ready."""
+
+    def wait_for_stop(self) -> None:
+        """Block, without the GIL, until the host asks this proc to stop."""

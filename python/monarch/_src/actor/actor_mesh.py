@@ -17,6 +17,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import pickle
 import random
 import sys
 import threading
@@ -29,7 +30,6 @@ from monarch._src.actor.future import Done, Future
 from monarch._src.actor.point import Point
 from monarch._src.actor.runtime import ERROR, FAILED, OK, ProcessContext, dumps, loads
 from monarch._src.actor.shape import MeshTrait, Shape
-from monarch._src.actor.slice import Slice
 from monarch._src.actor.value_mesh import ValueMesh
 
 R = TypeVar("R")
@@ -208,7 +208,7 @@ def _endpoints(cls: type) -> dict[str, EndpointProperty[Any]]:
     return found
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _class_info(cls: type) -> _ClassInfo:
     return _ClassInfo(cls)
 
@@ -710,14 +710,13 @@ def _headers(
     reply_port: str | None,
     reply_key: int,
     ranks: list[tuple[int, int]],
-) -> list[tuple[int, bytes]]:
+) -> list[tuple[int, int, bytes]]:
+    """``(index in the view, rank in the proc group, header)`` for each target."""
     shape = mesh._mesh_shape
     labels = tuple(shape.labels)
     sizes = tuple(shape.ndslice.sizes)
-    import pickle
-
     return [
-        (g, pickle.dumps((method, reply_port, reply_key, i, labels, sizes), protocol=5))
+        (i, g, pickle.dumps((method, reply_port, reply_key, i, labels, sizes), protocol=5))
         for i, g in ranks
     ]
 
@@ -746,12 +745,12 @@ def _cast(
             raise err
         return Future(impl=_Failed(err))
     if mode == "broadcast":
-        for g, header in _headers(mesh, method, None, 0, ranks):
+        for _, g, header in _headers(mesh, method, None, 0, ranks):
             ref.group.send(g, [ref.key_part, header, payload], None)
         return None
     queue = proc.inbox.reply_queue()
     reply_port = proc.port_id
-    for (i, g), (_, header) in zip(ranks, _headers(mesh, method, reply_port, queue.key, ranks)):
+    for i, g, header in _headers(mesh, method, reply_port, queue.key, ranks):
         ref.group.send(g, [ref.key_part, header, payload], (reply_port, queue.key, i))
     if mode == "call":
 
@@ -776,7 +775,7 @@ class _Reindex:
         self._index = index
 
     def _fix(self, parts: list[bytes]) -> list[bytes]:
-        i, status, value = loads(parts[0])
+        _, status, value = loads(parts[0])
         return [dumps((0, status, value))]
 
     def get(self, timeout: float | None = None) -> list[bytes]:
@@ -815,7 +814,7 @@ class _StreamOne:
         self._shared = shared
 
     def _value(self, parts: list[bytes]) -> Any:
-        index, status, value = loads(parts[0])
+        _, status, value = loads(parts[0])
         if status == OK:
             return value
         if status == ERROR:
@@ -844,7 +843,7 @@ def _stream(mesh: ActorMesh[Any], method: str, payload: bytes) -> Iterator[Futur
     proc = runtime.process_context()
     ranks = list(enumerate(mesh._mesh_shape.ndslice))
     queue = proc.inbox.reply_queue()
-    for (i, g), (_, header) in zip(ranks, _headers(mesh, method, proc.port_id, queue.key, ranks)):
+    for i, g, header in _headers(mesh, method, proc.port_id, queue.key, ranks):
         ref.group.send(g, [ref.key_part, header, payload], (proc.port_id, queue.key, i))
     shared = _StreamShared(queue, endpoint)
     futures = [Future(impl=_StreamOne(shared)) for _ in ranks]

@@ -18,7 +18,9 @@ from monarch._src.actor import runtime
 
 def main() -> None:
     child = BootChild.serve("unix")
-    ctx = runtime.ProcessContext(child.proc, is_root=False)
+    ctx = runtime.ProcessContext(
+        child.proc, is_root=False, root_port=os.environ.get(runtime.ROOT_PORT_ENV)
+    )
     runtime.set_process_context(ctx)
 
     def wait_for_stop() -> None:

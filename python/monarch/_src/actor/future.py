@@ -51,7 +51,7 @@ class Future(Generic[R]):
     same outcome.
     """
 
-    __slots__ = ("_impl", "_lock", "_value", "_error")
+    __slots__ = ("_error", "_impl", "_lock", "_value")
 
     def __init__(self, *, impl: _Impl[R]) -> None:
         self._impl = impl

@@ -49,6 +49,9 @@ FAILED = 2
 AGENT_KEY = 0
 AGENT_KEY_PART = AGENT_KEY.to_bytes(8, "little")
 
+#: The variable that gives a spawned proc the root client's inbox port.
+ROOT_PORT_ENV = "MONARCH_ROOT_PORT"
+
 #: The name of the mailbox that owns every process's inbox.
 AGENT_NAME = "agent"
 
@@ -247,7 +250,10 @@ def child_environment() -> dict[str, str]:
     existing = os.environ.get("PYTHONPATH")
     if existing:
         path.append(existing)
-    return {"PYTHONPATH": os.pathsep.join(path)}
+    env = {"PYTHONPATH": os.pathsep.join(path)}
+    if _context is not None:
+        env[ROOT_PORT_ENV] = _context.root_port
+    return env
 
 
 Callback = Callable[[], None]
