@@ -25,6 +25,8 @@ from monarch.actor import (
     ProcMesh,
     SupervisionError,
     ValueMesh,
+    as_endpoint,
+    concurrent_endpoint,
     context,
     current_actor_name,
     current_rank,
@@ -420,3 +422,81 @@ def _is_zombie(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+class FailsInInit(Actor):
+    def __init__(self) -> None:
+        raise RuntimeError("no init for you")
+
+    @endpoint
+    def hello(self) -> str:
+        return "hi"
+
+
+class EnvReader(Actor):
+    @endpoint
+    def env(self, key: str) -> str | None:
+        return os.environ.get(key)
+
+
+class Concurrent(Actor):
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    @concurrent_endpoint
+    async def wait_for_release(self) -> str:
+        await self.release.wait()
+        return "released"
+
+    @endpoint
+    async def release_now(self) -> None:
+        self.release.set()
+
+
+def test_failing_init_makes_later_calls_raise_supervision_error(procs: ProcMesh) -> None:
+    m = procs.slice(hosts=0).spawn("bad_init", FailsInInit)
+    with pytest.raises(SupervisionError, match="no init for you") as info:
+        m.hello.call().get(timeout=30)
+    assert info.value.endpoint is not None and "hello" in info.value.endpoint
+
+
+def test_spawn_procs_bootstrap_runs_before_actors() -> None:
+    def set_env() -> None:
+        os.environ["MONARCH_TEST_BOOTSTRAP"] = "done"
+
+    pm = this_host().spawn_procs({"gpus": 2}, bootstrap=set_env, name="booted")
+    try:
+        vm = pm.spawn("env", EnvReader).env.call("MONARCH_TEST_BOOTSTRAP").get(timeout=30)
+        assert vm.values() == ["done", "done"]
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_concurrent_endpoint_lets_the_next_message_in(procs: ProcMesh) -> None:
+    c = procs.slice(hosts=0, gpus=0).spawn("concurrent", Concurrent)
+    waiting = c.wait_for_release.call_one()
+    c.release_now.call_one().get(timeout=30)
+    assert waiting.get(timeout=30) == "released"
+
+
+def test_as_endpoint_calls_a_plain_method(counters: Counter) -> None:
+    assert as_endpoint(counters.helper).call().get(timeout=30).values() == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="as_endpoint"):
+        as_endpoint(counters.incr)
+
+
+def test_get_inside_a_running_loop_warns(counters: Counter) -> None:
+    async def main() -> object:
+        with pytest.warns(UserWarning, match="asyncio loop"):
+            return counters.get.call().get(timeout=30)
+
+    assert len(asyncio.run(main())) == 4  # type: ignore[arg-type]
+
+
+def test_spawn_procs_bad_input() -> None:
+    with pytest.raises(ValueError, match="positive ints"):
+        this_host().spawn_procs({"gpus": 0})
+    with pytest.raises(ValueError, match="not a valid proc name"):
+        this_host().spawn_procs({"gpus": 1}, name="a/b")
+    with pytest.raises(ValueError, match="proc_bind"):
+        this_host().spawn_procs({"gpus": 2}, proc_bind=[{}])

@@ -571,8 +571,8 @@ class Endpoint(Generic[R]):
 
     def _payload(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
         info = self._mesh._ref.info
-        if info is not None:
-            ep = info.endpoints[self._name]
+        ep = info.endpoints.get(self._name) if info is not None else None
+        if ep is not None:
             try:
                 ep._signature.bind(*args, **kwargs)
             except TypeError as e:
@@ -1101,8 +1101,12 @@ class _HostedActor:
         if method == "__initialized__":
             self._reply(header, OK, None)
             return None
-        args, kwargs = loads(parts[1])
-        fn = getattr(self.obj, method)
+        try:
+            args, kwargs = loads(parts[1])
+            fn = getattr(self.obj, method)
+        except Exception as e:  # cannot unpickle, or no such method: the caller hears
+            self._reply(header, ERROR, ActorError._from_local(e, f"before {method} ran")._to_wire())
+            return None
         return header, fn, args, kwargs
 
     def _reply(self, header: tuple[Any, ...], status: int, value: Any) -> None:
