@@ -182,3 +182,46 @@ async fn serialized_messages_keep_their_parts_across_procs() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_direct_port_hands_over_messages_in_order_and_bounces_after_close() {
+    use std::sync::{Arc, Mutex};
+
+    for transport in [ChannelTransport::Local, ChannelTransport::Unix] {
+        let receiver_proc = Proc::serve(transport, "receiver").await.unwrap();
+        let sender_proc = Proc::serve(transport, "sender").await.unwrap();
+        let owner = receiver_proc.client("owner").unwrap();
+        let sender = sender_proc.client("sender").unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+        let sink_seen = Arc::clone(&seen);
+        let (port, handle) = owner.mailbox().open_direct_port::<u64>(Arc::new(
+            move |envelope: hyperactor::message::Envelope| {
+                let n: u64 = envelope.payload.decode().unwrap();
+                sink_seen.lock().unwrap().push(n);
+                if n == 99 {
+                    done_tx.send(()).unwrap();
+                }
+            },
+        ));
+        assert_eq!(handle.port_id(), port.port_id());
+        for i in 0..100 {
+            port.send(&sender, i).unwrap();
+        }
+        timed(done_rx.recv()).await.unwrap();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            (0..100).collect::<Vec<u64>>(),
+            "{transport:?}"
+        );
+        drop(handle);
+        port.send(&sender, 100).unwrap();
+        let returned = timed(sender.next_undeliverable()).await.unwrap();
+        assert!(returned.reason.contains("not open"), "{}", returned.reason);
+        assert_eq!(
+            seen.lock().unwrap().len(),
+            100,
+            "nothing delivered after close"
+        );
+    }
+}
