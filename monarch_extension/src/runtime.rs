@@ -5,7 +5,9 @@
 //! process exits. Python threads never run on it: they hand work to it and wait without
 //! holding the GIL (see [`crate::future`]).
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -93,5 +95,71 @@ where
 {
     check_may_block(what)?;
     let rt = runtime()?;
-    Ok(py.detach(|| rt.block_on(fut)))
+    Ok(detach(py, || rt.block_on(fut)))
+}
+
+/// Set once the interpreter starts exiting (see [`prepare_exit`]).
+static EXITING: AtomicBool = AtomicBool::new(false);
+/// The thread that called [`prepare_exit`]: the one finalizing the interpreter.
+static EXIT_THREAD: OnceLock<std::thread::ThreadId> = OnceLock::new();
+/// How many threads Python did not create are inside [`attach_from_rust`].
+static ATTACHED_FROM_RUST: AtomicUsize = AtomicUsize::new(0);
+
+/// How long [`prepare_exit`] waits for runtime threads to leave Python.
+const EXIT_DRAIN_LIMIT: Duration = Duration::from_secs(2);
+
+/// Never returns on a thread other than the finalizing one once the interpreter exits.
+///
+/// Once CPython starts finalizing, a thread that takes the GIL back is ended with
+/// `pthread_exit`, whose forced unwind cannot cross Rust frames: the process aborts.
+/// A thread coming back from a GIL-free wait during that window parks instead (the
+/// process is about to end; 3.14 does the same for every thread).
+fn park_if_exiting() {
+    if EXITING.load(Ordering::SeqCst) && EXIT_THREAD.get() != Some(&std::thread::current().id()) {
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+/// Runs `f` without the GIL and takes it back, unless the interpreter started exiting
+/// meanwhile (see [`park_if_exiting`]). Every GIL-free wait of the bindings goes
+/// through here.
+pub fn detach<T, F>(py: Python<'_>, f: F) -> T
+where
+    F: Send + FnOnce() -> T,
+    T: Send,
+{
+    py.detach(|| {
+        let out = f();
+        park_if_exiting();
+        out
+    })
+}
+
+/// Runs `f` with the GIL from a thread Python did not create (a runtime thread), or
+/// does nothing once the interpreter is exiting. [`prepare_exit`] waits for the calls
+/// in progress, so none is inside Python when finalization starts.
+pub fn attach_from_rust<F: FnOnce(Python<'_>)>(f: F) {
+    ATTACHED_FROM_RUST.fetch_add(1, Ordering::SeqCst);
+    if !EXITING.load(Ordering::SeqCst) {
+        Python::attach(f);
+    }
+    ATTACHED_FROM_RUST.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Registered with `atexit` by `monarch/__init__.py` (so it runs after every monarch
+/// exit hook): from here on no runtime thread enters Python and no waiting thread takes
+/// the GIL back; waits (bounded) for runtime threads already inside Python to leave.
+#[pyfunction]
+pub fn _prepare_exit(py: Python<'_>) {
+    let _ = EXIT_THREAD.set(std::thread::current().id());
+    EXITING.store(true, Ordering::SeqCst);
+    py.detach(|| {
+        let deadline = std::time::Instant::now() + EXIT_DRAIN_LIMIT;
+        while ATTACHED_FROM_RUST.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
 }

@@ -5,6 +5,14 @@ compiled extension ``monarch._rust_bindings``. Importing it must stay cheap: not
 here imports ``torch``.
 """
 
+import atexit as _atexit
+
 from monarch._rust_bindings import __version__ as __version__
+from monarch._rust_bindings import _prepare_exit
+
+# Registered first, so it runs after every other monarch exit hook (atexit runs hooks in
+# reverse order): from then on no thread of the Rust runtime enters Python, which
+# CPython would end abruptly while finalizing (see monarch_extension/src/runtime.rs).
+_atexit.register(_prepare_exit)
 
 __all__ = ["__version__"]

@@ -21,6 +21,7 @@ __all__ = [
     "Queue",
     "WouldBlockRuntime",
     "__version__",
+    "_prepare_exit",
     "build_info",
 ]
 
@@ -35,6 +36,10 @@ class _BuildInfo(TypedDict):
     profile: Literal["debug", "release"]
     target: str
     rustc: str
+
+def _prepare_exit() -> None:
+    """Called at interpreter exit (registered by ``monarch``): stop runtime threads from
+    entering Python, and wait for those inside to leave."""
 
 def build_info() -> _BuildInfo:
     """Describe how this extension was built, for bug reports.

@@ -145,6 +145,27 @@ class EndpointProperty(Generic[R]):
             params = params[1:]  # the port is not the caller's to pass
         return sig.replace(parameters=params)
 
+    @functools.cached_property
+    def _positional_arity(self) -> tuple[int, int] | None:
+        """``(required, maximum)`` positional arguments when the signature is plain
+        positional-or-keyword parameters (no ``*args``, keyword-only or positional-only
+        ones): then a call with only positional arguments is checked by counting."""
+        required = 0
+        params = list(self._signature.parameters.values())
+        for p in params:
+            if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD:
+                return None
+            if p.default is inspect.Parameter.empty:
+                required += 1
+        return required, len(params)
+
+    def _check_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Raise ``TypeError`` if the arguments do not bind to the signature."""
+        arity = self._positional_arity
+        if not kwargs and arity is not None and arity[0] <= len(args) <= arity[1]:
+            return
+        self._signature.bind(*args, **kwargs)
+
 
 def endpoint(
     method: Callable[..., Any] | None = None,
@@ -574,7 +595,7 @@ class Endpoint(Generic[R]):
         ep = info.endpoints.get(self._name) if info is not None else None
         if ep is not None:
             try:
-                ep._signature.bind(*args, **kwargs)
+                ep._check_args(args, kwargs)
             except TypeError as e:
                 raise TypeError(
                     f"wrong arguments for endpoint {self._qualname()}{ep._signature}: {e}"
