@@ -26,7 +26,7 @@ export PYO3_BUILD_EXTENSION_MODULE := 1
 
 MATURIN_DEVELOP := VIRTUAL_ENV=$(abspath $(VENV)) $(MATURIN) develop
 # `examples/` is not tracked until it has files; only lint the directories that exist.
-PY_LINT_PATHS := $(wildcard python tests examples)
+PY_LINT_PATHS := $(wildcard python tests examples benches)
 
 .DEFAULT_GOAL := help
 
@@ -84,11 +84,14 @@ test-rust: | $(VENV_PYTHON) ## cargo test --workspace (unit, integration and doc
 test-python: $(REQ_STAMP) ## Run pytest (build the extension first: make install or build-dev)
 	timeout -k 30 $(TEST_PYTHON_LIMIT) $(VENV_PYTHON) -m pytest
 
-demo: install ## Install everything and run the main demo (hyperactor ping-pong for now)
+demo: install ## Install everything, run the ping-pong demos (Rust, Python) and the actor tour
 	$(CARGO) run --release -p hyperactor --example ping_pong
+	$(VENV_PYTHON) examples/ping_pong.py
+	$(VENV_PYTHON) examples/getting_started.py
 
-bench: ## Run the benchmarks in release mode (hyperactor proc messaging for now)
+bench: install ## Release build, then the hyperactor messaging and Python actor benchmarks
 	$(CARGO) bench -p hyperactor --bench proc_messaging
+	$(VENV_PYTHON) benches/actor_bench.py
 
 docs: | $(VENV_PYTHON) ## Build the Rust API docs into target/doc
 	$(CARGO) doc --workspace --no-deps
