@@ -500,3 +500,35 @@ def test_spawn_procs_bad_input() -> None:
         this_host().spawn_procs({"gpus": 1}, name="a/b")
     with pytest.raises(ValueError, match="proc_bind"):
         this_host().spawn_procs({"gpus": 2}, proc_bind=[{}])
+
+
+class Spawner(Actor):
+    @endpoint
+    def spawn_on(self, procs: ProcMesh) -> list[int]:
+        # A proc mesh received as an argument is a reference: spawning on it works from
+        # any actor.
+        child = procs.spawn("grandchild", Counter, 40)
+        return child.incr.call(2).get(timeout=30).values()
+
+
+class Forwarder(Actor):
+    @endpoint(explicit_response_port=True)
+    def forward(self, port: Port[str], to: Replier2, text: str) -> None:
+        # The reply port travels to another actor, which answers the original caller.
+        to.answer.broadcast(port, text)
+
+
+class Replier2(Actor):
+    @endpoint
+    def answer(self, port: Port[str], text: str) -> None:
+        port.send(text.upper())
+
+
+def test_proc_meshes_and_ports_travel_as_references(procs: ProcMesh) -> None:
+    s = procs.slice(hosts=0, gpus=0).spawn("spawner", Spawner)
+    assert s.spawn_on.call_one(procs.slice(hosts=1)).get(timeout=30) == [42, 42]
+    f = procs.slice(hosts=0, gpus=1).spawn("forwarder", Forwarder)
+    r = procs.slice(hosts=1, gpus=1).spawn("replier2", Replier2)
+    assert f.forward.call_one(r, "relayed").get(timeout=30) == "RELAYED"
+    copy = pickle.loads(pickle.dumps(procs))
+    assert copy.sizes == procs.sizes
