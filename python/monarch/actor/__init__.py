@@ -26,6 +26,7 @@ from monarch._src.actor.future import Future
 from monarch._src.actor.point import Point
 from monarch._src.actor.proc_mesh import HostMesh, ProcMesh, this_host, this_proc
 from monarch._src.actor.runtime import shutdown as _shutdown
+from monarch._src.actor.supervision import MeshFailure, unhandled_fault_hook
 from monarch._src.actor.value_mesh import ValueMesh
 
 
@@ -50,6 +51,7 @@ __all__ = [
     "Future",
     "HostMesh",
     "Instance",
+    "MeshFailure",
     "Point",
     "Port",
     "ProcMesh",
@@ -66,4 +68,5 @@ __all__ = [
     "shutdown_context",
     "this_host",
     "this_proc",
+    "unhandled_fault_hook",
 ]

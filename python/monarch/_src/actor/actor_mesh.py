@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar, overload
 
-from monarch._src.actor import runtime
+from monarch._src.actor import runtime, supervision
 from monarch._src.actor.extent import Extent
 from monarch._src.actor.future import Done, Future
 from monarch._src.actor.point import Point
@@ -346,6 +346,17 @@ class Instance:
         if self._hosted is None:
             raise RuntimeError("the client is not a hosted actor; use shutdown_context()")
         self._hosted.stop_after_current = reason or "stopped itself"
+
+    def kill(self, reason: str | None = None) -> None:
+        """Fail this actor now: its owner gets a ``MeshFailure``, later calls raise
+        ``SupervisionError``."""
+        if self._hosted is None:
+            raise RuntimeError("the client is not a hosted actor; it cannot be killed")
+        self._hosted.kill(reason)
+
+    def abort(self, reason: str | None = None) -> None:
+        """Same as :meth:`kill`."""
+        self.kill(reason)
 
     def __str__(self) -> str:
         return f"<root>.<{self.class_name} {self.name}{self.rank!r}>"
@@ -677,10 +688,26 @@ class _Replies:
         self._finish = finish
         self._values: list[Any] = [None] * expected
         self._got = 0
+        self._seen: set[int] = set()
         self._error: BaseException | None = None
+        #: Proc group rank -> index in the view, of the ranks this call waits for.
+        self.targets: dict[int, int] = {}
+
+    def rank_failed(self, g: int, reason: str) -> None:
+        """The proc of group rank ``g`` died: answer for it, unless done already (a
+        real reply that arrived first wins; the duplicate is ignored)."""
+        queue = self._queue
+        index = self.targets.get(g)
+        if queue is None or index is None:
+            return
+        ctx = runtime.process_context()
+        ctx.reply(ctx.port_id, queue.key, index, FAILED, reason)
 
     def _take(self, parts: list[bytes]) -> None:
         index, status, value = loads(parts[0])
+        if index in self._seen:
+            return
+        self._seen.add(index)
         self._got += 1
         if status == OK:
             self._values[index] = value
@@ -771,20 +798,25 @@ def _cast(
         return None
     queue = proc.inbox.reply_queue()
     reply_port = proc.port_id
-    for i, g, header in _headers(mesh, method, reply_port, queue.key, ranks):
-        ref.group.send(g, [ref.key_part, header, payload], (reply_port, queue.key, i))
+    replies: _Replies
     if mode == "call":
 
         def finish(values: list[Any]) -> Any:
             vm = ValueMesh(shape, values)
             return collect(vm) if collect is not None else vm
 
-        return Future(impl=_Replies(queue, len(ranks), endpoint, finish))
-    if mode == "choose":
+        replies = _Replies(queue, len(ranks), endpoint, finish)
+    elif mode == "choose":
         # The one reply carries the chosen rank's index: remap it to slot 0.
-        chosen = ranks[0][0]
-        return Future(impl=_Replies(_Reindex(queue, chosen), 1, endpoint, lambda v: v[0]))
-    return Future(impl=_Replies(queue, 1, endpoint, lambda v: v[0]))
+        replies = _Replies(_Reindex(queue, ranks[0][0]), 1, endpoint, lambda v: v[0])
+    else:
+        replies = _Replies(queue, 1, endpoint, lambda v: v[0])
+    group = ref.group
+    for i, g, header in _headers(mesh, method, reply_port, queue.key, ranks):
+        replies.targets[g] = i
+        group.watch(g, replies)
+        group.send(g, [ref.key_part, header, payload], (reply_port, queue.key, i))
+    return Future(impl=replies)
 
 
 class _Reindex:
@@ -826,6 +858,23 @@ class _StreamShared:
         self.queue = queue
         self.endpoint = endpoint
         self.lock = threading.Lock()
+        self.seen: set[int] = set()
+        self.targets: dict[int, int] = {}
+
+    def rank_failed(self, g: int, reason: str) -> None:
+        index = self.targets.get(g)
+        if index is not None:
+            ctx = runtime.process_context()
+            ctx.reply(ctx.port_id, self.queue.key, index, FAILED, reason)
+
+    def fresh(self, parts: list[bytes]) -> tuple[int, Any] | None:
+        """The reply's (status, value), or None for a duplicate of a rank seen."""
+        index, status, value = loads(parts[0])
+        with self.lock:
+            if index in self.seen:
+                return None
+            self.seen.add(index)
+        return status, value
 
 
 class _StreamOne:
@@ -834,8 +883,7 @@ class _StreamOne:
     def __init__(self, shared: _StreamShared) -> None:
         self._shared = shared
 
-    def _value(self, parts: list[bytes]) -> Any:
-        _, status, value = loads(parts[0])
+    def _value(self, status: int, value: Any) -> Any:
         if status == OK:
             return value
         if status == ERROR:
@@ -843,19 +891,25 @@ class _StreamOne:
         raise SupervisionError(value, self._shared.endpoint)
 
     def wait(self, timeout: float | None) -> Any:
-        try:
-            parts = self._shared.queue.get(timeout)
-        except TimeoutError:
-            raise TimeoutError(
-                f"{self._shared.endpoint}: no reply within {timeout} s; get() again later"
-            ) from None
-        return self._value(parts)
+        while True:
+            try:
+                parts = self._shared.queue.get(timeout)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"{self._shared.endpoint}: no reply within {timeout} s; get() again later"
+                ) from None
+            fresh = self._shared.fresh(parts)
+            if fresh is not None:
+                return self._value(*fresh)
 
     async def wait_async(self) -> Any:
-        parts = self._shared.queue.try_get()
-        if parts is None:
-            parts = await self._shared.queue.recv()
-        return self._value(parts)
+        while True:
+            parts = self._shared.queue.try_get()
+            if parts is None:
+                parts = await self._shared.queue.recv()
+            fresh = self._shared.fresh(parts)
+            if fresh is not None:
+                return self._value(*fresh)
 
 
 def _stream(mesh: ActorMesh[Any], method: str, payload: bytes) -> Iterator[Future[Any]]:
@@ -864,9 +918,11 @@ def _stream(mesh: ActorMesh[Any], method: str, payload: bytes) -> Iterator[Futur
     proc = runtime.process_context()
     ranks = list(enumerate(mesh._mesh_shape.ndslice))
     queue = proc.inbox.reply_queue()
-    for i, g, header in _headers(mesh, method, proc.port_id, queue.key, ranks):
-        ref.group.send(g, [ref.key_part, header, payload], (proc.port_id, queue.key, i))
     shared = _StreamShared(queue, endpoint)
+    for i, g, header in _headers(mesh, method, proc.port_id, queue.key, ranks):
+        shared.targets[g] = i
+        ref.group.watch(g, shared)
+        ref.group.send(g, [ref.key_part, header, payload], (proc.port_id, queue.key, i))
     futures = [Future(impl=_StreamOne(shared)) for _ in ranks]
     return iter(futures)
 
@@ -931,7 +987,11 @@ def spawn_actor_mesh(
     shape: Shape = proc_mesh._shape
     labels = tuple(shape.labels)
     sizes = tuple(shape.ndslice.sizes)
-    creator = str(context().actor_instance.actor_id)
+    cx = context()
+    creator = str(cx.actor_instance.actor_id)
+    ctx = runtime.process_context()
+    hosted = cx.actor_instance._hosted
+    owner = (ctx.port_id, hosted.key) if hosted is not None else supervision.default_owner(ctx)
     ref = _MeshRef(
         name=name,
         key=key,
@@ -942,9 +1002,32 @@ def spawn_actor_mesh(
         base=shape,
     )
     for index, g in enumerate(shape.ndslice):
-        request = dumps(("spawn", key, name, index, labels, sizes, creator))
+        request = dumps(("spawn", key, name, index, labels, sizes, creator, owner))
         group.send(g, [runtime.AGENT_KEY_PART, request, cls_blob, args_blob], None)
-    return ActorMesh(ref, shape)
+    mesh: ActorMesh[A] = ActorMesh(ref, shape)
+    ctx.owned[key] = _Owned(mesh, owner, hosted.key if hosted is not None else None)
+    return mesh
+
+
+class _Owned:
+    """An actor mesh spawned from this process, for supervision: who owns it, and
+    whether it was stopped (a stopped mesh's procs may exit without a failure)."""
+
+    def __init__(self, mesh: ActorMesh[Any], owner: tuple[str, int], owner_key: int | None) -> None:
+        ref = mesh._ref
+        self.mesh = mesh
+        self.name = ref.name
+        self.key = ref.key
+        self.class_name = ref.class_name
+        self.group = ref.group
+        self.shape = mesh._mesh_shape
+        self.owner = owner
+        #: The actor key of the owning actor in this process (None: not an actor).
+        self.owner_key = owner_key
+
+    @property
+    def stopped(self) -> bool:
+        return self.mesh._ref.stopped is not None
 
 
 def get_or_spawn_controller(name: str, cls: type[A], *args: Any, **kwargs: Any) -> Future[A]:
@@ -985,8 +1068,10 @@ def _handle_agent_request(
 ) -> None:
     kind = request[0]
     if kind == "spawn":
-        _, key, name, index, labels, sizes, creator = request
-        hosted = _HostedActor(proc, key, name, index, labels, sizes, creator, rest[0], rest[1])
+        _, key, name, index, labels, sizes, creator, owner = request
+        hosted = _HostedActor(
+            proc, key, name, index, labels, sizes, creator, tuple(owner), rest[0], rest[1]
+        )
         proc.actors[key] = hosted
         hosted.start()
     elif kind == "controller":
@@ -1000,6 +1085,9 @@ def _handle_agent_request(
             proc.reply(reply_port, reply_key, 0, ERROR, err._to_wire())
         else:
             proc.reply(reply_port, reply_key, 0, OK, mesh)
+    elif kind == "proc_died":
+        _, proc_id, reason, expected = request
+        supervision.proc_died(proc, proc_id, reason, expected)
     elif kind == "bootstrap":
         fn = loads(rest[0])
         result = fn()
@@ -1011,6 +1099,12 @@ def _handle_agent_request(
 
 async def _awaited(aw: Any) -> Any:
     return await aw
+
+
+#: How long ``__cleanup__`` may run when an actor stops.
+CLEANUP_TIMEOUT = 3.0
+
+_Work = tuple[Any, ...]
 
 
 class _HostedActor:
@@ -1025,6 +1119,7 @@ class _HostedActor:
         labels: tuple[str, ...],
         sizes: tuple[int, ...],
         creator: str,
+        owner: tuple[str, int],
         cls_blob: bytes,
         args_blob: bytes,
     ) -> None:
@@ -1034,6 +1129,7 @@ class _HostedActor:
         self.queue = proc.inbox.queue(key)
         self.rank = Point(index, Extent(labels, sizes))
         self.creator = creator
+        self.owner = owner
         self._cls_blob = cls_blob
         self._args_blob = args_blob
         self.failed: str | None = None
@@ -1042,17 +1138,73 @@ class _HostedActor:
         self.obj: Any = None
         self.info: _ClassInfo | None = None
         self.instance: Instance | None = None
+        self.class_name = "?"
 
     def start(self) -> None:
         threading.Thread(
             target=self._run, name=f"monarch-actor-{self.name}-{self.rank.rank}", daemon=True
         ).start()
 
+    # --- failure and supervision -------------------------------------------------------
+
+    def fail(self, reason: str, cause: supervision.MeshFailure | None = None) -> None:
+        """Fail this actor: later calls get ``SupervisionError`` and the owner gets a
+        ``MeshFailure``. Only the first failure counts."""
+        if self.failed is not None or self.stopped is not None:
+            return
+        self.failed = reason
+        print(
+            f"monarch: actor {self.name!r} rank {self.rank.rank} ({self.class_name}) on "
+            f"proc {self.proc.proc_id} failed: {reason}",
+            file=sys.stderr,
+            flush=True,
+        )
+        failure = supervision.MeshFailure(
+            mesh_name=self.name,
+            mesh_key=self.key,
+            class_name=self.class_name,
+            rank=self.rank.rank,
+            proc_id=self.proc.proc_id,
+            reason=reason,
+            cause=cause,
+        )
+        supervision.route(self.proc, self.owner, failure)
+
+    def _supervise(self, failure: supervision.MeshFailure) -> Any:
+        """Offer ``failure`` (of a mesh this actor owns) to ``__supervise__``; returns
+        its result, which may be awaitable (async actors)."""
+        handler = getattr(self.obj, "__supervise__", None)
+        if handler is None:
+            return None
+        return handler(failure)
+
+    def _supervised(
+        self, failure: supervision.MeshFailure, handled: Any, error: BaseException | None
+    ) -> None:
+        if error is not None:
+            self.fail(
+                f"__supervise__ raised while handling {failure}:\n"
+                f"{runtime.format_exception(error)}",
+                cause=failure,
+            )
+        elif not handled:
+            self.fail(
+                f"it owns actor mesh {failure.mesh_name!r}, which failed, and "
+                "__supervise__ did not handle it",
+                cause=failure,
+            )
+
+    def kill(self, reason: str | None) -> None:
+        self.fail(f"killed: {reason or 'kill() called'}")
+
+    # --- lifecycle ------------------------------------------------------------------------
+
     def _init(self) -> None:
         try:
             cls = loads(self._cls_blob)
             args, kwargs = loads(self._args_blob)
             self.info = info = _class_info(cls)
+            self.class_name = info.name
             self.instance = Instance(
                 name=self.name,
                 class_name=info.name,
@@ -1070,11 +1222,7 @@ class _HostedActor:
                 _current.reset(token)
             self.obj = obj
         except BaseException as e:  # the actor fails; calls get SupervisionError
-            self.failed = (
-                f"actor {self.name!r} rank {self.rank.rank} failed in __init__ on proc "
-                f"{self.proc.proc_id}:\n{runtime.format_exception(e)}"
-            )
-            print(f"monarch: {self.failed}", file=sys.stderr, flush=True)
+            self.fail(f"__init__ raised:\n{runtime.format_exception(e)}")
         finally:
             self._cls_blob = self._args_blob = b""
 
@@ -1084,6 +1232,17 @@ class _HostedActor:
             asyncio.run(self._run_async())
         else:
             self._run_sync()
+
+    def _stop_owned(self, reason: str) -> None:
+        """Stop, recursively, the meshes this actor spawned."""
+        for owned in list(self.proc.owned.values()):
+            if owned.owner_key == self.key and not owned.stopped:
+                owned.mesh.stop(f"its owner {self.name!r} stopped: {reason}")
+
+    def _cleanup_fn(self) -> Any:
+        return getattr(self.obj, "__cleanup__", None) if self.obj is not None else None
+
+    # --- messages ---------------------------------------------------------------------------
 
     def _dead_reply(self, header: tuple[Any, ...]) -> bool:
         """Answer a message to a failed or stopped actor; true if it was one."""
@@ -1102,23 +1261,26 @@ class _HostedActor:
                 reply_key,
                 index,
                 FAILED,
-                f"The actor {self.name!r} (rank {self.rank.rank}) {what} and cannot handle "
-                f"{method}: {reason}",
+                f"The actor {self.name!r} (rank {self.rank.rank}) and all its descendants "
+                f"{what}; it cannot handle {method}: {reason}",
             )
         return True
 
-    def _begin(
-        self, parts: list[bytes]
-    ) -> tuple[tuple[Any, ...], Any, tuple[Any, ...], dict[str, Any]] | None:
+    def _begin(self, parts: list[bytes]) -> _Work | None:
+        """Decode a message: ``("call", header, fn, args, kwargs)``,
+        ``("supervise", failure)``, ``("stop", header, reason)``, or None when it was
+        answered already."""
         header = loads(parts[0])
+        method = header[0]
+        if method == "__supervise__":
+            failure = loads(parts[1])[0][0]
+            # A failed or stopped owner already told its own owner; nothing to add.
+            return None if (self.failed or self.stopped) else ("supervise", failure)
         if self._dead_reply(header):
             return None
-        method = header[0]
         if method == "__stop__":
             stop_args, _ = loads(parts[1])
-            self.stopped = str(stop_args[0]) if stop_args else "stopped"
-            self._reply(header, OK, None)
-            return None
+            return ("stop", header, str(stop_args[0]) if stop_args else "stopped")
         if method == "__initialized__":
             self._reply(header, OK, None)
             return None
@@ -1128,7 +1290,7 @@ class _HostedActor:
         except Exception as e:  # cannot unpickle, or no such method: the caller hears
             self._reply(header, ERROR, ActorError._from_local(e, f"before {method} ran")._to_wire())
             return None
-        return header, fn, args, kwargs
+        return ("call", header, fn, args, kwargs)
 
     def _reply(self, header: tuple[Any, ...], status: int, value: Any) -> None:
         reply_port, reply_key, index = header[1], header[2], header[3]
@@ -1139,13 +1301,13 @@ class _HostedActor:
         method, reply_port = header[0], header[1]
         if reply_port is None or not isinstance(e, Exception) or self._explicit(method):
             # broadcast, explicit-port and BaseException: the actor fails.
-            self.failed = (
-                f"{type(e).__name__} escaped {method} in actor {self.name!r} rank "
-                f"{self.rank.rank}:\n{runtime.format_exception(e)}"
+            how = "broadcast to" if reply_port is None else "in"
+            self.fail(
+                f"{type(e).__name__} escaped {how} endpoint {method}:\n"
+                f"{runtime.format_exception(e)}"
             )
-            print(f"monarch: {self.failed}", file=sys.stderr, flush=True)
             if reply_port is not None and not self._explicit(method):
-                self._reply(header, FAILED, self.failed)
+                self._reply(header, FAILED, f"The actor {self.name!r} failed: {self.failed}")
             return
         self._reply(header, ERROR, ActorError(e)._to_wire())
 
@@ -1162,10 +1324,10 @@ class _HostedActor:
             return (Port(header[1], header[2], header[3]), *args)
         return args
 
-    def _after(self) -> bool:
-        if self.stop_after_current is not None:
+    def _after(self) -> None:
+        if self.stop_after_current is not None and self.stopped is None:
             self.stopped = self.stop_after_current
-        return False
+            self._stop_owned(self.stopped)
 
     def _run_sync(self) -> None:
         while True:
@@ -1173,10 +1335,33 @@ class _HostedActor:
                 parts = self.queue.get()
             except RuntimeError:
                 return
-            begun = self._begin(parts)
-            if begun is None:
+            work = self._begin(parts)
+            if work is None:
                 continue
-            header, fn, args, kwargs = begun
+            kind = work[0]
+            if kind == "supervise":
+                failure = work[1]
+                try:
+                    handled, error = self._supervise(failure), None
+                except BaseException as e:
+                    handled, error = False, e
+                self._supervised(failure, handled, error)
+                continue
+            if kind == "stop":
+                _, header, reason = work
+                self._stop_owned(reason)
+                cleanup = self._cleanup_fn()
+                if cleanup is not None:
+                    try:
+                        cleanup(None)
+                    except Exception as e:
+                        print(
+                            f"monarch: __cleanup__ of {self.name!r} raised: {e!r}", file=sys.stderr
+                        )
+                self.stopped = reason
+                self._reply(header, OK, None)
+                continue
+            _, header, fn, args, kwargs = work
             token = _current.set(self._context(header))
             try:
                 result = fn(*self._args(header, args), **kwargs)
@@ -1191,6 +1376,7 @@ class _HostedActor:
 
     async def _run_async(self) -> None:
         queue = self.queue
+        tasks: set[asyncio.Task[None]] = set()
         while True:
             try:
                 parts = queue.try_get()
@@ -1198,18 +1384,47 @@ class _HostedActor:
                     parts = await queue.recv()
             except RuntimeError:
                 return
-            begun = self._begin(parts)
-            if begun is None:
+            work = self._begin(parts)
+            if work is None:
                 continue
-            header, fn, args, kwargs = begun
+            kind = work[0]
+            if kind == "supervise":
+                failure = work[1]
+                try:
+                    handled, error = self._supervise(failure), None
+                    if inspect.isawaitable(handled):
+                        handled = await handled
+                except BaseException as e:
+                    handled, error = False, e
+                self._supervised(failure, handled, error)
+                continue
+            if kind == "stop":
+                _, header, reason = work
+                for task in tasks:
+                    task.cancel()
+                self._stop_owned(reason)
+                cleanup = self._cleanup_fn()
+                if cleanup is not None:
+                    try:
+                        await asyncio.wait_for(cleanup(None), CLEANUP_TIMEOUT)
+                    except Exception as e:
+                        print(
+                            f"monarch: __cleanup__ of {self.name!r} raised: {e!r}", file=sys.stderr
+                        )
+                self.stopped = reason
+                self._reply(header, OK, None)
+                continue
+            _, header, fn, args, kwargs = work
             assert self.info is not None
             ep = self.info.endpoints.get(header[0])
             token = _current.set(self._context(header))
             try:
                 if ep is not None and ep._concurrent:
-                    asyncio.get_running_loop().create_task(
-                        self._concurrent(header, fn, args, kwargs)
+                    task = asyncio.get_running_loop().create_task(
+                        self._invoke(header, fn, args, kwargs)
                     )
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
                     continue
                 await self._invoke(header, fn, args, kwargs)
             finally:
@@ -1228,8 +1443,3 @@ class _HostedActor:
         else:
             if not self._explicit(header[0]):
                 self._reply(header, OK, result)
-
-    async def _concurrent(
-        self, header: tuple[Any, ...], fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> None:
-        await self._invoke(header, fn, args, kwargs)

@@ -14,6 +14,7 @@ import asyncio
 import math
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -45,6 +46,10 @@ class _ProcGroup:
         self._lock = threading.Lock()
         self._pending: list[tuple[int, list[bytes], tuple[str, int, int] | None]] = []
         self._ready = threading.Event()
+        #: Ranks whose proc is dead, with the reason.
+        self._dead: dict[int, str] = {}
+        #: Per rank, the calls waiting for a reply from it.
+        self._watchers: dict[int, weakref.WeakSet[Any]] = {}
 
     @classmethod
     def ready_now(cls, name: str, proc_ids: list[str], *, owned: bool) -> _ProcGroup:
@@ -55,6 +60,12 @@ class _ProcGroup:
     def _set_ready(self, proc_ids: list[str], first: list[bytes] | None = None) -> None:
         ctx = runtime.process_context()
         ports = [ctx.port_ref(runtime.inbox_port_of(p)) for p in proc_ids]
+        for g, p in enumerate(proc_ids):
+            ctx.groups_by_proc.setdefault(p, weakref.WeakSet()).add(self)
+            if p in ctx.dead:
+                self._dead[g] = ctx.dead[p]
+        if self.owned:
+            ctx.spawned_procs.update(proc_ids)
         with self._lock:
             self.proc_ids = proc_ids
             if first is not None:
@@ -90,10 +101,30 @@ class _ProcGroup:
         if self._stopped is not None:
             self._fail(reply, f"`ProcMesh` has already been stopped ({self._stopped})")
             return
+        if self._dead and rank in self._dead:
+            self._fail(reply, self._dead[rank])
+            return
         if self._error is not None or ports is None:
             self._fail(reply, f"the procs of {self.name!r} failed to start: {self._error}")
             return
         runtime.process_context().send(ports[rank], parts)
+
+    def watch(self, rank: int, call: Any) -> None:
+        """Remember that ``call`` waits for a reply from ``rank`` (see ``mark_dead``)."""
+        watchers = self._watchers.get(rank)
+        if watchers is None:
+            watchers = self._watchers[rank] = weakref.WeakSet()
+        watchers.add(call)
+
+    def mark_dead(self, proc_id: str, reason: str) -> None:
+        """The proc ``proc_id`` is gone: fail the calls waiting on it and later sends."""
+        if self.proc_ids is None:
+            return
+        for g, p in enumerate(self.proc_ids):
+            if p == proc_id:
+                self._dead[g] = reason
+                for call in list(self._watchers.pop(g, ())):
+                    call.rank_failed(g, reason)
 
     def wait_ready(self, timeout: float | None) -> None:
         if not self._ready.wait(timeout):
@@ -180,6 +211,7 @@ class ProcMesh(MeshTrait):
             group._stopped = reason
             ctx = runtime.process_context()
             assert ctx.host is not None and group.proc_ids is not None
+            ctx.stopping.update(group.proc_ids)
             fut = ctx.host.stop_procs(group.proc_ids, STOP_TIMEOUT)
             await fut
 

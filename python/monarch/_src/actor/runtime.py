@@ -35,6 +35,7 @@ import os
 import pickle
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -114,6 +115,16 @@ class ProcessContext:
         self.controllers_lock = threading.Lock()
         self.host: Host | None = None
         self._agent_thread: threading.Thread | None = None
+        # Supervision state (see monarch._src.actor.supervision).
+        #: Procs known dead, with the reason.
+        self.dead: dict[str, str] = {}
+        #: The proc groups of this process that include a proc, by proc id.
+        self.groups_by_proc: dict[str, weakref.WeakSet[Any]] = {}
+        #: The actor meshes spawned from this process, by mesh key.
+        self.owned: dict[int, Any] = {}
+        #: Root only: every proc this host spawned, and those it was asked to stop.
+        self.spawned_procs: set[str] = set()
+        self.stopping: set[str] = set()
 
     def port_ref(self, port_id: str) -> PortRef:
         """A cached :class:`PortRef` for ``port_id``."""
@@ -203,6 +214,10 @@ def _bootstrap_root() -> None:
     ctx = ProcessContext(proc, is_root=True)
     ctx.host = Host(proc)
     ctx.start_agent_thread()
+    from monarch._src.actor import supervision
+
+    supervision.start_client_supervision(ctx)
+    supervision.start_exit_watcher(ctx)
     _context = ctx
     atexit.register(_shutdown_at_exit)
 
