@@ -342,3 +342,42 @@ def test_chaos_calls_across_8_procs_while_procs_are_killed(faults: Faults) -> No
         assert sorted({f.rank for f in faults.wait_for(3, "chaos")}) == sorted(victims)
     finally:
         pm.stop().get(timeout=30)
+
+
+class Parent(Actor):
+    """Spawns a child mesh; records cleanup in a file (it runs in another process)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+        self.child: Worker | None = None
+
+    @endpoint
+    def spawn_child(self, procs: ProcMesh) -> None:
+        self.child = procs.spawn("stopped_child", Worker)
+        self.child.ok.call().get(timeout=30)
+
+    @endpoint
+    def get_child(self) -> Worker:
+        assert self.child is not None
+        return self.child
+
+    def __cleanup__(self, exc: Exception | None) -> None:
+        with open(self.marker, "a") as f:
+            f.write(f"cleanup exc={exc!r}\n")
+
+
+def test_stop_runs_cleanup_and_stops_owned_meshes(procs: ProcMesh, tmp_path: object) -> None:
+    marker = os.path.join(str(tmp_path), "cleanup.txt")
+    parent = procs.slice(gpus=0).spawn("parent", Parent, marker)
+    parent.spawn_child.call_one(procs).get(timeout=30)
+    child = parent.get_child.call_one().get(timeout=30)  # a reference to its mesh
+    assert child.ok.call().get(timeout=30).values() == [0, 1]
+    parent.stop().get(timeout=30)
+    with open(marker) as f:
+        assert f.read() == "cleanup exc=None\n"
+    with pytest.raises(SupervisionError, match="stopped"):
+        parent.get_child.call_one().get(timeout=30)
+    # The child mesh was stopped with its owner. The stop comes from the owner's process
+    # and this call from the client's: nothing orders the two, so retry until it lands.
+    err = _wait_failed(lambda: child.ok.call().get(timeout=30))
+    assert "stopped" in str(err)
