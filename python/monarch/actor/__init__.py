@@ -21,6 +21,7 @@ from monarch._src.actor.actor_mesh import (
     endpoint,
     get_or_spawn_controller,
 )
+from monarch._src.actor.channel import Accumulator, Channel, PortReceiver, send
 from monarch._src.actor.extent import Extent
 from monarch._src.actor.future import Future
 from monarch._src.actor.point import Point
@@ -42,9 +43,11 @@ def shutdown_context() -> Future[None]:
 
 
 __all__ = [
+    "Accumulator",
     "Actor",
     "ActorError",
     "ActorMesh",
+    "Channel",
     "Context",
     "Endpoint",
     "Extent",
@@ -54,6 +57,7 @@ __all__ = [
     "MeshFailure",
     "Point",
     "Port",
+    "PortReceiver",
     "ProcMesh",
     "SupervisionError",
     "ValueMesh",
@@ -65,6 +69,7 @@ __all__ = [
     "current_size",
     "endpoint",
     "get_or_spawn_controller",
+    "send",
     "shutdown_context",
     "this_host",
     "this_proc",

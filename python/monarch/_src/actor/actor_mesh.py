@@ -429,7 +429,11 @@ def current_actor_name() -> str:
 
 class Port(Generic[R]):
     """Where an explicit-response endpoint sends its reply (``send``/``exception``),
-    any time later and from any thread."""
+    any time later and from any thread; also one end of a ``Channel``. Pickles as a
+    reference."""
+
+    #: Whether a message that cannot be delivered goes back to its sender.
+    return_undeliverable = True
 
     def __init__(self, port_id: str, reply_key: int, index: int) -> None:
         self._port_id = port_id
