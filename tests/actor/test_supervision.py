@@ -63,6 +63,12 @@ class Worker(Actor):
         os._exit(3)
 
     @endpoint
+    def segfault(self) -> None:
+        import ctypes
+
+        ctypes.string_at(0)  # reads address 0: SIGSEGV in native code
+
+    @endpoint
     def kill_me(self) -> None:
         context().actor_instance.kill("asked to")
 
@@ -178,7 +184,7 @@ def test_kill_fails_the_actor(procs: ProcMesh, faults: Faults) -> None:
         w.slice(gpus=1).ok.call_one().get(timeout=30)
 
 
-@pytest.mark.parametrize("how", ["sigkill", "os_exit"])
+@pytest.mark.parametrize("how", ["sigkill", "os_exit", "segfault"])
 def test_a_dead_proc_fails_pending_and_later_calls_promptly(
     procs: ProcMesh, faults: Faults, how: str
 ) -> None:
@@ -189,8 +195,10 @@ def test_a_dead_proc_fails_pending_and_later_calls_promptly(
     if how == "sigkill":
         pending = w.slice(gpus=1).sleep.call_one(60)
         os.kill(pid, signal.SIGKILL)
-    else:
+    elif how == "os_exit":
         pending = w.slice(gpus=1).exit_hard.call_one()
+    else:
+        pending = w.slice(gpus=1).segfault.call_one()
     with pytest.raises(SupervisionError, match="died"):
         pending.get(timeout=30)
     assert time.monotonic() - start < 5  # prompt: reaped, not polled (budget 1 s)
