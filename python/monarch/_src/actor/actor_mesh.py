@@ -498,6 +498,11 @@ class ActorMesh(MeshTrait, Generic[A]):
     def _shape(self) -> Shape:
         return self._mesh_shape
 
+    @functools.cached_property
+    def _targets(self) -> list[tuple[int, int]]:
+        """``(index in this view, rank in the proc group)`` of every actor of the view."""
+        return list(enumerate(self._mesh_shape.ndslice))
+
     def _new_with_shape(self, shape: Shape) -> ActorMesh[A]:
         return ActorMesh(self._ref, shape)
 
@@ -512,7 +517,9 @@ class ActorMesh(MeshTrait, Generic[A]):
             raise AttributeError(name)
         kinds = ref.endpoints.get(name)
         if kinds is not None:
-            return Endpoint(self, name, kinds[1])
+            ep = Endpoint(self, name, kinds[1])
+            self.__dict__[name] = ep  # later lookups skip __getattr__
+            return ep
         if ref.info is not None and callable(getattr(ref.info.cls, name, None)):
             return _NotAnEndpoint(self, name)
         raise AttributeError(
@@ -630,7 +637,7 @@ class Endpoint(Generic[R]):
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call the only actor of the view (ValueError if there are several)."""
-        n = len(self._mesh)
+        n = len(self._mesh._targets)
         if n != 1:
             raise ValueError(
                 f"call_one() needs a mesh of exactly 1 actor, but {self._mesh._describe()} "
@@ -784,7 +791,7 @@ def _cast(
     endpoint = f"{ref.class_name}.{method}"
     proc = runtime.process_context()
     shape = mesh._mesh_shape
-    ranks = list(enumerate(shape.ndslice))
+    ranks = mesh._targets
     if mode == "choose":
         ranks = [random.choice(ranks)]
     if ref.stopped is not None and not method.startswith("__"):
@@ -920,7 +927,7 @@ def _stream(mesh: ActorMesh[Any], method: str, payload: bytes) -> Iterator[Futur
     ref = mesh._ref
     endpoint = f"{ref.class_name}.{method}"
     proc = runtime.process_context()
-    ranks = list(enumerate(mesh._mesh_shape.ndslice))
+    ranks = mesh._targets
     queue = proc.inbox.reply_queue()
     shared = _StreamShared(queue, endpoint)
     for i, g, header in _headers(mesh, method, proc.port_id, queue.key, ranks):

@@ -129,7 +129,7 @@ def send(
     mesh = endpoint._mesh
     payload = endpoint._payload(tuple(args), dict(kwargs))
     ref = mesh._ref
-    ranks = list(enumerate(mesh._mesh_shape.ndslice))
+    ranks = mesh._targets
     if selection == "choose":
         if not ranks:
             raise ValueError(f"send(selection='choose') to {mesh._describe()}, which is empty")
