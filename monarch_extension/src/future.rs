@@ -240,6 +240,21 @@ fn deadline(timeout: Option<f64>) -> PyResult<Option<Instant>> {
         .and_then(|d| Instant::now().checked_add(d)))
 }
 
+/// Whether the calling thread runs an asyncio loop. Never imports asyncio: a thread
+/// running Python code (an import) from inside a binding can be ended by CPython at
+/// exit with Rust frames on its stack, which aborts; and without asyncio imported (or
+/// while it is being imported) no loop can be running.
+fn in_running_loop(py: Python<'_>) -> PyResult<bool> {
+    let modules = py.import("sys")?.getattr("modules")?;
+    let Ok(asyncio) = modules.get_item("asyncio") else {
+        return Ok(false);
+    };
+    match asyncio.getattr("_get_running_loop") {
+        Ok(get) => Ok(!get.call0()?.is_none()),
+        Err(_) => Ok(false),
+    }
+}
+
 const GET_IN_LOOP: &CStr = c"Future.get() called on a thread running an asyncio loop: it \
 blocks the loop until the result is ready. Use `await fut` in async code instead.";
 
@@ -280,8 +295,7 @@ impl PyFuture {
     fn wait_resolved(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Resolved> {
         let deadline = deadline(timeout)?;
         check_may_block("Future.get()")?;
-        let asyncio = py.import("asyncio")?;
-        if !asyncio.call_method0("_get_running_loop")?.is_none() {
+        if in_running_loop(py)? {
             PyErr::warn(py, &py.get_type::<PyUserWarning>(), GET_IN_LOOP, 1)?;
         }
         if !self.shared.is_done() {

@@ -12,17 +12,15 @@ sync actor, on the actor's own asyncio loop for an async one.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import functools
 import inspect
-import logging
 import pickle
 import random
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from monarch._src.actor import runtime, supervision
 from monarch._src.actor.extent import Extent
@@ -31,6 +29,9 @@ from monarch._src.actor.point import Point
 from monarch._src.actor.runtime import ERROR, FAILED, OK, ProcessContext, dumps, loads
 from monarch._src.actor.shape import MeshTrait, Shape
 from monarch._src.actor.value_mesh import ValueMesh
+
+if TYPE_CHECKING:
+    import logging
 
 R = TypeVar("R")
 A = TypeVar("A", bound="Actor")
@@ -279,6 +280,8 @@ class Actor:
 
     @functools.cached_property
     def logger(self) -> logging.Logger:
+        import logging
+
         logger = logging.getLogger(type(self).__qualname__)
         logger.setLevel(logging.DEBUG)
         return logger
@@ -1103,6 +1106,8 @@ def _handle_agent_request(
         fn = loads(rest[0])
         result = fn()
         if inspect.isawaitable(result):
+            import asyncio
+
             asyncio.run(_awaited(result))
     else:
         raise ValueError(f"unknown agent request {kind!r}")
@@ -1240,6 +1245,8 @@ class _HostedActor:
     def _run(self) -> None:
         self._init()
         if self.info is not None and self.info.is_async and self.failed is None:
+            import asyncio
+
             asyncio.run(self._run_async())
         else:
             self._run_sync()
@@ -1386,6 +1393,8 @@ class _HostedActor:
             self._after()
 
     async def _run_async(self) -> None:
+        import asyncio
+
         queue = self.queue
         tasks: set[asyncio.Task[None]] = set()
         while True:

@@ -13,12 +13,15 @@ e.g. ``ProcMesh.stop()``).
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    import asyncio
+    import concurrent.futures
 
 R = TypeVar("R")
 
@@ -85,11 +88,9 @@ class Future(Generic[R]):
         _check_timeout(timeout)
         if self._settled():
             return self._outcome()
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
+        # asyncio is imported lazily (it is slow to import): not imported, no loop runs.
+        running = getattr(sys.modules.get("asyncio"), "_get_running_loop", None)
+        if running is not None and running() is not None:
             warnings.warn(
                 "Future.get() called on a thread running an asyncio loop: it blocks the "
                 "loop until the result is ready. Use `await fut` in async code instead.",
@@ -134,6 +135,8 @@ class Future(Generic[R]):
         return self._outcome()
 
     def __await__(self) -> Generator[Any, None, R]:
+        import asyncio
+
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -145,6 +148,8 @@ class Future(Generic[R]):
 
     def as_asyncio(self) -> asyncio.Future[R]:
         """An ``asyncio.Future`` on the running loop that completes with this future."""
+        import asyncio
+
         loop = asyncio.get_running_loop()
         return loop.create_task(self._wait_async())
 
@@ -161,6 +166,8 @@ _loop: asyncio.AbstractEventLoop | None = None
 
 def background_loop() -> asyncio.AbstractEventLoop:
     """The process's background asyncio loop (a daemon thread), started on first use."""
+    import asyncio
+
     global _loop
     with _loop_lock:
         if _loop is None:
@@ -182,12 +189,16 @@ class CoroutineWork(Generic[R]):
         self._lock = threading.Lock()
 
     def _start(self) -> concurrent.futures.Future[R]:
+        import asyncio
+
         with self._lock:
             if self._started is None:
                 self._started = asyncio.run_coroutine_threadsafe(self._make(), background_loop())
             return self._started
 
     def wait(self, timeout: float | None) -> R:
+        import concurrent.futures
+
         try:
             return self._start().result(timeout)
         except concurrent.futures.TimeoutError:
@@ -197,6 +208,8 @@ class CoroutineWork(Generic[R]):
             ) from None
 
     async def wait_async(self) -> R:
+        import asyncio
+
         return await asyncio.wrap_future(self._start())
 
 

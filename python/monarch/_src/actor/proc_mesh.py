@@ -10,7 +10,6 @@ with the spawn's error if it failed).
 
 from __future__ import annotations
 
-import asyncio
 import math
 import sys
 import threading
@@ -154,6 +153,8 @@ class _GroupReady:
         return True
 
     async def wait_async(self) -> bool:
+        import asyncio
+
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self.wait, None)
 
@@ -206,6 +207,8 @@ class ProcMesh(MeshTrait):
                 )
             if group._stopped is not None:
                 return
+            import asyncio
+
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, group.wait_ready, None)
             group._stopped = reason
