@@ -226,14 +226,31 @@ impl Queue {
     }
 }
 
+/// What a key maps to.
+enum Slot {
+    /// Its own queue (the key part is stripped on arrival).
+    Queue(Arc<Queue>),
+    /// Retired into another key's queue (see [`Inbox::retire`]); messages keep their key
+    /// part, so the reader of that queue knows whom they were for.
+    Retired(Arc<Queue>),
+}
+
+impl Slot {
+    fn queue(&self) -> &Arc<Queue> {
+        match self {
+            Slot::Queue(queue) | Slot::Retired(queue) => queue,
+        }
+    }
+}
+
 struct Shared {
     port: PortId,
-    queues: Mutex<HashMap<u64, Arc<Queue>>>,
+    queues: Mutex<HashMap<u64, Slot>>,
     next_reply: AtomicU64,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Arc<Queue>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Slot>> {
         self.queues.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -250,18 +267,23 @@ impl Shared {
                 return;
             }
         };
-        parts.remove(0);
         let queue = {
             let mut queues = self.lock();
             match queues.get(&key) {
-                Some(queue) => Arc::clone(queue),
+                Some(Slot::Queue(queue)) => {
+                    parts.remove(0);
+                    Arc::clone(queue)
+                }
+                // A retired key: the message goes to the target, key part included.
+                Some(Slot::Retired(target)) => Arc::clone(target),
                 // A reply whose caller is gone: nobody will read it.
                 None if key & REPLY_KEY_BIT != 0 => return,
-                None => Arc::clone(
-                    queues
-                        .entry(key)
-                        .or_insert_with(|| Arc::new(Queue::new(self.port.clone(), key))),
-                ),
+                None => {
+                    parts.remove(0);
+                    let queue = Arc::new(Queue::new(self.port.clone(), key));
+                    queues.insert(key, Slot::Queue(Arc::clone(&queue)));
+                    queue
+                }
             }
         };
         queue.push(parts);
@@ -323,12 +345,42 @@ impl Inbox {
             key & REPLY_KEY_BIT == 0,
             "actor keys must leave the reply bit clear, got {key:#x}"
         );
-        Arc::clone(
-            self.shared
-                .lock()
-                .entry(key)
-                .or_insert_with(|| Arc::new(Queue::new(self.shared.port.clone(), key))),
-        )
+        let mut queues = self.shared.lock();
+        match queues.get(&key) {
+            Some(Slot::Queue(queue)) => Arc::clone(queue),
+            // Retired (or never seen): a fresh queue takes the key back.
+            _ => {
+                let queue = Arc::new(Queue::new(self.shared.port.clone(), key));
+                queues.insert(key, Slot::Queue(Arc::clone(&queue)));
+                queue
+            }
+        }
+    }
+
+    /// Retires actor key `key` into the queue of actor key `into`: the messages queued
+    /// for `key`, then every later one, go to `into`'s queue with their key part kept
+    /// in front (so its reader, e.g. one answering for many stopped actors, knows whom
+    /// each was for). `key`'s own queue is closed. Order is kept.
+    ///
+    /// # Panics
+    ///
+    /// If either key has [`REPLY_KEY_BIT`] set, or they are equal.
+    pub fn retire(&self, key: u64, into: u64) {
+        assert!(
+            (key | into) & REPLY_KEY_BIT == 0 && key != into,
+            "retire({key:#x}, {into:#x}): two distinct actor keys expected"
+        );
+        let target = self.queue(into);
+        let mut queues = self.shared.lock();
+        if let Some(Slot::Queue(old)) = queues.insert(key, Slot::Retired(Arc::clone(&target))) {
+            let mut state = old.lock();
+            for mut parts in state.items.drain(..) {
+                parts.insert(0, key_part(key));
+                target.push(parts);
+            }
+            drop(state);
+            old.close();
+        }
     }
 
     /// A queue under a fresh reply key, for the replies of one call. Remove it with
@@ -336,14 +388,16 @@ impl Inbox {
     pub fn reply_queue(&self) -> Arc<Queue> {
         let key = self.shared.next_reply.fetch_add(1, Ordering::Relaxed) | REPLY_KEY_BIT;
         let queue = Arc::new(Queue::new(self.shared.port.clone(), key));
-        self.shared.lock().insert(key, Arc::clone(&queue));
+        self.shared
+            .lock()
+            .insert(key, Slot::Queue(Arc::clone(&queue)));
         queue
     }
 
     /// Closes and forgets the queue of `key`. A later message for an actor key creates
     /// a new queue; one for a reply key is dropped.
     pub fn remove(&self, key: u64) {
-        if let Some(queue) = self.shared.lock().remove(&key) {
+        if let Some(Slot::Queue(queue)) = self.shared.lock().remove(&key) {
             queue.close();
         }
     }
@@ -351,8 +405,8 @@ impl Inbox {
 
 impl Drop for Inbox {
     fn drop(&mut self) {
-        for (_, queue) in self.shared.lock().drain() {
-            queue.close();
+        for (_, slot) in self.shared.lock().drain() {
+            slot.queue().close();
         }
     }
 }

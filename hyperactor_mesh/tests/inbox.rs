@@ -123,3 +123,29 @@ async fn a_blocked_reader_wakes_on_a_message() {
     let got = timed(blocked).await.unwrap().unwrap().unwrap();
     assert_eq!(got, vec![Bytes::from("wake")]);
 }
+
+#[tokio::test]
+async fn a_retired_key_forwards_queued_and_later_messages_with_their_key() {
+    let proc = Proc::serve(ChannelTransport::Local, "inbox").await.unwrap();
+    let owner = proc.client("agent").unwrap();
+    let inbox = Inbox::open(&owner);
+    let actor = inbox.queue(10);
+    inbox.port().send_serialized(&owner, msg(10, "queued"));
+    inbox.port().send_serialized(&owner, msg(11, "marker"));
+    assert_eq!(timed(inbox.queue(11).pop()).await.unwrap()[0], "marker");
+    inbox.retire(10, 2);
+    assert!(
+        actor.try_pop().is_err(),
+        "the retired queue is closed and empty"
+    );
+    inbox.port().send_serialized(&owner, msg(10, "later"));
+    let undertaker = inbox.queue(2);
+    for body in ["queued", "later"] {
+        let parts = timed(undertaker.pop()).await.unwrap();
+        assert_eq!(parts, vec![key_part(10), Bytes::from(body)]);
+    }
+    // Asking for the key again gives it a queue of its own again.
+    let again = inbox.queue(10);
+    inbox.port().send_serialized(&owner, msg(10, "reborn"));
+    assert_eq!(timed(again.pop()).await.unwrap()[0], "reborn");
+}

@@ -80,6 +80,18 @@ impl PyInbox {
         }
     }
 
+    /// Retires actor key `key` into actor key `into`: its queued and later messages go
+    /// to `into`'s queue, each with its 8-byte key part first.
+    fn retire(&self, key: u64, into: u64) -> PyResult<()> {
+        if (key | into) & REPLY_KEY_BIT != 0 || key == into {
+            return Err(PyValueError::new_err(format!(
+                "retire({key:#x}, {into:#x}): expected two distinct actor keys below 2**63"
+            )));
+        }
+        self.inbox.retire(key, into);
+        Ok(())
+    }
+
     /// Closes and forgets the queue of `key`.
     fn remove(&self, key: u64) {
         self.inbox.remove(key);

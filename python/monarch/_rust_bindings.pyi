@@ -174,6 +174,10 @@ class Inbox:
     def reply_queue(self) -> Queue:
         """A queue under a fresh reply key, removed when the object is dropped."""
 
+    def retire(self, key: int, into: int) -> None:
+        """Send the queued and later messages of actor key ``key`` to the queue of
+        actor key ``into``, each with its 8-byte key part first; ``key``'s queue closes."""
+
     def remove(self, key: int) -> None:
         """Close and forget the queue of ``key``."""
 

@@ -532,3 +532,16 @@ def test_proc_meshes_and_ports_travel_as_references(procs: ProcMesh) -> None:
     assert f.forward.call_one(r, "relayed").get(timeout=30) == "RELAYED"
     copy = pickle.loads(pickle.dumps(procs))
     assert copy.sizes == procs.sizes
+
+
+def test_a_stopped_actor_frees_its_thread_and_calls_still_fail() -> None:
+    c = this_proc().spawn("thread_freed", Counter)
+    assert c.incr.call_one().get(timeout=30) == 1
+    [thread] = [t for t in threading.enumerate() if t.name == "monarch-actor-thread_freed-0"]
+    copy = pickle.loads(pickle.dumps(c))  # a reference that does not know of the stop
+    c.stop().get(timeout=30)
+    thread.join(10)
+    assert not thread.is_alive()
+    with pytest.raises(SupervisionError, match="was stopped"):
+        copy.incr.call_one().get(timeout=30)
+    copy.stop().get(timeout=30)  # stopping again is fine

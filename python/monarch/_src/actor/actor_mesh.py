@@ -1262,6 +1262,22 @@ class _HostedActor:
 
     # --- messages ---------------------------------------------------------------------------
 
+    def _dead_answer(self) -> str:
+        what = "failed" if self.failed else "was stopped"
+        return (
+            f"The actor {self.name!r} (rank {self.rank.rank}) and all its descendants "
+            f"{what}; it cannot handle calls: {self.failed or self.stopped}"
+        )
+
+    def _retire_if_dead(self) -> bool:
+        """Hand a failed or stopped actor's key to the process's undertaker, so that
+        this thread can end; true if it did."""
+        if self.failed is None and self.stopped is None:
+            return False
+        self.proc.retire(self.key, self._dead_answer())
+        self.proc.actors.pop(self.key, None)
+        return True
+
     def _dead_reply(self, header: tuple[Any, ...]) -> bool:
         """Answer a message to a failed or stopped actor; true if it was one."""
         method, reply_port, reply_key, index = header[:4]
@@ -1348,7 +1364,7 @@ class _HostedActor:
             self._stop_owned(self.stopped)
 
     def _run_sync(self) -> None:
-        while True:
+        while not self._retire_if_dead():
             try:
                 parts = self.queue.get()
             except RuntimeError:
@@ -1397,7 +1413,7 @@ class _HostedActor:
 
         queue = self.queue
         tasks: set[asyncio.Task[None]] = set()
-        while True:
+        while not self._retire_if_dead():
             try:
                 parts = queue.try_get()
                 if parts is None:

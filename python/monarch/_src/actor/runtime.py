@@ -50,6 +50,10 @@ FAILED = 2
 AGENT_KEY = 0
 AGENT_KEY_PART = AGENT_KEY.to_bytes(8, "little")
 
+#: The key that stopped and failed actors are retired into (see ``Inbox.retire``): one
+#: thread per process answers for all of them.
+UNDERTAKER_KEY = 2
+
 #: The variable that gives a spawned proc the root client's inbox port.
 ROOT_PORT_ENV = "MONARCH_ROOT_PORT"
 
@@ -125,6 +129,36 @@ class ProcessContext:
         #: Root only: every proc this host spawned, and those it was asked to stop.
         self.spawned_procs: set[str] = set()
         self.stopping: set[str] = set()
+        #: Retired actor keys: what to answer a call to each (see ``retire``).
+        self.retired: dict[int, str] = {}
+        threading.Thread(target=self._undertake, name="monarch-undertaker", daemon=True).start()
+
+    def retire(self, key: int, answer: str) -> None:
+        """Stop hosting actor ``key``: from now on calls to it are answered with
+        ``SupervisionError(answer)`` by this process's undertaker thread, and the
+        actor's own thread can end."""
+        self.retired[key] = answer
+        self.inbox.retire(key, UNDERTAKER_KEY)
+
+    def _undertake(self) -> None:
+        queue = self.inbox.queue(UNDERTAKER_KEY)
+        while True:
+            try:
+                parts = queue.get()
+            except RuntimeError:
+                return
+            try:
+                key = int.from_bytes(parts[0], "little")
+                method, reply_port, reply_key, index = loads(parts[1])[:4]
+                if reply_port is None or method == "__supervise__":
+                    continue
+                if method == "__stop__":
+                    self.reply(reply_port, reply_key, index, OK, None)
+                else:
+                    answer = self.retired.get(key, "the actor is gone")
+                    self.reply(reply_port, reply_key, index, FAILED, f"{answer} ({method})")
+            except Exception as e:  # keep answering for the others
+                print(f"monarch: undertaker of {self.proc_id}: {e!r}", file=sys.stderr)
 
     def port_ref(self, port_id: str) -> PortRef:
         """A cached :class:`PortRef` for ``port_id``."""
