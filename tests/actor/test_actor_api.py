@@ -545,3 +545,49 @@ def test_a_stopped_actor_frees_its_thread_and_calls_still_fail() -> None:
     with pytest.raises(SupervisionError, match="was stopped"):
         copy.incr.call_one().get(timeout=30)
     copy.stop().get(timeout=30)  # stopping again is fine
+
+
+def test_host_mesh_stop_shutdown_and_async_with() -> None:
+    script = textwrap.dedent(
+        """
+        import asyncio, os
+        from monarch.actor import Actor, endpoint, this_host
+
+        class Pid(Actor):
+            @endpoint
+            def pid(self) -> int:
+                return os.getpid()
+
+        host = this_host()
+        pm = host.spawn_procs({"gpus": 2})
+        pids = pm.spawn("p", Pid).pid.call().get(timeout=30).values()
+        host.stop().get(timeout=30)
+        print("stopped", all(not os.path.exists(f"/proc/{p}/cmdline") or
+              open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+              for p in pids))
+        try:
+            host.slice().shutdown()
+        except RuntimeError as e:
+            print("view:", e)
+
+        async def main() -> None:
+            async with this_host() as h:
+                got = await h.spawn_procs({"gpus": 1}).spawn("q", Pid).pid.call()
+                print("in with", len(got))
+
+        asyncio.run(main())
+        try:
+            this_host().spawn_procs({"gpus": 1})
+        except RuntimeError as e:
+            print("after:", e)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "stopped True",
+        "view: shutdown() is only for the HostMesh that owns its hosts (this_host()); "
+        "this one is a slice or a received reference",
+        "in with 1",
+        "after: HostMesh has already been shut down",
+    ]

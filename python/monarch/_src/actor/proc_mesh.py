@@ -238,15 +238,51 @@ class ProcMesh(MeshTrait):
 class HostMesh(MeshTrait):
     """A mesh of hosts; ``this_host()`` is the client's machine (0-dimensional)."""
 
-    def __init__(self, shape: Shape) -> None:
+    def __init__(self, shape: Shape, *, owned: bool = False) -> None:
         self._hm_shape = shape
+        self._owned = owned
+        self._shut_down = False
+        self._groups: list[_ProcGroup] = []
 
     @property
     def _shape(self) -> Shape:
         return self._hm_shape
 
     def _new_with_shape(self, shape: Shape) -> HostMesh:
-        return HostMesh(shape)
+        return HostMesh(shape)  # a view: not the owner
+
+    def _stop_procs(self, why: str, shut_down: bool) -> Future[None]:
+        if not self._owned:
+            raise RuntimeError(
+                f"{why}() is only for the HostMesh that owns its hosts (this_host()); this "
+                "one is a slice or a received reference"
+            )
+
+        async def stop() -> None:
+            if shut_down:
+                self._shut_down = True
+            for group in list(self._groups):
+                await ProcMesh(group, Shape.unity()).stop(f"host mesh {why}")
+            self._groups.clear()
+
+        from monarch._src.actor.future import coroutine_future
+
+        return coroutine_future(stop)
+
+    def shutdown(self) -> Future[None]:
+        """Stop every proc spawned on these hosts; later spawns raise ``RuntimeError``.
+        Lazy: runs when waited for."""
+        return self._stop_procs("shutdown", True)
+
+    def stop(self) -> Future[None]:
+        """Stop every proc spawned on these hosts; the hosts stay usable. Lazy."""
+        return self._stop_procs("stop", False)
+
+    async def __aenter__(self) -> HostMesh:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
 
     def spawn_procs(
         self,
@@ -257,6 +293,8 @@ class HostMesh(MeshTrait):
         bootstrap_command: Any = None,
     ) -> ProcMesh:
         """Start ``prod(per_host)`` procs on each host; returns at once."""
+        if self._shut_down:
+            raise RuntimeError("HostMesh has already been shut down")
         per_host = dict(per_host or {})
         for label, size in per_host.items():
             if (
@@ -319,6 +357,7 @@ class HostMesh(MeshTrait):
                 group._set_ready([p for p, _ in procs], first)
 
         threading.Thread(target=wait, name=f"monarch-spawn-{name}", daemon=True).start()
+        self._groups.append(group)
         return ProcMesh(group, shape, self)
 
     @property
@@ -340,7 +379,7 @@ def this_host() -> HostMesh:
     global _this_host
     runtime.process_context()
     if _this_host is None:
-        _this_host = HostMesh(Shape.unity())
+        _this_host = HostMesh(Shape.unity(), owned=True)
     return _this_host
 
 
