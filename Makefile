@@ -31,7 +31,7 @@ PY_LINT_PATHS := $(wildcard python tests examples benches)
 .DEFAULT_GOAL := help
 
 .PHONY: help install build-dev build-prod format lint lint-rust lint-python stubtest \
-	test test-rust test-python demo bench docs all clean distclean
+	test test-rust test-python demo bench bench-peers docs all clean distclean
 
 help: ## Show this list of targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' \
@@ -89,9 +89,42 @@ demo: install ## Install everything, run the ping-pong demos (Rust, Python) and 
 	$(VENV_PYTHON) examples/ping_pong.py
 	$(VENV_PYTHON) examples/getting_started.py
 
-bench: install ## Release build, then the hyperactor messaging and Python actor benchmarks
+# `make bench` compares this project with upstream Monarch (PyPI `torchmonarch`) and Ray,
+# each installed once into a venv of its own under $(BENCH_DIR) (ignored by git). The
+# versions are pinned so runs stay comparable; changing a list reinstalls that venv.
+# torchmonarch is installed with torch, as its users have it (its actor API does not
+# import torch, so the numbers do not depend on it); `make bench BENCH_UPSTREAM_EXTRA=`
+# leaves torch out, saving a download of several GB.
+BENCH_DIR := .bench
+BENCH_UPSTREAM_VENV := $(BENCH_DIR)/venv-upstream
+BENCH_RAY_VENV := $(BENCH_DIR)/venv-ray
+BENCH_UPSTREAM_EXTRA ?= torch
+BENCH_UPSTREAM_REQ := torchmonarch==0.7.0 $(BENCH_UPSTREAM_EXTRA)
+BENCH_RAY_REQ := ray==2.60.0
+BENCH_UPSTREAM_STAMP := $(BENCH_UPSTREAM_VENV)/.installed-$(shell printf '%s' '$(BENCH_UPSTREAM_REQ)' | sha256sum | cut -c1-16)
+BENCH_RAY_STAMP := $(BENCH_RAY_VENV)/.installed-$(shell printf '%s' '$(BENCH_RAY_REQ)' | sha256sum | cut -c1-16)
+# Arguments for benches/compare.py, e.g. BENCH_ARGS="--reps 5" or "--impls ours,ray".
+BENCH_ARGS ?=
+
+$(BENCH_UPSTREAM_STAMP):
+	rm -rf $(BENCH_UPSTREAM_VENV)
+	$(PYTHON) -m venv $(BENCH_UPSTREAM_VENV)
+	$(BENCH_UPSTREAM_VENV)/bin/python -m pip install --quiet $(BENCH_UPSTREAM_REQ)
+	touch $@
+
+$(BENCH_RAY_STAMP):
+	rm -rf $(BENCH_RAY_VENV)
+	$(PYTHON) -m venv $(BENCH_RAY_VENV)
+	$(BENCH_RAY_VENV)/bin/python -m pip install --quiet $(BENCH_RAY_REQ)
+	touch $@
+
+bench-peers: $(BENCH_UPSTREAM_STAMP) $(BENCH_RAY_STAMP) ## Install upstream Monarch and Ray into .bench (once)
+
+# A peer that fails to install does not stop the run: its column says it is missing.
+bench: install ## Release build; hyperactor messaging bench; ours vs upstream Monarch vs Ray
 	$(CARGO) bench -p hyperactor --bench proc_messaging
-	$(VENV_PYTHON) benches/actor_bench.py
+	-$(MAKE) --no-print-directory -k bench-peers
+	$(VENV_PYTHON) benches/compare.py $(BENCH_ARGS)
 
 docs: | $(VENV_PYTHON) ## Build the Rust API docs into target/doc
 	$(CARGO) doc --workspace --no-deps

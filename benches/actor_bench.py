@@ -1,205 +1,139 @@
-"""Actor benchmarks: the latency and throughput of the Python actor API on one host.
+"""Actor benchmarks: the latency, throughput and footprint of the Python actor API on one
+host.
 
-Run it with ``python benches/actor_bench.py`` (``make bench`` does, after a release build
-of the extension). It measures, in one run and on this machine:
+Run it with ``python benches/actor_bench.py``; ``make bench`` runs it through
+``benches/compare.py``, which alternates it with upstream Monarch and Ray. It uses only
+the public ``monarch.actor`` API, so the same file runs unchanged against upstream
+Monarch (the ``torchmonarch`` package). It measures, in one run:
 
-* ``spawn 4 procs -> first reply``: ``this_host().spawn_procs(per_host={"procs": 4})``,
-  ``spawn("bench", Echo)`` and ``mesh.ping.call().get()``; the median of a few spawns
-  (each proc mesh is stopped afterwards, outside the timed part), and the first of them
-  on its own;
+* ``spawn N procs -> first reply`` (N = 4, 16, 64):
+  ``this_host().spawn_procs(per_host={"procs": N})``, ``spawn("bench", Echo)`` and
+  ``mesh.ping.call().get()``. For N = 4 the median of a few spawns, and the first of them
+  (cold) on its own; 16 and 64 once each (their meshes then serve the calls below);
 * ``call_one round trip``: ``actor.ping.call_one(i).get()`` on a 1-actor slice, one call
   at a time; the median of many calls, after a warm-up;
-* ``call to 4 ranks``: ``mesh.ping.call(i).get()`` on the 4-actor mesh; the median;
-* ``pipelined call_one``: N ``call_one`` calls issued back to back, then every Future
-  ``get()``; calls per second, the median of a few runs;
+* ``call() to N actors`` (N = 4, 16, 64): ``mesh.ping.call(i).get()``; the median;
+* ``pipelined call_one``: many ``call_one`` calls issued back to back, then every
+  Future's ``get()``; calls per second, the median of a few runs;
+* ``echo`` of a 1 KiB, 1 MiB and 64 MiB ``bytes`` payload: ``call_one(payload)`` to an
+  actor that returns it; the payload size over the median round trip, in GB/s;
+* ``failure detection (SIGKILL)``: a call is pending on a 1-proc mesh (the endpoint
+  sleeps), the proc is killed with SIGKILL, and the time until the call's ``get()``
+  raises is taken; no error within 20 s is reported as not supported;
+* ``RSS per proc``: the median ``VmRSS`` of the 16 proc processes (from ``/proc``),
+  after the actor is spawned and has answered calls;
 * ``multiprocessing.Pipe round trip``: a raw Python reference, a child process echoing
   objects over a ``multiprocessing.Pipe``; the median.
 
-It uses only the public ``monarch.actor`` API, so it runs unchanged against upstream
-Monarch (the ``torchmonarch`` package). Options: ``--quick`` (fewer iterations, for smoke
-tests), ``--json PATH`` (also write the results as JSON), ``--check`` (exit 1 when a
-metric is over its budget; by default the exit status does not depend on the timings).
+Every wait has a timeout, and a metric that fails or cannot run is reported with the
+reason instead of a value. Options: ``--quick`` (fewer iterations and no 64-proc mesh or
+64 MiB payload, for smoke tests), ``--json PATH`` (also write the results as JSON,
+updated after every metric), ``--check`` (exit 1 when a metric is over this project's
+budget; by default the exit status does not depend on the timings).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import json
-import multiprocessing
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
-from multiprocessing.connection import Connection
+from dataclasses import asdict
+
+from bench_common import (
+    CALL_4,
+    CALL_16,
+    CALL_64,
+    CALL_ONE,
+    CATALOGUE,
+    ECHO_SIZES,
+    FAILURE,
+    FAILURE_TIMEOUT_S,
+    FULL,
+    PIPE,
+    PIPELINED,
+    QUICK,
+    RSS,
+    SKIPPED,
+    SPAWN_4,
+    SPAWN_16,
+    SPAWN_64,
+    SPAWN_FIRST,
+    WAIT_TIMEOUT_S,
+    Metric,
+    Params,
+    Recorder,
+    fmt,
+    measure_pipe,
+    other_rss_mib,
+    print_rows,
+    rss_mib,
+)
 
 from monarch.actor import Actor, endpoint, this_host
 
 
 class Echo(Actor):
-    """The benchmark actor: one endpoint that sends its argument back."""
+    """The benchmark actor."""
 
     @endpoint
-    def ping(self, value: int = 0) -> int:
+    def ping(self, value: object = 0) -> object:
+        """Send the argument back."""
         return value
 
+    @endpoint
+    def getpid(self) -> int:
+        return os.getpid()
 
-@dataclass
-class Params:
-    """How much work each measurement does."""
-
-    spawn_repeats: int
-    call_one_warmup: int
-    call_one_iters: int
-    call_warmup: int
-    call_iters: int
-    pipelined_calls: int
-    pipelined_runs: int
-    pipe_warmup: int
-    pipe_iters: int
+    @endpoint
+    def nap(self, seconds: float) -> float:
+        """Sleep, so that a call stays pending (failure detection)."""
+        time.sleep(seconds)
+        return seconds
 
 
-FULL = Params(
-    spawn_repeats=5,
-    call_one_warmup=500,
-    call_one_iters=5000,
-    call_warmup=200,
-    call_iters=2000,
-    pipelined_calls=10000,
-    pipelined_runs=5,
-    pipe_warmup=500,
-    pipe_iters=5000,
-)
-QUICK = Params(
-    spawn_repeats=2,
-    call_one_warmup=50,
-    call_one_iters=300,
-    call_warmup=20,
-    call_iters=100,
-    pipelined_calls=1000,
-    pipelined_runs=2,
-    pipe_warmup=50,
-    pipe_iters=300,
-)
+#: This project's own budgets (not the comparison targets, which compare.py holds).
+BUDGETS = {SPAWN_4: 0.3, CALL_ONE: 150.0, PIPELINED: 20000.0}
 
 
-@dataclass
-class Metric:
-    """One row of the table. ``direction`` is ``"max"`` when the value must stay at or
-    below the budget, ``"min"`` when it must reach it, ``None`` when there is no budget."""
-
-    name: str
-    value: float
-    unit: str
-    budget: float | None = None
-    direction: str | None = None
-    note: str = ""
-
-    @property
-    def ratio(self) -> float | None:
-        """The value divided by the budget (``None`` without a budget)."""
-        return None if self.budget is None else self.value / self.budget
-
-    @property
-    def verdict(self) -> str:
-        if self.budget is None:
-            return "info"
-        ok = self.value <= self.budget if self.direction == "max" else self.value >= self.budget
-        return "OK" if ok else "OVER"
-
-
-# Metric names, also what the smoke test looks for in the output.
-SPAWN = "spawn 4 procs -> first reply"
-SPAWN_COLD = "first spawn (cold)"
-CALL_ONE = "call_one round trip"
-CALL_4 = "call to 4 ranks"
-PIPELINED = "pipelined call_one"
-PIPE = "multiprocessing.Pipe round trip"
-METRIC_NAMES = (SPAWN, CALL_ONE, CALL_4, PIPELINED, PIPE)
-
-
-def _pipe_echo(conn: Connection) -> None:
-    """The reference child: echo every object back until ``None``."""
-    while True:
-        obj = conn.recv()
-        if obj is None:
-            break
-        conn.send(obj)
-    conn.close()
-
-
-def measure_pipe(p: Params) -> float:
-    """The median ``multiprocessing.Pipe`` round trip to a child process, in seconds.
-
-    The child is started with the ``spawn`` method, so it does not inherit the monarch
-    runtime's threads (``fork`` after they start is unsafe)."""
-    mp = multiprocessing.get_context("spawn")
-    parent, child = mp.Pipe()
-    proc = mp.Process(target=_pipe_echo, args=(child,), daemon=True)
-    proc.start()
-    child.close()
+def spawn_timed(n: int):
+    """Spawn ``n`` procs with an ``Echo`` each and wait for every first reply. Returns
+    ``(procs, mesh, seconds)``; the caller stops ``procs``."""
+    gc.collect()
+    t0 = time.perf_counter()
+    procs = this_host().spawn_procs(per_host={"procs": n})
     try:
-        for i in range(p.pipe_warmup):
-            parent.send(i)
-            parent.recv()
-        samples = []
-        for i in range(p.pipe_iters):
-            t0 = time.perf_counter()
-            parent.send(i)
-            parent.recv()
-            samples.append(time.perf_counter() - t0)
-    finally:
-        parent.send(None)
-        proc.join(10)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-        parent.close()
-    return statistics.median(samples)
+        mesh = procs.spawn("bench", Echo)
+        replies = mesh.ping.call(7).get(timeout=WAIT_TIMEOUT_S)
+        seconds = time.perf_counter() - t0
+        assert list(replies.values()) == [7] * n, replies
+    except BaseException:
+        stop(procs)
+        raise
+    return procs, mesh, seconds
 
 
-def measure_spawn(p: Params) -> list[float]:
-    """Seconds from ``spawn_procs`` to the first reply of all 4 actors, per repeat."""
-    times = []
-    for _ in range(p.spawn_repeats):
-        gc.collect()
-        t0 = time.perf_counter()
-        procs = this_host().spawn_procs(per_host={"procs": 4})
-        try:
-            mesh = procs.spawn("bench", Echo)
-            replies = mesh.ping.call(7).get()
-            times.append(time.perf_counter() - t0)
-            assert list(replies.values()) == [7] * 4, replies
-        finally:
-            procs.stop().get()
-    return times
+def stop(procs) -> None:
+    """Stop a proc mesh, waiting a bounded time (what is left, the driver cleans up)."""
+    try:
+        procs.stop().get(timeout=30)
+    except Exception as e:
+        print(f"warning: stopping a proc mesh failed: {type(e).__name__}: {e}", file=sys.stderr)
 
 
-def measure_call_one(actor: Echo, p: Params) -> float:
-    """The median ``call_one(...).get()`` round trip, in seconds."""
-    for i in range(p.call_one_warmup):
-        actor.ping.call_one(i).get()
+def measure_calls(endpoint_call, warmup: int, iters: int) -> float:
+    """The median latency of ``endpoint_call(i).get()``, in seconds."""
+    for i in range(warmup):
+        endpoint_call(i).get(timeout=WAIT_TIMEOUT_S)
     gc.collect()
     samples = []
-    for i in range(p.call_one_iters):
+    for i in range(iters):
         t0 = time.perf_counter()
-        actor.ping.call_one(i).get()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
-
-
-def measure_call(mesh: Echo, p: Params) -> float:
-    """The median ``call(...).get()`` latency to every rank of ``mesh``, in seconds."""
-    for i in range(p.call_warmup):
-        mesh.ping.call(i).get()
-    gc.collect()
-    samples = []
-    for i in range(p.call_iters):
-        t0 = time.perf_counter()
-        mesh.ping.call(i).get()
+        endpoint_call(i).get(timeout=WAIT_TIMEOUT_S)
         samples.append(time.perf_counter() - t0)
     return statistics.median(samples)
 
@@ -214,90 +148,147 @@ def measure_pipelined(actor: Echo, p: Params) -> float:
         t0 = time.perf_counter()
         futures = [actor.ping.call_one(i) for i in range(n)]
         for i, fut in enumerate(futures):
-            if fut.get() != i:
+            if fut.get(timeout=WAIT_TIMEOUT_S) != i:
                 raise AssertionError(f"pipelined call {i} answered out of order")
         rates.append(n / (time.perf_counter() - t0))
     return statistics.median(rates)
 
 
-def run(p: Params) -> list[Metric]:
+def measure_echo(actor: Echo, size: int, iters: int) -> float:
+    """The median round trip, in seconds, of echoing a ``size``-byte payload."""
+    payload = os.urandom(size)
+    actor.ping.call_one(payload).get(timeout=WAIT_TIMEOUT_S)
+    gc.collect()
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        back = actor.ping.call_one(payload).get(timeout=WAIT_TIMEOUT_S)
+        samples.append(time.perf_counter() - t0)
+        if len(back) != size:
+            raise AssertionError(f"echo of {size} bytes came back with {len(back)}")
+    return statistics.median(samples)
+
+
+def measure_failure(rec: Recorder) -> None:
+    """Kill a proc while a call to it is pending; time until the call raises."""
+    import monarch.actor as api
+
+    failures: list[float] = []
+    previous = getattr(api, "unhandled_fault_hook", None)
+    # The default hook ends the client; the benchmark handles the failure itself.
+    api.unhandled_fault_hook = lambda failure: failures.append(time.perf_counter())
+    procs = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        mesh = procs.spawn("victim", Echo)
+        pid = mesh.getpid.call_one().get(timeout=WAIT_TIMEOUT_S)
+        pending = mesh.nap.call_one(60.0)
+        time.sleep(0.2)  # let the call reach the actor
+        t0 = time.perf_counter()
+        os.kill(pid, signal.SIGKILL)
+        try:
+            pending.get(timeout=FAILURE_TIMEOUT_S)
+        except TimeoutError:
+            rec.fail(
+                [FAILURE],
+                f"not supported yet: the pending call did not raise within "
+                f"{FAILURE_TIMEOUT_S:.0f} s of the SIGKILL",
+            )
+            return
+        except Exception as e:
+            seconds = time.perf_counter() - t0
+            hook = f"; fault hook after {failures[0] - t0:.3f} s" if failures else ""
+            rec.add(Metric(FAILURE, seconds, note=f"the call raised {type(e).__name__}{hook}"))
+            return
+        rec.fail([FAILURE], "the pending call returned although its proc was killed")
+    finally:
+        stop(procs)
+        time.sleep(0.2)  # late failure reports still find the benchmark's hook
+        api.unhandled_fault_hook = previous
+
+
+def run(p: Params, rec: Recorder) -> None:
     # The reference first, while the process has no monarch runtime yet.
-    pipe = measure_pipe(p)
+    rec.guard([PIPE], lambda: rec.add(Metric(PIPE, measure_pipe(p) * 1e6, "reference")))
 
     this_host()  # bootstrap the client outside the timed part
-    spawn_times = measure_spawn(p)
-    spawn = statistics.median(spawn_times)
 
-    procs = this_host().spawn_procs(per_host={"procs": 4})
-    try:
-        mesh = procs.spawn("bench", Echo)
-        mesh.ping.call().get()
-        actor = mesh.slice(procs=0)
-        call_one = measure_call_one(actor, p)
-        call_4 = measure_call(mesh, p)
-        pipelined = measure_pipelined(actor, p)
-    finally:
-        procs.stop().get()
+    def small_mesh() -> None:
+        times: list[float] = []
+        procs = None
+        for _ in range(p.spawn_repeats):
+            if procs is not None:
+                stop(procs)
+            procs, mesh, seconds = spawn_timed(4)
+            times.append(seconds)
+        assert procs is not None
+        rec.add(Metric(SPAWN_4, statistics.median(times), f"median of {len(times)}",
+                       budget=BUDGETS[SPAWN_4], samples=times))  # fmt: skip
+        rec.add(Metric(SPAWN_FIRST, times[0], "the first of them"))
+        try:
+            actor = mesh.slice(procs=0)
+            call_one = measure_calls(actor.ping.call_one, p.call_one_warmup, p.call_one_iters)
+            rec.add(Metric(CALL_ONE, call_one * 1e6, f"median of {p.call_one_iters}",
+                           budget=BUDGETS[CALL_ONE]))  # fmt: skip
+            n4 = p.call_iters[4]
+            call_4 = measure_calls(mesh.ping.call, n4 // 10, n4)
+            rec.add(Metric(CALL_4, call_4 * 1e6, f"median of {n4}"))
+            rate = measure_pipelined(actor, p)
+            note = f"{p.pipelined_calls} calls, median of {p.pipelined_runs} runs"
+            rec.add(Metric(PIPELINED, rate, note, budget=BUDGETS[PIPELINED]))
+            for key, size in ECHO_SIZES.items():
+                if key not in p.echo_iters:
+                    rec.fail([key], SKIPPED)
+                    continue
+                iters = p.echo_iters[key]
+                rtt = measure_echo(actor, size, iters)
+                note = f"round trip {fmt(rtt * 1e6, 'us')}, median of {iters}"
+                rec.add(Metric(key, size / rtt / 1e9, note))
+        finally:
+            stop(procs)
 
-    return [
-        Metric(
-            SPAWN,
-            spawn,
-            "s",
-            0.3,
-            "max",
-            f"median of {len(spawn_times)} spawns",
-        ),
-        Metric(SPAWN_COLD, spawn_times[0], "s", note="the first of them"),
-        Metric(CALL_ONE, call_one * 1e6, "us", 150.0, "max", f"median of {p.call_one_iters}"),
-        Metric(CALL_4, call_4 * 1e6, "us", note=f"median of {p.call_iters}"),
-        Metric(
-            PIPELINED,
-            pipelined,
-            "calls/s",
-            20000.0,
-            "min",
-            f"{p.pipelined_calls} calls, median of {p.pipelined_runs} runs",
-        ),
-        Metric(PIPE, pipe * 1e6, "us", note=f"reference; median of {p.pipe_iters}"),
-    ]
+    def mesh_of(n: int, spawn_key: str, call_key: str) -> None:
+        if n not in p.call_iters:
+            rec.fail([spawn_key, call_key] + ([RSS] if n == 16 else []), SKIPPED)
+            return
+        procs, mesh, seconds = spawn_timed(n)
+        try:
+            rec.add(Metric(spawn_key, seconds, "once per run"))
+            iters = p.call_iters[n]
+            call_n = measure_calls(mesh.ping.call, max(iters // 10, 2), iters)
+            rec.add(Metric(call_key, call_n * 1e6, f"median of {iters}"))
+            if n == 16:
+                pids = list(mesh.getpid.call().get(timeout=WAIT_TIMEOUT_S).values())
+                rss = [r for r in map(rss_mib, pids) if r is not None]
+                other = other_rss_mib(pids)
+                note = f"median of {len(rss)} procs; other child processes {other:.0f} MiB in all"
+                rec.add(Metric(RSS, statistics.median(rss), note, samples=rss))
+        finally:
+            stop(procs)
 
-
-def _fmt(value: float, unit: str) -> str:
-    if unit == "s":
-        return f"{value:.3f} s"
-    if unit == "us":
-        return f"{value:.1f} us"
-    return f"{value:,.0f} {unit}"
+    rec.guard([SPAWN_4, SPAWN_FIRST, CALL_ONE, CALL_4, PIPELINED, *ECHO_SIZES], small_mesh)
+    rec.guard([SPAWN_16, CALL_16, RSS], lambda: mesh_of(16, SPAWN_16, CALL_16))
+    rec.guard([SPAWN_64, CALL_64], lambda: mesh_of(64, SPAWN_64, CALL_64))
+    # Last: a killed proc may leave the runtime in a worse state than the others need.
+    rec.guard([FAILURE], lambda: measure_failure(rec))
 
 
 def print_table(metrics: list[Metric]) -> None:
     rows = [("metric", "value", "budget", "value/budget", "verdict", "note")]
-    for m in metrics:
-        if m.budget is None:
+    order = list(CATALOGUE)
+    for m in sorted(metrics, key=lambda m: order.index(m.key)):
+        if m.budget is None or m.value is None:
             budget = ratio = "-"
         else:
-            budget = ("<= " if m.direction == "max" else ">= ") + _fmt(m.budget, m.unit)
+            budget = ("<= " if m.better == "lower" else ">= ") + fmt(m.budget, m.unit)
             ratio = f"{m.ratio:.2f}"
-        name = f"  {m.name}" if m.name == SPAWN_COLD else m.name  # a detail of SPAWN
-        rows.append((name, _fmt(m.value, m.unit), budget, ratio, m.verdict, m.note))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for k, r in enumerate(rows):
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-        if k == 0:
-            print("  ".join("-" * w for w in widths))
-    pipe = next(m for m in metrics if m.name == PIPE)
-    call_one = next(m for m in metrics if m.name == CALL_ONE)
-    print(f"\ncall_one round trip = {call_one.value / pipe.value:.1f}x the Pipe round trip")
-
-
-def _loadavg() -> float | None:
-    """The 1-minute load average, a hint that other work shared the CPUs (timings on a
-    loaded machine are not comparable)."""
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (AttributeError, OSError):
-        return None
+        name = f"  {m.name}" if m.key == SPAWN_FIRST else m.name  # a detail of SPAWN_4
+        note = m.error if m.error else m.note
+        rows.append((name, fmt(m.value, m.unit), budget, ratio, m.verdict, note))
+    print_rows(rows)
+    by_key = {m.key: m for m in metrics}
+    pipe, call_one = by_key.get(PIPE), by_key.get(CALL_ONE)
+    if pipe and call_one and pipe.value and call_one.value:
+        print(f"\ncall_one round trip = {call_one.value / pipe.value:.1f}x the Pipe round trip")
 
 
 def _bytecode_cached() -> bool | None:
@@ -314,6 +305,21 @@ def _bytecode_cached() -> bool | None:
         return None
 
 
+def _implementation() -> tuple[str, str]:
+    """Which monarch this is: upstream's ``torchmonarch`` or this repository's."""
+    import importlib.metadata
+
+    import monarch
+
+    for dist in ("torchmonarch", "monarch"):
+        try:
+            version = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return dist, f"{dist} {version} ({os.path.dirname(monarch.__file__)})"
+    return "monarch", f"unknown version ({os.path.dirname(monarch.__file__)})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
@@ -323,44 +329,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     params = QUICK if args.quick else FULL
-
-    started = datetime.datetime.now(datetime.timezone.utc)
-    load = _loadavg()
-    cached = _bytecode_cached()
-    t0 = time.perf_counter()
-    metrics = run(params)
-    elapsed = time.perf_counter() - t0
-
     mode = "quick" if args.quick else "full"
+
+    dist, version = _implementation()
+    cached = _bytecode_cached()
+    rec = Recorder(dist, version, mode, asdict(params), args.json)
+    rec.flush(bytecode_cached=cached)
+    load = rec.info["machine"]["loadavg_1min_before"]
+    try:
+        run(params, rec)
+    except KeyboardInterrupt:
+        # The runtime interrupts the main thread on an unhandled supervision event.
+        rec.flush(interrupted=True)
+        raise
+    elapsed = time.perf_counter() - rec.t0
+    rec.flush()
+
     load_text = "unknown" if load is None else f"{load:.2f}"
     cached_text = "unknown" if cached is None else "yes" if cached else "no"
-    print(f"monarch actor benchmarks ({mode} run, {elapsed:.1f} s)")
+    print(f"monarch actor benchmarks ({mode} run, {elapsed:.1f} s): {version}")
     print(
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, load average before "
         f"the run {load_text}, monarch bytecode cached: {cached_text}\n"
     )
-    print_table(metrics)
+    print_table(rec.metrics)
 
-    if args.json:
-        result = {
-            "date": started.isoformat(timespec="seconds"),
-            "mode": mode,
-            "machine": {
-                "cpus": os.cpu_count(),
-                "platform": platform.platform(),
-                "python": platform.python_version(),
-                "loadavg_1min_before": load,
-                "monarch_bytecode_cached": cached,
-            },
-            "params": asdict(params),
-            "elapsed_s": elapsed,
-            "metrics": [{**asdict(m), "ratio": m.ratio, "verdict": m.verdict} for m in metrics],
-        }
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
-
-    over = [m.name for m in metrics if m.verdict == "OVER"]
+    over = [m.name for m in rec.metrics if m.verdict == "OVER"]
     if over and args.check:
         print(f"\nover budget: {', '.join(over)}", file=sys.stderr)
         return 1

@@ -1,6 +1,8 @@
-"""Smoke test of the actor benchmark (``benches/actor_bench.py``, run by ``make bench``):
-a ``--quick`` run exits 0 and prints every metric. Timings are not checked; they depend
-on the machine and on the build (debug or release)."""
+"""Smoke tests of the benchmarks run by ``make bench``: a ``--quick`` run of
+``benches/actor_bench.py`` exits 0 and reports every metric (a value, or the reason there
+is none), and the comparison driver ``benches/compare.py``, limited to this project,
+prints its table and writes its JSON and plot. Timings are not checked; they depend on
+the machine and on the build (debug or release)."""
 
 from __future__ import annotations
 
@@ -11,22 +13,45 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "benches" / "actor_bench.py"
+BENCHES = Path(__file__).resolve().parent.parent / "benches"
 
 METRICS = (
     "spawn 4 procs -> first reply",
+    "spawn 16 procs -> first reply",
+    "spawn 64 procs -> first reply",
     "call_one round trip",
-    "call to 4 ranks",
+    "call() to 4 actors",
+    "call() to 16 actors",
+    "call() to 64 actors",
     "pipelined call_one",
+    "echo 1 KiB",
+    "echo 1 MiB",
+    "echo 64 MiB",
+    "failure detection (SIGKILL)",
+    "RSS per proc",
     "multiprocessing.Pipe round trip",
 )
+
+#: Metrics a quick run must measure (the others it may skip).
+MEASURED_WHEN_QUICK = {
+    "spawn_4",
+    "spawn_16",
+    "call_one",
+    "call_4",
+    "call_16",
+    "pipelined",
+    "echo_1k",
+    "echo_1m",
+    "rss",
+    "pipe",
+}
 
 
 @pytest.mark.timeout(240)
 def test_actor_bench_quick(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--json", str(out)],
+        [sys.executable, str(BENCHES / "actor_bench.py"), "--quick", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=180,
@@ -35,4 +60,39 @@ def test_actor_bench_quick(tmp_path: Path) -> None:
     for name in METRICS:
         assert name in proc.stdout, f"{name!r} missing from:\n{proc.stdout}"
     result = json.loads(out.read_text())
-    assert {m["name"] for m in result["metrics"]} >= set(METRICS)
+    by_name = {m["name"]: m for m in result["metrics"]}
+    assert set(by_name) >= set(METRICS)
+    for m in result["metrics"]:
+        # Every metric has a value or says why not.
+        assert (m["value"] is None) != (m["error"] is None), m
+        if m["key"] in MEASURED_WHEN_QUICK:
+            assert m["value"] is not None, m
+
+
+@pytest.mark.timeout(240)
+def test_compare_quick_ours_only(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHES / "compare.py"),
+            "--quick",
+            "--reps",
+            "1",
+            "--impls",
+            "ours",
+            "--no-precompile",
+            "--ours-python",
+            sys.executable,
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    for name in METRICS:
+        assert name in proc.stdout, f"{name!r} missing from:\n{proc.stdout}"
+    result = json.loads((tmp_path / "compare.json").read_text())
+    assert result["median"]["ours"]["call_one"]["value"] > 0
+    assert (tmp_path / "latency.png").stat().st_size > 0

@@ -1,0 +1,421 @@
+"""What the benchmark scripts share: the metric catalogue, the JSON format of one run,
+readings from ``/proc`` and the table layout.
+
+``actor_bench.py`` (this project and upstream Monarch), ``ray_bench.py`` (Ray) and
+``compare.py`` (the driver) import it. It uses the standard library only, because it runs
+under every implementation's virtual environment.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import multiprocessing
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
+
+# The metric catalogue: key -> (name, unit, which direction is better). The names are
+# what the tables print (and what the smoke test looks for); the keys are what the JSON
+# and the driver use. Every implementation reports the same keys.
+SPAWN_4 = "spawn_4"
+SPAWN_FIRST = "spawn_first"
+SPAWN_16 = "spawn_16"
+SPAWN_64 = "spawn_64"
+CALL_ONE = "call_one"
+CALL_4 = "call_4"
+CALL_16 = "call_16"
+CALL_64 = "call_64"
+PIPELINED = "pipelined"
+ECHO_1K = "echo_1k"
+ECHO_1M = "echo_1m"
+ECHO_64M = "echo_64m"
+FAILURE = "failure"
+RSS = "rss"
+PIPE = "pipe"
+
+CATALOGUE: dict[str, tuple[str, str, str]] = {
+    SPAWN_4: ("spawn 4 procs -> first reply", "s", "lower"),
+    SPAWN_FIRST: ("first spawn of 4 (cold)", "s", "lower"),
+    SPAWN_16: ("spawn 16 procs -> first reply", "s", "lower"),
+    SPAWN_64: ("spawn 64 procs -> first reply", "s", "lower"),
+    CALL_ONE: ("call_one round trip", "us", "lower"),
+    CALL_4: ("call() to 4 actors", "us", "lower"),
+    CALL_16: ("call() to 16 actors", "us", "lower"),
+    CALL_64: ("call() to 64 actors", "us", "lower"),
+    PIPELINED: ("pipelined call_one", "calls/s", "higher"),
+    ECHO_1K: ("echo 1 KiB", "GB/s", "higher"),
+    ECHO_1M: ("echo 1 MiB", "GB/s", "higher"),
+    ECHO_64M: ("echo 64 MiB", "GB/s", "higher"),
+    FAILURE: ("failure detection (SIGKILL)", "s", "lower"),
+    RSS: ("RSS per proc", "MiB", "lower"),
+    PIPE: ("multiprocessing.Pipe round trip", "us", "lower"),
+}
+
+#: Echo payload sizes, by metric key.
+ECHO_SIZES = {ECHO_1K: 1 << 10, ECHO_1M: 1 << 20, ECHO_64M: 64 << 20}
+
+#: How long the failure-detection metric waits for the pending call to raise.
+FAILURE_TIMEOUT_S = 20.0
+
+#: Why a metric has no value in a ``--quick`` run.
+SKIPPED = "skipped in --quick runs"
+
+#: An upper bound on any single wait for replies (spawns included), so that a hang
+#: becomes an error in the table instead of a stuck run.
+WAIT_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Metric:
+    """One measured value, or the reason there is none (``error``).
+
+    ``budget`` is this project's own target for the metric, if it has one: the value
+    must stay at or below it when lower is better, reach it when higher is better."""
+
+    key: str
+    value: float | None
+    note: str = ""
+    error: str | None = None
+    budget: float | None = None
+    samples: list[float] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return CATALOGUE[self.key][0]
+
+    @property
+    def unit(self) -> str:
+        return CATALOGUE[self.key][1]
+
+    @property
+    def better(self) -> str:
+        return CATALOGUE[self.key][2]
+
+    @property
+    def ratio(self) -> float | None:
+        """The value divided by the budget (``None`` without one)."""
+        if self.budget is None or self.value is None:
+            return None
+        return self.value / self.budget
+
+    @property
+    def verdict(self) -> str:
+        if self.value is None:
+            return "n/a"
+        if self.budget is None:
+            return "info"
+        ok = self.value <= self.budget if self.better == "lower" else self.value >= self.budget
+        return "OK" if ok else "OVER"
+
+    def to_json(self) -> dict:
+        return {
+            **asdict(self),
+            "name": self.name,
+            "unit": self.unit,
+            "better": self.better,
+            "ratio": self.ratio,
+            "verdict": self.verdict,
+        }
+
+
+def fmt(value: float | None, unit: str) -> str:
+    """A value with its unit, at a precision that suits the unit."""
+    if value is None:
+        return "n/a"
+    if unit == "s":
+        return f"{value:.3f} s"
+    if unit == "us":
+        return f"{value:,.0f} us" if value >= 1000 else f"{value:.1f} us"
+    if unit == "GB/s":
+        return f"{value:.4f} GB/s" if value < 0.1 else f"{value:.3f} GB/s"
+    if unit == "MiB":
+        return f"{value:.1f} MiB"
+    return f"{value:,.0f} {unit}"
+
+
+def print_rows(rows: list[tuple[str, ...]]) -> None:
+    """Print ``rows`` (the first one the header) as aligned columns."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for k, r in enumerate(rows):
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+        if k == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+# ---------------------------------------------------------------------------------------
+# Parameters and the reference
+
+
+@dataclass
+class Params:
+    """How much work each measurement does."""
+
+    spawn_repeats: int
+    call_one_warmup: int
+    call_one_iters: int
+    # Mesh size -> number of timed calls (after a tenth as many warm-up calls). Sizes
+    # left out are not measured.
+    call_iters: dict[int, int]
+    pipelined_calls: int
+    pipelined_runs: int
+    # Metric key -> number of timed echoes (after one warm-up echo).
+    echo_iters: dict[str, int] = field(default_factory=dict)
+    pipe_warmup: int = 500
+    pipe_iters: int = 5000
+
+
+FULL = Params(
+    spawn_repeats=3,
+    call_one_warmup=200,
+    call_one_iters=2000,
+    call_iters={4: 500, 16: 200, 64: 50},
+    pipelined_calls=5000,
+    pipelined_runs=3,
+    echo_iters={ECHO_1K: 500, ECHO_1M: 50, ECHO_64M: 5},
+)
+QUICK = Params(
+    spawn_repeats=2,
+    call_one_warmup=50,
+    call_one_iters=300,
+    call_iters={4: 100, 16: 30},
+    pipelined_calls=1000,
+    pipelined_runs=2,
+    echo_iters={ECHO_1K: 50, ECHO_1M: 10},
+    pipe_warmup=50,
+    pipe_iters=300,
+)
+
+
+def _pipe_echo(conn: Connection) -> None:
+    """The reference child: echo every object back until ``None``."""
+    while True:
+        obj = conn.recv()
+        if obj is None:
+            break
+        conn.send(obj)
+    conn.close()
+
+
+def measure_pipe(p: Params) -> float:
+    """The median ``multiprocessing.Pipe`` round trip to a child process, in seconds.
+
+    The child is started with the ``spawn`` method, so it does not inherit the monarch
+    runtime's threads (``fork`` after they start is unsafe)."""
+    mp = multiprocessing.get_context("spawn")
+    parent, child = mp.Pipe()
+    proc = mp.Process(target=_pipe_echo, args=(child,), daemon=True)
+    proc.start()
+    child.close()
+    try:
+        for i in range(p.pipe_warmup):
+            parent.send(i)
+            parent.recv()
+        samples = []
+        for i in range(p.pipe_iters):
+            t0 = time.perf_counter()
+            parent.send(i)
+            parent.recv()
+            samples.append(time.perf_counter() - t0)
+    finally:
+        parent.send(None)
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        parent.close()
+    return statistics.median(samples)
+
+
+# ---------------------------------------------------------------------------------------
+# /proc
+
+
+def rss_mib(pid: int) -> float | None:
+    """The resident set size of process ``pid`` in MiB (``VmRSS``), ``None`` if gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces; the fields after it do not.
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below ``root`` in the process tree."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            parent = _parent_of(int(entry))
+            if parent is not None:
+                children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """The processes whose environment has ``name=value``: how the driver finds what a
+    run left behind (every process a run starts inherits the marker the driver sets),
+    whatever process tree it ended up in."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in env:
+            found.append(int(entry))
+    return found
+
+
+def wait_gone(pids: Iterable[int], timeout: float) -> bool:
+    """Wait until none of ``pids`` is alive (zombies count as gone); False on timeout."""
+    pids = list(pids)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(rss_mib(p) is None for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def other_rss_mib(proc_pids: Iterable[int]) -> float:
+    """The RSS of this process's descendants other than ``proc_pids`` (the runtime's
+    helpers: agents, daemons, idle workers), in MiB. The ``multiprocessing`` resource
+    tracker, left by the Pipe reference, is not counted."""
+    skip = set(proc_pids)
+    return sum(
+        rss_mib(p) or 0.0
+        for p in descendants(os.getpid())
+        if p not in skip and "resource_tracker" not in _cmdline(p)
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Runs and their JSON
+
+
+def loadavg() -> float | None:
+    """The 1-minute load average, a hint that other work shared the CPUs (timings on a
+    loaded machine are not comparable)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def cpu_busy(seconds: float = 0.5) -> float | None:
+    """The share of the machine's CPU time (0-1) spent busy over the next ``seconds``,
+    from ``/proc/stat``: taken between runs, it shows work running beside the benchmark
+    (the load average cannot, as it still counts the benchmark's own last run)."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields[:8]), idle
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 == total0:
+        return None
+    return 1 - (idle1 - idle0) / (total1 - total0)
+
+
+class Recorder:
+    """Collects a run's metrics and rewrites its JSON file after each one, so that a run
+    stopped half way (a hang, a crash) still leaves what it measured."""
+
+    def __init__(
+        self, implementation: str, version: str, mode: str, params: dict, path: str | None
+    ):
+        self.path = path
+        self.metrics: list[Metric] = []
+        self.t0 = time.perf_counter()
+        self.info = {
+            "implementation": implementation,
+            "version": version,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "mode": mode,
+            "machine": {
+                "cpus": os.cpu_count(),
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+                "loadavg_1min_before": loadavg(),
+            },
+            "params": params,
+        }
+        self.flush()
+
+    def add(self, metric: Metric) -> Metric:
+        self.metrics = [m for m in self.metrics if m.key != metric.key] + [metric]
+        self.flush()
+        return metric
+
+    def fail(self, keys: Iterable[str], error: str) -> None:
+        """Record ``keys`` as not measured, for ``error``, unless already recorded."""
+        have = {m.key for m in self.metrics}
+        for key in keys:
+            if key not in have:
+                self.metrics.append(Metric(key, None, error=error))
+        self.flush()
+
+    def guard(self, keys: Iterable[str], fn: Callable[[], None]) -> None:
+        """Run ``fn`` (which records some of ``keys``); if it raises, record the rest of
+        ``keys`` as failed with the exception as the reason."""
+        keys = list(keys)
+        try:
+            fn()
+        except Exception as e:
+            self.fail(keys, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+    def flush(self, **extra: object) -> None:
+        self.info.update(extra)
+        if not self.path:
+            return
+        result = {
+            **self.info,
+            "elapsed_s": time.perf_counter() - self.t0,
+            "metrics": [m.to_json() for m in self.metrics],
+        }
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, self.path)
