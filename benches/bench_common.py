@@ -167,6 +167,8 @@ class Params:
     echo_iters: dict[str, int] = field(default_factory=dict)
     pipe_warmup: int = 500
     pipe_iters: int = 5000
+    # Procs killed, one after another, for failure detection (the median is reported).
+    failure_kills: int = 10
 
 
 FULL = Params(
@@ -188,6 +190,7 @@ QUICK = Params(
     echo_iters={ECHO_1K: 50, ECHO_1M: 10},
     pipe_warmup=50,
     pipe_iters=300,
+    failure_kills=3,
 )
 
 
