@@ -389,3 +389,41 @@ def test_stop_runs_cleanup_and_stops_owned_meshes(procs: ProcMesh, tmp_path: obj
     # and this call from the client's: nothing orders the two, so retry until it lands.
     err = _wait_failed(lambda: child.ok.call().get(timeout=30))
     assert "stopped" in str(err)
+
+
+class SelfStopper(Actor):
+    def __init__(self, marker: str, cleanup_seconds: float) -> None:
+        self.marker = marker
+        self.cleanup_seconds = cleanup_seconds
+
+    @endpoint
+    def stop_after_this(self) -> str:
+        context().actor_instance.stop("done with it")
+        return "last reply"
+
+    @endpoint
+    def ok(self) -> int:
+        return 1
+
+    def __cleanup__(self, exc: Exception | None) -> None:
+        time.sleep(self.cleanup_seconds)
+        with open(self.marker, "a") as f:
+            f.write("cleaned\n")
+
+
+def test_instance_stop_ends_the_actor_after_its_message(procs: ProcMesh, tmp_path: object) -> None:
+    marker = os.path.join(str(tmp_path), "m")
+    s = procs.slice(gpus=0).spawn("self_stopper", SelfStopper, marker, 0)
+    assert s.stop_after_this.call_one().get(timeout=30) == "last reply"
+    with pytest.raises(SupervisionError, match="done with it"):
+        s.ok.call_one().get(timeout=30)
+    with open(marker) as f:
+        assert f.read() == "cleaned\n"  # __cleanup__ ran before the next call was refused
+
+
+def test_a_slow_sync_cleanup_does_not_hold_up_stop(procs: ProcMesh, tmp_path: object) -> None:
+    """__cleanup__ gets CLEANUP_TIMEOUT (3 s); one sleeping 600 s does not block stop."""
+    marker = os.path.join(str(tmp_path), "slow")
+    s = procs.slice(gpus=1).spawn("slow_cleanup", SelfStopper, marker, 600)
+    s.stop().get(timeout=30)  # would time out if stop waited for the cleanup
+    assert not os.path.exists(marker)

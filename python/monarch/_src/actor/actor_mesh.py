@@ -1257,6 +1257,41 @@ class _HostedActor:
             if owned.owner_key == self.key and not owned.stopped:
                 owned.mesh.stop(f"its owner {self.name!r} stopped: {reason}")
 
+    def _run_sync_cleanup(self) -> None:
+        """Run a sync ``__cleanup__(None)``, bounded by ``CLEANUP_TIMEOUT``: it runs on a
+        helper thread, which is left behind (a daemon) if it overruns."""
+        cleanup = self._cleanup_fn()
+        if cleanup is None:
+            return
+
+        def run() -> None:
+            try:
+                cleanup(None)
+            except Exception as e:
+                print(f"monarch: __cleanup__ of {self.name!r} raised: {e!r}", file=sys.stderr)
+
+        thread = threading.Thread(target=run, name=f"monarch-cleanup-{self.name}", daemon=True)
+        thread.start()
+        thread.join(CLEANUP_TIMEOUT)
+        if thread.is_alive():
+            print(
+                f"monarch: __cleanup__ of {self.name!r} did not finish within "
+                f"{CLEANUP_TIMEOUT} s; the actor stops without waiting for it",
+                file=sys.stderr,
+            )
+
+    async def _run_async_cleanup(self) -> None:
+        """Await an async ``__cleanup__(None)``, cancelled after ``CLEANUP_TIMEOUT``."""
+        import asyncio
+
+        cleanup = self._cleanup_fn()
+        if cleanup is None:
+            return
+        try:
+            await asyncio.wait_for(cleanup(None), CLEANUP_TIMEOUT)
+        except Exception as e:  # TimeoutError included
+            print(f"monarch: __cleanup__ of {self.name!r} failed: {e!r}", file=sys.stderr)
+
     def _cleanup_fn(self) -> Any:
         return getattr(self.obj, "__cleanup__", None) if self.obj is not None else None
 
@@ -1358,10 +1393,13 @@ class _HostedActor:
             return (Port(header[1], header[2], header[3]), *args)
         return args
 
-    def _after(self) -> None:
-        if self.stop_after_current is not None and self.stopped is None:
-            self.stopped = self.stop_after_current
-            self._stop_owned(self.stopped)
+    def _after(self) -> bool:
+        """After a message: stop if ``instance.stop()`` asked to; true if it did (the
+        caller then runs ``__cleanup__``)."""
+        if self.stop_after_current is None or self.stopped is not None or self.failed:
+            return False
+        self._stop_owned(self.stop_after_current)
+        return True
 
     def _run_sync(self) -> None:
         while not self._retire_if_dead():
@@ -1384,14 +1422,7 @@ class _HostedActor:
             if kind == "stop":
                 _, header, reason = work
                 self._stop_owned(reason)
-                cleanup = self._cleanup_fn()
-                if cleanup is not None:
-                    try:
-                        cleanup(None)
-                    except Exception as e:
-                        print(
-                            f"monarch: __cleanup__ of {self.name!r} raised: {e!r}", file=sys.stderr
-                        )
+                self._run_sync_cleanup()
                 self.stopped = reason
                 self._reply(header, OK, None)
                 continue
@@ -1406,7 +1437,9 @@ class _HostedActor:
                     self._reply(header, OK, result)
             finally:
                 _current.reset(token)
-            self._after()
+            if self._after():
+                self._run_sync_cleanup()
+                self.stopped = self.stop_after_current
 
     async def _run_async(self) -> None:
         import asyncio
@@ -1439,14 +1472,7 @@ class _HostedActor:
                 for task in tasks:
                     task.cancel()
                 self._stop_owned(reason)
-                cleanup = self._cleanup_fn()
-                if cleanup is not None:
-                    try:
-                        await asyncio.wait_for(cleanup(None), CLEANUP_TIMEOUT)
-                    except Exception as e:
-                        print(
-                            f"monarch: __cleanup__ of {self.name!r} raised: {e!r}", file=sys.stderr
-                        )
+                await self._run_async_cleanup()
                 self.stopped = reason
                 self._reply(header, OK, None)
                 continue
@@ -1465,7 +1491,9 @@ class _HostedActor:
                 await self._invoke(header, fn, args, kwargs)
             finally:
                 _current.reset(token)
-            self._after()
+            if self._after():
+                await self._run_async_cleanup()
+                self.stopped = self.stop_after_current
 
     async def _invoke(
         self, header: tuple[Any, ...], fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
