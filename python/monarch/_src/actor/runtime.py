@@ -196,7 +196,7 @@ class ProcessContext:
 
     def run_agent(self) -> None:
         """Handle agent requests in order until the agent queue is closed."""
-        from monarch._src.actor import actor_mesh
+        from monarch._src.actor import actor_host
 
         while True:
             try:
@@ -205,7 +205,7 @@ class ProcessContext:
                 return
             try:
                 request = loads(parts[0])
-                actor_mesh._handle_agent_request(self, request, parts[1:])
+                actor_host.handle_agent_request(self, request, parts[1:])
             except BaseException as e:  # keep serving; say what went wrong
                 print(
                     f"monarch: proc {self.proc_id}: agent request failed: {e!r}",
