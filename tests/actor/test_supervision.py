@@ -18,6 +18,7 @@ import pytest
 
 from monarch.actor import (
     Actor,
+    Channel,
     MeshFailure,
     Port,
     ProcMesh,
@@ -89,9 +90,9 @@ class BadInit(Actor):
 class Supervisor(Actor):
     """Owns a mesh of Workers; handles their failures or not."""
 
-    def __init__(self, handle: bool) -> None:
+    def __init__(self, handle: bool, seen: Port[str]) -> None:
         self.handle = handle
-        self.seen: list[str] = []
+        self.seen = seen  # each failure offered to __supervise__ is sent here
         self.children: Worker | None = None
 
     @endpoint
@@ -105,11 +106,11 @@ class Supervisor(Actor):
         self.children.boom.broadcast()
 
     @endpoint
-    def seen_failures(self) -> list[str]:
-        return self.seen
+    def ok(self) -> int:
+        return 1
 
     def __supervise__(self, failure: MeshFailure) -> bool:
-        self.seen.append(str(failure))
+        self.seen.send(str(failure))
         return self.handle
 
 
@@ -119,20 +120,6 @@ def procs() -> Iterator[ProcMesh]:
     assert pm.initialized.get(timeout=30)
     yield pm
     pm.stop().get(timeout=30)
-
-
-def _wait_failed(call: object, timeout: float = 10) -> SupervisionError:
-    """Poll a mesh endpoint until it raises SupervisionError (failure reports race with
-    the next call)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            call()  # type: ignore[operator]
-        except SupervisionError as e:
-            return e
-        if time.monotonic() > deadline:
-            raise AssertionError("the call never raised SupervisionError")
-        time.sleep(0.01)
 
 
 def test_exception_in_broadcast_fails_the_rank_and_reports_to_the_owner(
@@ -210,26 +197,30 @@ def test_a_dead_proc_fails_pending_and_later_calls_promptly(
 
 
 def test_supervise_handles_failures_of_owned_meshes(procs: ProcMesh, faults: Faults) -> None:
-    sup = procs.slice(gpus=0).spawn("handling_supervisor", Supervisor, True)
+    seen, seen_rx = Channel[str].open()
+    sup = procs.slice(gpus=0).spawn("handling_supervisor", Supervisor, True, seen)
     sup.spawn_children.call_one(procs).get(timeout=30)
     sup.break_children.call_one().get(timeout=30)
-    deadline = time.monotonic() + 30
-    while len(sup.seen_failures.call_one().get(timeout=30)) < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    assert sup.seen_failures.call_one().get(timeout=30)[0].startswith("actor mesh 'supervised'")
+    reports = [seen_rx.recv().get(timeout=30) for _ in range(2)]  # one per failed rank
+    assert all(r.startswith("actor mesh 'supervised'") for r in reports)
+    # Handled: the supervisor answers (its messages come after the two failures), and
+    # nothing reached the client.
+    assert sup.ok.call_one().get(timeout=30) == 1
     assert not [f for f in faults.failures if f.mesh_name == "handling_supervisor"]
 
 
 def test_unhandled_failures_propagate_to_the_owners_owner(procs: ProcMesh, faults: Faults) -> None:
-    sup = procs.slice(gpus=0).spawn("refusing_supervisor", Supervisor, False)
+    seen, _ = Channel[str].open()
+    sup = procs.slice(gpus=0).spawn("refusing_supervisor", Supervisor, False, seen)
     sup.spawn_children.call_one(procs).get(timeout=30)
     sup.break_children.call_one().get(timeout=30)
     [failure] = faults.wait_for(1, "refusing_supervisor")
     assert failure.cause is not None and failure.cause.mesh_name == "supervised"
     report = failure.report()
     assert "caused by" in report and "boom in broadcast" in report
-    _wait_failed(lambda: sup.seen_failures.call_one().get(timeout=30))
+    # The supervisor failed before it reported: a call sent after the report fails.
+    with pytest.raises(SupervisionError):
+        sup.ok.call_one().get(timeout=30)
 
 
 def test_default_hook_stops_the_program_with_a_report() -> None:
@@ -385,10 +376,10 @@ def test_stop_runs_cleanup_and_stops_owned_meshes(procs: ProcMesh, tmp_path: obj
         assert f.read() == "cleanup exc=None\n"
     with pytest.raises(SupervisionError, match="stopped"):
         parent.get_child.call_one().get(timeout=30)
-    # The child mesh was stopped with its owner. The stop comes from the owner's process
-    # and this call from the client's: nothing orders the two, so retry until it lands.
-    err = _wait_failed(lambda: child.ok.call().get(timeout=30))
-    assert "stopped" in str(err)
+    # The child mesh was stopped with its owner, which waited for that stop before its
+    # own completed.
+    with pytest.raises(SupervisionError, match="stopped"):
+        child.ok.call().get(timeout=30)
 
 
 class SelfStopper(Actor):

@@ -38,7 +38,6 @@ def handle_agent_request(proc: ProcessContext, request: tuple[Any, ...], rest: l
         hosted = HostedActor(
             proc, key, name, index, labels, sizes, creator, tuple(owner), rest[0], rest[1]
         )
-        proc.actors[key] = hosted
         hosted.start()
     elif kind == "controller":
         _, name, reply_port, reply_key = request
@@ -203,11 +202,37 @@ class HostedActor:
         else:
             self._run_sync()
 
-    def _stop_owned(self, reason: str) -> None:
-        """Stop, recursively, the meshes this actor spawned."""
-        for owned in list(self.proc.owned.values()):
-            if owned.owner_key == self.key and not owned.stopped:
-                owned.mesh.stop(f"its owner {self.name!r} stopped: {reason}")
+    def _stop_owned(self, reason: str) -> list[Any]:
+        """Ask the meshes this actor spawned to stop (each does the same for its own);
+        returns the futures of those stops."""
+        return [
+            owned.mesh.stop(f"its owner {self.name!r} stopped: {reason}")
+            for owned in list(self.proc.owned.values())
+            if owned.owner_key == self.key and not owned.stopped
+        ]
+
+    def _stop_sync(self, reason: str) -> None:
+        """Stop gracefully: owned meshes first (waited for, each bounded by
+        ``CLEANUP_TIMEOUT``), then ``__cleanup__``."""
+        for fut in self._stop_owned(reason):
+            try:
+                fut.get(timeout=CLEANUP_TIMEOUT)
+            except Exception:  # gone or slow: this actor stops anyway
+                pass
+        self._run_sync_cleanup()
+        self.stopped = reason
+
+    async def _stop_async(self, reason: str) -> None:
+        """As :meth:`_stop_sync`, on the actor's loop."""
+        import asyncio
+
+        for fut in self._stop_owned(reason):
+            try:
+                await asyncio.wait_for(fut.as_asyncio(), CLEANUP_TIMEOUT)
+            except Exception:  # gone or slow: this actor stops anyway
+                pass
+        await self._run_async_cleanup()
+        self.stopped = reason
 
     def _run_sync_cleanup(self) -> None:
         """Run a sync ``__cleanup__(None)``, bounded by ``CLEANUP_TIMEOUT``: it runs on a
@@ -262,7 +287,6 @@ class HostedActor:
         if self.failed is None and self.stopped is None:
             return False
         self.proc.retire(self.key, self._dead_answer())
-        self.proc.actors.pop(self.key, None)
         return True
 
     def _dead_reply(self, header: tuple[Any, ...]) -> bool:
@@ -345,13 +369,12 @@ class HostedActor:
             return (Port(header[1], header[2], header[3]), *args)
         return args
 
-    def _after(self) -> bool:
-        """After a message: stop if ``instance.stop()`` asked to; true if it did (the
-        caller then runs ``__cleanup__``)."""
-        if self.stop_after_current is None or self.stopped is not None or self.failed:
-            return False
-        self._stop_owned(self.stop_after_current)
-        return True
+    def _stop_requested(self) -> str | None:
+        """After a message: the reason given to ``instance.stop()``, if it was called
+        and the actor is still running."""
+        if self.stopped is not None or self.failed is not None:
+            return None
+        return self.stop_after_current
 
     def _run_sync(self) -> None:
         while not self._retire_if_dead():
@@ -373,9 +396,7 @@ class HostedActor:
                 continue
             if kind == "stop":
                 _, header, reason = work
-                self._stop_owned(reason)
-                self._run_sync_cleanup()
-                self.stopped = reason
+                self._stop_sync(reason)
                 self._reply(header, OK, None)
                 continue
             _, header, fn, args, kwargs = work
@@ -389,9 +410,8 @@ class HostedActor:
                     self._reply(header, OK, result)
             finally:
                 _current.reset(token)
-            if self._after():
-                self._run_sync_cleanup()
-                self.stopped = self.stop_after_current
+            if (reason := self._stop_requested()) is not None:
+                self._stop_sync(reason)
 
     async def _run_async(self) -> None:
         import asyncio
@@ -423,9 +443,7 @@ class HostedActor:
                 _, header, reason = work
                 for task in tasks:
                     task.cancel()
-                self._stop_owned(reason)
-                await self._run_async_cleanup()
-                self.stopped = reason
+                await self._stop_async(reason)
                 self._reply(header, OK, None)
                 continue
             _, header, fn, args, kwargs = work
@@ -443,9 +461,8 @@ class HostedActor:
                 await self._invoke(header, fn, args, kwargs)
             finally:
                 _current.reset(token)
-            if self._after():
-                await self._run_async_cleanup()
-                self.stopped = self.stop_after_current
+            if (reason := self._stop_requested()) is not None:
+                await self._stop_async(reason)
 
     async def _invoke(
         self, header: tuple[Any, ...], fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -387,7 +387,6 @@ class Port(Generic[R]):
         self._port_id = port_id
         self._reply_key = reply_key
         self._index = index
-        self._sent = False
 
     def send(self, obj: R) -> None:
         runtime.process_context().reply(self._port_id, self._reply_key, self._index, OK, obj)

@@ -36,7 +36,6 @@ import pickle
 import sys
 import threading
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 from monarch._rust_bindings import Client, Host, Inbox, PortRef, Proc, Queue
@@ -114,11 +113,9 @@ class ProcessContext:
         self.root_port: str = root_port if root_port is not None else self.port_id
         self.agent_queue: Queue = self.inbox.queue(AGENT_KEY)
         self._ports: dict[str, PortRef] = {}
-        self.actors: dict[int, Any] = {}
         self.controllers: dict[str, Any] = {}
         self.controllers_lock = threading.Lock()
         self.host: Host | None = None
-        self._agent_thread: threading.Thread | None = None
         # Supervision state (see monarch._src.actor.supervision).
         #: Procs known dead, with the reason.
         self.dead: dict[str, str] = {}
@@ -190,9 +187,7 @@ class ProcessContext:
 
     def start_agent_thread(self) -> None:
         """Run the agent on a daemon thread (the client process)."""
-        t = threading.Thread(target=self.run_agent, name="monarch-agent", daemon=True)
-        self._agent_thread = t
-        t.start()
+        threading.Thread(target=self.run_agent, name="monarch-agent", daemon=True).start()
 
     def run_agent(self) -> None:
         """Handle agent requests in order until the agent queue is closed."""
@@ -303,6 +298,3 @@ def child_environment() -> dict[str, str]:
     if _context is not None:
         env[ROOT_PORT_ENV] = _context.root_port
     return env
-
-
-Callback = Callable[[], None]
