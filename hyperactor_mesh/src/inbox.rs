@@ -48,11 +48,17 @@ use std::time::Instant;
 use bytes::Bytes;
 use hyperactor::mailbox::DirectPort;
 use hyperactor::message::Envelope;
-use hyperactor::{PortId, PortRef, SendContext};
+use hyperactor::{ActorId, PortId, PortRef, Proc, SendContext};
 use tokio::sync::Notify;
+
+mod cast;
+pub use cast::{chunks, reply_parts, subtree_ends, CastReply, CastTarget, Route};
 
 /// The bit set in every reply key.
 pub const REPLY_KEY_BIT: u64 = 1 << 63;
+
+/// The key of cast messages: handled by the inbox itself (see [`Inbox::cast`]).
+pub const CAST_KEY: u64 = u64::MAX;
 
 /// The message type of an inbox's port, nominally: messages are sent already serialized
 /// (a key part, then the message's parts) and never decoded as a whole.
@@ -233,12 +239,15 @@ enum Slot {
     /// Retired into another key's queue (see [`Inbox::retire`]); messages keep their key
     /// part, so the reader of that queue knows whom they were for.
     Retired(Arc<Queue>),
+    /// A reply key collecting a cast's replies on the way up (see [`Inbox::cast`]).
+    Reduce(Arc<cast::Reducer>),
 }
 
 impl Slot {
-    fn queue(&self) -> &Arc<Queue> {
+    fn queue(&self) -> Option<&Arc<Queue>> {
         match self {
-            Slot::Queue(queue) | Slot::Retired(queue) => queue,
+            Slot::Queue(queue) | Slot::Retired(queue) => Some(queue),
+            Slot::Reduce(_) => None,
         }
     }
 }
@@ -247,6 +256,12 @@ struct Shared {
     port: PortId,
     queues: Mutex<HashMap<u64, Slot>>,
     next_reply: AtomicU64,
+    /// The proc and actor that forwarded casts and reduced replies are sent from.
+    proc: Proc,
+    owner: ActorId,
+    /// This inbox's id as a cast sender (for ORD-1 sequencing at the receivers).
+    sender_id: u64,
+    cast: Mutex<cast::CastState>,
 }
 
 impl Shared {
@@ -267,19 +282,34 @@ impl Shared {
                 return;
             }
         };
+        if key == CAST_KEY {
+            return self.deliver_cast(parts);
+        }
+        parts.remove(0);
+        if key & REPLY_KEY_BIT != 0 {
+            let reducer = match self.lock().get(&key) {
+                Some(Slot::Queue(queue)) => return queue.push(parts),
+                Some(Slot::Reduce(reducer)) => Arc::clone(reducer),
+                // A reply whose caller is gone: nobody will read it.
+                _ => return,
+            };
+            return self.reduce(key, &reducer, parts);
+        }
+        self.push(key, parts);
+    }
+
+    /// Queues `parts` (key part stripped) for actor key `key`.
+    fn push(&self, key: u64, mut parts: Vec<Bytes>) {
         let queue = {
             let mut queues = self.lock();
             match queues.get(&key) {
-                Some(Slot::Queue(queue)) => {
-                    parts.remove(0);
-                    Arc::clone(queue)
-                }
+                Some(Slot::Queue(queue)) => Arc::clone(queue),
                 // A retired key: the message goes to the target, key part included.
-                Some(Slot::Retired(target)) => Arc::clone(target),
-                // A reply whose caller is gone: nobody will read it.
-                None if key & REPLY_KEY_BIT != 0 => return,
-                None => {
-                    parts.remove(0);
+                Some(Slot::Retired(target)) => {
+                    parts.insert(0, key_part(key));
+                    Arc::clone(target)
+                }
+                _ => {
                     let queue = Arc::new(Queue::new(self.port.clone(), key));
                     queues.insert(key, Slot::Queue(Arc::clone(&queue)));
                     queue
@@ -321,6 +351,10 @@ impl Inbox {
             port: port.port_id().clone(),
             queues: Mutex::new(HashMap::new()),
             next_reply: AtomicU64::new(0),
+            proc: cx.proc().clone(),
+            owner: cx.actor_id().clone(),
+            sender_id: random_id(),
+            cast: Mutex::new(cast::CastState::default()),
         });
         // Nobody can know the port before this returns, so no message is missed.
         let _ = cell.set(Arc::clone(&shared));
@@ -406,7 +440,21 @@ impl Inbox {
 impl Drop for Inbox {
     fn drop(&mut self) {
         for (_, slot) in self.shared.lock().drain() {
-            slot.queue().close();
+            if let Some(queue) = slot.queue() {
+                queue.close();
+            }
         }
     }
+}
+
+/// A random id (std's hasher keys are random per process; mixed with the pid and the
+/// time, so that two inboxes of one process differ too).
+fn random_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    if let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        hasher.write_u128(now.as_nanos());
+    }
+    hasher.finish()
 }
