@@ -52,7 +52,7 @@ use hyperactor::{ActorId, PortId, PortRef, Proc, SendContext};
 use tokio::sync::Notify;
 
 mod cast;
-pub use cast::{chunks, reply_parts, subtree_ends, CastReply, CastTarget, Route};
+pub use cast::{chunks, reply_parts, subtree_ends, CastReply, CastTarget, Route, GAP_GRACE};
 
 /// The bit set in every reply key.
 pub const REPLY_KEY_BIT: u64 = 1 << 63;
@@ -269,7 +269,7 @@ impl Shared {
         self.queues.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn deliver(&self, envelope: Envelope) {
+    fn deliver(self: &Arc<Self>, envelope: Envelope) {
         let mut parts = envelope.payload.into_parts();
         let key = match parts.first().and_then(|k| <[u8; 8]>::try_from(&k[..]).ok()) {
             Some(key) => u64::from_le_bytes(key),

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hyperactor_mesh::inbox::{self, QueueClosed, REPLY_KEY_BIT};
+use hyperactor_mesh::inbox::{self, CastReply, CastTarget, QueueClosed, REPLY_KEY_BIT};
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
 use crate::future::{Convert, PyFuture, SIGNAL_CHECK_INTERVAL};
-use crate::port::PyPortRef;
+use crate::port::{extract_parts, PyPortRef};
 use crate::proc::PyClient;
 use crate::runtime::{detach, runtime};
 
@@ -95,6 +95,69 @@ impl PyInbox {
     /// Closes and forgets the queue of `key`.
     fn remove(&self, key: u64) {
         self.inbox.remove(key);
+    }
+
+    /// Casts the message `parts` to actor `actor_key` on `targets` (`(index in the view,
+    /// inbox port)`, in view order) over a tree of at most `fanout` children per node.
+    /// `mode`: 0 no replies, 1 each replies to `reply_port` under `reply_key`, 2 replies
+    /// reduced per subtree. Returns, per position, the end of the subtree it heads.
+    #[pyo3(signature = (actor_key, targets, fanout, mode, reply_port, reply_key, parts))]
+    #[allow(clippy::too_many_arguments)]
+    fn cast(
+        &self,
+        actor_key: u64,
+        targets: Vec<(u32, PyRef<'_, PyPortRef>)>,
+        fanout: usize,
+        mode: u8,
+        reply_port: Option<PyRef<'_, PyPortRef>>,
+        reply_key: u64,
+        parts: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<u32>> {
+        if actor_key & REPLY_KEY_BIT != 0 {
+            return Err(PyValueError::new_err(format!(
+                "cast to actor key {actor_key:#x}: actor keys are below 2**63"
+            )));
+        }
+        if fanout == 0 {
+            return Err(PyValueError::new_err("cast fan-out must be at least 1"));
+        }
+        let reply = match (mode, reply_port) {
+            (0, _) => CastReply::None,
+            (1, Some(port)) => CastReply::Direct {
+                port: port.port_id().clone(),
+                key: reply_key,
+            },
+            (2, Some(port)) => CastReply::Reduce {
+                port: port.port_id().clone(),
+                key: reply_key,
+            },
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "cast mode {mode}: expected 0 (no replies), or 1 (direct) or 2 (reduced) \
+                     with a reply port"
+                )))
+            }
+        };
+        let targets: Vec<CastTarget> = targets
+            .iter()
+            .map(|(index, port)| CastTarget {
+                index: *index,
+                port: port.port_id().clone(),
+            })
+            .collect();
+        let parts = extract_parts(parts)?;
+        let _guard = runtime()?.enter();
+        Ok(self.inbox.cast(actor_key, &targets, fanout, &reply, parts))
+    }
+
+    /// The proc `proc_id` is gone: casts skip it and stop waiting for replies through it.
+    fn peer_died(&self, proc_id: &str) -> PyResult<()> {
+        let proc: hyperactor::ProcId = proc_id
+            .parse()
+            .map_err(|e: hyperactor::error::IdError| PyValueError::new_err(e.to_string()))?;
+        let _guard = runtime()?.enter();
+        self.inbox.peer_died(&proc);
+        Ok(())
     }
 
     fn __repr__(&self) -> String {

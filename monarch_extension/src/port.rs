@@ -24,7 +24,7 @@ use crate::runtime::runtime;
 pub type Parts = Vec<Bytes>;
 
 /// Copies `bytes` or a list of `bytes` into message parts.
-fn extract_parts(parts: &Bound<'_, PyAny>) -> PyResult<Parts> {
+pub(crate) fn extract_parts(parts: &Bound<'_, PyAny>) -> PyResult<Parts> {
     if let Ok(b) = parts.cast::<PyBytes>() {
         return Ok(vec![Bytes::copy_from_slice(b.as_bytes())]);
     }
@@ -59,6 +59,10 @@ impl PyPortRef {
         Self {
             port_id: port.port_id().clone(),
         }
+    }
+
+    pub(crate) fn port_id(&self) -> &PortId {
+        &self.port_id
     }
 }
 

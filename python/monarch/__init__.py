@@ -15,4 +15,17 @@ from monarch._rust_bindings import _prepare_exit
 # CPython would end abruptly while finalizing (see monarch_extension/src/runtime.rs).
 _atexit.register(_prepare_exit)
 
-__all__ = ["__version__"]
+from monarch._src.config import clear_runtime_config as clear_runtime_config
+from monarch._src.config import configure as configure
+from monarch._src.config import configured as configured
+from monarch._src.config import get_global_config as get_global_config
+from monarch._src.config import get_runtime_config as get_runtime_config
+
+__all__ = [
+    "__version__",
+    "clear_runtime_config",
+    "configure",
+    "configured",
+    "get_global_config",
+    "get_runtime_config",
+]

@@ -181,6 +181,24 @@ class Inbox:
     def remove(self, key: int) -> None:
         """Close and forget the queue of ``key``."""
 
+    def cast(
+        self,
+        actor_key: int,
+        targets: list[tuple[int, PortRef]],
+        fanout: int,
+        mode: int,
+        reply_port: PortRef | None,
+        reply_key: int,
+        parts: list[bytes],
+    ) -> list[int]:
+        """Cast ``parts`` to actor ``actor_key`` on ``targets`` (``(index, inbox port)``
+        in view order) over a tree of at most ``fanout`` children per node. ``mode``: 0
+        no replies, 1 direct replies, 2 replies reduced per subtree. Each receiver gets
+        ``[route, *parts]``. Returns per position the end of the subtree it heads."""
+
+    def peer_died(self, proc_id: str) -> None:
+        """The proc ``proc_id`` is gone: casts skip it, replies are not awaited from it."""
+
 @final
 class Queue:
     """The messages of one key of an ``Inbox``, in arrival order (key part stripped)."""

@@ -23,7 +23,10 @@
 //! ORD-1 across paths: a cast relayed through other procs could be overtaken by a later
 //! direct message from the same sender. Every message carries a per-(sender, actor,
 //! receiver) sequence number, and the receiving inbox delivers each sender's messages
-//! to an actor in sequence order, holding back any that arrive early.
+//! to an actor in sequence order, holding back any that arrive early. A relay that dies
+//! loses what it had not forwarded yet, so after a death a gap is waited for only
+//! [`GAP_GRACE`]; a message given up on that still arrives is delivered late, never
+//! dropped.
 //!
 //! Failures: [`Inbox::peer_died`] tells the inbox that a proc is gone. Children on it
 //! are no longer waited for: each index of their chunk still owed goes up as a *lost*
@@ -321,11 +324,30 @@ impl Reducer {
 }
 
 /// Messages of one sender to one actor, put back in sequence order.
-#[derive(Default)]
 struct InOrder {
     next: u64,
     held: BTreeMap<u64, Vec<Bytes>>,
+    /// Numbers given up on (see [`GAP_GRACE`]): delivered late if they still come.
+    skipped: HashSet<u64>,
+    /// A release is scheduled.
+    timer: bool,
 }
+
+impl InOrder {
+    /// Gives up on the gaps before the held messages and delivers those.
+    fn release(&mut self, shared: &Shared, actor_key: u64) {
+        for (seq, parts) in std::mem::take(&mut self.held) {
+            self.skipped.extend(self.next..seq);
+            shared.push(actor_key, parts);
+            self.next = seq + 1;
+        }
+    }
+}
+
+/// How long a message waits for an earlier one once a proc has died: the earlier one
+/// may have been lost with a relay. One still in flight after this is delivered late
+/// rather than dropped.
+pub const GAP_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The cast state of an inbox.
 #[derive(Default)]
@@ -362,7 +384,7 @@ impl Shared {
     }
 
     /// A cast message arrived (key part already checked): forward, then deliver.
-    pub(super) fn deliver_cast(&self, mut parts: Vec<Bytes>) {
+    pub(super) fn deliver_cast(self: &Arc<Self>, mut parts: Vec<Bytes>) {
         let header = match parts.get(1).and_then(Header::decode) {
             Some(header) => header,
             None => {
@@ -472,18 +494,51 @@ impl Shared {
     }
 
     /// Delivers message `seq` of `sender` to `actor_key`, after the ones before it.
-    fn deliver_in_order(&self, sender: u64, actor_key: u64, seq: u64, parts: Vec<Bytes>) {
-        let mut state = self.cast_state();
+    fn deliver_in_order(
+        self: &Arc<Self>,
+        sender: u64,
+        actor_key: u64,
+        seq: u64,
+        parts: Vec<Bytes>,
+    ) {
+        let mut guard = self.cast_state();
+        let state = &mut *guard;
         let order = state.incoming.entry((sender, actor_key)).or_insert(InOrder {
             next: 1,
             held: BTreeMap::new(),
+            skipped: HashSet::new(),
+            timer: false,
         });
         if seq < order.next {
-            tracing::warn!(inbox = %self.port, seq, "dropping a repeated cast message");
+            if order.skipped.remove(&seq) {
+                // Given up on after a death, yet it came: late beats lost.
+                self.push(actor_key, parts);
+            } else {
+                tracing::warn!(inbox = %self.port, seq, "dropping a repeated cast message");
+            }
             return;
         }
         if seq > order.next {
             order.held.insert(seq, parts);
+            // Once procs have died, a gap may never fill: give it a grace period.
+            if !state.dead.is_empty() && !order.timer {
+                if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                    order.timer = true;
+                    let shared = Arc::downgrade(self);
+                    handle.spawn(async move {
+                        tokio::time::sleep(GAP_GRACE).await;
+                        if let Some(shared) = shared.upgrade() {
+                            let mut state = shared.cast_state();
+                            if let Some(order) = state.incoming.get_mut(&(sender, actor_key)) {
+                                order.timer = false;
+                                order.release(&shared, actor_key);
+                            }
+                        }
+                    });
+                } else {
+                    order.release(self, actor_key);
+                }
+            }
             return;
         }
         // The state lock is held while pushing, so that nothing overtakes these.
@@ -617,17 +672,8 @@ impl Inbox {
         {
             let mut state = shared.cast_state();
             state.dead.insert(proc.clone());
-            let mut released: Vec<(u64, Vec<Bytes>)> = Vec::new();
             for ((_, actor_key), order) in state.incoming.iter_mut() {
-                if let Some((&last, _)) = order.held.last_key_value() {
-                    for (_, parts) in std::mem::take(&mut order.held) {
-                        released.push((*actor_key, parts));
-                    }
-                    order.next = last + 1;
-                }
-            }
-            for (actor_key, parts) in released {
-                shared.push(actor_key, parts);
+                order.release(shared, *actor_key);
             }
         }
         let reducers: Vec<(u64, Arc<Reducer>)> = shared
@@ -712,6 +758,27 @@ mod tests {
         assert_eq!(queue.try_pop().unwrap(), Some(msg("four")));
         inbox.shared.deliver_in_order(5, 4, 5, msg("five"));
         assert_eq!(queue.try_pop().unwrap(), Some(msg("five")));
+        // Given up on, 3 still comes (it was slow, not lost): late, but delivered; a
+        // second copy of it is a repeat.
+        inbox.shared.deliver_in_order(5, 4, 3, msg("three"));
+        assert_eq!(queue.try_pop().unwrap(), Some(msg("three")));
+        inbox.shared.deliver_in_order(5, 4, 3, msg("three"));
+        assert!(queue.try_pop().unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn after_a_death_a_new_gap_is_waited_for_only_a_grace_period() {
+        let proc = Proc::serve(ChannelTransport::Local, "order").await.unwrap();
+        let client = proc.client("agent").unwrap();
+        let inbox = Inbox::open(&client);
+        let queue = inbox.queue(4);
+        inbox.peer_died(proc.proc_id());
+        let start = std::time::Instant::now();
+        inbox.shared.deliver_in_order(6, 4, 2, msg("two"));
+        assert!(queue.try_pop().unwrap().is_none(), "held at first");
+        let got = hyperactor::testing::timed(queue.pop()).await.unwrap();
+        assert_eq!(got, msg("two"));
+        assert!(start.elapsed() >= GAP_GRACE);
     }
 
     #[test]

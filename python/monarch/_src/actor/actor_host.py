@@ -28,7 +28,7 @@ from monarch._src.actor.actor_mesh import (
 )
 from monarch._src.actor.extent import Extent
 from monarch._src.actor.point import Point
-from monarch._src.actor.runtime import ERROR, FAILED, OK, ProcessContext, loads
+from monarch._src.actor.runtime import ERROR, FAILED, OK, ProcessContext, decode_route, loads
 
 
 def handle_agent_request(proc: ProcessContext, request: tuple[Any, ...], rest: list[bytes]) -> None:
@@ -315,22 +315,23 @@ class HostedActor:
         """Decode a message: ``("call", header, fn, args, kwargs)``,
         ``("supervise", failure)``, ``("stop", header, reason)``, or None when it was
         answered already."""
-        header = loads(parts[0])
-        method = header[0]
+        index, hops, reply_key, reply_port = decode_route(parts[0])
+        method, labels, sizes = loads(parts[1])
+        header = (method, reply_port, reply_key, index, labels, sizes, hops)
         if method == "__supervise__":
-            failure = loads(parts[1])[0][0]
+            failure = loads(parts[2])[0][0]
             # A failed or stopped owner already told its own owner; nothing to add.
             return None if (self.failed or self.stopped) else ("supervise", failure)
         if self._dead_reply(header):
             return None
         if method == "__stop__":
-            stop_args, _ = loads(parts[1])
+            stop_args, _ = loads(parts[2])
             return ("stop", header, str(stop_args[0]) if stop_args else "stopped")
         if method == "__initialized__":
             self._reply(header, OK, None)
             return None
         try:
-            args, kwargs = loads(parts[1])
+            args, kwargs = loads(parts[2])
             fn = getattr(self.obj, method)
         except Exception as e:  # cannot unpickle, or no such method: the caller hears
             self._reply(header, ERROR, ActorError._from_local(e, f"before {method} ran")._to_wire())
@@ -362,7 +363,7 @@ class HostedActor:
 
     def _context(self, header: tuple[Any, ...]) -> Context:
         assert self.instance is not None
-        return Context(self.instance, (header[3], header[4], header[5]))
+        return Context(self.instance, (header[3], header[4], header[5]), header[6])
 
     def _args(self, header: tuple[Any, ...], args: tuple[Any, ...]) -> tuple[Any, ...]:
         if self._explicit(header[0]):

@@ -317,10 +317,16 @@ class Context:
     """Where the current code runs: ``actor_instance`` and ``message_rank``."""
 
     def __init__(
-        self, instance: Instance, rank_info: tuple[int, tuple[str, ...], tuple[int, ...]] | None
+        self,
+        instance: Instance,
+        rank_info: tuple[int, tuple[str, ...], tuple[int, ...]] | None,
+        hops: int = 0,
     ) -> None:
         self.actor_instance = instance
         self._rank_info = rank_info
+        #: How many procs the current message passed through to get here (1: sent
+        #: directly; more when a cast was relayed down its tree). For tests and tools.
+        self._hops = hops
 
     @functools.cached_property
     def message_rank(self) -> Point:
@@ -449,6 +455,10 @@ class ActorMesh(MeshTrait, Generic[A]):
     def _targets(self) -> list[tuple[int, int]]:
         """``(index in this view, rank in the proc group)`` of every actor of the view."""
         return list(enumerate(self._mesh_shape.ndslice))
+
+    @functools.cached_property
+    def _method_headers(self) -> dict[str, bytes]:
+        return {}
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[A]:
         return ActorMesh(self._ref, shape)
@@ -629,21 +639,20 @@ def _find_unpicklable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     return "?"
 
 
-def _headers(
-    mesh: ActorMesh[Any],
-    method: str,
-    reply_port: str | None,
-    reply_key: int,
-    ranks: list[tuple[int, int]],
-) -> list[tuple[int, int, bytes]]:
-    """``(index in the view, rank in the proc group, header)`` for each target."""
-    shape = mesh._mesh_shape
-    labels = tuple(shape.labels)
-    sizes = tuple(shape.ndslice.sizes)
-    return [
-        (i, g, pickle.dumps((method, reply_port, reply_key, i, labels, sizes), protocol=5))
-        for i, g in ranks
-    ]
+def _header(mesh: ActorMesh[Any], method: str) -> bytes:
+    """The pickled ``(method, labels, sizes)`` every receiver of a cast gets."""
+    cache = mesh._method_headers
+    header = cache.get(method)
+    if header is None:
+        shape = mesh._mesh_shape
+        header = cache[method] = pickle.dumps(
+            (method, tuple(shape.labels), tuple(shape.ndslice.sizes)), protocol=5
+        )
+    return header
+
+
+#: ``Inbox.cast`` reply modes.
+NO_REPLY, DIRECT, REDUCE = 0, 1, 2
 
 
 def _cast(
@@ -669,12 +678,11 @@ def _cast(
         if mode == "broadcast":
             raise err
         return Future(impl=_Failed(err))
+    parts = [_header(mesh, method), payload]
     if mode == "broadcast":
-        for _, g, header in _headers(mesh, method, None, 0, ranks):
-            ref.group.send(g, [ref.key_part, header, payload], None)
+        ref.group.cast(ref.key, ranks, parts, None, None, NO_REPLY)
         return None
     queue = proc.inbox.reply_queue()
-    reply_port = proc.port_id
     replies: _Replies
     if mode == "call":
 
@@ -688,11 +696,8 @@ def _cast(
         replies = _Replies(_Reindex(queue, ranks[0][0]), 1, endpoint, lambda v: v[0])
     else:
         replies = _Replies(queue, 1, endpoint, lambda v: v[0])
-    group = ref.group
-    for i, g, header in _headers(mesh, method, reply_port, queue.key, ranks):
-        replies.targets[g] = i
-        group.watch(g, replies)
-        group.send(g, [ref.key_part, header, payload], (reply_port, queue.key, i))
+    cast_mode = REDUCE if mode == "call" else DIRECT
+    ref.group.cast(ref.key, ranks, parts, (proc.port_id, queue.key), replies, cast_mode)
     return Future(impl=replies)
 
 
@@ -703,12 +708,9 @@ def _stream(mesh: ActorMesh[Any], method: str, payload: bytes) -> Iterator[Futur
     ranks = mesh._targets
     queue = proc.inbox.reply_queue()
     shared = _StreamShared(queue, endpoint)
-    for i, g, header in _headers(mesh, method, proc.port_id, queue.key, ranks):
-        shared.targets[g] = i
-        ref.group.watch(g, shared)
-        ref.group.send(g, [ref.key_part, header, payload], (proc.port_id, queue.key, i))
-    futures = [Future(impl=_StreamOne(shared)) for _ in ranks]
-    return iter(futures)
+    parts = [_header(mesh, method), payload]
+    ref.group.cast(ref.key, ranks, parts, (proc.port_id, queue.key), shared, DIRECT)
+    return iter([Future(impl=_StreamOne(shared)) for _ in ranks])
 
 
 def as_endpoint(

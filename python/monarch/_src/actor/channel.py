@@ -19,10 +19,11 @@ from monarch._src.actor.actor_mesh import (
     Endpoint,
     Port,
     SupervisionError,
-    _headers,
+    DIRECT,
+    _header,
 )
 from monarch._src.actor.future import Future
-from monarch._src.actor.runtime import ERROR, OK, loads
+from monarch._src.actor.runtime import ERROR, OK, decode_replies
 
 R = TypeVar("R")
 A = TypeVar("A")
@@ -36,6 +37,8 @@ class _Receive:
 
     def wait(self, timeout: float | None) -> Any:
         self._receiver._check_open()
+        if self._receiver._extra:
+            return self._receiver._take(self._receiver._extra.pop(0))
         queue = self._receiver._queue
         try:
             parts = queue.get(timeout)
@@ -48,6 +51,8 @@ class _Receive:
 
     async def wait_async(self) -> Any:
         self._receiver._check_open()
+        if self._receiver._extra:
+            return self._receiver._take(self._receiver._extra.pop(0))
         queue = self._receiver._queue
         parts = queue.try_get()
         if parts is None:
@@ -64,6 +69,9 @@ class PortReceiver(Generic[R]):
         self._ranked = ranked
         self._once = once
         self._received = 0
+        #: Replies that came in one message with the one returned (e.g. failures of
+        #: several ranks reported at once), returned next.
+        self._extra: list[tuple[int, int, Any]] = []
 
     def _check_open(self) -> None:
         if self._once and self._received >= 1:
@@ -73,7 +81,11 @@ class PortReceiver(Generic[R]):
             )
 
     def _decode(self, parts: list[bytes]) -> Any:
-        index, status, value = loads(parts[0])
+        first, *self._extra = decode_replies(parts)
+        return self._take(first)
+
+    def _take(self, reply: tuple[int, int, Any]) -> Any:
+        index, status, value = reply
         self._received += 1
         if self._once and self._received == 1:
             self._queue.close()
@@ -134,11 +146,9 @@ def send(
         if not ranks:
             raise ValueError(f"send(selection='choose') to {mesh._describe()}, which is empty")
         ranks = [random.choice(ranks)]
-    reply_port = port._port_id if port is not None else None
-    reply_key = port._reply_key if port is not None else 0
-    for i, g, header in _headers(mesh, endpoint._name, reply_port, reply_key, ranks):
-        reply = (reply_port, reply_key, i) if reply_port is not None else None
-        ref.group.send(g, [ref.key_part, header, payload], reply)
+    reply = (port._port_id, port._reply_key) if port is not None else None
+    parts = [_header(mesh, endpoint._name), payload]
+    ref.group.cast(ref.key, ranks, parts, reply, None, DIRECT)
 
 
 class Accumulator(Generic[R, A]):

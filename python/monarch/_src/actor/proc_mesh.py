@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from monarch._rust_bindings import PortRef
+from monarch._src import config
 from monarch._src.actor import runtime
 from monarch._src.actor.future import Future
 from monarch._src.actor.runtime import FAILED, dumps
@@ -43,7 +44,8 @@ class _ProcGroup:
         self._error: str | None = None
         self._stopped: str | None = None
         self._lock = threading.Lock()
-        self._pending: list[tuple[int, list[bytes], tuple[str, int, int] | None]] = []
+        #: Sends and casts waiting for the procs to be ready, in order.
+        self._pending: list[tuple[Any, ...]] = []
         self._ready = threading.Event()
         #: Ranks whose proc is dead, with the reason.
         self._dead: dict[int, str] = {}
@@ -70,8 +72,13 @@ class _ProcGroup:
             if first is not None:
                 for port in ports:
                     ctx.send(port, first)
-            for g, parts, _ in self._pending:
-                ctx.send(ports[g], parts)
+            # Flushed before `_ports` is set: a send racing with this one waits on the
+            # lock, so nothing overtakes what was queued (ORD-1).
+            for op in self._pending:
+                if op[0] == "send":
+                    ctx.send(ports[op[1]], op[2])
+                else:
+                    self._cast_now(ports, *op[1:])
             self._pending.clear()
             self._ports = ports
         self._ready.set()
@@ -81,21 +88,31 @@ class _ProcGroup:
             self._error = error
             pending, self._pending = self._pending, []
         self._ready.set()
-        for _, _, reply in pending:
-            self._fail(reply, error)
+        reason = f"the procs of {self.name!r} failed to start: {error}"
+        for op in pending:
+            if op[0] == "send":
+                self._fail(op[3], reason)
+            else:
+                _, _, ranks, _, reply, _ = op
+                self._fail_all(reply, [i for i, _ in ranks], reason)
 
     def _fail(self, reply: tuple[str, int, int] | None, reason: str) -> None:
         if reply is not None:
             port, key, index = reply
             runtime.process_context().reply(port, key, index, FAILED, reason)
 
+    def _fail_all(self, reply: tuple[str, int] | None, indices: list[int], reason: str) -> None:
+        if reply is not None:
+            runtime.process_context().fail_replies(reply[0], reply[1], indices, reason)
+
     def send(self, rank: int, parts: list[bytes], reply: tuple[str, int, int] | None) -> None:
+        """Send ``parts`` (key part first) to the inbox of ``rank``'s proc."""
         ports = self._ports
         if ports is None:
             with self._lock:
                 ports = self._ports
                 if ports is None and self._error is None:
-                    self._pending.append((rank, parts, reply))
+                    self._pending.append(("send", rank, parts, reply))
                     return
         if self._stopped is not None:
             self._fail(reply, f"`ProcMesh` has already been stopped ({self._stopped})")
@@ -107,6 +124,73 @@ class _ProcGroup:
             self._fail(reply, f"the procs of {self.name!r} failed to start: {self._error}")
             return
         runtime.process_context().send(ports[rank], parts)
+
+    def cast(
+        self,
+        key: int,
+        ranks: list[tuple[int, int]],
+        parts: list[bytes],
+        reply: tuple[str, int] | None,
+        watcher: Any,
+        mode: int,
+    ) -> None:
+        """Cast ``parts`` to actor ``key`` on ``ranks`` (``(index in the view, rank)``)
+        over a tree (``Inbox.cast``). ``reply``: ``(port id, key)`` replies go to
+        (``mode`` 1: one per rank; 2: reduced); ``watcher`` hears of dead ranks."""
+        ports = self._ports
+        if ports is None:
+            with self._lock:
+                ports = self._ports
+                if ports is None and self._error is None:
+                    self._pending.append(("cast", key, ranks, parts, reply, watcher, mode))
+                    return
+        self._cast_now(ports, key, ranks, parts, reply, watcher, mode)
+
+    def _cast_now(
+        self,
+        ports: list[PortRef] | None,
+        key: int,
+        ranks: list[tuple[int, int]],
+        parts: list[bytes],
+        reply: tuple[str, int] | None,
+        watcher: Any,
+        mode: int,
+    ) -> None:
+        if self._stopped is not None:
+            reason = f"`ProcMesh` has already been stopped ({self._stopped})"
+            self._fail_all(reply, [i for i, _ in ranks], reason)
+            return
+        if self._error is not None or ports is None:
+            reason = f"the procs of {self.name!r} failed to start: {self._error}"
+            self._fail_all(reply, [i for i, _ in ranks], reason)
+            return
+        live = ranks
+        dead = self._dead
+        if dead:
+            live = [(i, g) for i, g in ranks if g not in dead]
+            for i, g in ranks:
+                if g in dead:
+                    self._fail_all(reply, [i], dead[g])
+            if not live:
+                return
+        ctx = runtime.process_context()
+        if reply is None:
+            port, reply_key = None, 0
+        else:
+            port, reply_key = ctx.port_ref(reply[0]), reply[1]
+        ends = ctx.inbox.cast(
+            key,
+            [(i, ports[g]) for i, g in live],
+            config.get("cast_fanout"),
+            mode if reply is not None else 0,
+            port,
+            reply_key,
+            parts,
+        )
+        if watcher is not None:
+            watcher.track(live, ends)
+            for _, g in live:
+                self.watch(g, watcher)
 
     def watch(self, rank: int, call: Any) -> None:
         """Remember that ``call`` waits for a reply from ``rank`` (see ``mark_dead``)."""

@@ -14,12 +14,48 @@ from typing import Any
 
 from monarch._src.actor import runtime
 from monarch._src.actor.errors import ActorError, SupervisionError
-from monarch._src.actor.runtime import ERROR, FAILED, OK, dumps, loads
+from monarch._src.actor.runtime import ERROR, OK, decode_replies
 
 
-class _Replies:
+class _Watcher:
+    """What a call watches for: the ranks it cast to, and the subtree of the cast tree
+    each heads. If a rank's proc dies, every rank whose message was relayed through it
+    is answered with ``FAILED`` (a reply that arrived first wins)."""
+
+    def __init__(self, reply_key: int) -> None:
+        self.reply_key = reply_key
+        #: Proc group rank -> its position in the cast's target list.
+        self.targets: dict[int, int] = {}
+        self._live: list[tuple[int, int]] = []
+        self._ends: list[int] = []
+
+    def track(self, live: list[tuple[int, int]], ends: list[int]) -> None:
+        """``live[pos] = (index, rank)`` were cast to; ``ends`` from ``Inbox.cast``."""
+        self._live, self._ends = live, ends
+        for pos, (_, g) in enumerate(live):
+            self.targets[g] = pos
+
+    def rank_failed(self, g: int, reason: str) -> None:
+        pos = self.targets.get(g)
+        if pos is None or not self._open():
+            return
+        live, end = self._live, self._ends[pos]
+        i = live[pos][0]
+        ctx = runtime.process_context()
+        ctx.fail_replies(ctx.port_id, self.reply_key, [i], reason)
+        if end > pos + 1:
+            relayed = f"{reason} (the message to this rank was relayed through rank {i}'s proc)"
+            ctx.fail_replies(
+                ctx.port_id, self.reply_key, [j for j, _ in live[pos + 1 : end]], relayed
+            )
+
+    def _open(self) -> bool:
+        return True
+
+
+class _Replies(_Watcher):
     """Collects ``expected`` replies from a reply queue (a Future implementation).
-    Partial progress survives a timeout."""
+    Partial progress survives a timeout. A ``FAILED`` reply ends the wait at once."""
 
     def __init__(
         self,
@@ -28,40 +64,41 @@ class _Replies:
         endpoint: str,
         finish: Callable[[list[Any]], Any],
     ) -> None:
+        super().__init__(queue.key)
         self._queue = queue
         self._expected = expected
         self._endpoint = endpoint
         self._finish = finish
         self._values: list[Any] = [None] * expected
         self._got = 0
+        #: Reply messages taken (a reduced call gets one per top-level subtree).
+        self.messages = 0
         self._seen: set[int] = set()
         self._error: BaseException | None = None
-        #: Proc group rank -> index in the view, of the ranks this call waits for.
-        self.targets: dict[int, int] = {}
+        self._failed = False
 
-    def rank_failed(self, g: int, reason: str) -> None:
-        """The proc of group rank ``g`` died: answer for it, unless done already (a
-        real reply that arrived first wins; the duplicate is ignored)."""
-        queue = self._queue
-        index = self.targets.get(g)
-        if queue is None or index is None:
-            return
-        ctx = runtime.process_context()
-        ctx.reply(ctx.port_id, queue.key, index, FAILED, reason)
+    def _open(self) -> bool:
+        return self._queue is not None
 
     def _take(self, parts: list[bytes]) -> None:
-        index, status, value = loads(parts[0])
-        if index in self._seen:
-            return
-        self._seen.add(index)
-        self._got += 1
-        if status == OK:
-            self._values[index] = value
-        elif self._error is None:
-            if status == ERROR:
-                self._error = ActorError._from_wire(value)
+        self.messages += 1
+        for index, status, value in decode_replies(parts):
+            if index in self._seen:
+                continue
+            self._seen.add(index)
+            self._got += 1
+            if status == OK:
+                self._values[index] = value
+            elif status == ERROR:
+                if self._error is None:
+                    self._error = ActorError._from_wire(value)
             else:
-                self._error = SupervisionError(value, self._endpoint)
+                if not self._failed:
+                    self._error = SupervisionError(value, self._endpoint)
+                self._failed = True
+
+    def _pending(self) -> bool:
+        return self._got < self._expected and not self._failed
 
     def _result(self) -> Any:
         self._queue = None  # frees the reply key
@@ -71,13 +108,13 @@ class _Replies:
 
     def wait(self, timeout: float | None) -> Any:
         if timeout is None:
-            while self._got < self._expected:
+            while self._pending():
                 self._take(self._queue.get())
             return self._result()
         import time
 
         deadline = time.monotonic() + timeout
-        while self._got < self._expected:
+        while self._pending():
             left = deadline - time.monotonic()
             try:
                 parts = self._queue.get(max(0.0, left))
@@ -90,12 +127,23 @@ class _Replies:
         return self._result()
 
     async def wait_async(self) -> Any:
-        while self._got < self._expected:
+        while self._pending():
             parts = self._queue.try_get()
             if parts is None:
                 parts = await self._queue.recv()
             self._take(parts)
         return self._result()
+
+
+_INDEX_0 = (0).to_bytes(4, "little")
+
+
+def _position(parts: list[bytes], index: int) -> int:
+    """The pair of ``parts`` for view index ``index`` (0 if absent)."""
+    for j in range(0, len(parts) - 1, 2):
+        if int.from_bytes(parts[j], "little") == index:
+            return j // 2
+    return 0
 
 
 class _Reindex:
@@ -107,8 +155,7 @@ class _Reindex:
         self._index = index
 
     def _fix(self, parts: list[bytes]) -> list[bytes]:
-        _, status, value = loads(parts[0])
-        return [dumps((0, status, value))]
+        return [_INDEX_0, parts[2 * _position(parts, self._index) + 1]]
 
     def get(self, timeout: float | None = None) -> list[bytes]:
         return self._fix(self._queue.get(timeout))
@@ -132,28 +179,36 @@ class _Failed:
         raise self._error
 
 
-class _StreamShared:
+class _StreamShared(_Watcher):
     def __init__(self, queue: Any, endpoint: str) -> None:
+        super().__init__(queue.key)
         self.queue = queue
         self.endpoint = endpoint
         self.lock = threading.Lock()
         self.seen: set[int] = set()
-        self.targets: dict[int, int] = {}
-
-    def rank_failed(self, g: int, reason: str) -> None:
-        index = self.targets.get(g)
-        if index is not None:
-            ctx = runtime.process_context()
-            ctx.reply(ctx.port_id, self.queue.key, index, FAILED, reason)
 
     def fresh(self, parts: list[bytes]) -> tuple[int, Any] | None:
-        """The reply's (status, value), or None for a duplicate of a rank seen."""
-        index, status, value = loads(parts[0])
+        """The first new reply's (status, value), or None if all are duplicates of
+        ranks seen. Further new replies of the message are put back in the queue,
+        one message each, for the next waiter."""
+        first = None
+        again = []
         with self.lock:
-            if index in self.seen:
-                return None
-            self.seen.add(index)
-        return status, value
+            for j in range(0, len(parts) - 1, 2):
+                index = int.from_bytes(parts[j], "little")
+                if index in self.seen:
+                    continue
+                if first is None:
+                    self.seen.add(index)
+                    first = decode_replies(parts[j : j + 2])[0]
+                else:
+                    again.append(parts[j : j + 2])
+        if again:
+            ctx = runtime.process_context()
+            port = ctx.port_ref(ctx.port_id)
+            for pair in again:
+                ctx.send(port, [self.queue.key_part, *pair])
+        return None if first is None else (first[1], first[2])
 
 
 class _StreamOne:

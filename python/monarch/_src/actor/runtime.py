@@ -19,12 +19,17 @@ actor runs ``__init__`` before draining that queue.
 
 Wire formats (every part is bytes):
 
-- to an actor: ``[key, header, payload]``; ``header`` pickles ``(method, reply_port,
-  reply_key, message_rank, labels, sizes)``, ``payload`` pickles ``(args, kwargs)`` once
-  per cast;
-- a reply: ``[reply_key, body]``; ``body`` pickles ``(index, status, value)`` with
-  ``status`` one of :data:`OK`, :data:`ERROR` (an ``ActorError``'s parts) or
-  :data:`FAILED` (the actor has failed or stopped: a ``SupervisionError`` message).
+- to an actor, sent with ``Inbox.cast`` (which fans it out over a tree of procs, see
+  ``hyperactor_mesh::inbox::cast``): ``[route, header, payload]`` as delivered;
+  ``route`` is written by the inbox that delivers it (:data:`ROUTE`: the receiver's
+  index in the view, the hops it took, the reply key, then the reply port id),
+  ``header`` pickles ``(method, labels, sizes)`` and ``payload`` ``(args, kwargs)``,
+  once per cast;
+- a reply: ``[reply_key, index, body, index, body, ...]``: pairs of a 4-byte
+  little-endian index and a body that pickles ``(status, value)`` with ``status`` one
+  of :data:`OK`, :data:`ERROR` (an ``ActorError``'s parts) or :data:`FAILED` (the actor
+  has failed or stopped: a ``SupervisionError`` message). A reduced reply carries many
+  pairs; an empty body means the rank is *lost* (its proc died before answering).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import atexit
 import io
 import os
 import pickle
+import struct
 import sys
 import threading
 import weakref
@@ -62,6 +68,38 @@ AGENT_NAME = "agent"
 
 def key_part(key: int) -> bytes:
     return key.to_bytes(8, "little")
+
+
+#: The fixed part of a route (``hyperactor_mesh::inbox::Route``): index, hops, reply key.
+ROUTE = struct.Struct("<IBQ")
+
+#: The route of a message nobody replies to (e.g. a supervision event).
+NO_ROUTE = ROUTE.pack(0, 0, 0)
+
+
+def decode_route(part: bytes) -> tuple[int, int, int, str | None]:
+    """``(index, hops, reply_key, reply_port or None)`` of a delivered message."""
+    index, hops, reply_key = ROUTE.unpack_from(part)
+    port = part[ROUTE.size :]
+    return index, hops, reply_key, port.decode() if port else None
+
+
+def decode_replies(parts: list[bytes]) -> list[tuple[int, int, Any]]:
+    """The ``(index, status, value)`` of each reply pair of a reply message; a lost
+    rank (empty body) reads as ``FAILED``."""
+    out = []
+    for j in range(0, len(parts) - 1, 2):
+        index = int.from_bytes(parts[j], "little")
+        body = parts[j + 1]
+        if body:
+            status, value = loads(body)
+        else:
+            status, value = (
+                FAILED,
+                f"the proc of rank {index} is gone: the message or its reply was lost with it",
+            )
+        out.append((index, status, value))
+    return out
 
 
 def inbox_port_of(proc_id: str) -> str:
@@ -146,7 +184,8 @@ class ProcessContext:
                 return
             try:
                 key = int.from_bytes(parts[0], "little")
-                method, reply_port, reply_key, index = loads(parts[1])[:4]
+                index, _, reply_key, reply_port = decode_route(parts[1])
+                method = loads(parts[2])[0]
                 if reply_port is None or method == "__supervise__":
                     continue
                 if method == "__stop__":
@@ -172,7 +211,7 @@ class ProcessContext:
     def reply(self, port_id: str, reply_key: int, index: int, status: int, value: Any) -> None:
         """Send one reply; a value that cannot be pickled becomes an error reply."""
         try:
-            body = dumps((index, status, value))
+            body = dumps((status, value))
         except Exception as e:  # unpicklable result: tell the caller why
             from monarch._src.actor.actor_mesh import ActorError
 
@@ -180,8 +219,19 @@ class ProcessContext:
                 TypeError(f"the endpoint's return value cannot be pickled: {e}"),
                 "while sending the reply",
             )
-            body = dumps((index, ERROR, err._to_wire()))
-        self.send(self.port_ref(port_id), [key_part(reply_key), body])
+            body = dumps((ERROR, err._to_wire()))
+        self.send(
+            self.port_ref(port_id), [key_part(reply_key), index.to_bytes(4, "little"), body]
+        )
+
+    def fail_replies(self, port_id: str, reply_key: int, indices: Any, reason: str) -> None:
+        """Answer ``indices`` with ``FAILED`` (``reason``) in one message."""
+        body = dumps((FAILED, reason))
+        parts = [key_part(reply_key)]
+        for index in indices:
+            parts += (index.to_bytes(4, "little"), body)
+        if len(parts) > 1:
+            self.send(self.port_ref(port_id), parts)
 
     # --- the agent -------------------------------------------------------------------
 

@@ -119,8 +119,8 @@ def route(ctx: ProcessContext, owner: Owner, failure: MeshFailure) -> None:
     if key == SUPERVISION_KEY:
         parts = [key_part(key), dumps(failure)]
     else:
-        header = pickle.dumps(("__supervise__", None, 0, 0, (), ()), protocol=5)
-        parts = [key_part(key), header, dumps(((failure,), {}))]
+        header = pickle.dumps(("__supervise__", (), ()), protocol=5)
+        parts = [key_part(key), runtime.NO_ROUTE, header, dumps(((failure,), {}))]
     try:
         ctx.send(ctx.port_ref(port), parts)
     except Exception as e:  # the owner's process is gone: nobody left to tell
@@ -223,6 +223,8 @@ def proc_died(ctx: ProcessContext, proc_id: str, reason: str, expected: bool) ->
     if proc_id in ctx.dead:
         return
     ctx.dead[proc_id] = reason
+    # Casts skip it from now on; replies relayed through it are not waited for.
+    ctx.inbox.peer_died(proc_id)
     for group in list(ctx.groups_by_proc.get(proc_id, ())):
         group.mark_dead(proc_id, reason)
     if expected:
