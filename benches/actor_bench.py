@@ -12,7 +12,9 @@ Monarch (the ``torchmonarch`` package). It measures, in one run:
   (cold) on its own; 16 and 64 once each (their meshes then serve the calls below);
 * ``call_one round trip``: ``actor.ping.call_one(i).get()`` on a 1-actor slice, one call
   at a time; the median of many calls, after a warm-up;
-* ``call() to N actors`` (N = 4, 16, 64): ``mesh.ping.call(i).get()``; the median;
+* ``call() to N actors`` (N = 1, 4, 16, 64): ``mesh.ping.call(i).get()``; the median;
+* ``broadcast to 16 actors``: ``mesh.ping.broadcast(i)`` issued back to back, then one
+  ``call()`` that every actor handles after them; broadcasts per second;
 * ``pipelined call_one``: many ``call_one`` calls issued back to back, then every
   Future's ``get()``; calls per second, the median of a few runs;
 * ``echo`` of a 1 KiB, 1 MiB and 64 MiB ``bytes`` payload: ``call_one(payload)`` to an
@@ -46,6 +48,8 @@ import time
 from dataclasses import asdict
 
 from bench_common import (
+    BROADCAST,
+    CALL_1,
     CALL_4,
     CALL_16,
     CALL_64,
@@ -155,6 +159,18 @@ def measure_pipelined(actor: Echo, p: Params) -> float:
     return statistics.median(rates)
 
 
+def measure_broadcast(mesh: Echo, n: int) -> float:
+    """Broadcasts per second: ``n`` ``broadcast()`` calls to the mesh back to back, then
+    one ``call()``, which every actor handles after them (per-sender order)."""
+    mesh.ping.call(0).get(timeout=WAIT_TIMEOUT_S)
+    gc.collect()
+    t0 = time.perf_counter()
+    for i in range(n):
+        mesh.ping.broadcast(i)
+    mesh.ping.call(0).get(timeout=WAIT_TIMEOUT_S)
+    return n / (time.perf_counter() - t0)
+
+
 def measure_echo(actor: Echo, size: int, iters: int) -> float:
     """The median round trip, in seconds, of echoing a ``size``-byte payload."""
     payload = os.urandom(size)
@@ -250,6 +266,8 @@ def run(p: Params, rec: Recorder) -> None:
             call_one = measure_calls(actor.ping.call_one, p.call_one_warmup, p.call_one_iters)
             rec.add(Metric(CALL_ONE, call_one * 1e6, f"median of {p.call_one_iters}",
                            budget=BUDGETS[CALL_ONE]))  # fmt: skip
+            call_1 = measure_calls(actor.ping.call, p.call_one_warmup, p.call_one_iters)
+            rec.add(Metric(CALL_1, call_1 * 1e6, f"median of {p.call_one_iters}"))
             n4 = p.call_iters[4]
             call_4 = measure_calls(mesh.ping.call, n4 // 10, n4)
             rec.add(Metric(CALL_4, call_4 * 1e6, f"median of {n4}"))
@@ -269,7 +287,7 @@ def run(p: Params, rec: Recorder) -> None:
 
     def mesh_of(n: int, spawn_key: str, call_key: str) -> None:
         if n not in p.call_iters:
-            rec.fail([spawn_key, call_key] + ([RSS] if n == 16 else []), SKIPPED)
+            rec.fail([spawn_key, call_key] + ([BROADCAST, RSS] if n == 16 else []), SKIPPED)
             return
         procs, mesh, seconds = spawn_timed(n)
         try:
@@ -278,6 +296,8 @@ def run(p: Params, rec: Recorder) -> None:
             call_n = measure_calls(mesh.ping.call, max(iters // 10, 2), iters)
             rec.add(Metric(call_key, call_n * 1e6, f"median of {iters}"))
             if n == 16:
+                rate = measure_broadcast(mesh, p.broadcasts)
+                rec.add(Metric(BROADCAST, rate, f"{p.broadcasts} broadcasts, then one call()"))
                 pids = list(mesh.getpid.call().get(timeout=WAIT_TIMEOUT_S).values())
                 rss = [r for r in map(rss_mib, pids) if r is not None]
                 other = other_rss_mib(pids)
@@ -286,8 +306,8 @@ def run(p: Params, rec: Recorder) -> None:
         finally:
             stop(procs)
 
-    rec.guard([SPAWN_4, SPAWN_FIRST, CALL_ONE, CALL_4, PIPELINED, *ECHO_SIZES], small_mesh)
-    rec.guard([SPAWN_16, CALL_16, RSS], lambda: mesh_of(16, SPAWN_16, CALL_16))
+    rec.guard([SPAWN_4, SPAWN_FIRST, CALL_ONE, CALL_1, CALL_4, PIPELINED, *ECHO_SIZES], small_mesh)
+    rec.guard([SPAWN_16, CALL_16, BROADCAST, RSS], lambda: mesh_of(16, SPAWN_16, CALL_16))
     rec.guard([SPAWN_64, CALL_64], lambda: mesh_of(64, SPAWN_64, CALL_64))
     # Last: a killed proc may leave the runtime in a worse state than the others need.
     rec.guard([FAILURE], lambda: measure_failure(rec, p.failure_kills))

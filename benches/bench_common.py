@@ -27,10 +27,12 @@ SPAWN_FIRST = "spawn_first"
 SPAWN_16 = "spawn_16"
 SPAWN_64 = "spawn_64"
 CALL_ONE = "call_one"
+CALL_1 = "call_1"
 CALL_4 = "call_4"
 CALL_16 = "call_16"
 CALL_64 = "call_64"
 PIPELINED = "pipelined"
+BROADCAST = "broadcast_16"
 ECHO_1K = "echo_1k"
 ECHO_1M = "echo_1m"
 ECHO_64M = "echo_64m"
@@ -44,10 +46,12 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
     SPAWN_16: ("spawn 16 procs -> first reply", "s", "lower"),
     SPAWN_64: ("spawn 64 procs -> first reply", "s", "lower"),
     CALL_ONE: ("call_one round trip", "us", "lower"),
+    CALL_1: ("call() to 1 actor", "us", "lower"),
     CALL_4: ("call() to 4 actors", "us", "lower"),
     CALL_16: ("call() to 16 actors", "us", "lower"),
     CALL_64: ("call() to 64 actors", "us", "lower"),
     PIPELINED: ("pipelined call_one", "calls/s", "higher"),
+    BROADCAST: ("broadcast to 16 actors", "casts/s", "higher"),
     ECHO_1K: ("echo 1 KiB", "GB/s", "higher"),
     ECHO_1M: ("echo 1 MiB", "GB/s", "higher"),
     ECHO_64M: ("echo 64 MiB", "GB/s", "higher"),
@@ -163,6 +167,8 @@ class Params:
     call_iters: dict[int, int]
     pipelined_calls: int
     pipelined_runs: int
+    # Broadcasts to the 16-actor mesh per run (then one call() that follows them all).
+    broadcasts: int = 2000
     # Metric key -> number of timed echoes (after one warm-up echo).
     echo_iters: dict[str, int] = field(default_factory=dict)
     pipe_warmup: int = 500
@@ -187,6 +193,7 @@ QUICK = Params(
     call_iters={4: 100, 16: 30},
     pipelined_calls=1000,
     pipelined_runs=2,
+    broadcasts=200,
     echo_iters={ECHO_1K: 50, ECHO_1M: 10},
     pipe_warmup=50,
     pipe_iters=300,

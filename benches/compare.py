@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench_common import (
+    CALL_1,
     CALL_4,
     CALL_16,
     CALL_64,
@@ -254,7 +255,7 @@ def plot(labels: dict[str, str], aggs: dict[str, dict[str, dict]], path: Path, t
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=100)
-    calls = [(1, CALL_ONE), (4, CALL_4), (16, CALL_16), (64, CALL_64)]
+    calls = [(1, CALL_1), (4, CALL_4), (16, CALL_16), (64, CALL_64)]
     spawns = [(4, SPAWN_4), (16, SPAWN_16), (64, SPAWN_64)]
     for key, label in labels.items():
         a = aggs[key]
@@ -263,7 +264,7 @@ def plot(labels: dict[str, str], aggs: dict[str, dict[str, dict]], path: Path, t
             if pts:
                 xs, ys = zip(*pts, strict=True)
                 ax.plot(xs, ys, marker="o", label=label)
-    left.set_title("call() latency (1 actor: call_one)")
+    left.set_title("call() latency")
     left.set_ylabel("ms, median")
     right.set_title("spawn N procs -> first reply")
     right.set_ylabel("s")

@@ -40,6 +40,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import ray
 from bench_common import (
+    BROADCAST,
+    CALL_1,
     CALL_4,
     CALL_16,
     CALL_64,
@@ -140,6 +142,18 @@ def measure_pipelined(actor, p: Params) -> float:
     return statistics.median(rates)
 
 
+def measure_broadcast(actors, n: int) -> float:
+    """Rounds per second of ``ping.remote(i)`` to every actor without waiting (Ray has
+    no broadcast: a loop), then one call per actor that runs after them."""
+    ray.get([a.ping.remote(0) for a in actors], timeout=WAIT_TIMEOUT_S)
+    t0 = time.perf_counter()
+    for i in range(n):
+        for a in actors:
+            a.ping.remote(i)
+    ray.get([a.ping.remote(0) for a in actors], timeout=WAIT_TIMEOUT_S)
+    return n / (time.perf_counter() - t0)
+
+
 def measure_echo(actor, size: int, iters: int) -> float:
     payload = os.urandom(size)
     ray.get(actor.ping.remote(payload), timeout=WAIT_TIMEOUT_S)
@@ -207,6 +221,10 @@ def _run(p: Params, rec: Recorder) -> None:
                 lambda i: actor.ping.remote(i), p.call_one_warmup, p.call_one_iters
             )
             rec.add(Metric(CALL_ONE, call_one * 1e6, f"median of {p.call_one_iters}"))
+            call_1 = measure_calls(
+                lambda i: [actor.ping.remote(i)], p.call_one_warmup, p.call_one_iters
+            )
+            rec.add(Metric(CALL_1, call_1 * 1e6, f"median of {p.call_one_iters}"))
             n4 = p.call_iters[4]
             call_4 = measure_calls(lambda i: [a.ping.remote(i) for a in actors], n4 // 10, n4)
             rec.add(Metric(CALL_4, call_4 * 1e6, f"median of {n4}"))
@@ -226,7 +244,7 @@ def _run(p: Params, rec: Recorder) -> None:
 
     def many(n: int, spawn_key: str, call_key: str) -> None:
         if n not in p.call_iters:
-            rec.fail([spawn_key, call_key] + ([RSS] if n == 16 else []), SKIPPED)
+            rec.fail([spawn_key, call_key] + ([BROADCAST, RSS] if n == 16 else []), SKIPPED)
             return
         actors, seconds = spawn_timed(n)
         try:
@@ -237,6 +255,8 @@ def _run(p: Params, rec: Recorder) -> None:
             )
             rec.add(Metric(call_key, call_n * 1e6, f"median of {iters}"))
             if n == 16:
+                rate = measure_broadcast(actors, p.broadcasts)
+                rec.add(Metric(BROADCAST, rate, f"{p.broadcasts} rounds, then one call each"))
                 pids = ray.get([a.getpid.remote() for a in actors], timeout=WAIT_TIMEOUT_S)
                 rss = [r for r in map(rss_mib, pids) if r is not None]
                 other = other_rss_mib(pids)
@@ -248,8 +268,8 @@ def _run(p: Params, rec: Recorder) -> None:
         finally:
             stop(actors)
 
-    rec.guard([SPAWN_4, SPAWN_FIRST, CALL_ONE, CALL_4, PIPELINED, *ECHO_SIZES], small)
-    rec.guard([SPAWN_16, CALL_16, RSS], lambda: many(16, SPAWN_16, CALL_16))
+    rec.guard([SPAWN_4, SPAWN_FIRST, CALL_ONE, CALL_1, CALL_4, PIPELINED, *ECHO_SIZES], small)
+    rec.guard([SPAWN_16, CALL_16, BROADCAST, RSS], lambda: many(16, SPAWN_16, CALL_16))
     rec.guard([SPAWN_64, CALL_64], lambda: many(64, SPAWN_64, CALL_64))
     rec.guard([FAILURE], lambda: measure_failure(rec))
 

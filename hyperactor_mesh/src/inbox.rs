@@ -254,6 +254,8 @@ impl Slot {
 
 struct Shared {
     port: PortId,
+    /// `port`, printed.
+    port_text: Bytes,
     queues: Mutex<HashMap<u64, Slot>>,
     next_reply: AtomicU64,
     /// The proc and actor that forwarded casts and reduced replies are sent from.
@@ -349,6 +351,7 @@ impl Inbox {
                 }));
         let shared = Arc::new(Shared {
             port: port.port_id().clone(),
+            port_text: Bytes::from(port.port_id().to_string()),
             queues: Mutex::new(HashMap::new()),
             next_reply: AtomicU64::new(0),
             proc: cx.proc().clone(),

@@ -39,10 +39,7 @@ fn targets(nodes: &[Node]) -> Vec<CastTarget> {
     nodes
         .iter()
         .enumerate()
-        .map(|(i, n)| CastTarget {
-            index: i as u32,
-            port: n.inbox.port().port_id().clone(),
-        })
+        .map(|(i, n)| CastTarget::new(i as u32, n.inbox.port().port_id().clone()))
         .collect()
 }
 

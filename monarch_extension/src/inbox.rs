@@ -140,10 +140,7 @@ impl PyInbox {
         };
         let targets: Vec<CastTarget> = targets
             .iter()
-            .map(|(index, port)| CastTarget {
-                index: *index,
-                port: port.port_id().clone(),
-            })
+            .map(|(index, port)| port.cast_target(*index))
             .collect();
         let parts = extract_parts(parts)?;
         let _guard = runtime()?.enter();

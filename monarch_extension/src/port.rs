@@ -10,6 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use hyperactor::id::PortId;
 use hyperactor::message::Serialized;
+use hyperactor_mesh::inbox::CastTarget;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
@@ -52,17 +53,29 @@ pub(crate) fn extract_parts(parts: &Bound<'_, PyAny>) -> PyResult<Parts> {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PyPortRef {
     port_id: PortId,
+    /// As a cast receiver at index 0 (keeps the printed port id for cast headers).
+    target: CastTarget,
 }
 
 impl PyPortRef {
     pub(crate) fn new(port: hyperactor::PortRef<Parts>) -> Self {
+        Self::from_id(port.port_id().clone())
+    }
+
+    fn from_id(port_id: PortId) -> Self {
         Self {
-            port_id: port.port_id().clone(),
+            target: CastTarget::new(0, port_id.clone()),
+            port_id,
         }
     }
 
     pub(crate) fn port_id(&self) -> &PortId {
         &self.port_id
+    }
+
+    /// This port as the receiver at `index` of a cast.
+    pub(crate) fn cast_target(&self, index: u32) -> CastTarget {
+        self.target.at(index)
     }
 }
 
@@ -74,7 +87,7 @@ impl PyPortRef {
         let port_id = port_id
             .parse()
             .map_err(|e: hyperactor::error::IdError| PyValueError::new_err(e.to_string()))?;
-        Ok(Self { port_id })
+        Ok(Self::from_id(port_id))
     }
 
     /// Sends one message (`bytes`, or a list of `bytes` parts) from `client`.

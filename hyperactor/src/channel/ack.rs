@@ -41,7 +41,7 @@ pub(crate) const ACK_FRAMES: u64 = 64;
 /// Acknowledge at least every this many bytes.
 pub(crate) const ACK_BYTES: u64 = 4 << 20;
 /// Acknowledge at most this long after the first unacknowledged delivery.
-pub(crate) const ACK_DELAY: Duration = Duration::from_millis(1);
+pub(crate) const ACK_DELAY: Duration = Duration::from_millis(20);
 
 /// Delivery progress of one connection.
 #[derive(Debug, Default)]

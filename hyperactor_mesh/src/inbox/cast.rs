@@ -83,13 +83,39 @@ impl CastReply {
     }
 }
 
-/// One receiver of a cast: its index in the view and its inbox port.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One receiver of a cast: its index in the view and its inbox port (with the port id's
+/// printed form, which travels in cast headers: keep targets around to print it once).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CastTarget {
+    index: u32,
+    port: PortId,
+    text: Bytes,
+}
+
+impl CastTarget {
+    /// The receiver at `index` in the view, whose inbox port is `port`.
+    pub fn new(index: u32, port: PortId) -> Self {
+        let text = Bytes::from(port.to_string());
+        Self { index, port, text }
+    }
+
+    /// The same receiver at another index (no printing).
+    pub fn at(&self, index: u32) -> Self {
+        Self {
+            index,
+            ..self.clone()
+        }
+    }
+
     /// The receiver's index in the view (reported back with its reply).
-    pub index: u32,
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
     /// The receiver's inbox port.
-    pub port: PortId,
+    pub fn port(&self) -> &PortId {
+        &self.port
+    }
 }
 
 /// The first part of every message a cast delivers.
@@ -354,8 +380,8 @@ pub const GAP_GRACE: std::time::Duration = std::time::Duration::from_millis(100)
 pub(super) struct CastState {
     /// Receiving: (sender, actor key) -> sequencing.
     incoming: HashMap<(u64, u64), InOrder>,
-    /// Sending: (actor key, receiver) -> last sequence number used.
-    outgoing: HashMap<(u64, PortId), u64>,
+    /// Sending: (actor key, receiver's port id) -> last sequence number used.
+    outgoing: HashMap<(u64, Bytes), u64>,
     /// Procs known to be gone.
     dead: HashSet<ProcId>,
 }
@@ -435,7 +461,7 @@ impl Shared {
                 }),
             });
             self.lock().insert(key, Slot::Reduce(reducer));
-            (self.port.to_string(), key)
+            (String::from_utf8_lossy(&self.port_text).into_owned(), key)
         } else {
             if header.mode != 0 && !lost.is_empty() {
                 if let Ok(port) = reply_port.parse::<PortId>() {
@@ -604,25 +630,35 @@ impl Inbox {
         );
         let fanout = fanout.clamp(1, usize::from(u16::MAX));
         let shared = &self.shared;
+        // Receivers on procs known to be dead are left out (and reported lost below).
+        let mut live: Vec<usize> = Vec::with_capacity(targets.len());
+        let mut lost: Vec<u32> = Vec::new();
         let entries: Vec<Entry> = {
             let mut state = shared.cast_state();
-            targets
-                .iter()
-                .map(|t| {
-                    let seq = state
-                        .outgoing
-                        .entry((actor_key, t.port.clone()))
-                        .or_insert(0);
+            let state = &mut *state;
+            for (pos, t) in targets.iter().enumerate() {
+                if !state.dead.is_empty() && state.dead.contains(t.port.actor().proc_id()) {
+                    lost.push(t.index);
+                } else {
+                    live.push(pos);
+                }
+            }
+            live.iter()
+                .map(|&pos| {
+                    let t = &targets[pos];
+                    let seq = state.outgoing.entry((actor_key, t.text.clone())).or_insert(0);
                     *seq += 1;
                     Entry {
                         index: t.index,
                         seq: *seq,
-                        port: Bytes::from(t.port.to_string()),
+                        port: t.text.clone(),
                     }
                 })
                 .collect()
         };
         let (reply_port, reply_key) = match reply.target() {
+            // Usually the caller's own inbox, whose id is printed already.
+            Some((port, key)) if *port == shared.port => (shared.port_text.clone(), key),
             Some((port, key)) => (Bytes::from(port.to_string()), key),
             None => (Bytes::new(), 0),
         };
@@ -636,31 +672,24 @@ impl Inbox {
             reply_port,
             entries: Vec::new(),
         };
-        // Receivers on procs known to be dead are left out, and reported lost.
-        let (live, lost) = shared.without_dead(&entries);
         if let (Some((port, key)), false) = (reply.target(), lost.is_empty()) {
             shared.report_lost(port.clone(), key, &lost);
         }
-        for range in chunks(live.len(), fanout) {
-            let Some(head) = parse_port(&live[range.start].port) else {
-                continue;
-            };
+        for range in chunks(entries.len(), fanout) {
+            let head = targets[live[range.start]].port.clone();
             let mut out = Vec::with_capacity(2 + parts.len());
             out.push(key_part(CAST_KEY));
-            out.push(header.encode(&live[range]));
+            out.push(header.encode(&entries[range]));
             out.extend(parts.iter().cloned());
             shared.post(head, out);
         }
         if lost.is_empty() {
             return subtree_ends(targets.len(), fanout);
         }
-        // Map the live list's subtrees back to positions in `targets`.
-        let live_pos: Vec<usize> = (0..targets.len())
-            .filter(|&p| !lost.contains(&targets[p].index))
-            .collect();
+        // The live list's subtrees, as positions in `targets`.
         let mut ends: Vec<u32> = (1..=targets.len() as u32).collect();
-        for (j, end) in subtree_ends(live_pos.len(), fanout).into_iter().enumerate() {
-            ends[live_pos[j]] = live_pos[end as usize - 1] as u32 + 1;
+        for (j, end) in subtree_ends(live.len(), fanout).into_iter().enumerate() {
+            ends[live[j]] = live[end as usize - 1] as u32 + 1;
         }
         ends
     }

@@ -48,6 +48,9 @@ KEYS: dict[str, Key] = {
 
 _lock = threading.Lock()
 _runtime: dict[str, Any] = {}
+#: Values looked up by :func:`cached` (hot paths), dropped whenever the runtime layer
+#: changes.
+_cache: dict[str, Any] = {}
 
 
 def _key(name: str) -> Key:
@@ -77,12 +80,23 @@ def get(name: str) -> Any:
     return key.default if value is _runtime else value
 
 
+def cached(name: str) -> Any:
+    """:func:`get`, remembered until the next ``configure`` (for hot paths: an
+    environment variable changed later in the process is not seen until then)."""
+    try:
+        return _cache[name]
+    except KeyError:
+        value = _cache[name] = get(name)
+        return value
+
+
 def configure(**kwargs: Any) -> None:
     """Set keys in the runtime layer (``ValueError`` for an unknown key, ``TypeError``
     for a wrong type)."""
     checked = {name: _checked(_key(name), v) for name, v in kwargs.items()}
     with _lock:
         _runtime.update(checked)
+        _cache.clear()
 
 
 @contextlib.contextmanager
@@ -97,6 +111,7 @@ def configured(**kwargs: Any) -> Iterator[dict[str, Any]]:
         with _lock:
             _runtime.clear()
             _runtime.update(saved)
+            _cache.clear()
 
 
 def get_global_config() -> dict[str, Any]:
@@ -114,3 +129,4 @@ def clear_runtime_config() -> None:
     """Forget everything set with ``configure``."""
     with _lock:
         _runtime.clear()
+        _cache.clear()

@@ -181,7 +181,7 @@ class _ProcGroup:
         ends = ctx.inbox.cast(
             key,
             [(i, ports[g]) for i, g in live],
-            config.get("cast_fanout"),
+            config.cached("cast_fanout"),
             mode if reply is not None else 0,
             port,
             reply_key,

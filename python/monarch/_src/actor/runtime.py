@@ -62,6 +62,9 @@ UNDERTAKER_KEY = 2
 #: The variable that gives a spawned proc the root client's inbox port.
 ROOT_PORT_ENV = "MONARCH_ROOT_PORT"
 
+#: The number of tokio worker threads (monarch_extension/src/runtime.rs).
+PROC_WORKER_THREADS_ENV = "MONARCH_TOKIO_WORKER_THREADS"
+
 #: The name of the mailbox that owns every process's inbox.
 AGENT_NAME = "agent"
 
@@ -347,4 +350,9 @@ def child_environment() -> dict[str, str]:
     env = {"PYTHONPATH": os.pathsep.join(path)}
     if _context is not None:
         env[ROOT_PORT_ENV] = _context.root_port
+    # A proc's runtime only moves messages between its sockets and its actors' threads:
+    # one worker thread saves the wake-ups and work stealing of a second one (measured:
+    # call() to 64 procs on 2 cores 6.4 -> 5.7 ms). An explicit setting is kept.
+    if PROC_WORKER_THREADS_ENV not in os.environ:
+        env[PROC_WORKER_THREADS_ENV] = "1"
     return env
