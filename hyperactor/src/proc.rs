@@ -289,6 +289,21 @@ impl Proc {
         let _ = self.inner.supervision_tx.send(event);
     }
 
+    /// Resolves, with the link's error, when the link from this proc to `proc` fails:
+    /// the connection broke or was closed by the other side (for example because its
+    /// process is gone). Dials `proc` if no link is open. Resolves at once for this
+    /// proc itself, which has no link.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn link_failed(&self, proc: &ProcId) -> ChannelError {
+        match self.current_link(proc) {
+            Some(tx) => tx.closed().await,
+            None => ChannelError::closed(proc.addr()),
+        }
+    }
+
     /// The link to `proc`, or `None` when `proc` is this proc.
     pub(crate) fn current_link(&self, proc: &ProcId) -> Option<ChannelTx> {
         (proc != &self.inner.id).then(|| self.link(proc.addr()))

@@ -67,6 +67,10 @@ pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a failed spawn waits for the failed child's stderr to close, to quote it.
 const STDERR_CLOSE_LIMIT: Duration = Duration::from_secs(1);
 
+/// How long a proc whose link failed may take to be reaped before the host counts it
+/// as lost (see [`Host::watch_link`]).
+pub const LOST_GRACE: Duration = Duration::from_millis(200);
+
 /// The host agent: see the [module docs](self).
 pub struct Host {
     proc: Proc,
@@ -243,11 +247,34 @@ impl Host {
             .zip(ready.into_iter().flatten())
             .map(|(child, proc_id)| {
                 child.promote(proc_id.clone(), self.exits_tx.clone());
+                self.watch_link(&proc_id, &child);
                 ProcHandle::new(proc_id, child)
             })
             .collect();
         lock(&self.procs).extend(handles.iter().cloned());
         Ok(handles)
+    }
+
+    /// Kills `child` if the host's link to it fails while it still runs: a proc the
+    /// host cannot reach is lost (its exit then reports why). A child that is exiting
+    /// closes its sockets just before it is reaped, so a failed link counts only if the
+    /// child is still running [`LOST_GRACE`] later.
+    fn watch_link(&self, proc_id: &ProcId, child: &Arc<ChildProc>) {
+        let proc = self.proc.clone();
+        let proc_id = proc_id.clone();
+        let child = Arc::clone(child);
+        tokio::spawn(async move {
+            let error = proc.link_failed(&proc_id).await;
+            let mut status = child.subscribe();
+            let exited = status.wait_for(|s| !s.is_running());
+            if tokio::time::timeout(LOST_GRACE, exited).await.is_ok() {
+                return;
+            }
+            let reason = format!("the host lost its connection to it ({error}), and killed it");
+            if child.kill_lost(reason) {
+                tracing::warn!(proc = %proc_id, "lost the connection to a running proc: {error}");
+            }
+        });
     }
 
     async fn exited_before_ready(&self, child: &ChildProc) -> HostError {

@@ -212,3 +212,63 @@ async fn a_killed_host_takes_its_procs_along() {
     // The proc ignores its stdin, so only its parent-death signal can end it.
     timed(exited).await;
 }
+
+#[test]
+#[ignore = "entry point of the child processes started by the other tests"]
+fn child_deaf() {
+    // Boots like an echo child, then shuts down every socket it has (its host's link
+    // included) while its process keeps running: a proc that lost its connection.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let (proc, _info) = hyperactor_mesh::bootstrap_proc(ChannelTransport::Unix)
+            .await
+            .unwrap();
+        // Wait for the host's link to be accepted, so there is a connection to lose.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+            let target = std::fs::read_link(entry.path()).unwrap_or_default();
+            if target.to_string_lossy().starts_with("socket:") {
+                if let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() {
+                    if has_named_end(fd) {
+                        // SAFETY: shutting a socket down does not close or free the fd.
+                        unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+                    }
+                }
+            }
+        }
+        hyperactor_mesh::bootstrap::serve_until_stopped(&proc, Duration::from_secs(1)).await;
+    });
+}
+
+/// Whether socket `fd` has an address at either end: the proc's listener and its
+/// connections do; the runtime's own unnamed socket pairs (its signal pipe) do not.
+fn has_named_end(fd: i32) -> bool {
+    let family = std::mem::size_of::<libc::sa_family_t>() as libc::socklen_t;
+    [libc::getsockname, libc::getpeername].iter().any(|get| {
+        // SAFETY: `addr` is large enough for any address; `len` says how large.
+        let mut addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        let ok = unsafe { get(fd, (&raw mut addr).cast(), &mut len) } == 0;
+        ok && len > family
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_proc_that_loses_its_connection_is_killed_and_reported_lost() {
+    let host = Host::serve(ChannelTransport::Unix).await.unwrap();
+    let procs = timed(host.spawn_procs("deaf", 1, &child_command("child_deaf")))
+        .await
+        .unwrap();
+    let start = std::time::Instant::now();
+    let exit = timed(host.next_exit()).await;
+    assert_eq!(&exit.proc_id, procs[0].proc_id());
+    let text = exit.status.to_string();
+    assert!(text.contains("lost its connection"), "{text}");
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "noticed within the grace period, not by polling: {:?}",
+        start.elapsed()
+    );
+    assert!(!process_exists(procs[0].pid()));
+    timed(host.shutdown(Duration::from_secs(5))).await;
+}

@@ -113,10 +113,16 @@ impl PyHost {
         }))
     }
 
-    /// Kills a proc's process group at once; false if it was not running.
-    fn kill_proc(&self, proc_id: &str) -> bool {
+    /// Kills a proc's process group at once; false if it was not running. With a
+    /// `lost` reason, the proc is counted as lost (unreachable) and its exit says why.
+    #[pyo3(signature = (proc_id, lost = None))]
+    fn kill_proc(&self, proc_id: &str, lost: Option<String>) -> bool {
         let procs = self.state.procs.lock().unwrap_or_else(|e| e.into_inner());
-        procs.get(proc_id).is_some_and(ProcHandle::kill)
+        match (procs.get(proc_id), lost) {
+            (Some(proc), Some(reason)) => proc.kill_lost(reason),
+            (Some(proc), None) => proc.kill(),
+            (None, _) => false,
+        }
     }
 
     /// The next exit of one of this host's procs: a future of

@@ -25,6 +25,10 @@ fn to_list(py: Python<'_>, parts: &[Bytes]) -> PyResult<Py<PyAny>> {
         .unbind())
 }
 
+/// The first part of an agent message reporting a returned message (no pickle starts
+/// with a zero byte).
+pub const UNDELIVERABLE_TAG: &[u8] = b"\0undeliverable";
+
 fn closed_error(e: &QueueClosed) -> PyErr {
     PyRuntimeError::new_err(format!(
         "{e}: the actor or call it belonged to is gone, or its process is shutting down"
@@ -145,6 +149,27 @@ impl PyInbox {
         let parts = extract_parts(parts)?;
         let _guard = runtime()?.enter();
         Ok(self.inbox.cast(actor_key, &targets, fanout, &reply, parts))
+    }
+
+    /// From now on, every message this inbox's client sent that comes back undelivered
+    /// (DEL-1) is reported to the agent (key 0) as
+    /// `[UNDELIVERABLE_TAG, destination proc id, reason]`, instead of piling up unread.
+    fn forward_undeliverable(&self) -> PyResult<()> {
+        let client = Arc::clone(&self._client);
+        let port = self.inbox.port();
+        runtime()?.spawn(async move {
+            while let Some(returned) = client.next_undeliverable().await {
+                let dest = returned.envelope.header.dest.actor().proc_id().to_string();
+                let parts = vec![
+                    inbox::key_part(0),
+                    Bytes::from_static(UNDELIVERABLE_TAG),
+                    Bytes::from(dest),
+                    Bytes::from(returned.reason),
+                ];
+                port.send_serialized(&*client, hyperactor::message::Serialized::from_parts(parts));
+            }
+        });
+        Ok(())
     }
 
     /// The proc `proc_id` is gone: casts skip it and stop waiting for replies through it.

@@ -196,6 +196,10 @@ class Inbox:
         no replies, 1 direct replies, 2 replies reduced per subtree. Each receiver gets
         ``[route, *parts]``. Returns per position the end of the subtree it heads."""
 
+    def forward_undeliverable(self) -> None:
+        """Report each message the inbox's client sent that comes back undelivered to
+        the agent queue (key 0) as ``[b"\\0undeliverable", proc_id, reason]``."""
+
     def peer_died(self, proc_id: str) -> None:
         """The proc ``proc_id`` is gone: casts skip it, replies are not awaited from it."""
 
@@ -251,8 +255,9 @@ class Host:
         """Stop the given procs (stdin closed, killed after ``timeout``); a future of
         their final statuses."""
 
-    def kill_proc(self, proc_id: str) -> bool:
-        """Kill a proc's process group at once; false if it was not running."""
+    def kill_proc(self, proc_id: str, lost: str | None = None) -> bool:
+        """Kill a proc's process group at once; false if it was not running. With
+        ``lost``, the proc counts as lost (unreachable): its exit status says why."""
 
     def next_exit(self) -> Future[tuple[str, str, int, str]]:
         """The next exit of a proc: ``(proc_id, name, rank, status)``."""

@@ -73,9 +73,40 @@ class Worker(Actor):
     def kill_me(self) -> None:
         context().actor_instance.kill("asked to")
 
+    @endpoint
+    def lose_connection(self) -> None:
+        """Shut down every socket of this process that has an address (its proc's
+        listener and connections), leaving the process running: a proc that lost its
+        connection. The runtime's unnamed socket pairs are left alone."""
+        import socket
+
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            try:
+                if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                    continue
+                s = socket.socket(fileno=fd)
+            except OSError:
+                continue
+            try:
+                if s.family == socket.AF_UNIX and not (s.getsockname() or _peer(s)):
+                    continue
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            finally:
+                s.detach()
+
     @endpoint(explicit_response_port=True)
     def explicit_boom(self, port: Port[int]) -> None:
         raise RuntimeError("explicit boom")
+
+
+def _peer(s: object) -> object:
+    try:
+        return s.getpeername()  # type: ignore[attr-defined]
+    except OSError:
+        return None
 
 
 class BadInit(Actor):
@@ -191,6 +222,24 @@ def test_a_dead_proc_fails_pending_and_later_calls_promptly(
     assert time.monotonic() - start < 5  # prompt: reaped, not polled (budget 1 s)
     failure = faults.wait_for(1, name)[0]
     assert failure.rank == 1 and "died" in failure.report()
+    with pytest.raises(SupervisionError):
+        w.slice(gpus=1).ok.call_one().get(timeout=5)
+    assert w.slice(gpus=0).ok.call_one().get(timeout=30) == 0
+
+
+def test_a_proc_that_loses_its_connection_is_failed_promptly(
+    procs: ProcMesh, faults: Faults
+) -> None:
+    w = procs.spawn("disconnected", Worker)
+    w.ok.call().get(timeout=30)
+    start = time.monotonic()
+    w.slice(gpus=1).lose_connection.broadcast()
+    pending = w.slice(gpus=1).sleep.call_one(60)
+    with pytest.raises(SupervisionError, match="lost its connection"):
+        pending.get(timeout=30)
+    assert time.monotonic() - start < 5  # the lost link is seen at once (budget 1 s)
+    failure = faults.wait_for(1, "disconnected")[0]
+    assert failure.rank == 1 and "lost its connection" in failure.report()
     with pytest.raises(SupervisionError):
         w.slice(gpus=1).ok.call_one().get(timeout=5)
     assert w.slice(gpus=0).ok.call_one().get(timeout=30) == 0
@@ -418,3 +467,22 @@ def test_a_slow_sync_cleanup_does_not_hold_up_stop(procs: ProcMesh, tmp_path: ob
     s = procs.slice(gpus=1).spawn("slow_cleanup", SelfStopper, marker, 600)
     s.stop().get(timeout=30)  # would time out if stop waited for the cleanup
     assert not os.path.exists(marker)
+
+
+def test_a_message_that_comes_back_undelivered_is_reported(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """DEL-1 at the Python layer: a message to a proc nobody can reach comes back to its
+    sender's agent, which says so (a proc this host spawned would be killed as lost, so
+    that its death notice fails what waits on it; see the test above)."""
+    from monarch._src.actor import runtime
+
+    this_host()
+    ctx = runtime.process_context()
+    ghost = "ghost-0@unix:/tmp/monarch-test-no-such-proc.sock"
+    ctx.send(ctx.port_ref(runtime.inbox_port_of(ghost)), [runtime.key_part(5), b"hello"])
+    deadline = time.monotonic() + 10
+    while ghost not in ctx.unreachable_logged:
+        assert time.monotonic() < deadline, "the returned message was never reported"
+        time.sleep(0.01)
+    assert f"a message to {ghost} could not be delivered" in capfd.readouterr().err

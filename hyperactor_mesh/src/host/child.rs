@@ -54,6 +54,8 @@ struct State {
     /// Set (under this lock) as soon as the leader is reaped.
     exited: bool,
     route: Route,
+    /// Why the host killed a running child it could no longer reach, if it did.
+    lost: Option<String>,
 }
 
 /// One child process, shared by its reaper task, its stderr task and its handles.
@@ -84,6 +86,18 @@ impl ChildProc {
         if state.exited {
             return false;
         }
+        kill_group(self.pid);
+        true
+    }
+
+    /// Kills the child because it cannot be reached (`reason`): its exit is then
+    /// reported as [`ProcStatus::Lost`] with that reason. False if it had exited.
+    pub(crate) fn kill_lost(&self, reason: String) -> bool {
+        let mut state = lock(&self.state);
+        if state.exited {
+            return false;
+        }
+        state.lost = Some(reason);
         kill_group(self.pid);
         true
     }
@@ -137,6 +151,10 @@ impl ChildProc {
         // Take any grandchildren left in the group along.
         kill_group(self.pid);
         state.exited = true;
+        let status = match state.lost.take() {
+            Some(reason) => ProcStatus::Lost { reason },
+            None => status,
+        };
         self.status.send_replace(status);
         self.close_stdin();
         match &state.route {
@@ -211,6 +229,7 @@ pub(crate) async fn start(
         rank: info.rank,
         pid,
         state: Mutex::new(State {
+            lost: None,
             exited: false,
             route: Route::Spawning(spawning),
         }),

@@ -153,6 +153,13 @@ impl ProcHandle {
         self.child.kill()
     }
 
+    /// Kills the proc because it cannot be reached (`reason`, e.g. messages to it came
+    /// back): its exit is reported as [`ProcStatus::Lost`] with that reason. False if
+    /// it was not running.
+    pub fn kill_lost(&self, reason: impl Into<String>) -> bool {
+        self.child.kill_lost(reason.into())
+    }
+
     /// Stops the proc gracefully: closes its stdin (the stop request of
     /// [`crate::bootstrap::serve_until_stopped`]), waits up to `timeout` for it to exit,
     /// then kills it. Returns how it ended.

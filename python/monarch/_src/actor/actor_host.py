@@ -50,6 +50,9 @@ def handle_agent_request(proc: ProcessContext, request: tuple[Any, ...], rest: l
             proc.reply(reply_port, reply_key, 0, ERROR, err._to_wire())
         else:
             proc.reply(reply_port, reply_key, 0, OK, mesh)
+    elif kind == "unreachable":
+        _, proc_id, reason = request
+        supervision.undeliverable(proc, proc_id, reason)
     elif kind == "proc_died":
         _, proc_id, reason, expected = request
         supervision.proc_died(proc, proc_id, reason, expected)

@@ -65,6 +65,10 @@ ROOT_PORT_ENV = "MONARCH_ROOT_PORT"
 #: The number of tokio worker threads (monarch_extension/src/runtime.rs).
 PROC_WORKER_THREADS_ENV = "MONARCH_TOKIO_WORKER_THREADS"
 
+#: The first part of an agent message that reports a message that came back
+#: undelivered (``Inbox.forward_undeliverable``).
+UNDELIVERABLE_TAG = b"\0undeliverable"
+
 #: The name of the mailbox that owns every process's inbox.
 AGENT_NAME = "agent"
 
@@ -153,6 +157,8 @@ class ProcessContext:
         #: The root client's inbox, for process-wide singletons (controllers).
         self.root_port: str = root_port if root_port is not None else self.port_id
         self.agent_queue: Queue = self.inbox.queue(AGENT_KEY)
+        # Messages that come back undelivered (DEL-1) reach the agent (see run_agent).
+        self.inbox.forward_undeliverable()
         self._ports: dict[str, PortRef] = {}
         self.controllers: dict[str, Any] = {}
         self.controllers_lock = threading.Lock()
@@ -167,6 +173,8 @@ class ProcessContext:
         #: Root only: every proc this host spawned, and those it was asked to stop.
         self.spawned_procs: set[str] = set()
         self.stopping: set[str] = set()
+        #: Procs of unknown origin that a message could not reach (logged once each).
+        self.unreachable_logged: set[str] = set()
         #: Retired actor keys: what to answer a call to each (see ``retire``).
         self.retired: dict[int, str] = {}
         threading.Thread(target=self._undertake, name="monarch-undertaker", daemon=True).start()
@@ -252,6 +260,11 @@ class ProcessContext:
             except RuntimeError:  # closed: the process is stopping
                 return
             try:
+                if parts[0] == UNDELIVERABLE_TAG:
+                    from monarch._src.actor import supervision
+
+                    supervision.undeliverable(self, parts[1].decode(), parts[2].decode())
+                    continue
                 request = loads(parts[0])
                 actor_host.handle_agent_request(self, request, parts[1:])
             except BaseException as e:  # keep serving; say what went wrong

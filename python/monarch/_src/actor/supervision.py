@@ -218,6 +218,25 @@ def start_exit_watcher(ctx: ProcessContext) -> None:
     threading.Thread(target=run, name="monarch-exit-watcher", daemon=True).start()
 
 
+def undeliverable(ctx: ProcessContext, proc_id: str, reason: str) -> None:
+    """A message to ``proc_id`` came back undelivered (on the agent thread): the proc
+    cannot be reached. The root host kills a proc it spawned as lost, so that its death
+    notice fails the calls waiting on it and reaches the owners of its actors; another
+    process tells the root. A proc nobody spawned (a stale reference) is only logged."""
+    if proc_id in ctx.dead or proc_id in ctx.stopping:
+        return
+    if not ctx.is_root:
+        request = dumps(("unreachable", proc_id, reason))
+        ctx.send(ctx.port_ref(ctx.root_port), [runtime.AGENT_KEY_PART, request])
+        return
+    lost = f"messages to it came back undelivered ({reason}); killed as unreachable"
+    if proc_id in ctx.spawned_procs and ctx.host is not None and ctx.host.kill_proc(proc_id, lost):
+        return
+    if proc_id not in ctx.spawned_procs and proc_id not in ctx.unreachable_logged:
+        ctx.unreachable_logged.add(proc_id)
+        print(f"monarch: a message to {proc_id} could not be delivered: {reason}", file=sys.stderr)
+
+
 def proc_died(ctx: ProcessContext, proc_id: str, reason: str, expected: bool) -> None:
     """Handle a death notice (on the agent thread)."""
     if proc_id in ctx.dead:
