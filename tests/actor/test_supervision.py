@@ -4,6 +4,7 @@ pending and later calls on a failed rank raise SupervisionError; healthy ranks g
 from __future__ import annotations
 
 import os
+import re
 import random
 import signal
 import subprocess
@@ -235,11 +236,14 @@ def test_a_proc_that_loses_its_connection_is_failed_promptly(
     start = time.monotonic()
     w.slice(gpus=1).lose_connection.broadcast()
     pending = w.slice(gpus=1).sleep.call_one(60)
-    with pytest.raises(SupervisionError, match="lost its connection"):
+    # Whichever the client notices first: its link to the proc breaking, or a message
+    # to it coming back undelivered.
+    lost = r"was lost: (the host lost its connection|messages to it came back undelivered)"
+    with pytest.raises(SupervisionError, match=lost):
         pending.get(timeout=30)
     assert time.monotonic() - start < 5  # the lost link is seen at once (budget 1 s)
     failure = faults.wait_for(1, "disconnected")[0]
-    assert failure.rank == 1 and "lost its connection" in failure.report()
+    assert failure.rank == 1 and re.search(lost, failure.report())
     with pytest.raises(SupervisionError):
         w.slice(gpus=1).ok.call_one().get(timeout=5)
     assert w.slice(gpus=0).ok.call_one().get(timeout=30) == 0

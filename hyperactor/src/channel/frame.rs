@@ -38,8 +38,6 @@ use tokio::io::AsyncBufRead;
 use tokio::io::AsyncBufReadExt;
 use tokio::io::AsyncRead;
 use tokio::io::AsyncReadExt;
-use tokio::io::AsyncWrite;
-use tokio::io::AsyncWriteExt;
 
 /// The largest frame (header plus parts) a channel carries: 10 GiB.
 pub const MAX_FRAME_LEN: u64 = 10 << 30;
@@ -54,7 +52,7 @@ const MAGIC: u32 = u32::from_le_bytes(*b"HYF1");
 const FIXED_PREFIX_LEN: usize = 12;
 
 /// How many buffers one vectored write passes at most (Linux allows 1024).
-const MAX_IOV: usize = 512;
+pub(crate) const MAX_IOV: usize = 512;
 
 /// A header plus payload parts, carried as one unit.
 #[derive(Clone, PartialEq, Eq, Default)]
@@ -183,46 +181,60 @@ pub(crate) fn encode(frame: &Frame, out: &mut VecDeque<Bytes>) -> Result<(), Fra
     Ok(())
 }
 
-/// Writes every buffer in `chunks` with vectored writes, consuming them.
+/// Drops the first `written` bytes of `chunks`.
+pub(crate) fn advance(chunks: &mut VecDeque<Bytes>, written: usize) {
+    let mut left = written;
+    while left > 0 {
+        let Some(front) = chunks.front_mut() else {
+            break;
+        };
+        if front.len() <= left {
+            left -= front.len();
+            chunks.pop_front();
+        } else {
+            front.advance(left);
+            left = 0;
+        }
+    }
+}
+
+/// Writes every buffer in `chunks` with vectored writes, without blocking: on
+/// `WouldBlock` waits for `writer` to become writable. For a write half shared with
+/// senders' direct writes (see `tx::Direct`).
 ///
 /// # Errors
 /// The first write error; `WriteZero` if the writer accepts nothing.
-///
-/// # Cancel safety
-/// Not cancel safe: a cancelled call may have written part of `chunks`;
-/// `chunks` then holds exactly what is left.
-pub(crate) async fn write_chunks<W: AsyncWrite + Unpin>(
-    writer: &mut W,
+pub(crate) async fn write_chunks_shared<W: SharedWrite>(
+    writer: &W,
     chunks: &mut VecDeque<Bytes>,
 ) -> io::Result<()> {
     while !chunks.is_empty() {
-        let written = {
+        let result = {
             let slices: Vec<IoSlice<'_>> = chunks
                 .iter()
                 .take(MAX_IOV)
                 .map(|c| IoSlice::new(c))
                 .collect();
-            writer.write_vectored(&slices).await?
+            writer.try_write_vectored(&slices)
         };
-        if written == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        let mut left = written;
-        while left > 0 {
-            let Some(front) = chunks.front_mut() else {
-                break;
-            };
-            if front.len() <= left {
-                left -= front.len();
-                chunks.pop_front();
-            } else {
-                front.advance(left);
-                left = 0;
-            }
+        match result {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => advance(chunks, n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => writer.writable().await?,
+            Err(e) => return Err(e),
         }
     }
     Ok(())
 }
+
+/// A write half written to through `&self`: non-blocking writes plus readiness.
+pub(crate) trait SharedWrite: Send + Sync + 'static {
+    /// Writes what it can without blocking.
+    fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
+    /// Waits until the stream may be writable.
+    fn writable(&self) -> impl std::future::Future<Output = io::Result<()>> + Send;
+}
+
 
 /// Reads one frame. Returns `Ok(None)` on a clean end of stream (before
 /// the first byte of a frame).

@@ -22,9 +22,9 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::PoisonError;
 use std::time::Duration;
+
+use bytes::Bytes;
 
 use tokio::sync::mpsc;
 use tokio::sync::Notify;
@@ -49,20 +49,19 @@ pub(crate) trait FrameSink: Send {
         frames: Vec<Frame>,
         first_seq: u64,
     ) -> impl Future<Output = Result<(), ChannelError>> + Send;
+
+    /// Writes the encoded rest of a frame a sender began writing directly (see
+    /// `tx::Direct`). Only sinks that offer direct writes get this.
+    fn write_rest(
+        &mut self,
+        chunks: VecDeque<Bytes>,
+    ) -> impl Future<Output = Result<(), ChannelError>> + Send;
 }
 
 /// Where a link reads acknowledgements from.
 pub(crate) trait AckSource: Send {
     /// The next cumulative acknowledgement; an error once the peer is gone.
     fn next_ack(&mut self) -> impl Future<Output = Result<u64, ChannelError>> + Send;
-}
-
-/// Frames written but not yet acknowledged.
-#[derive(Debug, Default)]
-struct Window {
-    /// The last acknowledged sequence number; `frames[0]` is `acked + 1`.
-    acked: u64,
-    frames: VecDeque<Queued>,
 }
 
 /// Marks its link closed when dropped, so that a link task dropped
@@ -84,11 +83,10 @@ pub(crate) async fn drive<S: FrameSink, A: AckSource>(
     mut queue: mpsc::UnboundedReceiver<Queued>,
     link: Arc<LinkShared>,
 ) {
-    let window = Mutex::new(Window::default());
     let acked = Notify::new();
     let error = {
-        let writing = write_loop(&mut sink, &mut queue, &window, &acked);
-        let reading = ack_loop(&mut acks, &window, &link, &acked);
+        let writing = write_loop(&mut sink, &mut queue, &link, &acked);
+        let reading = ack_loop(&mut acks, &link, &acked);
         tokio::pin!(writing);
         tokio::pin!(reading);
         tokio::select! {
@@ -103,8 +101,7 @@ pub(crate) async fn drive<S: FrameSink, A: AckSource>(
             err = &mut reading => err,
         }
     };
-    let window = window.into_inner().unwrap_or_else(PoisonError::into_inner);
-    link.fail(error, window.frames, &mut queue);
+    link.fail(error, &mut queue);
 }
 
 /// Fails a link that never got a transport (connect failed).
@@ -113,61 +110,81 @@ pub(crate) fn fail_unconnected(
     error: ChannelError,
     mut queue: mpsc::UnboundedReceiver<Queued>,
 ) {
-    link.fail(error, std::iter::empty(), &mut queue);
+    link.fail(error, &mut queue);
 }
 
 async fn write_loop<S: FrameSink>(
     sink: &mut S,
     queue: &mut mpsc::UnboundedReceiver<Queued>,
-    window: &Mutex<Window>,
+    link: &LinkShared,
     acked: &Notify,
 ) -> Result<(), ChannelError> {
-    while let Some(first) = queue.recv().await {
-        let mut batch = Vec::with_capacity(1);
-        let mut bytes = 0;
-        let mut next = Some(first);
-        let first_seq = {
-            let mut window = window.lock().unwrap_or_else(PoisonError::into_inner);
-            let first_seq = window.acked + window.frames.len() as u64 + 1;
-            while let Some(queued) = next.take() {
-                bytes += queued.frame.len();
-                batch.push(queued.frame.clone());
-                window.frames.push_back(queued);
-                if batch.len() < MAX_BATCH_FRAMES && bytes < MAX_BATCH_BYTES {
-                    next = queue.try_recv().ok();
-                }
-            }
-            first_seq
+    loop {
+        // Work is a queued frame, or the rest of a direct write.
+        let first = tokio::select! {
+            biased;
+            () = link.flush.notified() => None,
+            queued = queue.recv() => match queued {
+                Some(queued) => Some(queued),
+                None => break,
+            },
         };
-        sink.write(batch, first_seq).await?;
+        // From here until the queue is empty, this task writes (see tx::Direct).
+        let rest = {
+            let mut direct = link.lock_direct();
+            direct.busy = true;
+            if first.is_some() {
+                direct.queued -= 1;
+            }
+            std::mem::take(&mut direct.leftover)
+        };
+        if !rest.is_empty() {
+            sink.write_rest(rest).await?;
+        }
+        if let Some(first) = first {
+            let mut batch = Vec::with_capacity(1);
+            let mut bytes = 0;
+            let mut next = Some(first);
+            let first_seq = {
+                let mut window = link.lock_window();
+                let first_seq = window.acked + window.frames.len() as u64 + 1;
+                while let Some(queued) = next.take() {
+                    bytes += queued.frame.len();
+                    batch.push(queued.frame.clone());
+                    window.frames.push_back(queued);
+                    if batch.len() < MAX_BATCH_FRAMES && bytes < MAX_BATCH_BYTES {
+                        next = queue.try_recv().ok();
+                        if next.is_some() {
+                            link.lock_direct().queued -= 1;
+                        }
+                    }
+                }
+                first_seq
+            };
+            sink.write(batch, first_seq).await?;
+        }
+        let mut direct = link.lock_direct();
+        if direct.queued == 0 && direct.leftover.is_empty() {
+            direct.busy = false;
+        }
     }
     // Every handle is gone: wait until everything is acknowledged.
     loop {
-        if window
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .frames
-            .is_empty()
-        {
+        if link.lock_window().frames.is_empty() {
             return Ok(());
         }
         acked.notified().await;
     }
 }
 
-async fn ack_loop<A: AckSource>(
-    acks: &mut A,
-    window: &Mutex<Window>,
-    link: &LinkShared,
-    acked: &Notify,
-) -> ChannelError {
+async fn ack_loop<A: AckSource>(acks: &mut A, link: &LinkShared, acked: &Notify) -> ChannelError {
     loop {
         let ack = match acks.next_ack().await {
             Ok(ack) => ack,
             Err(err) => return err,
         };
         let released = {
-            let mut window = window.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut window = link.lock_window();
             let written = window.acked + window.frames.len() as u64;
             if ack < window.acked || ack > written {
                 return ChannelError::Protocol {

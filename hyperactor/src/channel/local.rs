@@ -124,6 +124,15 @@ struct LocalSink {
 }
 
 impl FrameSink for LocalSink {
+    /// Never called: local links offer no direct writes (their frames are queued to
+    /// the receiver by the link task only).
+    async fn write_rest(
+        &mut self,
+        _chunks: std::collections::VecDeque<bytes::Bytes>,
+    ) -> Result<(), ChannelError> {
+        Ok(())
+    }
+
     async fn write(&mut self, frames: Vec<Frame>, first_seq: u64) -> Result<(), ChannelError> {
         for (seq, frame) in (first_seq..).zip(frames) {
             let delivery = Delivery {

@@ -54,7 +54,9 @@ use super::addr::ChannelAddr;
 use super::error::ChannelError;
 use super::frame;
 use super::frame::Frame;
+use super::frame::SharedWrite;
 use super::inbox::Inbox;
+use super::tx::DirectWrite;
 use super::link;
 use super::link::AckSource;
 use super::link::FrameSink;
@@ -74,7 +76,7 @@ pub(crate) trait Stream: Send + 'static {
     /// The read half.
     type Read: AsyncRead + Unpin + Send + 'static;
     /// The write half.
-    type Write: AsyncWrite + Unpin + Send + 'static;
+    type Write: AsyncWrite + SharedWrite + DirectWrite + Unpin + Send + 'static;
     /// Splits the stream.
     fn into_halves(self) -> (Self::Read, Self::Write);
 }
@@ -94,6 +96,27 @@ impl Stream for UnixStream {
         self.into_split()
     }
 }
+
+macro_rules! shared_write {
+    ($half:ty) => {
+        impl SharedWrite for $half {
+            fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+                <$half>::try_write_vectored(self, bufs)
+            }
+            async fn writable(&self) -> io::Result<()> {
+                <$half>::writable(self).await
+            }
+        }
+        impl DirectWrite for $half {
+            fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+                <$half>::try_write_vectored(self, bufs)
+            }
+        }
+    };
+}
+
+shared_write!(tokio::net::tcp::OwnedWriteHalf);
+shared_write!(tokio::net::unix::OwnedWriteHalf);
 
 /// A bound listener of [`Stream`]s.
 pub(crate) trait Listener: Send + 'static {
@@ -323,6 +346,9 @@ pub(crate) async fn run_link<S: Stream>(
         }
     };
     let (read, write) = stream.into_halves();
+    let write = Arc::new(write);
+    // Senders may now write to the stream themselves while the link is idle.
+    link.lock_direct().writer = Some(Arc::clone(&write) as Arc<dyn DirectWrite>);
     let sink = NetSink {
         write,
         addr: link.addr.clone(),
@@ -341,20 +367,26 @@ pub(crate) async fn connect_tcp(addr: std::net::SocketAddr) -> io::Result<TcpStr
     Ok(stream)
 }
 
+/// The dialing side's writer: shares the write half with senders' direct writes
+/// (see `tx::Direct`), so it writes through `&self` without blocking.
 #[derive(Debug)]
 struct NetSink<W> {
-    write: W,
+    write: Arc<W>,
     addr: ChannelAddr,
 }
 
-impl<W: AsyncWrite + Unpin + Send> FrameSink for NetSink<W> {
+impl<W: SharedWrite> FrameSink for NetSink<W> {
     async fn write(&mut self, frames: Vec<Frame>, _first_seq: u64) -> Result<(), ChannelError> {
         let mut chunks: VecDeque<Bytes> = VecDeque::new();
         for frame in &frames {
             frame::encode(frame, &mut chunks)
                 .map_err(|err| ChannelError::frame(&self.addr, err))?;
         }
-        frame::write_chunks(&mut self.write, &mut chunks)
+        self.write_rest(chunks).await
+    }
+
+    async fn write_rest(&mut self, mut chunks: VecDeque<Bytes>) -> Result<(), ChannelError> {
+        frame::write_chunks_shared(&*self.write, &mut chunks)
             .await
             .map_err(|err| ChannelError::io(&self.addr, err))
     }

@@ -596,12 +596,41 @@ mod codec {
         for f in &frames {
             frame::encode(f, &mut chunks).unwrap();
         }
-        let mut out = Vec::new();
-        within(frame::write_chunks(&mut out, &mut chunks))
+        let out = Trickle::default();
+        within(frame::write_chunks_shared(&out, &mut chunks))
             .await
             .unwrap();
         assert!(chunks.is_empty());
-        assert_eq!(out, encoded(&frames));
+        assert_eq!(*out.bytes.lock().unwrap(), encoded(&frames));
+    }
+
+    /// A writer that takes at most 7 bytes per write and would block every other time.
+    #[derive(Default)]
+    struct Trickle {
+        bytes: std::sync::Mutex<Vec<u8>>,
+        calls: std::sync::atomic::AtomicUsize,
+    }
+
+    impl frame::SharedWrite for Trickle {
+        fn try_write_vectored(&self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+            if self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2 == 0 {
+                return Err(std::io::ErrorKind::WouldBlock.into());
+            }
+            let mut out = self.bytes.lock().unwrap();
+            let mut n = 0;
+            for buf in bufs {
+                let take = buf.len().min(7 - n);
+                out.extend_from_slice(&buf[..take]);
+                n += take;
+                if n == 7 {
+                    break;
+                }
+            }
+            Ok(n)
+        }
+        async fn writable(&self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
 
     #[tokio::test]

@@ -118,11 +118,68 @@ impl Budget {
     }
 }
 
+/// Frames written (or being written) but not yet acknowledged, in sequence order.
+#[derive(Debug, Default)]
+pub(crate) struct Window {
+    /// The last acknowledged sequence number; `frames[0]` is `acked + 1`.
+    pub(crate) acked: u64,
+    pub(crate) frames: std::collections::VecDeque<Queued>,
+}
+
+/// A stream's write half that a sending thread may write to without the link task
+/// (see [`Direct`]).
+pub(crate) trait DirectWrite: Send + Sync + 'static {
+    /// Writes what it can of `bufs` without blocking (`WouldBlock` if nothing).
+    fn try_write_vectored(&self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize>;
+}
+
+/// Who writes to a connected link's stream. The link task normally does, from its
+/// queue; but when it is idle (nothing queued, nothing being written) a sender writes
+/// its frame itself, on its own thread, sparing the task a wake-up per message. Frames
+/// keep their order: a sender writes directly only while `busy` is false and `queued`
+/// is 0, both checked under this lock, and the task sets `busy` (under the lock)
+/// before it writes anything.
+#[derive(Default)]
+pub(crate) struct Direct {
+    /// The write half, once connected (`None` before, and once the link failed).
+    pub(crate) writer: Option<Arc<dyn DirectWrite>>,
+    /// The link task is writing, or has bytes to write.
+    pub(crate) busy: bool,
+    /// Frames in the queue, not yet taken by the link task.
+    pub(crate) queued: usize,
+    /// The unwritten rest of a direct write that would have blocked: the link task
+    /// writes it first.
+    pub(crate) leftover: std::collections::VecDeque<bytes::Bytes>,
+    /// When the last direct write happened: a sender that follows it closely queues
+    /// instead, so that a burst of frames is batched into few writes by the task.
+    pub(crate) last: Option<std::time::Instant>,
+}
+
+/// Frames sent closer together than this to one link are queued for the link task
+/// (which batches them) rather than written directly.
+pub(crate) const DIRECT_SPACING: std::time::Duration = std::time::Duration::from_micros(15);
+
+impl fmt::Debug for Direct {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Direct")
+            .field("connected", &self.writer.is_some())
+            .field("busy", &self.busy)
+            .field("queued", &self.queued)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The state a link's handles share with its task.
 pub(crate) struct LinkShared {
     pub(crate) addr: ChannelAddr,
     pub(crate) budget: Budget,
     pub(crate) on_return: ReturnFn,
+    /// Written but unacknowledged frames.
+    pub(crate) window: Mutex<Window>,
+    /// Direct writes by senders (see [`Direct`]).
+    pub(crate) direct: Mutex<Direct>,
+    /// Wakes the link task when a direct write left bytes for it.
+    pub(crate) flush: tokio::sync::Notify,
     /// Set once, when the link fails.
     error: OnceLock<ChannelError>,
     /// Becomes true after the failed link has returned all its frames.
@@ -140,6 +197,43 @@ impl fmt::Debug for LinkShared {
 }
 
 impl LinkShared {
+    pub(crate) fn lock_window(&self) -> std::sync::MutexGuard<'_, Window> {
+        self.window.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn lock_direct(&self) -> std::sync::MutexGuard<'_, Direct> {
+        self.direct.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Writes `queued` on the sender's thread (see [`Direct`]); `direct` is locked,
+    /// the link idle and connected. What would block is left to the link task.
+    fn write_direct(&self, direct: &mut Direct, writer: &dyn DirectWrite, queued: Queued) {
+        let mut chunks = std::collections::VecDeque::new();
+        // The frame was checked by `send`/`post`, so encoding cannot fail.
+        if frame::encode(&queued.frame, &mut chunks).is_err() {
+            return;
+        }
+        self.lock_window().frames.push_back(queued);
+        while !chunks.is_empty() {
+            let slices: Vec<std::io::IoSlice<'_>> = chunks
+                .iter()
+                .take(frame::MAX_IOV)
+                .map(|c| std::io::IoSlice::new(c))
+                .collect();
+            match writer.try_write_vectored(&slices) {
+                Ok(n) if n > 0 => frame::advance(&mut chunks, n),
+                // Would block, or failed: the link task writes the rest, or meets the
+                // error and fails the link (returning the frame).
+                _ => break,
+            }
+        }
+        if !chunks.is_empty() {
+            direct.busy = true;
+            direct.leftover = chunks;
+            self.flush.notify_one();
+        }
+    }
+
     /// Records the link's error; the first one wins. Returns the error in force.
     pub(crate) fn set_error(&self, error: ChannelError) -> ChannelError {
         self.error.get_or_init(|| error).clone()
@@ -156,16 +250,20 @@ impl LinkShared {
         }
     }
 
-    /// Fails the link for good: closes the budget and the queue, returns
-    /// every frame in `unacked` and then in the queue, then wakes `closed`.
-    pub(crate) fn fail(
-        &self,
-        error: ChannelError,
-        unacked: impl IntoIterator<Item = Queued>,
-        queue: &mut mpsc::UnboundedReceiver<Queued>,
-    ) {
+    /// Fails the link for good: stops direct writes, closes the budget and the
+    /// queue, returns every frame of the window and then of the queue, then wakes
+    /// `closed`.
+    pub(crate) fn fail(&self, error: ChannelError, queue: &mut mpsc::UnboundedReceiver<Queued>) {
         let error = self.set_error(error);
         tracing::debug!(addr = %self.addr, %error, "channel link failed");
+        let unacked = {
+            // The direct lock first: a sender in the middle of a direct write has
+            // put its frame in the window by the time it lets go, so it is returned.
+            let mut direct = self.lock_direct();
+            direct.writer = None;
+            direct.leftover.clear();
+            std::mem::take(&mut self.lock_window().frames)
+        };
         self.budget.close();
         queue.close();
         for queued in unacked {
@@ -207,6 +305,9 @@ impl ChannelTx {
             addr: addr.clone(),
             budget: Budget::new(),
             on_return,
+            window: Mutex::new(Window::default()),
+            direct: Mutex::new(Direct::default()),
+            flush: tokio::sync::Notify::new(),
             error: OnceLock::new(),
             closed: watch::Sender::new(false),
         });
@@ -262,9 +363,22 @@ impl ChannelTx {
     }
 
     fn enqueue(&self, queued: Queued) -> Result<(), SendError> {
+        let mut direct = self.link.lock_direct();
+        if !direct.busy && direct.queued == 0 {
+            if let Some(writer) = direct.writer.clone() {
+                let now = std::time::Instant::now();
+                if direct.last.is_none_or(|t| now.duration_since(t) >= DIRECT_SPACING) {
+                    direct.last = Some(now);
+                    self.link.write_direct(&mut direct, &*writer, queued);
+                    return Ok(());
+                }
+            }
+        }
+        direct.queued += 1;
         self.queue
             .send(queued)
             .map_err(|mpsc::error::SendError(q)| {
+                direct.queued -= 1;
                 self.link.budget.release(q.cost);
                 self.send_error(q.frame, None)
             })
