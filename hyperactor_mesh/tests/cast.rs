@@ -9,9 +9,7 @@ use bytes::Bytes;
 use hyperactor::message::Serialized;
 use hyperactor::testing::timed;
 use hyperactor::{ChannelTransport, Client, PortRef, Proc};
-use hyperactor_mesh::inbox::{
-    key_part, reply_parts, CastReply, CastTarget, Inbox, Queue, Route,
-};
+use hyperactor_mesh::inbox::{key_part, reply_parts, CastReply, CastTarget, Inbox, Queue, Route};
 
 /// One receiver: a proc with a client and an inbox.
 struct Node {
@@ -77,7 +75,9 @@ fn reply(from: &Client, route: &Route, value: &str) {
 #[tokio::test]
 async fn every_receiver_gets_a_cast_exactly_once_at_the_expected_depth() {
     let all = nodes(64, ChannelTransport::Local).await;
-    let caller = Proc::serve(ChannelTransport::Local, "caller").await.unwrap();
+    let caller = Proc::serve(ChannelTransport::Local, "caller")
+        .await
+        .unwrap();
     let caller = caller.client("caller").unwrap();
     let sender = Inbox::open(&caller);
     let key = 7;
@@ -175,7 +175,9 @@ async fn reduced_replies_reach_the_caller_as_one_message_per_subtree() {
 #[tokio::test]
 async fn direct_replies_come_one_per_receiver() {
     let all = nodes(10, ChannelTransport::Local).await;
-    let caller_proc = Proc::serve(ChannelTransport::Local, "caller").await.unwrap();
+    let caller_proc = Proc::serve(ChannelTransport::Local, "caller")
+        .await
+        .unwrap();
     let caller = caller_proc.client("caller").unwrap();
     let sender = Inbox::open(&caller);
     let replies = sender.reply_queue();
@@ -191,7 +193,11 @@ async fn direct_replies_come_one_per_receiver() {
     );
     for node in &all {
         let (route, _) = next_route(&node.inbox.queue(3)).await;
-        assert_eq!(route.reply_key, replies.key(), "direct: the caller's own key");
+        assert_eq!(
+            route.reply_key,
+            replies.key(),
+            "direct: the caller's own key"
+        );
         reply(&node.client, &route, "x");
     }
     for _ in 0..all.len() {
@@ -203,7 +209,9 @@ async fn direct_replies_come_one_per_receiver() {
 async fn a_dead_child_is_not_waited_for_and_is_skipped_by_later_casts() {
     // Fan-out 1 makes a chain: caller -> a -> b -> c.
     let all = nodes(3, ChannelTransport::Local).await;
-    let caller_proc = Proc::serve(ChannelTransport::Local, "caller").await.unwrap();
+    let caller_proc = Proc::serve(ChannelTransport::Local, "caller")
+        .await
+        .unwrap();
     let caller = caller_proc.client("caller").unwrap();
     let sender = Inbox::open(&caller);
     let replies = sender.reply_queue();
@@ -211,7 +219,13 @@ async fn a_dead_child_is_not_waited_for_and_is_skipped_by_later_casts() {
         port: sender.port().port_id().clone(),
         key: replies.key(),
     };
-    sender.cast(5, &targets(&all), 1, &reduce, vec![Bytes::from_static(b"m")]);
+    sender.cast(
+        5,
+        &targets(&all),
+        1,
+        &reduce,
+        vec![Bytes::from_static(b"m")],
+    );
     for node in &all[..2] {
         let (route, _) = next_route(&node.inbox.queue(5)).await;
         reply(&node.client, &route, "ok");
@@ -221,12 +235,20 @@ async fn a_dead_child_is_not_waited_for_and_is_skipped_by_later_casts() {
     let parts = timed(replies.pop()).await.unwrap();
     let got: HashMap<u32, Bytes> = parts
         .chunks(2)
-        .map(|p| (u32::from_le_bytes(p[0][..].try_into().unwrap()), p[1].clone()))
+        .map(|p| {
+            (
+                u32::from_le_bytes(p[0][..].try_into().unwrap()),
+                p[1].clone(),
+            )
+        })
         .collect();
     assert_eq!(got.len(), 3);
     assert_eq!(got[&0], "ok");
     assert_eq!(got[&1], "ok");
-    assert!(got[&2].is_empty(), "c's reply is reported lost (an empty value)");
+    assert!(
+        got[&2].is_empty(),
+        "c's reply is reported lost (an empty value)"
+    );
 
     // A later cast through b skips c altogether.
     let c = all[2].inbox.queue(5);
@@ -236,7 +258,13 @@ async fn a_dead_child_is_not_waited_for_and_is_skipped_by_later_casts() {
         port: sender.port().port_id().clone(),
         key: replies.key(),
     };
-    sender.cast(5, &targets(&all), 1, &reduce, vec![Bytes::from_static(b"m2")]);
+    sender.cast(
+        5,
+        &targets(&all),
+        1,
+        &reduce,
+        vec![Bytes::from_static(b"m2")],
+    );
     for node in &all[..2] {
         let (route, parts) = next_route(&node.inbox.queue(5)).await;
         assert_eq!(parts, vec![Bytes::from_static(b"m2")]);
@@ -264,7 +292,10 @@ async fn a_dead_child_is_not_waited_for_and_is_skipped_by_later_casts() {
     );
     assert_eq!(ends, vec![2, 2, 3], "c is outside a's subtree now");
     let lost = timed(direct.pop()).await.unwrap();
-    assert_eq!(lost, vec![Bytes::copy_from_slice(&2u32.to_le_bytes()), Bytes::new()]);
+    assert_eq!(
+        lost,
+        vec![Bytes::copy_from_slice(&2u32.to_le_bytes()), Bytes::new()]
+    );
     for node in &all[..2] {
         let (_, parts) = next_route(&node.inbox.queue(5)).await;
         assert_eq!(parts, vec![Bytes::from_static(b"m3")]);

@@ -245,9 +245,10 @@ fn child_deaf() {
 fn has_named_end(fd: i32) -> bool {
     let family = std::mem::size_of::<libc::sa_family_t>() as libc::socklen_t;
     [libc::getsockname, libc::getpeername].iter().any(|get| {
-        // SAFETY: `addr` is large enough for any address; `len` says how large.
+        // SAFETY: an all-zero sockaddr_storage is a valid value.
         let mut addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: `addr` is large enough for any address and `len` says how large.
         let ok = unsafe { get(fd, (&raw mut addr).cast(), &mut len) } == 0;
         ok && len > family
     })

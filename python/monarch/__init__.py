@@ -9,17 +9,16 @@ import atexit as _atexit
 
 from monarch._rust_bindings import __version__ as __version__
 from monarch._rust_bindings import _prepare_exit
-
-# Registered first, so it runs after every other monarch exit hook (atexit runs hooks in
-# reverse order): from then on no thread of the Rust runtime enters Python, which
-# CPython would end abruptly while finalizing (see monarch_extension/src/runtime.rs).
-_atexit.register(_prepare_exit)
-
 from monarch._src.config import clear_runtime_config as clear_runtime_config
 from monarch._src.config import configure as configure
 from monarch._src.config import configured as configured
 from monarch._src.config import get_global_config as get_global_config
 from monarch._src.config import get_runtime_config as get_runtime_config
+
+# Registered first, so it runs after every other monarch exit hook (atexit runs hooks in
+# reverse order): from then on no thread of the Rust runtime enters Python, which
+# CPython would end abruptly while finalizing (see monarch_extension/src/runtime.rs).
+_atexit.register(_prepare_exit)
 
 __all__ = [
     "__version__",

@@ -4,8 +4,8 @@ pending and later calls on a failed rank raise SupervisionError; healthy ranks g
 from __future__ import annotations
 
 import os
-import re
 import random
+import re
 import signal
 import subprocess
 import sys

@@ -235,7 +235,6 @@ pub(crate) trait SharedWrite: Send + Sync + 'static {
     fn writable(&self) -> impl std::future::Future<Output = io::Result<()>> + Send;
 }
 
-
 /// Reads one frame. Returns `Ok(None)` on a clean end of stream (before
 /// the first byte of a frame).
 ///

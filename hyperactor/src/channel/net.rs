@@ -56,10 +56,10 @@ use super::frame;
 use super::frame::Frame;
 use super::frame::SharedWrite;
 use super::inbox::Inbox;
-use super::tx::DirectWrite;
 use super::link;
 use super::link::AckSource;
 use super::link::FrameSink;
+use super::tx::DirectWrite;
 use super::tx::LinkShared;
 use super::tx::Queued;
 

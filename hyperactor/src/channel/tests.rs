@@ -613,7 +613,10 @@ mod codec {
 
     impl frame::SharedWrite for Trickle {
         fn try_write_vectored(&self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
-            if self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2 == 0 {
+            let call = self
+                .calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if call.is_multiple_of(2) {
                 return Err(std::io::ErrorKind::WouldBlock.into());
             }
             let mut out = self.bytes.lock().unwrap();

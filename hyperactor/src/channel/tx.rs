@@ -367,7 +367,10 @@ impl ChannelTx {
         if !direct.busy && direct.queued == 0 {
             if let Some(writer) = direct.writer.clone() {
                 let now = std::time::Instant::now();
-                if direct.last.is_none_or(|t| now.duration_since(t) >= DIRECT_SPACING) {
+                if direct
+                    .last
+                    .is_none_or(|t| now.duration_since(t) >= DIRECT_SPACING)
+                {
                     direct.last = Some(now);
                     self.link.write_direct(&mut direct, &*writer, queued);
                     return Ok(());

@@ -236,7 +236,11 @@ const VERSION: u8 = 1;
 impl Header {
     fn encode(&self, entries: &[Entry]) -> Bytes {
         let size = 1 + 1 + 1 + 2 + 8 + 8 + 8 + 2 + self.reply_port.len() + 4;
-        let size = size + entries.iter().map(|e| 4 + 8 + 2 + e.port.len()).sum::<usize>();
+        let size = size
+            + entries
+                .iter()
+                .map(|e| 4 + 8 + 2 + e.port.len())
+                .sum::<usize>();
         let mut buf = BytesMut::with_capacity(size);
         buf.put_u8(VERSION);
         buf.put_u8(self.mode);
@@ -529,12 +533,15 @@ impl Shared {
     ) {
         let mut guard = self.cast_state();
         let state = &mut *guard;
-        let order = state.incoming.entry((sender, actor_key)).or_insert(InOrder {
-            next: 1,
-            held: BTreeMap::new(),
-            skipped: HashSet::new(),
-            timer: false,
-        });
+        let order = state
+            .incoming
+            .entry((sender, actor_key))
+            .or_insert(InOrder {
+                next: 1,
+                held: BTreeMap::new(),
+                skipped: HashSet::new(),
+                timer: false,
+            });
         if seq < order.next {
             if order.skipped.remove(&seq) {
                 // Given up on after a death, yet it came: late beats lost.
@@ -646,7 +653,10 @@ impl Inbox {
             live.iter()
                 .map(|&pos| {
                     let t = &targets[pos];
-                    let seq = state.outgoing.entry((actor_key, t.text.clone())).or_insert(0);
+                    let seq = state
+                        .outgoing
+                        .entry((actor_key, t.text.clone()))
+                        .or_insert(0);
                     *seq += 1;
                     Entry {
                         index: t.index,

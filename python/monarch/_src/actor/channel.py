@@ -15,11 +15,11 @@ from typing import Any, Generic, Literal, TypeVar
 
 from monarch._src.actor import runtime
 from monarch._src.actor.actor_mesh import (
+    DIRECT,
     ActorError,
     Endpoint,
     Port,
     SupervisionError,
-    DIRECT,
     _header,
 )
 from monarch._src.actor.future import Future

@@ -231,9 +231,7 @@ class ProcessContext:
                 "while sending the reply",
             )
             body = dumps((ERROR, err._to_wire()))
-        self.send(
-            self.port_ref(port_id), [key_part(reply_key), index.to_bytes(4, "little"), body]
-        )
+        self.send(self.port_ref(port_id), [key_part(reply_key), index.to_bytes(4, "little"), body])
 
     def fail_replies(self, port_id: str, reply_key: int, indices: Any, reason: str) -> None:
         """Answer ``indices`` with ``FAILED`` (``reason``) in one message."""
