@@ -138,11 +138,15 @@ impl Route {
     /// the reply port id in UTF-8 (empty: no reply).
     pub fn encode(&self) -> Bytes {
         let port = self.reply_port.as_deref().unwrap_or("");
+        Self::encode_parts(self.index, self.hops, self.reply_key, port.as_bytes())
+    }
+
+    fn encode_parts(index: u32, hops: u8, reply_key: u64, port: &[u8]) -> Bytes {
         let mut buf = BytesMut::with_capacity(Self::FIXED + port.len());
-        buf.put_u32_le(self.index);
-        buf.put_u8(self.hops);
-        buf.put_u64_le(self.reply_key);
-        buf.put_slice(port.as_bytes());
+        buf.put_u32_le(index);
+        buf.put_u8(hops);
+        buf.put_u64_le(reply_key);
+        buf.put_slice(port);
         buf.freeze()
     }
 
@@ -436,9 +440,8 @@ impl Shared {
                 None => tracing::warn!(inbox = %self.port, "cast: bad port id in a chunk"),
             }
         }
-        let reply_port = std::str::from_utf8(&header.reply_port).unwrap_or("");
-        // Where this node's and its children's replies go.
-        let (port, key): (String, u64) = if header.mode == 2 && !children.is_empty() {
+        // Where this node's and its children's replies go (the port id, printed).
+        let (port, key): (Bytes, u64) = if header.mode == 2 && !children.is_empty() {
             let key = self.next_reply_key();
             let mut pending: HashSet<u32> = HashSet::with_capacity(rest.len() + 1);
             pending.insert(me.index);
@@ -448,12 +451,9 @@ impl Shared {
                 pending.extend(&indices);
                 kids.push((port.actor().proc_id().clone(), indices));
             }
-            let parent = match reply_port.parse::<PortId>() {
-                Ok(parent) => parent,
-                Err(_) => {
-                    tracing::warn!(inbox = %self.port, "cast: bad reply port {reply_port:?}");
-                    return;
-                }
+            let Some(parent) = parse_port(&header.reply_port) else {
+                tracing::warn!(inbox = %self.port, "cast: bad reply port {:?}", header.reply_port);
+                return;
             };
             let reducer = Arc::new(Reducer {
                 parent,
@@ -465,20 +465,20 @@ impl Shared {
                 }),
             });
             self.lock().insert(key, Slot::Reduce(reducer));
-            (String::from_utf8_lossy(&self.port_text).into_owned(), key)
+            (self.port_text.clone(), key)
         } else {
             if header.mode != 0 && !lost.is_empty() {
-                if let Ok(port) = reply_port.parse::<PortId>() {
+                if let Some(port) = parse_port(&header.reply_port) {
                     self.report_lost(port, header.reply_key, &lost);
                 }
             }
-            (reply_port.to_string(), header.reply_key)
+            (header.reply_port.clone(), header.reply_key)
         };
         for (child, chunk) in children {
             let forward = Header {
                 hops: header.hops.saturating_add(1),
                 reply_key: key,
-                reply_port: Bytes::from(port.clone()),
+                reply_port: port.clone(),
                 entries: Vec::new(),
                 ..header
             };
@@ -488,14 +488,9 @@ impl Shared {
             out.extend(user.iter().cloned());
             self.post(child, out);
         }
-        let route = Route {
-            index: me.index,
-            hops: header.hops,
-            reply_key: key,
-            reply_port: (header.mode != 0).then_some(port),
-        };
+        let port: &[u8] = if header.mode != 0 { &port } else { &[] };
         let mut local = Vec::with_capacity(1 + user.len());
-        local.push(route.encode());
+        local.push(Route::encode_parts(me.index, header.hops, key, port));
         local.extend(user);
         self.deliver_in_order(header.sender, header.actor_key, me.seq, local);
     }

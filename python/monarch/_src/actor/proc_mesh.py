@@ -105,15 +105,22 @@ class _ProcGroup:
         if reply is not None:
             runtime.process_context().fail_replies(reply[0], reply[1], indices, reason)
 
+    def _pend(self, op: tuple[Any, ...]) -> bool:
+        """Queue ``op`` (a send or a cast) if the procs are still starting; true if it
+        was queued (``_set_ready`` runs it, in order, or ``_set_failed`` answers it)."""
+        if self._ports is not None:
+            return False
+        with self._lock:
+            if self._ports is None and self._error is None:
+                self._pending.append(op)
+                return True
+        return False
+
     def send(self, rank: int, parts: list[bytes], reply: tuple[str, int, int] | None) -> None:
         """Send ``parts`` (key part first) to the inbox of ``rank``'s proc."""
+        if self._pend(("send", rank, parts, reply)):
+            return
         ports = self._ports
-        if ports is None:
-            with self._lock:
-                ports = self._ports
-                if ports is None and self._error is None:
-                    self._pending.append(("send", rank, parts, reply))
-                    return
         if self._stopped is not None:
             self._fail(reply, f"`ProcMesh` has already been stopped ({self._stopped})")
             return
@@ -137,14 +144,8 @@ class _ProcGroup:
         """Cast ``parts`` to actor ``key`` on ``ranks`` (``(index in the view, rank)``)
         over a tree (``Inbox.cast``). ``reply``: ``(port id, key)`` replies go to
         (``mode`` 1: one per rank; 2: reduced); ``watcher`` hears of dead ranks."""
-        ports = self._ports
-        if ports is None:
-            with self._lock:
-                ports = self._ports
-                if ports is None and self._error is None:
-                    self._pending.append(("cast", key, ranks, parts, reply, watcher, mode))
-                    return
-        self._cast_now(ports, key, ranks, parts, reply, watcher, mode)
+        if not self._pend(("cast", key, ranks, parts, reply, watcher, mode)):
+            self._cast_now(self._ports, key, ranks, parts, reply, watcher, mode)
 
     def _cast_now(
         self,
