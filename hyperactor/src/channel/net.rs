@@ -36,11 +36,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::io::unix::AsyncFd;
 use tokio::io::AsyncRead;
-use tokio::io::AsyncReadExt;
 use tokio::io::AsyncWrite;
 use tokio::io::AsyncWriteExt;
 use tokio::io::BufReader;
+use tokio::io::Interest;
 use tokio::net::TcpListener;
 use tokio::net::TcpStream;
 use tokio::net::UnixListener;
@@ -76,9 +77,11 @@ pub(crate) trait Stream: Send + 'static {
     /// The read half.
     type Read: AsyncRead + Unpin + Send + 'static;
     /// The write half.
-    type Write: AsyncWrite + SharedWrite + DirectWrite + Unpin + Send + 'static;
+    type Write: AsyncWrite + Unpin + Send + 'static;
     /// Splits the stream.
     fn into_halves(self) -> (Self::Read, Self::Write);
+    /// The stream as a standard (non-blocking) socket, out of the runtime's reactor.
+    fn into_socket(self) -> io::Result<Socket>;
 }
 
 impl Stream for TcpStream {
@@ -86,6 +89,9 @@ impl Stream for TcpStream {
     type Write = tokio::net::tcp::OwnedWriteHalf;
     fn into_halves(self) -> (Self::Read, Self::Write) {
         self.into_split()
+    }
+    fn into_socket(self) -> io::Result<Socket> {
+        self.into_std().map(Socket::Tcp)
     }
 }
 
@@ -95,28 +101,116 @@ impl Stream for UnixStream {
     fn into_halves(self) -> (Self::Read, Self::Write) {
         self.into_split()
     }
+    fn into_socket(self) -> io::Result<Socket> {
+        self.into_std().map(Socket::Unix)
+    }
 }
 
-macro_rules! shared_write {
-    ($half:ty) => {
-        impl SharedWrite for $half {
-            fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-                <$half>::try_write_vectored(self, bufs)
-            }
-            async fn writable(&self) -> io::Result<()> {
-                <$half>::writable(self).await
-            }
-        }
-        impl DirectWrite for $half {
-            fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-                <$half>::try_write_vectored(self, bufs)
-            }
-        }
-    };
+/// A dialed connection as a standard non-blocking socket.
+///
+/// The dialing side reads only acknowledgements and writes frames, which its peer
+/// reads at once. Registered with the reactor the way tokio's streams are (for reading
+/// *and* writing, edge-triggered), every frame read by the peer would raise a write-
+/// readiness edge and wake the runtime for nothing: a wake-up per message. So the
+/// socket is registered for readability only ([`AckReader`]); writes are non-blocking
+/// and, when one would block, a duplicate descriptor is registered for writability
+/// just for that wait ([`SocketWriter::writable`]).
+#[derive(Debug)]
+pub(crate) enum Socket {
+    Unix(std::os::unix::net::UnixStream),
+    Tcp(std::net::TcpStream),
 }
 
-shared_write!(tokio::net::tcp::OwnedWriteHalf);
-shared_write!(tokio::net::unix::OwnedWriteHalf);
+impl Socket {
+    /// Registers the socket with the current runtime's reactor for `interest`.
+    fn register(self, interest: Interest) -> io::Result<AsyncFd<Self>> {
+        // SAFETY: a `Socket` owns its descriptor (a standard stream): it stays open
+        // until the socket is dropped, and `as_raw_fd` always returns that one.
+        let fd = unsafe { AsyncFd::register_with_interest(self, interest) }?;
+        Ok(fd)
+    }
+
+    fn try_clone(&self) -> io::Result<Self> {
+        match self {
+            Socket::Unix(s) => s.try_clone().map(Socket::Unix),
+            Socket::Tcp(s) => s.try_clone().map(Socket::Tcp),
+        }
+    }
+
+    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::io::Read;
+        match self {
+            Socket::Unix(s) => (&*s).read(buf),
+            Socket::Tcp(s) => (&*s).read(buf),
+        }
+    }
+
+    fn write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        use std::io::Write;
+        match self {
+            Socket::Unix(s) => (&*s).write_vectored(bufs),
+            Socket::Tcp(s) => (&*s).write_vectored(bufs),
+        }
+    }
+}
+
+impl std::os::fd::AsRawFd for Socket {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        match self {
+            Socket::Unix(s) => s.as_raw_fd(),
+            Socket::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+/// The write side of a dialed [`Socket`], shared by the link task and direct writers.
+#[derive(Debug)]
+struct SocketWriter(Socket);
+
+impl DirectWrite for SocketWriter {
+    fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        self.0.write_vectored(bufs)
+    }
+}
+
+impl SharedWrite for SocketWriter {
+    fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        self.0.write_vectored(bufs)
+    }
+
+    async fn writable(&self) -> io::Result<()> {
+        // Registered only for this wait; an edge-triggered registration reports a
+        // socket that is writable already at once, so no wake-up is missed.
+        let fd = self.0.try_clone()?.register(Interest::WRITABLE)?;
+        fd.writable().await?.retain_ready();
+        Ok(())
+    }
+}
+
+/// Reads acknowledgements from a dialed [`Socket`] registered for readability only.
+#[derive(Debug)]
+struct AckReader {
+    fd: AsyncFd<Socket>,
+    buf: [u8; 8],
+    filled: usize,
+}
+
+impl AckReader {
+    async fn read_u64_le(&mut self) -> io::Result<u64> {
+        while self.filled < 8 {
+            let mut guard = self.fd.readable().await?;
+            let (buf, filled) = (&mut self.buf, self.filled);
+            match guard.try_io(|fd| fd.get_ref().read(&mut buf[filled..])) {
+                Ok(Ok(0)) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(Ok(n)) => self.filled += n,
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => {}
+            }
+        }
+        self.filled = 0;
+        Ok(u64::from_le_bytes(self.buf))
+    }
+}
 
 /// A bound listener of [`Stream`]s.
 pub(crate) trait Listener: Send + 'static {
@@ -345,16 +439,30 @@ pub(crate) async fn run_link<S: Stream>(
             return link::fail_unconnected(&link, error, queue);
         }
     };
-    let (read, write) = stream.into_halves();
-    let write = Arc::new(write);
-    // Senders may now write to the stream themselves while the link is idle.
+    let sockets = stream
+        .into_socket()
+        .and_then(|socket| Ok((socket.try_clone()?, socket)))
+        .and_then(|(read, write)| Ok((read.register(Interest::READABLE)?, write)));
+    let (read, write) = match sockets {
+        Ok(sockets) => sockets,
+        Err(err) => {
+            let error = ChannelError::io(&link.addr, err);
+            return link::fail_unconnected(&link, error, queue);
+        }
+    };
+    let write = Arc::new(SocketWriter(write));
+    // Senders may now write to the socket themselves while the link is idle.
     link.lock_direct().writer = Some(Arc::clone(&write) as Arc<dyn DirectWrite>);
     let sink = NetSink {
         write,
         addr: link.addr.clone(),
     };
     let acks = NetAcks {
-        read: BufReader::with_capacity(4096, read),
+        read: AckReader {
+            fd: read,
+            buf: [0; 8],
+            filled: 0,
+        },
         addr: link.addr.clone(),
     };
     link::drive(sink, acks, queue, link).await;
@@ -367,15 +475,15 @@ pub(crate) async fn connect_tcp(addr: std::net::SocketAddr) -> io::Result<TcpStr
     Ok(stream)
 }
 
-/// The dialing side's writer: shares the write half with senders' direct writes
-/// (see `tx::Direct`), so it writes through `&self` without blocking.
+/// The dialing side's writer: shares the socket with senders' direct writes (see
+/// `tx::Direct`), so it writes through `&self` without blocking.
 #[derive(Debug)]
-struct NetSink<W> {
-    write: Arc<W>,
+struct NetSink {
+    write: Arc<SocketWriter>,
     addr: ChannelAddr,
 }
 
-impl<W: SharedWrite> FrameSink for NetSink<W> {
+impl FrameSink for NetSink {
     async fn write(&mut self, frames: Vec<Frame>, _first_seq: u64) -> Result<(), ChannelError> {
         let mut chunks: VecDeque<Bytes> = VecDeque::new();
         for frame in &frames {
@@ -393,12 +501,12 @@ impl<W: SharedWrite> FrameSink for NetSink<W> {
 }
 
 #[derive(Debug)]
-struct NetAcks<R> {
-    read: BufReader<R>,
+struct NetAcks {
+    read: AckReader,
     addr: ChannelAddr,
 }
 
-impl<R: AsyncRead + Unpin + Send> AckSource for NetAcks<R> {
+impl AckSource for NetAcks {
     async fn next_ack(&mut self) -> Result<u64, ChannelError> {
         match self.read.read_u64_le().await {
             Ok(ack) => Ok(ack),
