@@ -12,8 +12,10 @@
 //! - one-way throughput of 64-byte and 1 MiB messages to an actor in the child (sent with
 //!   back-pressure, and closed by a call that ORD-1 orders after them);
 //!
-//! and the round trip of a blocking 8-byte ping-pong over a raw Unix socket between the
-//! same two processes, the floor any messaging layer pays. The process is this binary
+//! and the round trip of a blocking 8-byte ping-pong over a raw Unix socket, and over
+//! loopback TCP, between the same two processes: the floor any messaging layer pays.
+//! Each transport's `call` round trip is reported as a ratio to the raw socket of its
+//! own kind. The process is this binary
 //! itself, re-run with `--child`.
 
 use std::io::{Read, Write};
@@ -93,6 +95,15 @@ fn child_main(args: &[String]) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        [mode, addr] if mode == "raw-tcp" => {
+            let mut stream = std::net::TcpStream::connect(addr)?;
+            stream.set_nodelay(true)?;
+            let mut buf = [0u8; 8];
+            while stream.read_exact(&mut buf).is_ok() {
+                stream.write_all(&buf)?;
+            }
+            Ok(())
+        }
         [mode, path] if mode == "raw-async" => runtime()?.block_on(async {
             use tokio::io::AsyncWriteExt;
             let mut stream = tokio::net::UnixStream::connect(path).await?;
@@ -113,7 +124,10 @@ fn child_main(args: &[String]) -> anyhow::Result<()> {
             while stdin.read(&mut buf).await? > 0 {}
             Ok(())
         }),
-        _ => bail!("usage: proc_messaging --child (raw PATH | TRANSPORT REPORT_PORT)"),
+        _ => bail!(
+            "usage: proc_messaging --child (raw PATH | raw-tcp ADDR | raw-async PATH | \
+             TRANSPORT REPORT_PORT)"
+        ),
     }
 }
 
@@ -140,6 +154,31 @@ fn raw_unix_rtt() -> anyhow::Result<Duration> {
     drop(stream);
     child.wait()?;
     let _ = std::fs::remove_file(&path);
+    Ok(result)
+}
+
+/// The same blocking ping-pong as [`raw_unix_rtt`], over loopback TCP (`TCP_NODELAY`).
+fn raw_tcp_rtt() -> anyhow::Result<Duration> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?.to_string();
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args(["--child", "raw-tcp", &addr])
+        .spawn()?;
+    let (mut stream, _) = listener.accept()?;
+    stream.set_nodelay(true)?;
+    let mut buf = [0u8; 8];
+    let mut rtt = |rounds: u32| -> anyhow::Result<Duration> {
+        let start = Instant::now();
+        for i in 0..rounds {
+            stream.write_all(&u64::from(i).to_le_bytes())?;
+            stream.read_exact(&mut buf)?;
+        }
+        Ok(start.elapsed() / rounds)
+    };
+    rtt(RTT_ROUNDS / 10)?;
+    let result = rtt(RTT_ROUNDS)?;
+    drop(stream);
+    child.wait()?;
     Ok(result)
 }
 
@@ -249,6 +288,12 @@ fn main() -> anyhow::Result<()> {
         "raw Unix socket ping-pong round trip",
         format!("{:.1} µs", micros(raw))
     );
+    let raw_tcp = raw_tcp_rtt()?;
+    println!(
+        "{:<52} {:>14}",
+        "raw TCP socket ping-pong round trip",
+        format!("{:.1} µs", micros(raw_tcp))
+    );
     // Both processes of a measurement run the same runtime: chosen by
     // HYPERACTOR_BENCH_THREADS, or else each of the two kinds in turn.
     let kinds = match std::env::var("HYPERACTOR_BENCH_THREADS") {
@@ -262,7 +307,7 @@ fn main() -> anyhow::Result<()> {
         // Measure on a runtime task, as an actor or a client task would run:
         // a multi-thread runtime's `block_on` future lives on the calling
         // thread, so every reply would pay a cross-thread wake-up to reach it.
-        runtime()?.block_on(async move { tokio::spawn(measure(raw)).await })??;
+        runtime()?.block_on(async move { tokio::spawn(measure(raw, raw_tcp)).await })??;
     }
     Ok(())
 }
@@ -275,7 +320,7 @@ fn runtime_label() -> String {
     }
 }
 
-async fn measure(raw: Duration) -> anyhow::Result<()> {
+async fn measure(raw_unix: Duration, raw_tcp: Duration) -> anyhow::Result<()> {
     let label = runtime_label();
     let raw_async = raw_async_unix_rtt().await?;
     println!(
@@ -284,6 +329,12 @@ async fn measure(raw: Duration) -> anyhow::Result<()> {
         format!("{:.1} µs", micros(raw_async))
     );
     for transport in [ChannelTransport::Unix, ChannelTransport::Tcp] {
+        // Each transport is compared with a raw socket of its own kind.
+        let raw = if transport == ChannelTransport::Tcp {
+            raw_tcp
+        } else {
+            raw_unix
+        };
         let transport_label = format!("{transport}, {label} runtime");
         let transport_label = &transport_label;
         let proc = Proc::serve(transport, "bench").await?;
@@ -300,7 +351,7 @@ async fn measure(raw: Duration) -> anyhow::Result<()> {
         let (large_rate, large_bw) =
             throughput(&client, &peer.sink, 1 << 20, LARGE_MESSAGES).await?;
         println!(
-            "{:<52} {:>14}   ({:.2}x raw socket, {:.2}x raw tokio socket)",
+            "{:<52} {:>14}   ({:.2}x raw {transport} socket, {:.2}x raw tokio Unix socket)",
             format!("{transport_label}: call round trip"),
             format!("{:.1} µs", micros(rtt)),
             rtt.as_secs_f64() / raw.as_secs_f64(),
