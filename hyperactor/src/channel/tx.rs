@@ -150,14 +150,32 @@ pub(crate) struct Direct {
     /// The unwritten rest of a direct write that would have blocked: the link task
     /// writes it first.
     pub(crate) leftover: std::collections::VecDeque<bytes::Bytes>,
-    /// When the last direct write happened: a sender that follows it closely queues
-    /// instead, so that a burst of frames is batched into few writes by the task.
-    pub(crate) last: Option<std::time::Instant>,
 }
 
-/// Frames sent closer together than this to one link are queued for the link task
-/// (which batches them) rather than written directly.
+/// A frame sent less than this after the process's last direct write (to any link) is
+/// queued for its link task rather than written directly: bursts, to one link or to
+/// many (a cast), are written by the link tasks, batched and beside the sender, instead
+/// of one system call after another on the sender's thread.
 pub(crate) const DIRECT_SPACING: std::time::Duration = std::time::Duration::from_micros(15);
+
+/// When this process last wrote a frame directly, in nanoseconds since [`epoch`].
+static LAST_DIRECT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn epoch() -> std::time::Instant {
+    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
+    *EPOCH.get_or_init(std::time::Instant::now)
+}
+
+/// Whether a direct write may happen now (and if so, records it).
+fn direct_write_allowed() -> bool {
+    let now = epoch().elapsed().as_nanos() as u64;
+    let last = LAST_DIRECT.load(Ordering::Relaxed);
+    if last != 0 && now.saturating_sub(last) < DIRECT_SPACING.as_nanos() as u64 {
+        return false;
+    }
+    LAST_DIRECT.store(now.max(1), Ordering::Relaxed);
+    true
+}
 
 impl fmt::Debug for Direct {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -366,12 +384,7 @@ impl ChannelTx {
         let mut direct = self.link.lock_direct();
         if !direct.busy && direct.queued == 0 {
             if let Some(writer) = direct.writer.clone() {
-                let now = std::time::Instant::now();
-                if direct
-                    .last
-                    .is_none_or(|t| now.duration_since(t) >= DIRECT_SPACING)
-                {
-                    direct.last = Some(now);
+                if direct_write_allowed() {
                     self.link.write_direct(&mut direct, &*writer, queued);
                     return Ok(());
                 }
