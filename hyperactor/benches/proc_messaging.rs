@@ -85,24 +85,22 @@ impl Handler<Drain> for Sink {
     }
 }
 
+/// The child's end of [`ping_pong`]: echoes 8-byte messages until the stream ends.
+fn echo(stream: &mut (impl Read + Write)) -> anyhow::Result<()> {
+    let mut buf = [0u8; 8];
+    while stream.read_exact(&mut buf).is_ok() {
+        stream.write_all(&buf)?;
+    }
+    Ok(())
+}
+
 fn child_main(args: &[String]) -> anyhow::Result<()> {
     match args {
-        [mode, path] if mode == "raw" => {
-            let mut stream = UnixStream::connect(path)?;
-            let mut buf = [0u8; 8];
-            while stream.read_exact(&mut buf).is_ok() {
-                stream.write_all(&buf)?;
-            }
-            Ok(())
-        }
+        [mode, path] if mode == "raw" => echo(&mut UnixStream::connect(path)?),
         [mode, addr] if mode == "raw-tcp" => {
             let mut stream = std::net::TcpStream::connect(addr)?;
             stream.set_nodelay(true)?;
-            let mut buf = [0u8; 8];
-            while stream.read_exact(&mut buf).is_ok() {
-                stream.write_all(&buf)?;
-            }
-            Ok(())
+            echo(&mut stream)
         }
         [mode, path] if mode == "raw-async" => runtime()?.block_on(async {
             use tokio::io::AsyncWriteExt;
@@ -131,15 +129,8 @@ fn child_main(args: &[String]) -> anyhow::Result<()> {
     }
 }
 
-fn raw_unix_rtt() -> anyhow::Result<Duration> {
-    let path =
-        std::env::temp_dir().join(format!("hyperactor-bench-raw-{}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path)?;
-    let mut child = std::process::Command::new(std::env::current_exe()?)
-        .args(["--child", "raw", &path.to_string_lossy()])
-        .spawn()?;
-    let (mut stream, _) = listener.accept()?;
+/// The mean round trip of a blocking 8-byte ping-pong on `stream` (after a warm-up).
+fn ping_pong(stream: &mut (impl Read + Write)) -> anyhow::Result<Duration> {
     let mut buf = [0u8; 8];
     let mut rtt = |rounds: u32| -> anyhow::Result<Duration> {
         let start = Instant::now();
@@ -150,7 +141,19 @@ fn raw_unix_rtt() -> anyhow::Result<Duration> {
         Ok(start.elapsed() / rounds)
     };
     rtt(RTT_ROUNDS / 10)?;
-    let result = rtt(RTT_ROUNDS)?;
+    rtt(RTT_ROUNDS)
+}
+
+fn raw_unix_rtt() -> anyhow::Result<Duration> {
+    let path =
+        std::env::temp_dir().join(format!("hyperactor-bench-raw-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)?;
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args(["--child", "raw", &path.to_string_lossy()])
+        .spawn()?;
+    let (mut stream, _) = listener.accept()?;
+    let result = ping_pong(&mut stream)?;
     drop(stream);
     child.wait()?;
     let _ = std::fs::remove_file(&path);
@@ -166,17 +169,7 @@ fn raw_tcp_rtt() -> anyhow::Result<Duration> {
         .spawn()?;
     let (mut stream, _) = listener.accept()?;
     stream.set_nodelay(true)?;
-    let mut buf = [0u8; 8];
-    let mut rtt = |rounds: u32| -> anyhow::Result<Duration> {
-        let start = Instant::now();
-        for i in 0..rounds {
-            stream.write_all(&u64::from(i).to_le_bytes())?;
-            stream.read_exact(&mut buf)?;
-        }
-        Ok(start.elapsed() / rounds)
-    };
-    rtt(RTT_ROUNDS / 10)?;
-    let result = rtt(RTT_ROUNDS)?;
+    let result = ping_pong(&mut stream)?;
     drop(stream);
     child.wait()?;
     Ok(result)

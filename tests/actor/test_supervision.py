@@ -485,8 +485,7 @@ def test_a_message_that_comes_back_undelivered_is_reported(
     ctx = runtime.process_context()
     ghost = "ghost-0@unix:/tmp/monarch-test-no-such-proc.sock"
     ctx.send(ctx.port_ref(runtime.inbox_port_of(ghost)), [runtime.key_part(5), b"hello"])
-    deadline = time.monotonic() + 10
-    while ghost not in ctx.unreachable_logged:
-        assert time.monotonic() < deadline, "the returned message was never reported"
-        time.sleep(0.01)
+    with ctx.unreachable_changed:
+        reported = ctx.unreachable_changed.wait_for(lambda: ghost in ctx.unreachable_logged, 10)
+    assert reported, "the returned message was never reported"
     assert f"a message to {ghost} could not be delivered" in capfd.readouterr().err

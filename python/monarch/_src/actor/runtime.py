@@ -173,8 +173,10 @@ class ProcessContext:
         #: Root only: every proc this host spawned, and those it was asked to stop.
         self.spawned_procs: set[str] = set()
         self.stopping: set[str] = set()
-        #: Procs of unknown origin that a message could not reach (logged once each).
+        #: Procs of unknown origin that a message could not reach (logged once each),
+        #: and a condition notified when one is added.
         self.unreachable_logged: set[str] = set()
+        self.unreachable_changed = threading.Condition()
         #: Retired actor keys: what to answer a call to each (see ``retire``).
         self.retired: dict[int, str] = {}
         threading.Thread(target=self._undertake, name="monarch-undertaker", daemon=True).start()

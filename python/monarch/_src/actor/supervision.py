@@ -233,8 +233,10 @@ def undeliverable(ctx: ProcessContext, proc_id: str, reason: str) -> None:
     if proc_id in ctx.spawned_procs and ctx.host is not None and ctx.host.kill_proc(proc_id, lost):
         return
     if proc_id not in ctx.spawned_procs and proc_id not in ctx.unreachable_logged:
-        ctx.unreachable_logged.add(proc_id)
         print(f"monarch: a message to {proc_id} could not be delivered: {reason}", file=sys.stderr)
+        with ctx.unreachable_changed:
+            ctx.unreachable_logged.add(proc_id)
+            ctx.unreachable_changed.notify_all()
 
 
 def proc_died(ctx: ProcessContext, proc_id: str, reason: str, expected: bool) -> None:
