@@ -72,6 +72,7 @@ from bench_common import (
     Metric,
     Params,
     Recorder,
+    add_raw_fanout,
     fmt,
     measure_pipe,
     other_rss_mib,
@@ -246,6 +247,7 @@ def measure_failure(rec: Recorder, kills: int) -> None:
 def run(p: Params, rec: Recorder) -> None:
     # The reference first, while the process has no monarch runtime yet.
     rec.guard([PIPE], lambda: rec.add(Metric(PIPE, measure_pipe(p) * 1e6, "reference")))
+    add_raw_fanout(p, rec)
 
     this_host()  # bootstrap the client outside the timed part
 

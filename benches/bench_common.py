@@ -12,8 +12,10 @@ import datetime
 import json
 import multiprocessing
 import os
+import pickle
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -39,6 +41,8 @@ ECHO_64M = "echo_64m"
 FAILURE = "failure"
 RSS = "rss"
 PIPE = "pipe"
+RAW_16 = "raw_fanout_16"
+RAW_64 = "raw_fanout_64"
 
 CATALOGUE: dict[str, tuple[str, str, str]] = {
     SPAWN_4: ("spawn 4 procs -> first reply", "s", "lower"),
@@ -58,7 +62,12 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
     FAILURE: ("failure detection (SIGKILL)", "s", "lower"),
     RSS: ("RSS per proc", "MiB", "lower"),
     PIPE: ("multiprocessing.Pipe round trip", "us", "lower"),
+    RAW_16: ("bare fan-out to 16 procs", "us", "lower"),
+    RAW_64: ("bare fan-out to 64 procs", "us", "lower"),
 }
+
+#: The bare fan-out references, by number of procs.
+RAW_FANOUT = {16: RAW_16, 64: RAW_64}
 
 #: Echo payload sizes, by metric key.
 ECHO_SIZES = {ECHO_1K: 1 << 10, ECHO_1M: 1 << 20, ECHO_64M: 64 << 20}
@@ -173,6 +182,9 @@ class Params:
     echo_iters: dict[str, int] = field(default_factory=dict)
     pipe_warmup: int = 500
     pipe_iters: int = 5000
+    # Number of procs -> timed rounds of the bare fan-out reference (after a tenth as
+    # many warm-up rounds). Sizes left out are not measured.
+    raw_fanout_iters: dict[int, int] = field(default_factory=lambda: {16: 1000, 64: 500})
     # Procs killed, one after another, for failure detection (the median is reported).
     failure_kills: int = 10
 
@@ -181,7 +193,7 @@ FULL = Params(
     spawn_repeats=3,
     call_one_warmup=200,
     call_one_iters=2000,
-    call_iters={4: 500, 16: 200, 64: 50},
+    call_iters={4: 500, 16: 200, 64: 200},
     pipelined_calls=5000,
     pipelined_runs=3,
     echo_iters={ECHO_1K: 500, ECHO_1M: 50, ECHO_64M: 5},
@@ -196,6 +208,7 @@ QUICK = Params(
     broadcasts=200,
     echo_iters={ECHO_1K: 50, ECHO_1M: 10},
     pipe_warmup=50,
+    raw_fanout_iters={16: 200},
     pipe_iters=300,
     failure_kills=3,
 )
@@ -239,6 +252,93 @@ def measure_pipe(p: Params) -> float:
             proc.join()
         parent.close()
     return statistics.median(samples)
+
+
+#: The bare fan-out child: answer each datagram with a pickled ``(0, value)`` until the
+#: socket closes.
+_FANOUT_CHILD = """
+import pickle, socket, sys
+sock = socket.socket(fileno=int(sys.argv[1]))
+while True:
+    data = sock.recv(65536)
+    if not data:
+        break
+    sock.send(pickle.dumps((0, pickle.loads(data))))
+"""
+
+
+def measure_raw_fanout(n: int, iters: int) -> float:
+    """The floor under ``call() to n actors`` on this machine, in seconds: ``n`` bare
+    Python processes, each on its own ``SOCK_SEQPACKET`` socketpair, no framework; one
+    round pickles an int, sends it to every child, and reads every child's pickled
+    answer (in arrival order). The median of ``iters`` rounds, after a tenth as many
+    warm-up rounds. Its growth from 16 to 64 procs is what this machine does when every
+    actor is a process that wakes, unpickles, pickles and answers."""
+    import selectors
+    import socket
+    import subprocess
+
+    socks: list[socket.socket] = []
+    children: list[subprocess.Popen[bytes]] = []
+    sel = selectors.DefaultSelector()
+    try:
+        for _ in range(n):
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            socks.append(mine)
+            with theirs:
+                children.append(
+                    subprocess.Popen(
+                        [sys.executable, "-c", _FANOUT_CHILD, str(theirs.fileno())],
+                        pass_fds=[theirs.fileno()],
+                    )
+                )
+            sel.register(mine, selectors.EVENT_READ)
+
+        def one_round(i: int) -> None:
+            msg = pickle.dumps(i)
+            for sock in socks:
+                sock.send(msg)
+            got = 0
+            while got < n:
+                ready = sel.select(WAIT_TIMEOUT_S)
+                if not ready:
+                    raise TimeoutError(f"bare fan-out: {n - got} of {n} children silent")
+                for key, _ in ready:
+                    key.fileobj.recv(65536)  # type: ignore[union-attr]
+                    got += 1
+
+        for i in range(max(iters // 10, 1)):
+            one_round(i)
+        samples = []
+        for i in range(iters):
+            t0 = time.perf_counter()
+            one_round(i)
+            samples.append(time.perf_counter() - t0)
+        return statistics.median(samples)
+    finally:
+        sel.close()
+        for sock in socks:
+            sock.close()  # each child reads EOF and exits
+        for child in children:
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+def add_raw_fanout(p: Params, rec: Recorder) -> None:
+    """Measure the bare fan-out references ``p`` asks for (the others: skipped)."""
+    for n, key in RAW_FANOUT.items():
+        if n not in p.raw_fanout_iters:
+            rec.fail([key], SKIPPED)
+            continue
+        iters = p.raw_fanout_iters[n]
+
+        def measure(n: int = n, key: str = key, iters: int = iters) -> None:
+            rec.add(Metric(key, measure_raw_fanout(n, iters) * 1e6, f"reference, median of {iters}"))
+
+        rec.guard([key], measure)
 
 
 # ---------------------------------------------------------------------------------------

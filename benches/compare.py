@@ -39,6 +39,8 @@ from bench_common import (
     CALL_ONE,
     CATALOGUE,
     PIPELINED,
+    RAW_16,
+    RAW_64,
     SPAWN_4,
     SPAWN_16,
     SPAWN_64,
@@ -246,6 +248,26 @@ def table(impls: list[Impl], aggs: dict[str, dict[str, dict]]) -> list[tuple[str
     return rows, notes
 
 
+def growth_text(impls: list[Impl], aggs: dict[str, dict[str, dict]]) -> str | None:
+    """How call() latency grows from 16 to 64 actors for each implementation, next to
+    the bare fan-out floor (the median over every implementation's runs of it)."""
+    parts = []
+    for i in impls:
+        a, b = aggs[i.key][CALL_16]["value"], aggs[i.key][CALL_64]["value"]
+        if a and b:
+            parts.append(f"{i.title} {b / a:.1f}x")
+    floors = [
+        aggs[i.key][RAW_64]["value"] / aggs[i.key][RAW_16]["value"]
+        for i in impls
+        if aggs[i.key][RAW_16]["value"] and aggs[i.key][RAW_64]["value"]
+    ]
+    if floors:
+        parts.append(f"bare fan-out floor {statistics.median(floors):.1f}x")
+    if not parts:
+        return None
+    return "growth from 16 to 64 actors (4x; below 4x is sub-linear): " + ", ".join(parts)
+
+
 def plot(labels: dict[str, str], aggs: dict[str, dict[str, dict]], path: Path, title: str) -> None:
     """Call latency and spawn time against the number of actors, one line for each
     implementation (``labels``: implementation key -> legend text)."""
@@ -264,6 +286,18 @@ def plot(labels: dict[str, str], aggs: dict[str, dict[str, dict]], path: Path, t
             if pts:
                 xs, ys = zip(*pts, strict=True)
                 ax.plot(xs, ys, marker="o", label=label)
+    floor = next(
+        (a for a in aggs.values() if a[RAW_16]["value"] and a[RAW_64]["value"]), None
+    )
+    if floor is not None:
+        left.plot(
+            [16, 64],
+            [floor[RAW_16]["value"] * 1e-3, floor[RAW_64]["value"] * 1e-3],
+            linestyle="--",
+            color="gray",
+            marker="x",
+            label="bare processes on sockets (floor)",
+        )
     left.set_title("call() latency")
     left.set_ylabel("ms, median")
     right.set_title("spawn N procs -> first reply")
@@ -370,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     print_rows(rows)
     for k, note in enumerate(notes, 1):
         print(f"[{k}] {note}")
+    growth = growth_text(impls, aggs)
+    if growth:
+        print(growth)
 
     result = {
         "date": started.isoformat(timespec="seconds"),
@@ -396,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "plot_title": f"{started:%Y-%m-%d}, {machine}; {load_text}",
         "notes": notes,
+        "growth": growth,
     }
     (out / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
     png = out / "latency.png"

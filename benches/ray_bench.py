@@ -64,6 +64,7 @@ from bench_common import (
     Metric,
     Params,
     Recorder,
+    add_raw_fanout,
     fmt,
     measure_pipe,
     other_rss_mib,
@@ -190,6 +191,7 @@ def measure_failure(rec: Recorder) -> None:
 
 def run(p: Params, rec: Recorder) -> None:
     rec.guard([PIPE], lambda: rec.add(Metric(PIPE, measure_pipe(p) * 1e6, "reference")))
+    add_raw_fanout(p, rec)
 
     ray.init(
         num_cpus=os.cpu_count(),

@@ -30,6 +30,8 @@ METRICS = (
     "failure detection (SIGKILL)",
     "RSS per proc",
     "multiprocessing.Pipe round trip",
+    "bare fan-out to 16 procs",
+    "bare fan-out to 64 procs",
 )
 
 #: Metrics a quick run must measure (the others it may skip).
@@ -44,6 +46,7 @@ MEASURED_WHEN_QUICK = {
     "echo_1m",
     "rss",
     "pipe",
+    "raw_fanout_16",
 }
 
 
@@ -96,3 +99,31 @@ def test_compare_quick_ours_only(tmp_path: Path) -> None:
     result = json.loads((tmp_path / "compare.json").read_text())
     assert result["median"]["ours"]["call_one"]["value"] > 0
     assert (tmp_path / "latency.png").stat().st_size > 0
+
+
+def test_growth_line_compares_each_implementation_with_the_floor() -> None:
+    sys.path.insert(0, str(BENCHES))
+    try:
+        import compare
+    finally:
+        sys.path.remove(str(BENCHES))
+
+    def agg(**values: float | None) -> dict[str, dict]:
+        out = {key: {"value": None} for key in compare.CATALOGUE}
+        out.update({k: {"value": v} for k, v in values.items()})
+        return out
+
+    impls = [
+        compare.Impl("ours", "Monarch (this)", Path("x"), Path("y")),
+        compare.Impl("ray", "Ray", Path("x"), Path("y")),
+    ]
+    aggs = {
+        "ours": agg(call_16=1000.0, call_64=3000.0, raw_fanout_16=200.0, raw_fanout_64=900.0),
+        "ray": agg(call_16=10.0, call_64=None, raw_fanout_16=200.0, raw_fanout_64=700.0),
+    }
+    line = compare.growth_text(impls, aggs)
+    assert line is not None
+    assert "Monarch (this) 3.0x" in line
+    assert "Ray" not in line.split("floor")[0]  # no 64-actor value: left out
+    assert "bare fan-out floor 4.0x" in line  # the median of 4.5x and 3.5x
+    assert compare.growth_text(impls, {"ours": agg(), "ray": agg()}) is None

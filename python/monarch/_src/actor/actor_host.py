@@ -28,7 +28,7 @@ from monarch._src.actor.actor_mesh import (
 )
 from monarch._src.actor.extent import Extent
 from monarch._src.actor.point import Point
-from monarch._src.actor.runtime import ERROR, FAILED, OK, ProcessContext, decode_route, loads
+from monarch._src.actor.runtime import ERROR, FAILED, OK, ROUTE, ProcessContext, loads
 
 
 def handle_agent_request(proc: ProcessContext, request: tuple[Any, ...], rest: list[bytes]) -> None:
@@ -74,6 +74,15 @@ async def _awaited(aw: Any) -> Any:
 #: How long ``__cleanup__`` may run when an actor stops.
 CLEANUP_TIMEOUT = 3.0
 
+#: Methods the runtime itself sends to actors.
+_SPECIAL = frozenset({"__supervise__", "__stop__", "__initialized__"})
+
+#: At most this many decoded message headers are cached per actor (see ``_begin``).
+_HEADER_CACHE = 64
+
+_unpack_route = ROUTE.unpack_from
+_ROUTE_SIZE = ROUTE.size
+
 _Work = tuple[Any, ...]
 
 
@@ -109,6 +118,11 @@ class HostedActor:
         self.info: _ClassInfo | None = None
         self.instance: Instance | None = None
         self.class_name = "?"
+        #: Endpoints that take an explicit response port (from the class info).
+        self._explicit_methods: frozenset[str] = frozenset()
+        #: Decoded ``(method, labels, sizes)`` by the header part's bytes: a mesh's
+        #: casts of one endpoint repeat the same header.
+        self._headers: dict[bytes, tuple[str, tuple[str, ...], tuple[int, ...]]] = {}
 
     def start(self) -> None:
         threading.Thread(
@@ -175,6 +189,9 @@ class HostedActor:
             args, kwargs = loads(self._args_blob)
             self.info = info = _class_info(cls)
             self.class_name = info.name
+            self._explicit_methods = frozenset(
+                name for name, ep in info.endpoints.items() if ep._explicit_response_port
+            )
             self.instance = Instance(
                 name=self.name,
                 class_name=info.name,
@@ -317,10 +334,32 @@ class HostedActor:
     def _begin(self, parts: list[bytes]) -> _Work | None:
         """Decode a message: ``("call", header, fn, args, kwargs)``,
         ``("supervise", failure)``, ``("stop", header, reason)``, or None when it was
-        answered already."""
-        index, hops, reply_key, reply_port = decode_route(parts[0])
-        method, labels, sizes = loads(parts[1])
+        answered already. Every message of every actor passes here: the common case (a
+        call to a running actor) is kept short."""
+        route = parts[0]
+        index, hops, reply_key = _unpack_route(route)
+        reply_port = route[_ROUTE_SIZE:].decode() or None
+        head = self._headers.get(parts[1])
+        if head is None:
+            head = loads(parts[1])
+            if len(self._headers) >= _HEADER_CACHE:
+                self._headers.clear()
+            self._headers[parts[1]] = head
+        method, labels, sizes = head
         header = (method, reply_port, reply_key, index, labels, sizes, hops)
+        if method in _SPECIAL or self.failed is not None or self.stopped is not None:
+            return self._begin_special(header, parts)
+        try:
+            args, kwargs = loads(parts[2])
+            fn = getattr(self.obj, method)
+        except Exception as e:  # cannot unpickle, or no such method: the caller hears
+            self._reply(header, ERROR, ActorError._from_local(e, f"before {method} ran")._to_wire())
+            return None
+        return ("call", header, fn, args, kwargs)
+
+    def _begin_special(self, header: tuple[Any, ...], parts: list[bytes]) -> _Work | None:
+        """:meth:`_begin` for the runtime's own methods and for a dead actor."""
+        method = header[0]
         if method == "__supervise__":
             failure = loads(parts[2])[0][0]
             # A failed or stopped owner already told its own owner; nothing to add.
@@ -330,16 +369,9 @@ class HostedActor:
         if method == "__stop__":
             stop_args, _ = loads(parts[2])
             return ("stop", header, str(stop_args[0]) if stop_args else "stopped")
-        if method == "__initialized__":
-            self._reply(header, OK, None)
-            return None
-        try:
-            args, kwargs = loads(parts[2])
-            fn = getattr(self.obj, method)
-        except Exception as e:  # cannot unpickle, or no such method: the caller hears
-            self._reply(header, ERROR, ActorError._from_local(e, f"before {method} ran")._to_wire())
-            return None
-        return ("call", header, fn, args, kwargs)
+        # __initialized__
+        self._reply(header, OK, None)
+        return None
 
     def _reply(self, header: tuple[Any, ...], status: int, value: Any) -> None:
         reply_port, reply_key, index = header[1], header[2], header[3]
@@ -361,8 +393,7 @@ class HostedActor:
         self._reply(header, ERROR, ActorError(e)._to_wire())
 
     def _explicit(self, method: str) -> bool:
-        ep = self.info.endpoints.get(method) if self.info is not None else None
-        return bool(ep is not None and ep._explicit_response_port)
+        return method in self._explicit_methods
 
     def _context(self, header: tuple[Any, ...]) -> Context:
         assert self.instance is not None

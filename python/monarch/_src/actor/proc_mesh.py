@@ -49,8 +49,9 @@ class _ProcGroup:
         self._ready = threading.Event()
         #: Ranks whose proc is dead, with the reason.
         self._dead: dict[int, str] = {}
-        #: Per rank, the calls waiting for a reply from it.
-        self._watchers: dict[int, weakref.WeakSet[Any]] = {}
+        #: The calls that may still wait for replies from these procs (one entry per
+        #: call, not per rank: a death is rare, a call is not).
+        self._calls: weakref.WeakSet[Any] = weakref.WeakSet()
 
     @classmethod
     def ready_now(cls, name: str, proc_ids: list[str], *, owned: bool) -> _ProcGroup:
@@ -190,24 +191,16 @@ class _ProcGroup:
         )
         if watcher is not None:
             watcher.track(live, ends)
-            for _, g in live:
-                self.watch(g, watcher)
-
-    def watch(self, rank: int, call: Any) -> None:
-        """Remember that ``call`` waits for a reply from ``rank`` (see ``mark_dead``)."""
-        watchers = self._watchers.get(rank)
-        if watchers is None:
-            watchers = self._watchers[rank] = weakref.WeakSet()
-        watchers.add(call)
+            self._calls.add(watcher)
 
     def mark_dead(self, proc_id: str, reason: str) -> None:
         """The proc ``proc_id`` is gone: fail the calls waiting on it and later sends."""
         if self.proc_ids is None:
             return
         for g, p in enumerate(self.proc_ids):
-            if p == proc_id:
+            if p == proc_id and g not in self._dead:
                 self._dead[g] = reason
-                for call in list(self._watchers.pop(g, ())):
+                for call in list(self._calls):
                     call.rank_failed(g, reason)
 
     def wait_ready(self, timeout: float | None) -> None:

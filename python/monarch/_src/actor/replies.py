@@ -24,22 +24,23 @@ class _Watcher:
 
     def __init__(self, reply_key: int) -> None:
         self.reply_key = reply_key
-        #: Proc group rank -> its position in the cast's target list.
-        self.targets: dict[int, int] = {}
         self._live: list[tuple[int, int]] = []
         self._ends: list[int] = []
 
     def track(self, live: list[tuple[int, int]], ends: list[int]) -> None:
         """``live[pos] = (index, rank)`` were cast to; ``ends`` from ``Inbox.cast``."""
         self._live, self._ends = live, ends
-        for pos, (_, g) in enumerate(live):
-            self.targets[g] = pos
 
     def rank_failed(self, g: int, reason: str) -> None:
-        pos = self.targets.get(g)
-        if pos is None or not self._open():
+        """Proc group rank ``g`` is dead (called for every pending call of the group, so
+        the lookup is a scan: only a death pays for it)."""
+        if not self._open():
             return
-        live, end = self._live, self._ends[pos]
+        live = self._live
+        pos = next((pos for pos, (_, rank) in enumerate(live) if rank == g), None)
+        if pos is None:
+            return
+        end = self._ends[pos]
         i = live[pos][0]
         ctx = runtime.process_context()
         ctx.fail_replies(ctx.port_id, self.reply_key, [i], reason)

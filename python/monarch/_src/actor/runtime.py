@@ -126,8 +126,9 @@ def dumps(obj: Any) -> bytes:
         pass
     else:
         # A reference to __main__ spells the module name; a false positive (a string
-        # that contains it) only costs the slower pickler.
-        if b"__main__" not in data:
+        # that contains it) only costs the slower pickler. (``find``, not ``in``: for
+        # bytes, ``in`` first tries the operand as an int and builds a TypeError.)
+        if data.find(b"__main__") < 0:
             return data
     import cloudpickle
 
@@ -233,7 +234,8 @@ class ProcessContext:
                 "while sending the reply",
             )
             body = dumps((ERROR, err._to_wire()))
-        self.send(self.port_ref(port_id), [key_part(reply_key), index.to_bytes(4, "little"), body])
+        port = self._ports.get(port_id) or self.port_ref(port_id)
+        port.send(self.client, [reply_key.to_bytes(8, "little"), index.to_bytes(4, "little"), body])
 
     def fail_replies(self, port_id: str, reply_key: int, indices: Any, reason: str) -> None:
         """Answer ``indices`` with ``FAILED`` (``reason``) in one message."""
