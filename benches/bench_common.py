@@ -336,7 +336,9 @@ def add_raw_fanout(p: Params, rec: Recorder) -> None:
         iters = p.raw_fanout_iters[n]
 
         def measure(n: int = n, key: str = key, iters: int = iters) -> None:
-            rec.add(Metric(key, measure_raw_fanout(n, iters) * 1e6, f"reference, median of {iters}"))
+            rec.add(
+                Metric(key, measure_raw_fanout(n, iters) * 1e6, f"reference, median of {iters}")
+            )
 
         rec.guard([key], measure)
 

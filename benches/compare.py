@@ -286,9 +286,7 @@ def plot(labels: dict[str, str], aggs: dict[str, dict[str, dict]], path: Path, t
             if pts:
                 xs, ys = zip(*pts, strict=True)
                 ax.plot(xs, ys, marker="o", label=label)
-    floor = next(
-        (a for a in aggs.values() if a[RAW_16]["value"] and a[RAW_64]["value"]), None
-    )
+    floor = next((a for a in aggs.values() if a[RAW_16]["value"] and a[RAW_64]["value"]), None)
     if floor is not None:
         left.plot(
             [16, 64],

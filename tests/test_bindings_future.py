@@ -339,3 +339,70 @@ def test_exit_right_after_an_await_does_not_abort() -> None:
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
         )
         assert out.returncode == 0, (out.returncode, out.stderr)
+
+
+class _Alarm(Exception):
+    pass
+
+
+def _raise_alarm(signum: int, frame: object) -> None:
+    raise _Alarm()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("waiter", ["future", "queue"])
+def test_a_signal_handler_interrupts_a_blocking_get_on_the_main_thread(
+    port: Port, waiter: str
+) -> None:
+    import signal
+
+    from monarch._rust_bindings import Inbox
+
+    inbox = Inbox(port.client)
+    wait = port.rx.recv().get if waiter == "future" else inbox.queue(7).get
+    previous = signal.signal(signal.SIGALRM, _raise_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(_Alarm):
+            wait()  # no timeout: only the handler ends it
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _voluntary_switches(tid: int) -> int:
+    with open(f"/proc/self/task/{tid}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches line")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_blocking_get_off_the_main_thread_sleeps_until_woken(port: Port) -> None:
+    """Only the main thread runs signal handlers, so only it waits in slices: a waiting
+    actor thread must not wake ten times a second (many idle procs share few cores)."""
+    from monarch._rust_bindings import Inbox
+
+    inbox = Inbox(port.client)
+    queue = inbox.queue(9)
+    started = threading.Event()
+    tid: list[int] = []
+    got: list[object] = []
+
+    def waiter() -> None:
+        tid.append(threading.get_native_id())
+        started.set()
+        got.append(queue.get())
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    before = _voluntary_switches(tid[0])
+    thread.join(0.6)  # an observation window: the waiter must stay asleep in it
+    after = _voluntary_switches(tid[0])
+    assert after - before <= 2, f"the waiting thread woke {after - before} times in 0.6 s"
+    inbox.port.send(port.client, [(9).to_bytes(8, "little"), b"wake"])
+    thread.join(10)
+    assert got == [[b"wake"]], got

@@ -14,7 +14,7 @@ use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use crate::future::{Convert, PyFuture, SIGNAL_CHECK_INTERVAL};
+use crate::future::{signal_slice, Convert, PyFuture};
 use crate::port::{extract_parts, PyPortRef};
 use crate::proc::PyClient;
 use crate::runtime::{detach, runtime};
@@ -251,10 +251,14 @@ impl PyQueue {
         if let Ok(Some(parts)) = self.queue.try_pop() {
             return to_list(py, &parts);
         }
+        let slice = signal_slice(py);
         loop {
-            let slice_end = Instant::now() + SIGNAL_CHECK_INTERVAL;
-            let until = deadline.map_or(slice_end, |d| d.min(slice_end));
-            let popped = detach(py, || self.queue.pop_blocking(Some(until)));
+            let slice_end = slice.map(|s| Instant::now() + s);
+            let until = match (deadline, slice_end) {
+                (Some(d), Some(s)) => Some(d.min(s)),
+                (d, s) => d.or(s),
+            };
+            let popped = detach(py, || self.queue.pop_blocking(until));
             match popped {
                 Ok(Some(parts)) => return to_list(py, &parts),
                 Err(e) => return Err(closed_error(&e)),
