@@ -47,6 +47,21 @@ pub fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(info)
 }
 
+/// The index of the first occurrence of `needle` in `haystack`, or -1: `bytes.find`
+/// with a vectorized search (the standard one scans a 64 MiB pickle at about
+/// 1.5 GB/s, which `runtime.dumps` paid on every large message). Releases the GIL for
+/// large inputs.
+#[pyfunction]
+pub fn find(py: Python<'_>, haystack: &[u8], needle: &[u8]) -> isize {
+    const DETACH_ABOVE: usize = 1 << 20;
+    let search = || memchr::memmem::find(haystack, needle).map_or(-1, |i| i as isize);
+    if haystack.len() > DETACH_ABOVE {
+        py.detach(search)
+    } else {
+        search()
+    }
+}
+
 /// The compiled half of the `monarch` package. Private: `monarch` re-exports what users need.
 ///
 /// (This doc is the module's `__doc__`; the interpreter calls this function on
@@ -59,6 +74,7 @@ pub fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", VERSION)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
+    m.add_function(wrap_pyfunction!(find, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::_prepare_exit, m)?)?;
     m.add_class::<future::PyFuture>()?;
     m.add_class::<proc::PyProc>()?;

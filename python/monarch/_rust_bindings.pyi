@@ -23,6 +23,7 @@ __all__ = [
     "__version__",
     "_prepare_exit",
     "build_info",
+    "find",
 ]
 
 _R_co = TypeVar("_R_co", covariant=True)
@@ -48,6 +49,10 @@ def build_info() -> _BuildInfo:
     ``"release"``), ``target`` (the Rust target triple) and ``rustc`` (the compiler
     version).
     """
+
+def find(haystack: bytes, needle: bytes) -> int:
+    """The index of the first occurrence of ``needle`` in ``haystack``, or -1 (as
+    ``bytes.find``, with a vectorized search)."""
 
 class WouldBlockRuntime(RuntimeError):
     """A blocking call (such as ``Future.get()``) was made on a thread of Monarch's tokio
