@@ -24,10 +24,28 @@ use crate::runtime::runtime;
 /// sent and received already serialized, so this type is never encoded.
 pub type Parts = Vec<Bytes>;
 
-/// Copies `bytes` or a list of `bytes` into message parts.
+/// Parts at least this long are not copied: the message part keeps a reference to the
+/// (immutable) `bytes` object instead (see [`part`]).
+const SHARE_PARTS_FROM: usize = 64 << 10;
+
+/// One `bytes` object as a message part: a copy when small (cheaper than keeping a
+/// Python reference), the object itself when large. A 64 MiB copy into fresh memory
+/// costs ~30 ms in page faults and copying; sharing costs a reference, released when
+/// the frame is written and acknowledged (a thread without the GIL defers the release
+/// to PyO3's reference pool).
+fn part(b: &Bound<'_, PyBytes>) -> Bytes {
+    let data = b.as_bytes();
+    if data.len() < SHARE_PARTS_FROM {
+        Bytes::copy_from_slice(data)
+    } else {
+        Bytes::from_owner(pyo3::pybacked::PyBackedBytes::from(b.clone()))
+    }
+}
+
+/// `bytes` or a list of `bytes` as message parts (see [`part`]).
 pub(crate) fn extract_parts(parts: &Bound<'_, PyAny>) -> PyResult<Parts> {
     if let Ok(b) = parts.cast::<PyBytes>() {
-        return Ok(vec![Bytes::copy_from_slice(b.as_bytes())]);
+        return Ok(vec![part(b)]);
     }
     let wrong = || {
         PyTypeError::new_err(format!(
@@ -40,11 +58,7 @@ pub(crate) fn extract_parts(parts: &Bound<'_, PyAny>) -> PyResult<Parts> {
     };
     let list = parts.cast::<PyList>().map_err(|_| wrong())?;
     list.iter()
-        .map(|item| {
-            item.cast::<PyBytes>()
-                .map(|b| Bytes::copy_from_slice(b.as_bytes()))
-                .map_err(|_| wrong())
-        })
+        .map(|item| item.cast::<PyBytes>().map(|b| part(b)).map_err(|_| wrong()))
         .collect()
 }
 
