@@ -350,7 +350,7 @@ class HostedActor:
         if method in _SPECIAL or self.failed is not None or self.stopped is not None:
             return self._begin_special(header, parts)
         try:
-            args, kwargs = loads(parts[2])
+            args, kwargs = loads(parts[2], parts[3:])
             fn = getattr(self.obj, method)
         except Exception as e:  # cannot unpickle, or no such method: the caller hears
             self._reply(header, ERROR, ActorError._from_local(e, f"before {method} ran")._to_wire())

@@ -517,7 +517,7 @@ class ActorMesh(MeshTrait, Generic[A]):
         kwargs: dict[str, Any],
         collect: Callable[[ValueMesh[Any]], Any],
     ) -> Future[Any]:
-        return _cast(self, method, dumps((args, kwargs)), "call", collect=collect)
+        return _cast(self, method, [dumps((args, kwargs))], "call", collect=collect)
 
     def __repr__(self) -> str:
         return f"ActorMesh<{self._ref.class_name}>({self._ref.name!r}, {self.sizes})"
@@ -569,7 +569,7 @@ class Endpoint(Generic[R]):
     def _qualname(self) -> str:
         return f"{self._mesh._ref.class_name}.{self._name}"
 
-    def _payload(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    def _payload(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes]:
         info = self._mesh._ref.info
         ep = info.endpoints.get(self._name) if info is not None else None
         if ep is not None:
@@ -580,7 +580,7 @@ class Endpoint(Generic[R]):
                     f"wrong arguments for endpoint {self._qualname()}{ep._signature}: {e}"
                 ) from None
         try:
-            return dumps((args, kwargs))
+            return runtime.dumps_call(args, kwargs)
         except Exception as e:
             culprit = _find_unpicklable(args, kwargs)
             raise TypeError(
@@ -658,7 +658,7 @@ NO_REPLY, DIRECT, REDUCE = 0, 1, 2
 def _cast(
     mesh: ActorMesh[Any],
     method: str,
-    payload: bytes,
+    payload: list[bytes],
     mode: str,
     collect: Callable[[ValueMesh[Any]], Any] | None = None,
 ) -> Any:
@@ -678,7 +678,7 @@ def _cast(
         if mode == "broadcast":
             raise err
         return Future(impl=_Failed(err))
-    parts = [_header(mesh, method), payload]
+    parts = [_header(mesh, method), *payload]
     if mode == "broadcast":
         ref.group.cast(ref.key, ranks, parts, None, None, NO_REPLY)
         return None
@@ -701,14 +701,14 @@ def _cast(
     return Future(impl=replies)
 
 
-def _stream(mesh: ActorMesh[Any], method: str, payload: bytes) -> Iterator[Future[Any]]:
+def _stream(mesh: ActorMesh[Any], method: str, payload: list[bytes]) -> Iterator[Future[Any]]:
     ref = mesh._ref
     endpoint = f"{ref.class_name}.{method}"
     proc = runtime.process_context()
     ranks = mesh._targets
     queue = proc.inbox.reply_queue()
     shared = _StreamShared(queue, endpoint)
-    parts = [_header(mesh, method), payload]
+    parts = [_header(mesh, method), *payload]
     ref.group.cast(ref.key, ranks, parts, (proc.port_id, queue.key), shared, DIRECT)
     return iter([Future(impl=_StreamOne(shared)) for _ in ranks])
 

@@ -147,7 +147,7 @@ def send(
             raise ValueError(f"send(selection='choose') to {mesh._describe()}, which is empty")
         ranks = [random.choice(ranks)]
     reply = (port._port_id, port._reply_key) if port is not None else None
-    parts = [_header(mesh, endpoint._name), payload]
+    parts = [_header(mesh, endpoint._name), *payload]
     ref.group.cast(ref.key, ranks, parts, reply, None, DIRECT)
 
 

@@ -24,7 +24,8 @@ Wire formats (every part is bytes):
   ``route`` is written by the inbox that delivers it (:data:`ROUTE`: the receiver's
   index in the view, the hops it took, the reply key, then the reply port id),
   ``header`` pickles ``(method, labels, sizes)`` and ``payload`` ``(args, kwargs)``,
-  once per cast;
+  once per cast; large ``bytes`` arguments follow as parts of their own, the pickle's
+  out-of-band buffers (:func:`dumps_call`): ``[route, header, payload, buffer...]``;
 - a reply: ``[reply_key, index, body, index, body, ...]``: pairs of a 4-byte
   little-endian index and a body that pickles ``(status, value)`` with ``status`` one
   of :data:`OK`, :data:`ERROR` (an ``ActorError``'s parts) or :data:`FAILED` (the actor
@@ -121,13 +122,54 @@ _MAIN = b"__main__"
 _LARGE_PICKLE = 1 << 16
 
 
-def dumps(obj: Any) -> bytes:
+#: Top-level call arguments that are ``bytes`` of at least this size travel out of
+#: band (see :func:`dumps_call`).
+OUT_OF_BAND_MIN = 1 << 20
+
+
+def dumps_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes]:
+    """The payload parts of a call: the pickle of ``(args, kwargs)``, then, out of band
+    (pickle protocol 5), every top-level argument that is a ``bytes`` object of at least
+    :data:`OUT_OF_BAND_MIN` bytes. Those travel as message parts of their own: never
+    copied into the pickle, nor out of it (:func:`loads` with the parts after the
+    pickle as ``buffers`` gives the endpoint the received ``bytes`` object itself)."""
+    big: dict[int, bytes] = {}
+    seen_twice: set[int] = set()
+    for v in (*args, *kwargs.values()):
+        if type(v) is bytes and len(v) >= OUT_OF_BAND_MIN:
+            if id(v) in big:
+                # Out-of-band buffers are not memoized: an object passed twice stays in
+                # the pickle, once, as before.
+                seen_twice.add(id(v))
+            big[id(v)] = v
+    for key in seen_twice:
+        del big[key]
+    if not big:
+        return [dumps((args, kwargs))]
+    wrapped = {key: pickle.PickleBuffer(v) for key, v in big.items()}
+    originals = {id(buffer): big[key] for key, buffer in wrapped.items()}
+
+    def wrap(v: Any) -> Any:
+        return wrapped.get(id(v), v) if type(v) is bytes else v
+
+    buffers: list[pickle.PickleBuffer] = []
+    data = dumps(
+        (tuple(wrap(a) for a in args), {k: wrap(v) for k, v in kwargs.items()}),
+        buffer_callback=buffers.append,
+    )
+    # The bytes objects themselves (shared by the message parts, not copied).
+    parts = [data]
+    parts += (originals[id(buffer)] for buffer in buffers)
+    return parts
+
+
+def dumps(obj: Any, buffer_callback: Any = None) -> bytes:
     """Pickle with the standard pickler when it can, cloudpickle otherwise: for what the
     standard pickler refuses (lambdas, closures) and for references into ``__main__``,
     which names a different module in the receiving process (a script's classes and
     functions travel by value). Both load with ``pickle.loads``."""
     try:
-        data = pickle.dumps(obj, protocol=5)
+        data = pickle.dumps(obj, protocol=5, buffer_callback=buffer_callback)
     except (pickle.PicklingError, AttributeError, TypeError):
         pass
     else:
@@ -139,11 +181,14 @@ def dumps(obj: Any) -> bytes:
             return data
     import cloudpickle
 
-    return cloudpickle.dumps(obj, protocol=5)  # type: ignore[no-any-return]
+    return cloudpickle.dumps(  # type: ignore[no-any-return]
+        obj, protocol=5, buffer_callback=buffer_callback
+    )
 
 
-def loads(data: bytes) -> Any:
-    return pickle.loads(data)
+def loads(data: bytes, buffers: Any = ()) -> Any:
+    """Unpickle ``data``; ``buffers``: its out-of-band buffers, in order."""
+    return pickle.loads(data, buffers=buffers)
 
 
 class ProcessContext:

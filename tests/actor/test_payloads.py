@@ -1,0 +1,80 @@
+"""Large ``bytes`` arguments travel out of band (``runtime.dumps_call``): as message parts
+of their own, reaching the endpoint as ``bytes`` equal to what was sent, through every
+adverb and through a cast tree, positional or keyword, small ones in the pickle."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from monarch._src.actor import runtime
+from monarch.actor import Actor, Channel, ProcMesh, endpoint, send, this_host
+
+pytestmark = pytest.mark.timeout(120)
+
+BIG = runtime.OUT_OF_BAND_MIN
+
+
+def digest(v: object) -> tuple[str, int, str]:
+    data = v if isinstance(v, bytes) else b""
+    return (type(v).__name__, len(data), hashlib.sha256(data).hexdigest())
+
+
+class Sink(Actor):
+    @endpoint
+    def describe(self, a: object, b: object = None, *, k: object = None) -> list[object]:
+        return [digest(a), digest(b), digest(k), a is b]
+
+
+@pytest.fixture(scope="module")
+def procs() -> Iterator[ProcMesh]:
+    procs = this_host().spawn_procs(per_host={"procs": 3})
+    assert procs.initialized.get(timeout=60)
+    yield procs
+    procs.stop().get(timeout=30)
+
+
+def test_the_parts_of_a_call_with_large_bytes() -> None:
+    big, other = os.urandom(BIG), os.urandom(BIG + 1)
+    parts = runtime.dumps_call((big, 1, b"small"), {"k": other})
+    assert parts[1] is big and parts[2] is other  # shared, not copied
+    assert len(parts[0]) < 1024
+    (a, n, s), kw = runtime.loads(parts[0], parts[1:])
+    assert (a, n, s, kw) == (big, 1, b"small", {"k": other})
+    # Below the threshold, or passed twice: in the pickle, as before.
+    assert len(runtime.dumps_call((os.urandom(BIG - 1),), {})) == 1
+    twice = runtime.dumps_call((big, big), {})
+    assert len(twice) == 1
+    (x, y), _ = runtime.loads(twice[0])
+    assert x is y and x == big
+
+
+def test_large_bytes_arguments_reach_the_endpoint_intact(procs: ProcMesh) -> None:
+    mesh = procs.spawn("payload_sink", Sink)
+    big, other = os.urandom(3 * BIG), os.urandom(BIG)
+    expected = [digest(big), digest(b"tiny"), digest(other), False]
+    one = mesh.slice(procs=1).describe.call_one(big, b"tiny", k=other).get(timeout=60)
+    assert one == expected
+    every = mesh.describe.call(big, b"tiny", k=other).get(timeout=60)
+    assert list(every.values()) == [expected] * 3
+    streamed = [f.get(timeout=60) for f in mesh.describe.stream(big, b"tiny", k=other)]
+    assert streamed == [expected] * 3
+    assert mesh.describe.choose(big, b"tiny", k=other).get(timeout=60) == expected
+    port, receiver = Channel.open()
+    send(mesh.describe, (big, b"tiny"), {"k": other}, port=port)
+    assert [receiver.recv().get(timeout=60) for _ in range(3)] == [expected] * 3
+    same = mesh.slice(procs=0).describe.call_one(big, big).get(timeout=60)
+    assert same == [digest(big), digest(big), digest(None), True]
+
+
+def test_large_bytes_through_a_cast_tree(procs: ProcMesh) -> None:
+    import monarch
+
+    mesh = procs.spawn("payload_tree", Sink)
+    big = os.urandom(2 * BIG)
+    with monarch.configured(cast_fanout=2):  # rank 0's proc relays to ranks 1 and 2
+        got = mesh.describe.call(big).get(timeout=60)
+    assert list(got.values()) == [[digest(big), digest(None), digest(None), False]] * 3
