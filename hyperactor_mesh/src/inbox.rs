@@ -52,7 +52,9 @@ use hyperactor::{ActorId, PortId, PortRef, Proc, SendContext};
 use tokio::sync::Notify;
 
 mod cast;
-pub use cast::{chunks, reply_parts, subtree_ends, CastReply, CastTarget, Route, GAP_GRACE};
+pub use cast::{
+    chunks, reply_items, reply_parts, subtree_ends, CastReply, CastTarget, Route, GAP_GRACE,
+};
 
 /// The bit set in every reply key.
 pub const REPLY_KEY_BIT: u64 = 1 << 63;

@@ -9,7 +9,9 @@ use bytes::Bytes;
 use hyperactor::message::Serialized;
 use hyperactor::testing::timed;
 use hyperactor::{ChannelTransport, Client, PortRef, Proc};
-use hyperactor_mesh::inbox::{key_part, reply_parts, CastReply, CastTarget, Inbox, Queue, Route};
+use hyperactor_mesh::inbox::{
+    key_part, reply_items, reply_parts, CastReply, CastTarget, Inbox, Queue, Route,
+};
 
 /// One receiver: a proc with a client and an inbox.
 struct Node {
@@ -169,6 +171,61 @@ async fn reduced_replies_reach_the_caller_as_one_message_per_subtree() {
             }
             sender.remove(replies.key());
         }
+    }
+}
+
+#[tokio::test]
+async fn reduced_replies_keep_the_parts_attached_to_a_value() {
+    let all = nodes(12, ChannelTransport::Local).await;
+    let caller_proc = Proc::serve(ChannelTransport::Local, "caller")
+        .await
+        .unwrap();
+    let caller = caller_proc.client("caller").unwrap();
+    let sender = Inbox::open(&caller);
+    let replies = sender.reply_queue();
+    sender.cast(
+        3,
+        &targets(&all),
+        4,
+        &CastReply::Reduce {
+            port: sender.port().port_id().clone(),
+            key: replies.key(),
+        },
+        vec![Bytes::from_static(b"call")],
+    );
+    // Odd indices answer with two attached parts: [index, 2], value, a, b.
+    for node in &all {
+        let (route, _) = next_route(&node.inbox.queue(3)).await;
+        let port: hyperactor::PortId = route.reply_port.as_deref().unwrap().parse().unwrap();
+        let mut parts = vec![key_part(route.reply_key)];
+        let i = route.index;
+        if i % 2 == 1 {
+            let mut head = i.to_le_bytes().to_vec();
+            head.extend(2u32.to_le_bytes());
+            parts.push(Bytes::from(head));
+            parts.push(Bytes::from(format!("v{i}")));
+            parts.push(Bytes::from(format!("a{i}")));
+            parts.push(Bytes::from(format!("b{i}")));
+        } else {
+            parts.extend(reply_parts(i, Bytes::from(format!("v{i}"))));
+        }
+        PortRef::<Vec<Bytes>>::attest(port)
+            .send_serialized(&node.client, Serialized::from_parts(parts));
+    }
+    let mut got = HashMap::new();
+    while got.len() < all.len() {
+        let parts = timed(replies.pop()).await.unwrap();
+        for (index, item) in reply_items(&parts) {
+            assert!(got.insert(index, parts[item].to_vec()).is_none());
+        }
+    }
+    for (index, item) in got {
+        let mut want = vec![Bytes::from(format!("v{index}"))];
+        if index % 2 == 1 {
+            want.push(Bytes::from(format!("a{index}")));
+            want.push(Bytes::from(format!("b{index}")));
+        }
+        assert_eq!(item[1..], want[..], "index {index}");
     }
 }
 

@@ -1,6 +1,7 @@
-"""Large ``bytes`` arguments travel out of band (``runtime.dumps_call``): as message parts
-of their own, reaching the endpoint as ``bytes`` equal to what was sent, through every
-adverb and through a cast tree, positional or keyword, small ones in the pickle."""
+"""Large ``bytes`` arguments and return values travel out of band
+(``runtime.dumps_call``, ``runtime.reply_parts``): as message parts of their own,
+arriving as ``bytes`` equal to what was sent, through every adverb, explicit ports and
+a cast tree whose heads reduce replies; small ones stay in the pickle."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from monarch._src.actor import runtime
-from monarch.actor import Actor, Channel, ProcMesh, endpoint, send, this_host
+from monarch.actor import Actor, Channel, Port, ProcMesh, endpoint, send, this_host
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,6 +28,14 @@ class Sink(Actor):
     @endpoint
     def describe(self, a: object, b: object = None, *, k: object = None) -> list[object]:
         return [digest(a), digest(b), digest(k), a is b]
+
+    @endpoint
+    def echo(self, v: object) -> object:
+        return v
+
+    @endpoint(explicit_response_port=True)
+    def echo_to(self, port: Port[object], v: object) -> None:
+        port.send(v)
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +87,33 @@ def test_large_bytes_through_a_cast_tree(procs: ProcMesh) -> None:
     with monarch.configured(cast_fanout=2):  # rank 0's proc relays to ranks 1 and 2
         got = mesh.describe.call(big).get(timeout=60)
     assert list(got.values()) == [[digest(big), digest(None), digest(None), False]] * 3
+
+
+def test_the_reply_item_of_a_large_bytes_value() -> None:
+    big = os.urandom(BIG)
+    item = runtime.reply_parts(5, runtime.OK, big)
+    assert len(item) == 3 and item[2] is big and len(item[1]) < 1024
+    plain = runtime.reply_parts(6, runtime.OK, b"small")
+    message = [*item, *plain, b"\x07\x00\x00\x00", b""]  # and a lost rank
+    assert runtime.reply_items(message) == [(5, 0, 3), (6, 3, 5), (7, 5, 7)]
+    decoded = runtime.decode_replies(message)
+    assert decoded[:2] == [(5, runtime.OK, big), (6, runtime.OK, b"small")]
+    assert decoded[2][:2] == (7, runtime.FAILED)
+    assert runtime.reindexed(message[0:3], 0)[1:] == message[1:3]
+    assert runtime.reply_items(runtime.reindexed(message[0:3], 0)) == [(0, 0, 3)]
+
+
+def test_large_bytes_results_come_back_intact(procs: ProcMesh) -> None:
+    import monarch
+
+    mesh = procs.spawn("payload_echo", Sink)
+    big = os.urandom(2 * BIG)
+    assert mesh.slice(procs=2).echo.call_one(big).get(timeout=60) == big
+    assert mesh.echo.choose(big).get(timeout=60) == big
+    for fanout in (2, 16):  # reduced by a relaying head, and straight to the caller
+        with monarch.configured(cast_fanout=fanout):
+            assert list(mesh.echo.call(big).get(timeout=60).values()) == [big] * 3
+    assert [f.get(timeout=60) for f in mesh.echo.stream(big)] == [big] * 3
+    assert mesh.slice(procs=1).echo_to.call_one(big).get(timeout=60) == big
+    mixed = [b"s", big, None]
+    assert mesh.echo.call(mixed).get(timeout=60).values() == [mixed] * 3

@@ -9,9 +9,12 @@
 //! are the same `Bytes` on every hop; only the small cast header is rebuilt.
 //!
 //! Each delivered message starts with a [`Route`] part: the receiver's index in the
-//! view, its depth in the tree, and where its reply goes. Replies are pairs of parts
-//! (`index` as a little-endian `u32`, then the value) so that a tree node can reduce
-//! them without decoding the values:
+//! view, its depth in the tree, and where its reply goes. A reply message is a list of
+//! *reply items*, each the receiver's `index` as a little-endian `u32`, then the value
+//! (or, when the value comes with `n` attached parts, such as a pickle's out-of-band
+//! buffers: the index and `n` as two little-endian `u32`s, the value, then the `n`
+//! parts; see [`reply_items`]) so that a tree node can reduce them without decoding
+//! the values:
 //!
 //! - [`CastReply::Direct`]: every receiver replies straight to the caller (streams,
 //!   `call_one`).
@@ -168,6 +171,32 @@ impl Route {
 /// The two parts of one reply: the index, then the value.
 pub fn reply_parts(index: u32, value: Bytes) -> [Bytes; 2] {
     [Bytes::copy_from_slice(&index.to_le_bytes()), value]
+}
+
+/// The reply items of a reply message's parts (after its key), as `(index, range of
+/// the item's parts)`: see the [module docs](self) for the layout. A malformed item
+/// ends the list (what follows it cannot be framed).
+pub fn reply_items(parts: &[Bytes]) -> Vec<(u32, std::ops::Range<usize>)> {
+    let mut items = Vec::new();
+    let mut at = 0;
+    while at + 1 < parts.len() {
+        let head = &parts[at][..];
+        let (index, attached) = match head.len() {
+            4 => (u32::from_le_bytes([head[0], head[1], head[2], head[3]]), 0),
+            8 => (
+                u32::from_le_bytes([head[0], head[1], head[2], head[3]]),
+                u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize,
+            ),
+            _ => break,
+        };
+        let end = at + 2 + attached;
+        if end > parts.len() {
+            break;
+        }
+        items.push((index, at..end));
+        at = end;
+    }
+    items
 }
 
 fn parse_port(port: &[u8]) -> Option<PortId> {
@@ -584,13 +613,9 @@ impl Shared {
         if state.pending.is_empty() {
             return; // complete already
         }
-        for pair in parts.chunks_exact(2) {
-            let index = match <[u8; 4]>::try_from(&pair[0][..]) {
-                Ok(index) => u32::from_le_bytes(index),
-                Err(_) => continue,
-            };
+        for (index, item) in reply_items(&parts) {
             if state.pending.remove(&index) {
-                state.got.extend(pair.iter().cloned());
+                state.got.extend(parts[item].iter().cloned());
             }
         }
         self.finish_if_done(key, reducer, state);
@@ -752,6 +777,27 @@ mod tests {
 
     fn msg(body: &'static str) -> Vec<Bytes> {
         vec![Bytes::from_static(body.as_bytes())]
+    }
+
+    #[test]
+    fn reply_items_frame_plain_and_attached_values() {
+        let b = |s: &'static [u8]| Bytes::from_static(s);
+        let mut with_two = 7u32.to_le_bytes().to_vec();
+        with_two.extend(2u32.to_le_bytes());
+        let parts = vec![
+            b(&[1, 0, 0, 0]),
+            b(b"one"),
+            Bytes::from(with_two),
+            b(b"seven"),
+            b(b"x"),
+            b(b"y"),
+            b(&[2, 0, 0, 0]),
+            b(b""),
+        ];
+        assert_eq!(reply_items(&parts), vec![(1, 0..2), (7, 2..6), (2, 6..8)]);
+        // Attached parts missing, or a bad head: the list ends there.
+        assert_eq!(reply_items(&parts[..5]), vec![(1, 0..2)]);
+        assert_eq!(reply_items(&[b(b"bad"), b(b"v")]), vec![]);
     }
 
     #[tokio::test]

@@ -136,15 +136,11 @@ class _Replies(_Watcher):
         return self._result()
 
 
-_INDEX_0 = (0).to_bytes(4, "little")
-
-
-def _position(parts: list[bytes], index: int) -> int:
-    """The pair of ``parts`` for view index ``index`` (0 if absent)."""
-    for j in range(0, len(parts) - 1, 2):
-        if int.from_bytes(parts[j], "little") == index:
-            return j // 2
-    return 0
+def _item_of(parts: list[bytes], index: int) -> list[bytes]:
+    """The reply item of ``parts`` for view index ``index`` (the first if absent)."""
+    items = runtime.reply_items(parts)
+    start, end = next(((a, b) for i, a, b in items if i == index), items[0][1:])
+    return parts[start:end]
 
 
 class _Reindex:
@@ -156,7 +152,7 @@ class _Reindex:
         self._index = index
 
     def _fix(self, parts: list[bytes]) -> list[bytes]:
-        return [_INDEX_0, parts[2 * _position(parts, self._index) + 1]]
+        return runtime.reindexed(_item_of(parts, self._index), 0)
 
     def get(self, timeout: float | None = None) -> list[bytes]:
         return self._fix(self._queue.get(timeout))
@@ -195,15 +191,14 @@ class _StreamShared(_Watcher):
         first = None
         again = []
         with self.lock:
-            for j in range(0, len(parts) - 1, 2):
-                index = int.from_bytes(parts[j], "little")
+            for index, start, end in runtime.reply_items(parts):
                 if index in self.seen:
                     continue
                 if first is None:
                     self.seen.add(index)
-                    first = decode_replies(parts[j : j + 2])[0]
+                    first = decode_replies(parts[start:end])[0]
                 else:
-                    again.append(parts[j : j + 2])
+                    again.append(parts[start:end])
         if again:
             ctx = runtime.process_context()
             port = ctx.port_ref(ctx.port_id)

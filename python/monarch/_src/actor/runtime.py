@@ -26,11 +26,13 @@ Wire formats (every part is bytes):
   ``header`` pickles ``(method, labels, sizes)`` and ``payload`` ``(args, kwargs)``,
   once per cast; large ``bytes`` arguments follow as parts of their own, the pickle's
   out-of-band buffers (:func:`dumps_call`): ``[route, header, payload, buffer...]``;
-- a reply: ``[reply_key, index, body, index, body, ...]``: pairs of a 4-byte
+- a reply: ``[reply_key, index, body, index, body, ...]``: items of a 4-byte
   little-endian index and a body that pickles ``(status, value)`` with ``status`` one
   of :data:`OK`, :data:`ERROR` (an ``ActorError``'s parts) or :data:`FAILED` (the actor
-  has failed or stopped: a ``SupervisionError`` message). A reduced reply carries many
-  pairs; an empty body means the rank is *lost* (its proc died before answering).
+  has failed or stopped: a ``SupervisionError`` message); a large ``bytes`` value
+  travels out of band, in an item ``[index and 1 (two u32s), body, value]`` (see
+  :func:`reply_items`). A reduced reply carries many items; an empty body means the
+  rank is *lost* (its proc died before answering).
 """
 
 from __future__ import annotations
@@ -93,15 +95,48 @@ def decode_route(part: bytes) -> tuple[int, int, int, str | None]:
     return index, hops, reply_key, port.decode() if port else None
 
 
+def reply_items(parts: list[bytes]) -> list[tuple[int, int, int]]:
+    """The reply items of a reply message's parts (after its key), as ``(index, start,
+    end)`` slices of ``parts``: ``[index, body]``, or ``[index and n, body, n buffers]``
+    for a body with out-of-band buffers (the layout of
+    ``hyperactor_mesh::inbox::reply_items``). A malformed item ends the list."""
+    items = []
+    at, n = 0, len(parts)
+    while at + 1 < n:
+        head = parts[at]
+        if len(head) == 4:
+            index, attached = int.from_bytes(head, "little"), 0
+        elif len(head) == 8:
+            index, attached = _INDEX_AND_COUNT.unpack(head)
+        else:
+            break
+        end = at + 2 + attached
+        if end > n:
+            break
+        items.append((index, at, end))
+        at = end
+    return items
+
+
+def reindexed(item: list[bytes], index: int) -> list[bytes]:
+    """A reply item (its parts) with its index replaced by ``index``."""
+    head = item[0]
+    if len(head) == 8:
+        return [_INDEX_AND_COUNT.pack(index, len(item) - 2), *item[1:]]
+    return [index.to_bytes(4, "little"), *item[1:]]
+
+
+_INDEX_AND_COUNT = struct.Struct("<II")
+
+
 def decode_replies(parts: list[bytes]) -> list[tuple[int, int, Any]]:
-    """The ``(index, status, value)`` of each reply pair of a reply message; a lost
+    """The ``(index, status, value)`` of each reply item of a reply message; a lost
     rank (empty body) reads as ``FAILED``."""
     out = []
-    for j in range(0, len(parts) - 1, 2):
-        index = int.from_bytes(parts[j], "little")
-        body = parts[j + 1]
+    for index, start, end in reply_items(parts):
+        body = parts[start + 1]
         if body:
-            status, value = loads(body)
+            status, value = loads(body, parts[start + 2 : end])
         else:
             status, value = (
                 FAILED,
@@ -109,6 +144,20 @@ def decode_replies(parts: list[bytes]) -> list[tuple[int, int, Any]]:
             )
         out.append((index, status, value))
     return out
+
+
+def reply_parts(index: int, status: int, value: Any) -> list[bytes]:
+    """The reply item of ``(status, value)`` for rank ``index``: a ``bytes`` value of
+    at least :data:`OUT_OF_BAND_MIN` bytes travels out of band, as the item's attached
+    part (see :func:`dumps_call`)."""
+    if type(value) is bytes and len(value) >= OUT_OF_BAND_MIN:
+        body = dumps((status, pickle.PickleBuffer(value)), buffer_callback=_out_of_band)
+        return [_INDEX_AND_COUNT.pack(index, 1), body, value]
+    return [index.to_bytes(4, "little"), dumps((status, value))]
+
+
+def _out_of_band(buffer: pickle.PickleBuffer) -> bool:
+    return False
 
 
 def inbox_port_of(proc_id: str) -> str:
@@ -277,7 +326,7 @@ class ProcessContext:
     def reply(self, port_id: str, reply_key: int, index: int, status: int, value: Any) -> None:
         """Send one reply; a value that cannot be pickled becomes an error reply."""
         try:
-            body = dumps((status, value))
+            item = reply_parts(index, status, value)
         except Exception as e:  # unpicklable result: tell the caller why
             from monarch._src.actor.actor_mesh import ActorError
 
@@ -285,9 +334,9 @@ class ProcessContext:
                 TypeError(f"the endpoint's return value cannot be pickled: {e}"),
                 "while sending the reply",
             )
-            body = dumps((ERROR, err._to_wire()))
+            item = reply_parts(index, ERROR, err._to_wire())
         port = self._ports.get(port_id) or self.port_ref(port_id)
-        port.send(self.client, [reply_key.to_bytes(8, "little"), index.to_bytes(4, "little"), body])
+        port.send(self.client, [reply_key.to_bytes(8, "little"), *item])
 
     def fail_replies(self, port_id: str, reply_key: int, indices: Any, reason: str) -> None:
         """Answer ``indices`` with ``FAILED`` (``reason``) in one message."""
