@@ -171,9 +171,10 @@ _MAIN = b"__main__"
 _LARGE_PICKLE = 1 << 16
 
 
-#: Top-level call arguments that are ``bytes`` of at least this size travel out of
-#: band (see :func:`dumps_call`).
-OUT_OF_BAND_MIN = 1 << 20
+#: Top-level call arguments and return values that are ``bytes`` of at least this size
+#: travel out of band (see :func:`dumps_call`); the extension shares, rather than
+#: copies, message parts from the same size on.
+OUT_OF_BAND_MIN = 64 << 10
 
 
 def dumps_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes]:
