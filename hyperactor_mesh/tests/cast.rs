@@ -20,17 +20,22 @@ struct Node {
     inbox: Inbox,
 }
 
+/// A proc named `name` with a client and an inbox: a receiver, or the casting side.
+async fn node(transport: ChannelTransport, name: &str) -> Node {
+    let proc = Proc::serve(transport, name).await.unwrap();
+    let client = proc.client("agent").unwrap();
+    let inbox = Inbox::open(&client);
+    Node {
+        proc,
+        client,
+        inbox,
+    }
+}
+
 async fn nodes(n: usize, transport: ChannelTransport) -> Vec<Node> {
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        let proc = Proc::serve(transport, &format!("node{i}")).await.unwrap();
-        let client = proc.client("agent").unwrap();
-        let inbox = Inbox::open(&client);
-        out.push(Node {
-            proc,
-            client,
-            inbox,
-        });
+        out.push(node(transport, &format!("node{i}")).await);
     }
     out
 }
@@ -77,11 +82,8 @@ fn reply(from: &Client, route: &Route, value: &str) {
 #[tokio::test]
 async fn every_receiver_gets_a_cast_exactly_once_at_the_expected_depth() {
     let all = nodes(64, ChannelTransport::Local).await;
-    let caller = Proc::serve(ChannelTransport::Local, "caller")
-        .await
-        .unwrap();
-    let caller = caller.client("caller").unwrap();
-    let sender = Inbox::open(&caller);
+    let caller = node(ChannelTransport::Local, "caller").await;
+    let sender = &caller.inbox;
     let key = 7;
     for fanout in [2usize, 16] {
         for n in 1..=64usize {
@@ -131,9 +133,8 @@ async fn every_receiver_gets_a_cast_exactly_once_at_the_expected_depth() {
 async fn reduced_replies_reach_the_caller_as_one_message_per_subtree() {
     for transport in [ChannelTransport::Local, ChannelTransport::Unix] {
         let all = nodes(40, transport).await;
-        let caller_proc = Proc::serve(transport, "caller").await.unwrap();
-        let caller = caller_proc.client("caller").unwrap();
-        let sender = Inbox::open(&caller);
+        let caller = node(transport, "caller").await;
+        let sender = &caller.inbox;
         for fanout in [2usize, 4, 16] {
             let replies = sender.reply_queue();
             sender.cast(
@@ -177,11 +178,8 @@ async fn reduced_replies_reach_the_caller_as_one_message_per_subtree() {
 #[tokio::test]
 async fn reduced_replies_keep_the_parts_attached_to_a_value() {
     let all = nodes(12, ChannelTransport::Local).await;
-    let caller_proc = Proc::serve(ChannelTransport::Local, "caller")
-        .await
-        .unwrap();
-    let caller = caller_proc.client("caller").unwrap();
-    let sender = Inbox::open(&caller);
+    let caller = node(ChannelTransport::Local, "caller").await;
+    let sender = &caller.inbox;
     let replies = sender.reply_queue();
     sender.cast(
         3,
@@ -232,11 +230,8 @@ async fn reduced_replies_keep_the_parts_attached_to_a_value() {
 #[tokio::test]
 async fn direct_replies_come_one_per_receiver() {
     let all = nodes(10, ChannelTransport::Local).await;
-    let caller_proc = Proc::serve(ChannelTransport::Local, "caller")
-        .await
-        .unwrap();
-    let caller = caller_proc.client("caller").unwrap();
-    let sender = Inbox::open(&caller);
+    let caller = node(ChannelTransport::Local, "caller").await;
+    let sender = &caller.inbox;
     let replies = sender.reply_queue();
     sender.cast(
         3,
@@ -266,11 +261,8 @@ async fn direct_replies_come_one_per_receiver() {
 async fn a_dead_child_is_not_waited_for_and_is_skipped_by_later_casts() {
     // Fan-out 1 makes a chain: caller -> a -> b -> c.
     let all = nodes(3, ChannelTransport::Local).await;
-    let caller_proc = Proc::serve(ChannelTransport::Local, "caller")
-        .await
-        .unwrap();
-    let caller = caller_proc.client("caller").unwrap();
-    let sender = Inbox::open(&caller);
+    let caller = node(ChannelTransport::Local, "caller").await;
+    let sender = &caller.inbox;
     let replies = sender.reply_queue();
     let reduce = CastReply::Reduce {
         port: sender.port().port_id().clone(),
