@@ -59,7 +59,9 @@
 //! # }
 //! ```
 
+mod driven;
 mod runtime;
+mod work_queue;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -80,7 +82,9 @@ use crate::port::PortRef;
 use crate::proc::Proc;
 use crate::supervision::{ActorStatus, SupervisionEvent};
 
+pub use driven::{DrivenActor, DrivenWork, Next};
 pub(crate) use runtime::{spawn_actor, ActorCell, Owner};
+pub(crate) use work_queue::WorkQueue;
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -222,6 +226,8 @@ fn dispatch<'a, A: Handler<M>, M: Message>(
 pub struct Context<A> {
     cell: Arc<ActorCell>,
     proc: Proc,
+    /// The extra header of the message being handled (see [`Context::extra`]).
+    extra: std::sync::Mutex<Option<bytes::Bytes>>,
     _actor: PhantomData<fn() -> A>,
 }
 
@@ -230,8 +236,21 @@ impl<A: Actor> Context<A> {
         Self {
             cell,
             proc,
+            extra: std::sync::Mutex::new(None),
             _actor: PhantomData,
         }
+    }
+
+    /// The extra header of the message being handled
+    /// ([`crate::message::EnvelopeHeader::extra`]): what a layer above attached to it,
+    /// such as the mesh layer's cast route. `None` outside a handler and for plain
+    /// messages.
+    pub fn extra(&self) -> Option<bytes::Bytes> {
+        self.extra.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) fn set_extra(&self, extra: Option<bytes::Bytes>) {
+        *self.extra.lock().unwrap_or_else(|e| e.into_inner()) = extra;
     }
 
     /// A serializable reference to this actor.

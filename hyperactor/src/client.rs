@@ -63,6 +63,18 @@ impl Client {
         )
     }
 
+    /// Spawns a driven actor (see [`crate::actor::DrivenActor`]) owned by this client:
+    /// its failures arrive at [`Client::next_supervision_event`].
+    ///
+    /// # Errors
+    ///
+    /// [`SpawnError::Name`] for an invalid name; [`SpawnError::ProcStopped`] if the proc
+    /// is stopped.
+    pub fn spawn_driven(&self, name: &str) -> Result<crate::actor::DrivenActor, SpawnError> {
+        self.proc
+            .spawn_driven_owned(name, Owner::Mailbox(self.actor_id().clone()))
+    }
+
     /// The next message this client sent that could not be delivered. `None` once the
     /// client's mailbox is closed.
     ///

@@ -64,6 +64,7 @@ pub trait SendContext: Send + Sync {
             sender: self.actor_id().clone(),
             dest,
             return_to: Some(self.actor_id().port_id(UNDELIVERABLE_PORT)),
+            extra: None,
         }
     }
 

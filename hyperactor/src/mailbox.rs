@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::actor::WorkQueue;
 use crate::id::{ActorId, PortId};
 use crate::message::{Envelope, Message, Undeliverable, HANDLER_PORT_BIT};
 use crate::port::{OncePortReceiver, OncePortRef, PortReceiver, PortRef};
@@ -39,6 +40,31 @@ pub(crate) enum Work {
     Message(Envelope),
     /// Stop after the messages queued before this one.
     Stop,
+}
+
+/// Where an actor's work goes: the queue of its runtime task, or the queue of a driven
+/// actor, read by a thread outside the runtime (see [`crate::actor::DrivenActor`]).
+#[derive(Debug)]
+pub(crate) enum WorkSink {
+    Task(mpsc::UnboundedSender<Work>),
+    Driven(Arc<WorkQueue<Work>>),
+}
+
+impl WorkSink {
+    fn send(&self, work: Work) -> Result<(), Work> {
+        match self {
+            WorkSink::Task(tx) => tx.send(work).map_err(|e| e.0),
+            WorkSink::Driven(queue) => queue.push(work),
+        }
+    }
+
+    /// Ends the queue: the reader sees it end once it took what was queued.
+    fn close(&self) {
+        if let WorkSink::Driven(queue) = self {
+            queue.close();
+        }
+        // A task's queue ends when this sender is dropped.
+    }
 }
 
 /// A function that takes delivery of a direct port's messages (see
@@ -64,7 +90,7 @@ impl std::fmt::Debug for PortSink {
 
 #[derive(Debug)]
 struct MailboxState {
-    work: Option<mpsc::UnboundedSender<Work>>,
+    work: Option<WorkSink>,
     ports: HashMap<u64, PortSink>,
     next_port: u64,
     closed: Option<String>,
@@ -82,7 +108,15 @@ impl Mailbox {
     /// A mailbox with a work queue (for an actor), returning the queue's receiver.
     pub(crate) fn with_work_queue(actor_id: ActorId) -> (Arc<Self>, mpsc::UnboundedReceiver<Work>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (Arc::new(Self::build(actor_id, Some(tx))), rx)
+        (
+            Arc::new(Self::build(actor_id, Some(WorkSink::Task(tx)))),
+            rx,
+        )
+    }
+
+    /// A mailbox whose work goes to `queue` (for a driven actor).
+    pub(crate) fn with_driven_queue(actor_id: ActorId, queue: Arc<WorkQueue<Work>>) -> Arc<Self> {
+        Arc::new(Self::build(actor_id, Some(WorkSink::Driven(queue))))
     }
 
     /// A mailbox without a work queue (for a client): only opened ports receive.
@@ -90,7 +124,7 @@ impl Mailbox {
         Arc::new(Self::build(actor_id, None))
     }
 
-    fn build(actor_id: ActorId, work: Option<mpsc::UnboundedSender<Work>>) -> Self {
+    fn build(actor_id: ActorId, work: Option<WorkSink>) -> Self {
         Self {
             actor_id,
             state: Mutex::new(MailboxState {
@@ -217,7 +251,7 @@ impl Mailbox {
                 tx.send(envelope).map_err(closed_port)
             }
             None if index & HANDLER_PORT_BIT != 0 => match &state.work {
-                Some(work) => work.send(Work::Message(envelope)).map_err(|e| match e.0 {
+                Some(work) => work.send(Work::Message(envelope)).map_err(|e| match e {
                     Work::Message(envelope) => {
                         let reason = format!("actor {} is not running", self.actor_id);
                         undeliverable(envelope, reason)
@@ -254,7 +288,9 @@ impl Mailbox {
             state.closed = Some(reason.to_string());
         }
         state.ports.clear();
-        state.work = None;
+        if let Some(work) = state.work.take() {
+            work.close();
+        }
     }
 
     /// The close reason, if closed.

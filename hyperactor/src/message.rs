@@ -152,6 +152,11 @@ pub struct EnvelopeHeader {
     /// dropped with an error log (used for returned messages themselves, so returns never
     /// loop).
     pub return_to: Option<PortId>,
+    /// An opaque header for the layer above, delivered with the message: the mesh layer
+    /// puts a cast's route here (the receiver's position in the view and where its reply
+    /// goes). Handlers read it with [`crate::actor::Context::extra`]; `None` for plain
+    /// messages.
+    pub extra: Option<Bytes>,
 }
 
 /// A message in transit: header plus serialized payload.

@@ -40,7 +40,7 @@ use std::time::Duration;
 use rustc_hash::FxHashMap;
 use tokio::sync::mpsc;
 
-use crate::actor::{spawn_actor, Actor, ActorCell, ActorHandle, Owner};
+use crate::actor::{spawn_actor, Actor, ActorCell, ActorHandle, DrivenActor, Owner, WorkQueue};
 use crate::channel::{
     self, ChannelAddr, ChannelError, ChannelServer, ChannelTransport, ChannelTx, Frame,
 };
@@ -159,6 +159,30 @@ impl Proc {
         params: A::Params,
     ) -> Result<ActorHandle<A>, SpawnError> {
         spawn_actor::<A>(self, name, params, Owner::Proc)
+    }
+
+    /// Spawns a driven actor (see [`crate::actor::DrivenActor`]) owned by the proc
+    /// itself: its failures are collected by [`Proc::next_supervision_event`].
+    ///
+    /// # Errors
+    ///
+    /// [`SpawnError::Name`] for an invalid name; [`SpawnError::ProcStopped`] if the proc
+    /// is stopped.
+    pub fn spawn_driven(&self, name: &str) -> Result<DrivenActor, SpawnError> {
+        self.spawn_driven_owned(name, Owner::Proc)
+    }
+
+    pub(crate) fn spawn_driven_owned(
+        &self,
+        name: &str,
+        owner: Owner,
+    ) -> Result<DrivenActor, SpawnError> {
+        let queue = Arc::new(WorkQueue::new());
+        let (id, mailbox, ()) = self.register(name, |id| {
+            (Mailbox::with_driven_queue(id, Arc::clone(&queue)), ())
+        })?;
+        let cell = ActorCell::register(self, id, mailbox, name, owner)?;
+        Ok(DrivenActor::new(cell, queue, self.clone()))
     }
 
     /// The next failure of an actor owned by the proc itself.
@@ -369,6 +393,7 @@ impl Proc {
             sender: undeliverable.envelope.header.dest.actor().clone(),
             dest: return_to,
             return_to: None,
+            extra: None,
         };
         match Serialized::encode(&undeliverable) {
             Ok(payload) => self.post(Envelope { header, payload }),

@@ -80,9 +80,23 @@ pub struct SupervisionEvent {
     /// The event that caused this failure, when the actor failed because it did not
     /// handle a failure of its own child (SUP-2).
     pub caused_by: Option<Box<SupervisionEvent>>,
+    /// Details in a form that a layer above defines, kept through the chain: the mesh
+    /// layer attaches what failed in mesh terms (mesh, rank, process, cause). `None`
+    /// for failures the runtime reports on its own.
+    pub detail: Option<bytes::Bytes>,
 }
 
 impl SupervisionEvent {
+    /// An event saying that `actor_id` failed for `reason`, with no cause or detail.
+    pub fn new(actor_id: ActorId, reason: impl Into<String>) -> Self {
+        Self {
+            actor_id,
+            reason: reason.into(),
+            caused_by: None,
+            detail: None,
+        }
+    }
+
     /// The first failure in the chain: the event that started it all.
     pub fn root_cause(&self) -> &SupervisionEvent {
         let mut event = self;

@@ -16,7 +16,6 @@ use futures::FutureExt;
 use tokio::sync::{mpsc, watch};
 
 use super::{Actor, ActorHandle, Binder, Context};
-use crate::context::SendContext;
 use crate::error::{BoxError, SpawnError};
 use crate::id::ActorId;
 use crate::mailbox::{Mailbox, Work};
@@ -123,6 +122,113 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+impl ActorCell {
+    /// A new cell in state `Created`, whose failures go to `owner`, registered with it
+    /// (a local owner tracks it as a child; a mailbox or the proc as a root).
+    pub(crate) fn register(
+        proc: &Proc,
+        id: ActorId,
+        mailbox: Arc<Mailbox>,
+        name: &str,
+        owner: Owner,
+    ) -> Result<Arc<Self>, SpawnError> {
+        let owner_id = match &owner {
+            Owner::Actor(parent) => OwnerId::Actor(parent.id.clone()),
+            Owner::Mailbox(id) => OwnerId::Actor(id.clone()),
+            Owner::Proc => OwnerId::Proc,
+        };
+        let cell = Arc::new(ActorCell {
+            id,
+            mailbox,
+            owner: owner_id,
+            status: watch::Sender::new(ActorStatus::Created),
+            processing: AtomicBool::new(false),
+            children: Mutex::new(Vec::new()),
+            abort: Mutex::new(None),
+        });
+        match owner {
+            Owner::Actor(parent) => {
+                if !parent.add_child(Arc::clone(&cell)) {
+                    cell.mailbox.close("its owner stopped before it started");
+                    return Err(SpawnError::OwnerStopped {
+                        owner: parent.id.clone(),
+                        name: name.to_string(),
+                    });
+                }
+            }
+            Owner::Mailbox(_) | Owner::Proc => proc.add_root(Arc::clone(&cell)),
+        }
+        Ok(cell)
+    }
+
+    pub(crate) fn set_processing(&self, processing: bool) {
+        self.processing.store(processing, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_running(&self) {
+        self.set_status(ActorStatus::Idle);
+    }
+
+    pub(crate) fn set_initializing(&self) {
+        self.set_status(ActorStatus::Initializing);
+    }
+
+    /// The terminal phase without children (a driven actor has none): the mailbox is
+    /// closed, `leftovers` go back to their senders (DEL-1), the final status is
+    /// published and a failure is reported to the owner (SUP-1). Idempotent: only the
+    /// first call of a cell counts.
+    pub(crate) fn finish(
+        &self,
+        proc: &Proc,
+        outcome: Result<(), (String, Option<Box<SupervisionEvent>>)>,
+        leftovers: Vec<Work>,
+    ) -> bool {
+        if self.status().is_terminal() {
+            return false;
+        }
+        let ended = match &outcome {
+            Ok(()) => "stopped".to_string(),
+            Err((reason, _)) => format!("failed: {reason}"),
+        };
+        self.mailbox.close(&ended);
+        bounce_leftovers(proc, &self.id, &ended, leftovers);
+        match outcome {
+            Ok(()) => self.set_status(ActorStatus::Stopped),
+            Err((reason, caused_by)) => {
+                self.set_status(ActorStatus::Failed(reason.clone()));
+                let event = SupervisionEvent {
+                    actor_id: self.id.clone(),
+                    reason,
+                    caused_by,
+                    detail: None,
+                };
+                report(proc, self, event);
+            }
+        }
+        true
+    }
+}
+
+impl ActorCell {
+    /// Returns `leftovers` to their senders: the actor has ended.
+    pub(crate) fn bounce_all(&self, proc: &Proc, leftovers: Vec<Work>) {
+        let ended = match self.status() {
+            ActorStatus::Failed(reason) => format!("failed: {reason}"),
+            _ => "stopped".to_string(),
+        };
+        bounce_leftovers(proc, &self.id, &ended, leftovers);
+    }
+}
+
+fn bounce_leftovers(proc: &Proc, id: &ActorId, ended: &str, leftovers: Vec<Work>) {
+    for work in leftovers {
+        if let Work::Message(envelope) = work {
+            let reason = format!("actor {id} {ended} before handling it");
+            proc.bounce(Undeliverable { envelope, reason });
+        }
+    }
+}
+
 /// Spawns an actor of type `A` named `name` on `proc`, owned by `owner`.
 pub(crate) fn spawn_actor<A: Actor>(
     proc: &Proc,
@@ -131,32 +237,7 @@ pub(crate) fn spawn_actor<A: Actor>(
     owner: Owner,
 ) -> Result<ActorHandle<A>, SpawnError> {
     let (id, mailbox, rx) = proc.allocate_actor(name)?;
-    let owner_id = match &owner {
-        Owner::Actor(parent) => OwnerId::Actor(parent.id.clone()),
-        Owner::Mailbox(id) => OwnerId::Actor(id.clone()),
-        Owner::Proc => OwnerId::Proc,
-    };
-    let cell = Arc::new(ActorCell {
-        id,
-        mailbox,
-        owner: owner_id,
-        status: watch::Sender::new(ActorStatus::Created),
-        processing: AtomicBool::new(false),
-        children: Mutex::new(Vec::new()),
-        abort: Mutex::new(None),
-    });
-    match owner {
-        Owner::Actor(parent) => {
-            if !parent.add_child(Arc::clone(&cell)) {
-                cell.mailbox.close("its owner stopped before it started");
-                return Err(SpawnError::OwnerStopped {
-                    owner: parent.id.clone(),
-                    name: name.to_string(),
-                });
-            }
-        }
-        Owner::Mailbox(_) | Owner::Proc => proc.add_root(Arc::clone(&cell)),
-    }
+    let cell = ActorCell::register(proc, id, mailbox, name, owner)?;
     let cx = Context::<A>::new(Arc::clone(&cell), proc.clone());
     let task = proc.runtime().spawn(run::<A>(cx, params, rx));
     *lock(&cell.abort) = Some(task.abort_handle());
@@ -194,12 +275,11 @@ async fn run<A: Actor>(cx: Context<A>, params: A::Params, mut rx: mpsc::Unbounde
     cell.mailbox.close(&ended);
     // DEL-1: whatever was still queued goes back to its senders.
     rx.close();
+    let mut leftovers = Vec::new();
     while let Ok(work) = rx.try_recv() {
-        if let Work::Message(envelope) = work {
-            let reason = format!("actor {} {ended} before handling it", cell.id);
-            cx.proc.bounce(Undeliverable { envelope, reason });
-        }
+        leftovers.push(work);
     }
+    bounce_leftovers(&cx.proc, &cell.id, &ended, leftovers);
     match outcome {
         Ok(()) => cell.set_status(ActorStatus::Stopped),
         Err(failure) => {
@@ -208,23 +288,28 @@ async fn run<A: Actor>(cx: Context<A>, params: A::Params, mut rx: mpsc::Unbounde
                 actor_id: cell.id.clone(),
                 reason: failure.reason,
                 caused_by: failure.caused_by,
+                detail: None,
             };
-            report(&cx, event);
+            report(&cx.proc, cell, event);
         }
     }
 }
 
 /// SUP-1: exactly one event per failure, to the owner.
-fn report<A: Actor>(cx: &Context<A>, event: SupervisionEvent) {
-    match &cx.cell.owner {
-        OwnerId::Proc => cx.proc.report_supervision_event(event),
+fn report(proc: &Proc, cell: &ActorCell, event: SupervisionEvent) {
+    match &cell.owner {
+        OwnerId::Proc => proc.report_supervision_event(event),
         OwnerId::Actor(owner) => match Serialized::encode(&event) {
             Ok(payload) => {
-                let mut header = cx.envelope_header(owner.port_id(SUPERVISION_PORT));
-                header.return_to = None;
-                cx.proc.post(Envelope { header, payload });
+                let header = crate::message::EnvelopeHeader {
+                    sender: cell.id.clone(),
+                    dest: owner.port_id(SUPERVISION_PORT),
+                    return_to: None,
+                    extra: None,
+                };
+                proc.post(Envelope { header, payload });
             }
-            Err(e) => tracing::error!(actor = %cx.cell.id, "cannot report failure: {e}"),
+            Err(e) => tracing::error!(actor = %cell.id, "cannot report failure: {e}"),
         },
     }
 }
@@ -285,21 +370,24 @@ async fn handle_one<A: Actor>(
                 caused_by: Some(Box::new(event)),
             })
         }
-        port => match binder.get(port) {
-            Some((handler, type_name)) => match handler(actor, cx, envelope) {
+        port => {
+            let Some((handler, type_name)) = binder.get(port) else {
+                let reason = format!("actor {} has no handler for port {port}", cx.cell.id);
+                cx.proc.bounce(Undeliverable { envelope, reason });
+                return Ok(());
+            };
+            cx.set_extra(envelope.header.extra.clone());
+            let outcome = match handler(actor, cx, envelope) {
                 Ok(future) => guard(&format!("handler for {type_name}"), future).await,
                 Err((envelope, error)) => {
                     let reason = format!("actor {} could not decode it: {error}", cx.cell.id);
                     cx.proc.bounce(Undeliverable { envelope, reason });
                     Ok(())
                 }
-            },
-            None => {
-                let reason = format!("actor {} has no handler for port {port}", cx.cell.id);
-                cx.proc.bounce(Undeliverable { envelope, reason });
-                Ok(())
-            }
-        },
+            };
+            cx.set_extra(None);
+            outcome
+        }
     }
 }
 

@@ -435,6 +435,7 @@ impl Shared {
                 sender: self.owner.clone(),
                 dest,
                 return_to: Some(self.owner.port_id(UNDELIVERABLE_PORT)),
+                extra: None,
             },
             payload: Serialized::from_parts(parts),
         });
