@@ -432,6 +432,76 @@ impl<A: Actor> ActorHandle<A> {
     }
 }
 
+impl<A> ActorHandle<A> {
+    /// The same handle without its actor type, for code that manages actors of many
+    /// types (an agent that spawns them on request, for instance).
+    pub fn erase(&self) -> AnyActorHandle {
+        AnyActorHandle {
+            cell: Arc::clone(&self.cell),
+        }
+    }
+}
+
+/// A handle to an actor of any type (runtime or driven): its status, and the means to
+/// stop it. See [`ActorHandle::erase`] and [`DrivenActor::erase`].
+#[derive(Clone)]
+pub struct AnyActorHandle {
+    cell: Arc<ActorCell>,
+}
+
+impl AnyActorHandle {
+    /// The actor's id.
+    pub fn actor_id(&self) -> &ActorId {
+        &self.cell.id
+    }
+
+    /// The actor's current status.
+    pub fn status(&self) -> ActorStatus {
+        self.cell.status()
+    }
+
+    /// Waits until the actor has stopped or failed, and returns that final status.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn wait(&self) -> ActorStatus {
+        self.cell.wait_terminal().await
+    }
+
+    /// Waits until the actor has started (it finished `new` and `init`, or its driver
+    /// called `started`) or ended, and returns that status.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn wait_started(&self) -> ActorStatus {
+        self.cell.wait_started().await
+    }
+
+    /// Asks the actor to stop once the messages already queued are handled, and returns
+    /// at once. Returns false if the actor had already ended.
+    pub fn stop(&self) -> bool {
+        self.cell.mailbox.request_stop()
+    }
+
+    /// Stops the actor and waits for it to end; an actor still running after `timeout`
+    /// is aborted and reported failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the stop request is sent before the first await.
+    pub async fn stop_and_wait(&self, timeout: Duration) -> ActorStatus {
+        self.cell.stop_and_wait(timeout).await
+    }
+}
+
+impl fmt::Debug for AnyActorHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AnyActorHandle({})", self.cell.id)
+    }
+}
+
 impl<A> Clone for ActorHandle<A> {
     fn clone(&self) -> Self {
         Self {

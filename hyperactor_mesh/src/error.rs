@@ -178,3 +178,120 @@ fn stderr_section(tail: &str) -> String {
         format!("; last lines of its stderr:\n{tail}")
     }
 }
+
+/// Bytes that do not decode as the mesh layer's wire formats (see [`crate::cast`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CodecError {
+    /// A value could not be encoded.
+    #[error("cannot encode a mesh message: {0}")]
+    Encode(String),
+    /// A cast header does not decode.
+    #[error("malformed cast header: {0}")]
+    Header(String),
+    /// A route does not decode.
+    #[error("malformed cast route: {0}")]
+    Route(String),
+    /// A reply message does not decode.
+    #[error("malformed reply message: {0}")]
+    Reply(String),
+    /// A control message does not decode.
+    #[error("malformed control message: {0}")]
+    Control(String),
+}
+
+/// A mesh operation failed: spawning procs or actors, casting, calling, stopping.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MeshError {
+    /// This process has no agent, or the agent of this proc is gone.
+    #[error("no mesh agent serves proc {proc}: create one with ProcAgent::new (or serve) first")]
+    NoAgent {
+        /// The proc.
+        proc: hyperactor::ProcId,
+    },
+    /// A proc already has an agent.
+    #[error("proc {proc} already has a mesh agent; there is one per proc")]
+    AgentExists {
+        /// The proc.
+        proc: hyperactor::ProcId,
+    },
+    /// The agent's mailbox could not be created.
+    #[error("cannot create the mesh agent of proc {proc}: {source}")]
+    Agent {
+        /// The proc.
+        proc: hyperactor::ProcId,
+        /// Why.
+        #[source]
+        source: SpawnError,
+    },
+    /// A value could not be serialized or deserialized.
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    /// A message could not be encoded.
+    #[error(transparent)]
+    Message(#[from] hyperactor::error::MessageError),
+    /// Procs could not be spawned.
+    #[error("cannot spawn procs {name:?}: {reason}")]
+    SpawnProcs {
+        /// The proc mesh's name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// A mesh name is invalid.
+    #[error("invalid mesh name {name:?}: {reason}")]
+    InvalidName {
+        /// The name.
+        name: String,
+        /// What was expected.
+        reason: String,
+    },
+    /// The mesh was stopped.
+    #[error("{what} was stopped ({reason}); create a new one")]
+    Stopped {
+        /// The mesh, in words.
+        what: String,
+        /// Why it was stopped.
+        reason: String,
+    },
+    /// Some ranks of a call did not answer with a value.
+    #[error("{what}: rank {rank} {}: {reason}", if *failed { "cannot answer" } else { "raised an error" })]
+    Call {
+        /// The mesh and the call, in words.
+        what: String,
+        /// The first rank at fault (index in the view).
+        rank: u32,
+        /// True if the rank cannot answer (its actor failed or stopped, its proc is
+        /// gone); false if its handler returned an error.
+        failed: bool,
+        /// The reason, or the error's text.
+        reason: String,
+    },
+    /// A reply could not be decoded as the expected type.
+    #[error("{what}: the reply of rank {rank} does not decode: {reason}")]
+    BadReply {
+        /// The mesh and the call, in words.
+        what: String,
+        /// The rank.
+        rank: u32,
+        /// Why.
+        reason: String,
+    },
+    /// The host could not be reached or refused the request.
+    #[error("host {host}: {reason}")]
+    Host {
+        /// The host's proc.
+        host: hyperactor::ProcId,
+        /// Why.
+        reason: String,
+    },
+    /// The wait ended before the answer came.
+    #[error("{what}: no answer within {timeout:?}")]
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// The limit.
+        timeout: std::time::Duration,
+    },
+}

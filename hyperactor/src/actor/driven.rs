@@ -109,6 +109,13 @@ impl DrivenActor {
         &self.cell.id
     }
 
+    /// A handle to this actor that does not drive it (to watch or stop it).
+    pub fn erase(&self) -> super::AnyActorHandle {
+        super::AnyActorHandle {
+            cell: Arc::clone(&self.cell),
+        }
+    }
+
     /// The actor's current status.
     pub fn status(&self) -> ActorStatus {
         self.cell.status()

@@ -82,6 +82,18 @@ impl ActorCell {
         status
     }
 
+    pub(crate) async fn wait_started(&self) -> ActorStatus {
+        let mut rx = self.status.subscribe();
+        let status = match rx
+            .wait_for(|s| !matches!(s, ActorStatus::Created | ActorStatus::Initializing))
+            .await
+        {
+            Ok(status) => status.clone(),
+            Err(_) => self.status(),
+        };
+        status
+    }
+
     fn add_child(&self, child: Arc<ActorCell>) -> bool {
         if matches!(self.status(), ActorStatus::Stopping) || self.status().is_terminal() {
             return false;

@@ -1,0 +1,417 @@
+//! The proc agent: the mesh layer's presence in every process.
+//!
+//! Every process that takes part in meshes — a client, a proc spawned by a host — runs
+//! one [`ProcAgent`] on its [`Proc`]. The agent is a mailbox named [`AGENT_NAME`] with
+//! three ports whose handlers run on the task that delivers each message (no hop
+//! through another task):
+//!
+//! - the **cast port** ([`cast_port`]) receives cast frames (see [`crate::cast`]): it
+//!   relays them down the tree, opens reducers for `call` replies, puts each sender's
+//!   messages back in order (ORD-1) and executes them on the target actor of this proc:
+//!   deliver a message, spawn the actor, stop it, or report when it has started;
+//! - the **control port** ([`control_port`]) receives control messages: proc deaths
+//!   from host agents, and, when the agent has a host, requests to spawn, watch and stop
+//!   procs;
+//! - the **reply port** ([`reply_port`]) receives replies, keyed: to a reducer of a cast
+//!   this agent relays, or to a collector of a call made from this process.
+//!
+//! The agent owns (in the runtime's sense) every actor it spawns, so their failures come
+//! to it; it reports each as a [`MeshFailure`](crate::supervision::MeshFailure) to the
+//! mesh's owner (MSUP-1). It watches the procs it casts to at their hosts, so a proc's
+//! death fails the calls waiting on it at once, releases what waits for it, and reaches
+//! the owners of meshes on it.
+//!
+//! The agent's ids are derived from its proc's id ([`agent_id`] and the port functions),
+//! so any process can address the agent of any proc it knows.
+//!
+//! ```
+//! use hyperactor::ChannelTransport;
+//! use hyperactor_mesh::agent::{AgentOptions, ProcAgent};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let agent = ProcAgent::serve(ChannelTransport::Unix, "client", AgentOptions::default()).await?;
+//! assert_eq!(agent.id().name(), "mesh");
+//! assert!(ProcAgent::of(agent.proc().proc_id()).is_some());
+//! # Ok(())
+//! # }
+//! ```
+
+mod cast_in;
+mod cast_out;
+mod control;
+mod local;
+mod replies;
+mod supervise;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyperactor::actor::AnyActorHandle;
+use hyperactor::mailbox::DirectPort;
+use hyperactor::message::{Envelope, EnvelopeHeader, Serialized, UNDELIVERABLE_PORT};
+use hyperactor::{Actor, ActorId, ChannelTransport, Client, PortId, Proc, ProcId, SendContext};
+use serde::de::DeserializeOwned;
+
+pub use cast_out::{CastOutcome, CastTarget};
+pub use control::{Control, ProcInfo, SpawnProcsRequest};
+pub use local::{ForeignSpawn, ForeignSpawner, Registry};
+pub use replies::{CallReplies, ReplyQueue, ReplySink};
+
+use crate::cast::order::{Outgoing, Sequencer};
+use crate::error::MeshError;
+use crate::host::Host;
+use crate::supervision::ProcDeath;
+
+/// The name of every agent's mailbox (index 0).
+pub const AGENT_NAME: &str = "mesh";
+
+/// The port numbers of an agent's three ports (opened in this order).
+const CAST_PORT: u64 = 1;
+const CONTROL_PORT: u64 = 2;
+const REPLY_PORT: u64 = 3;
+
+/// How long a stopping actor gets before it is aborted, unless set in [`AgentOptions`].
+pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The default fan-out of casts sent from this process.
+pub const DEFAULT_FANOUT: usize = 16;
+
+/// The id of the agent of `proc`.
+pub fn agent_id(proc: &ProcId) -> ActorId {
+    proc.actor_id(AGENT_NAME, 0)
+        .expect("invariant: AGENT_NAME is a valid actor name")
+}
+
+/// The cast port of the agent of `proc`.
+pub fn cast_port(proc: &ProcId) -> PortId {
+    agent_id(proc).port_id(CAST_PORT)
+}
+
+/// The control port of the agent of `proc`.
+pub fn control_port(proc: &ProcId) -> PortId {
+    agent_id(proc).port_id(CONTROL_PORT)
+}
+
+/// The reply port of the agent of `proc`.
+pub fn reply_port(proc: &ProcId) -> PortId {
+    agent_id(proc).port_id(REPLY_PORT)
+}
+
+/// How an agent is set up.
+#[derive(Default)]
+pub struct AgentOptions {
+    registry: Registry,
+    foreign: Option<Arc<dyn ForeignSpawner>>,
+    host: Option<Host>,
+    stop_timeout: Option<Duration>,
+}
+
+impl std::fmt::Debug for AgentOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentOptions")
+            .field("registry", &self.registry)
+            .field("foreign", &self.foreign.is_some())
+            .field("host", &self.host)
+            .field("stop_timeout", &self.stop_timeout)
+            .finish()
+    }
+}
+
+impl AgentOptions {
+    /// Lets this agent spawn actors of type `A` (see [`Registry::register`]).
+    #[must_use]
+    pub fn register<A>(mut self) -> Self
+    where
+        A: Actor,
+        A::Params: DeserializeOwned,
+    {
+        self.registry.register::<A>();
+        self
+    }
+
+    /// Hands spawns of foreign actors (another language's) to `spawner`.
+    #[must_use]
+    pub fn foreign(mut self, spawner: Arc<dyn ForeignSpawner>) -> Self {
+        self.foreign = Some(spawner);
+        self
+    }
+
+    /// Makes this agent a host agent: it serves requests to spawn, watch and stop procs
+    /// with `host`.
+    #[must_use]
+    pub fn host(mut self, host: Host) -> Self {
+        self.host = Some(host);
+        self
+    }
+
+    /// How long a stopping actor gets before it is aborted.
+    #[must_use]
+    pub fn stop_timeout(mut self, timeout: Duration) -> Self {
+        self.stop_timeout = Some(timeout);
+        self
+    }
+}
+
+/// The agent of this process's proc: see the [module docs](self). Clones share it.
+#[derive(Clone)]
+pub struct ProcAgent {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ProcAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ProcAgent({})", self.inner.id)
+    }
+}
+
+/// The state of one agent.
+pub(crate) struct Inner {
+    proc: Proc,
+    client: Client,
+    id: ActorId,
+    /// This agent's id as a cast sender (ORD-1 sequencing at the receivers).
+    sender_id: u64,
+    fanout: AtomicUsize,
+    stop_timeout: Duration,
+    _ports: Mutex<Vec<DirectPort>>,
+    /// Actors spawned here, by actor name.
+    local: Mutex<HashMap<String, local::LocalActor>>,
+    incoming: Mutex<Sequencer<cast_in::Delivery>>,
+    outgoing: Mutex<Outgoing>,
+    replies: Mutex<HashMap<u64, replies::Slot>>,
+    next_key: AtomicU64,
+    /// Procs known to be gone.
+    dead: Mutex<HashMap<ProcId, ProcDeath>>,
+    /// Calls from this process still waiting: what they were cast to.
+    calls: Mutex<HashMap<u64, cast_out::CallWatch>>,
+    /// Meshes owned by actors of this process, by mesh id.
+    owned: Mutex<HashMap<u64, supervise::OwnedMesh>>,
+    /// Procs this agent watches at their hosts, and each proc's host.
+    watched: Mutex<HashSet<ProcId>>,
+    hosts: Mutex<HashMap<ProcId, ProcId>>,
+    registry: Registry,
+    foreign: Option<Arc<dyn ForeignSpawner>>,
+    host: Option<Arc<control::HostService>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Critical sections leave the state consistent at every step: poisoning is ignored.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn agents() -> &'static Mutex<HashMap<ProcId, Weak<Inner>>> {
+    static AGENTS: OnceLock<Mutex<HashMap<ProcId, Weak<Inner>>>> = OnceLock::new();
+    AGENTS.get_or_init(Default::default)
+}
+
+impl ProcAgent {
+    /// Serves a new proc named `name` (uid prefix) on `transport` and starts its agent.
+    ///
+    /// # Errors
+    ///
+    /// [`MeshError::SpawnProcs`] if the proc cannot be served; as [`ProcAgent::new`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: nothing stays served.
+    pub async fn serve(
+        transport: ChannelTransport,
+        name: &str,
+        options: AgentOptions,
+    ) -> Result<Self, MeshError> {
+        let proc = Proc::serve(transport, name)
+            .await
+            .map_err(|e| MeshError::SpawnProcs {
+                name: name.to_string(),
+                reason: e.to_string(),
+            })?;
+        Self::new(proc, options)
+    }
+
+    /// Starts the agent of `proc`. Must be called from within a tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`MeshError::AgentExists`] if `proc` has an agent; [`MeshError::Agent`] if its
+    /// mailbox cannot be created (the proc is stopped, or the name is taken).
+    pub fn new(proc: Proc, options: AgentOptions) -> Result<Self, MeshError> {
+        let proc_id = proc.proc_id().clone();
+        let mut registered = lock(agents());
+        if registered.get(&proc_id).is_some_and(|w| w.strong_count() > 0) {
+            return Err(MeshError::AgentExists { proc: proc_id });
+        }
+        let client = proc.client(AGENT_NAME).map_err(|source| MeshError::Agent {
+            proc: proc_id.clone(),
+            source,
+        })?;
+        let id = client.actor_id().clone();
+        if id != agent_id(&proc_id) {
+            return Err(MeshError::AgentExists { proc: proc_id });
+        }
+        let host = options
+            .host
+            .map(|host| Arc::new(control::HostService::new(host)));
+        let inner = Arc::new(Inner {
+            proc,
+            client,
+            id,
+            sender_id: random_id(),
+            fanout: AtomicUsize::new(DEFAULT_FANOUT),
+            stop_timeout: options.stop_timeout.unwrap_or(DEFAULT_STOP_TIMEOUT),
+            _ports: Mutex::new(Vec::new()),
+            local: Mutex::default(),
+            incoming: Mutex::default(),
+            outgoing: Mutex::default(),
+            replies: Mutex::default(),
+            next_key: AtomicU64::new(1),
+            dead: Mutex::default(),
+            calls: Mutex::default(),
+            owned: Mutex::default(),
+            watched: Mutex::default(),
+            hosts: Mutex::default(),
+            registry: options.registry,
+            foreign: options.foreign,
+            host,
+        });
+        Inner::open_ports(&inner)?;
+        supervise::start_tasks(&inner);
+        if let Some(host) = &inner.host {
+            host.start(&inner);
+        }
+        registered.retain(|_, w| w.strong_count() > 0);
+        registered.insert(proc_id, Arc::downgrade(&inner));
+        Ok(Self { inner })
+    }
+
+    /// The agent serving `proc` in this process, if any.
+    pub fn of(proc: &ProcId) -> Option<Self> {
+        let inner = lock(agents()).get(proc)?.upgrade()?;
+        Some(Self { inner })
+    }
+
+    /// The agent's proc.
+    pub fn proc(&self) -> &Proc {
+        &self.inner.proc
+    }
+
+    /// The agent's own mailbox: the runtime owner of the actors it spawns.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// The agent's id.
+    pub fn id(&self) -> &ActorId {
+        &self.inner.id
+    }
+
+    /// Whether this agent serves host requests (it has a host).
+    pub fn is_host(&self) -> bool {
+        self.inner.host.is_some()
+    }
+
+    /// The host of this agent, when it is a host agent.
+    pub fn host(&self) -> Option<&Host> {
+        self.inner.host.as_ref().map(|h| h.host())
+    }
+
+    /// The fan-out of casts sent from this process.
+    pub fn fanout(&self) -> usize {
+        self.inner.fanout.load(Ordering::Relaxed)
+    }
+
+    /// Sets the fan-out of casts sent from this process (at least 1).
+    pub fn set_fanout(&self, fanout: usize) {
+        self.inner.fanout.store(fanout.max(1), Ordering::Relaxed);
+    }
+
+    /// Whether `proc` is known to be gone, and how it ended.
+    pub fn death_of(&self, proc: &ProcId) -> Option<ProcDeath> {
+        lock(&self.inner.dead).get(proc).cloned()
+    }
+
+    /// The local actor named `name` (spawned by this agent), if it exists.
+    pub fn local_actor(&self, name: &str) -> Option<AnyActorHandle> {
+        lock(&self.inner.local).get(name).map(|a| a.handle.clone())
+    }
+
+    /// Sends `parts` from `sender` to `dest` (a plain message, not a cast): failures come
+    /// back to the agent (DEL-1) and are logged.
+    pub fn post_parts(&self, sender: &ActorId, dest: PortId, parts: Vec<Bytes>) {
+        self.inner.post(sender, dest, None, parts);
+    }
+}
+
+impl Inner {
+    fn open_ports(this: &Arc<Self>) -> Result<(), MeshError> {
+        let mailbox = this.client.mailbox();
+        let weak = Arc::downgrade(this);
+        let cast = {
+            let weak = weak.clone();
+            mailbox.open_direct_port::<Vec<Bytes>>(Arc::new(move |envelope: Envelope| {
+                if let Some(inner) = weak.upgrade() {
+                    inner.on_cast(envelope);
+                }
+            }))
+        };
+        let control = {
+            let weak = weak.clone();
+            mailbox.open_direct_port::<Vec<Bytes>>(Arc::new(move |envelope: Envelope| {
+                if let Some(inner) = weak.upgrade() {
+                    inner.on_control(envelope);
+                }
+            }))
+        };
+        let reply = mailbox.open_direct_port::<Vec<Bytes>>(Arc::new(move |envelope: Envelope| {
+            if let Some(inner) = weak.upgrade() {
+                inner.on_reply(envelope.payload.into_parts());
+            }
+        }));
+        let expected = [CAST_PORT, CONTROL_PORT, REPLY_PORT];
+        let got = [&cast.1, &control.1, &reply.1].map(|p| p.port_id().index());
+        if got != expected {
+            return Err(MeshError::AgentExists {
+                proc: this.proc.proc_id().clone(),
+            });
+        }
+        lock(&this._ports).extend([cast.1, control.1, reply.1]);
+        Ok(())
+    }
+
+    /// Posts `parts` from `sender` to `dest`; returned messages come to the agent.
+    fn post(&self, sender: &ActorId, dest: PortId, extra: Option<Bytes>, parts: Vec<Bytes>) {
+        self.proc.post(Envelope {
+            header: EnvelopeHeader {
+                sender: sender.clone(),
+                dest,
+                return_to: Some(self.id.port_id(UNDELIVERABLE_PORT)),
+                extra,
+            },
+            payload: Serialized::from_parts(parts),
+        });
+    }
+
+    fn next_key(&self) -> u64 {
+        self.next_key.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn reply_port(&self) -> PortId {
+        self.id.port_id(REPLY_PORT)
+    }
+
+}
+
+/// A random id (std's hasher keys are random per process; mixed with the pid and the
+/// time, so that two agents of one process differ too).
+pub(crate) fn random_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    if let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        hasher.write_u128(now.as_nanos());
+    }
+    hasher.finish()
+}

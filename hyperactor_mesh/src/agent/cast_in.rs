@@ -1,0 +1,245 @@
+//! Receiving a cast: relay it to the heads of this node's sub-chunks, open a reducer for
+//! `call` replies, and execute it here once the sender's earlier messages have been
+//! (ORD-1).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hyperactor::message::{Envelope, UNDELIVERABLE_PORT};
+use hyperactor::ActorId;
+
+use super::replies::{ReduceState, Reducer, Slot};
+use super::{cast_port, lock, Inner};
+use crate::cast::codec::{CastHeader, CastKind, Entry, ReplyMode, ReplyTo, Route};
+use crate::cast::order::{Arrival, GAP_GRACE};
+use crate::cast::reply::ReplyItem;
+use crate::cast::tree::chunks;
+use crate::rate_limit::RateLimited;
+
+/// A cast waiting to be executed on this proc, in its sender's order.
+pub(crate) struct Delivery {
+    actor: String,
+    origin: ActorId,
+    kind: CastKind,
+    route: Route,
+    parts: Vec<Bytes>,
+}
+
+static MALFORMED: RateLimited = RateLimited::new();
+
+impl Inner {
+    /// A frame arrived on the cast port (on the delivering task).
+    pub(super) fn on_cast(self: &Arc<Self>, envelope: Envelope) {
+        let mut parts = envelope.payload.into_parts();
+        let header = match parts.first().map(|p| CastHeader::decode(p)) {
+            Some(Ok(header)) => header,
+            Some(Err(e)) => {
+                MALFORMED.warn(format_args!(
+                    "agent {}: dropping a malformed cast from {}: {e}",
+                    self.id, envelope.header.sender
+                ));
+                return;
+            }
+            None => {
+                MALFORMED.warn(format_args!(
+                    "agent {}: dropping an empty cast from {}",
+                    self.id, envelope.header.sender
+                ));
+                return;
+            }
+        };
+        let user = parts.split_off(1);
+        let Some((me, rest)) = header.entries.split_first() else {
+            return;
+        };
+        let (rest, lost) = self.split_dead(rest);
+        let children: Vec<&[Entry]> = chunks(rest.len(), usize::from(header.fanout))
+            .into_iter()
+            .map(|range| &rest[range])
+            .collect();
+        let lost_items: Vec<ReplyItem> = lost
+            .iter()
+            .map(|(index, why)| ReplyItem::failed(*index, why))
+            .collect();
+        // Where this node's and its children's replies go.
+        let reply = match (&header.mode, &header.reply) {
+            (ReplyMode::Reduce, Some(parent)) if !children.is_empty() => {
+                Some(self.open_reducer(parent, me.index, &children, lost_items))
+            }
+            (ReplyMode::None, _) | (_, None) => None,
+            (_, Some(parent)) => {
+                if !lost_items.is_empty() {
+                    self.send_items(parent, lost_items);
+                }
+                Some(parent.clone())
+            }
+        };
+        for chunk in &children {
+            let forward = CastHeader {
+                hops: header.hops.saturating_add(1),
+                reply: if header.mode == ReplyMode::Reduce {
+                    reply.clone()
+                } else {
+                    header.reply.clone()
+                },
+                entries: chunk.to_vec(),
+                ..header.clone()
+            };
+            match forward.encode() {
+                Ok(head) => {
+                    let mut out = Vec::with_capacity(1 + user.len());
+                    out.push(head);
+                    out.extend(user.iter().cloned());
+                    self.post(&self.id, cast_port(&chunk[0].proc), None, out);
+                }
+                Err(e) => tracing::error!(agent = %self.id, "cannot forward a cast: {e}"),
+            }
+        }
+        let delivery = Delivery {
+            actor: header.actor,
+            origin: header.origin,
+            kind: header.kind,
+            route: Route {
+                index: me.index,
+                hops: header.hops,
+                view: header.view,
+                reply,
+            },
+            parts: user,
+        };
+        self.arrive(header.sender, me.seq, delivery);
+    }
+
+    /// `entries` without those on dead procs, and the (index, reason) of those.
+    fn split_dead<'a>(
+        &self,
+        entries: &'a [Entry],
+    ) -> (std::borrow::Cow<'a, [Entry]>, Vec<(u32, String)>) {
+        let dead = lock(&self.dead);
+        if dead.is_empty() {
+            return (std::borrow::Cow::Borrowed(entries), Vec::new());
+        }
+        let (mut live, mut lost) = (Vec::with_capacity(entries.len()), Vec::new());
+        for e in entries {
+            match dead.get(&e.proc) {
+                Some(death) => lost.push((e.index, death.to_string())),
+                None => live.push(e.clone()),
+            }
+        }
+        (std::borrow::Cow::Owned(live), lost)
+    }
+
+    fn open_reducer(
+        &self,
+        parent: &ReplyTo,
+        mine: u32,
+        children: &[&[Entry]],
+        lost: Vec<ReplyItem>,
+    ) -> ReplyTo {
+        let key = self.next_key();
+        let mut pending: HashSet<u32> = HashSet::new();
+        pending.insert(mine);
+        let mut kids = Vec::with_capacity(children.len());
+        for chunk in children {
+            let indices: Vec<u32> = chunk.iter().map(|e| e.index).collect();
+            pending.extend(&indices);
+            kids.push((chunk[0].proc.clone(), indices));
+        }
+        let reducer = Arc::new(Reducer {
+            parent: parent.clone(),
+            state: std::sync::Mutex::new(ReduceState {
+                pending,
+                got: lost,
+                children: kids,
+            }),
+        });
+        lock(&self.replies).insert(key, Slot::Reducer(reducer));
+        ReplyTo {
+            port: self.reply_port(),
+            key,
+        }
+    }
+
+    /// Sequences `delivery` (message `seq` of `sender`) and executes what is ready. The
+    /// sequencer's lock is held while executing, so nothing overtakes (ORD-1): executing
+    /// only posts, or starts tasks.
+    fn arrive(self: &Arc<Self>, sender: u64, seq: u64, delivery: Delivery) {
+        let actor = delivery.actor.clone();
+        let mut incoming = lock(&self.incoming);
+        match incoming.arrive(sender, actor.clone(), seq, delivery) {
+            Arrival::Ready(ready) => {
+                for d in ready {
+                    self.execute(d);
+                }
+            }
+            Arrival::Held { arm_timer } => {
+                if arm_timer {
+                    let inner = Arc::downgrade(self);
+                    tokio::spawn(async move {
+                        tokio::time::sleep(GAP_GRACE).await;
+                        if let Some(inner) = inner.upgrade() {
+                            let mut incoming = lock(&inner.incoming);
+                            for d in incoming.release(sender, &actor) {
+                                inner.execute(d);
+                            }
+                        }
+                    });
+                }
+            }
+            Arrival::Repeat => {
+                tracing::warn!(agent = %self.id, actor, seq, "dropping a repeated cast")
+            }
+        }
+    }
+
+    /// Executes deliveries released by a proc's death (the sequencer lock is taken).
+    pub(super) fn release_held(self: &Arc<Self>) {
+        let mut incoming = lock(&self.incoming);
+        for (_, ready) in incoming.peer_died() {
+            for d in ready {
+                self.execute(d);
+            }
+        }
+    }
+
+    /// Executes one delivery on this proc.
+    fn execute(self: &Arc<Self>, d: Delivery) {
+        let reply = d.route.reply.clone().map(|to| (to, d.route.index));
+        match d.kind {
+            CastKind::Message { port } => {
+                let dest = match self.proc.proc_id().actor_id(&d.actor, 0) {
+                    Ok(actor) => actor.port_id(port),
+                    Err(e) => {
+                        if let Some((to, index)) = reply {
+                            self.send_items(&to, vec![ReplyItem::failed(index, &e.to_string())]);
+                        }
+                        return;
+                    }
+                };
+                let extra = match d.route.encode() {
+                    Ok(extra) => extra,
+                    Err(e) => {
+                        tracing::error!(agent = %self.id, "cannot encode a route: {e}");
+                        return;
+                    }
+                };
+                self.proc.post(Envelope {
+                    header: hyperactor::message::EnvelopeHeader {
+                        sender: d.origin,
+                        dest,
+                        return_to: Some(self.id.port_id(UNDELIVERABLE_PORT)),
+                        extra: Some(extra),
+                    },
+                    payload: hyperactor::message::Serialized::from_parts(d.parts),
+                });
+            }
+            CastKind::Spawn(spec) => {
+                let (rank, view) = (d.route.index, d.route.view);
+                self.spawn_local(&d.actor, &spec, &d.origin, rank, &view, d.parts);
+            }
+            CastKind::Stop { reason } => self.stop_local(&d.actor, reason, reply),
+            CastKind::Probe => self.probe_local(&d.actor, reply),
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! The control port: proc deaths reported by hosts, and — on an agent that has a
+//! [`Host`] — requests to spawn, watch and stop procs.
+//!
+//! A host agent tells every agent that watches a proc ([`Control::WatchProcs`]) when
+//! that proc dies ([`Control::ProcDied`]), whoever asked: the owners of meshes on it and
+//! the processes with calls to it. It also kills the procs owned by an actor whose own
+//! proc died, so nothing outlives its owner (no orphans).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyperactor::message::{Envelope, Serialized};
+use hyperactor::{ActorId, PortId, PortRef, ProcId, SendContext};
+use serde::{Deserialize, Serialize};
+
+use super::{control_port, lock, CastTarget, Inner};
+use crate::bootstrap::BootstrapCommand;
+use crate::cast::codec::MeshInfo;
+use crate::host::{Host, ProcHandle};
+use crate::rate_limit::RateLimited;
+use crate::supervision::{ProcDeath, ProcEnd};
+
+/// A control message (one bincode part).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Control {
+    /// A proc died (from its host to the agents that watch it).
+    ProcDied(ProcDeath),
+    /// Asks a host agent to report the deaths of `procs` to `subscriber` (an agent's
+    /// control port); deaths that already happened are reported at once.
+    WatchProcs {
+        /// The procs to watch.
+        procs: Vec<ProcId>,
+        /// Where to report.
+        subscriber: PortId,
+    },
+    /// Asks a host agent to spawn procs.
+    SpawnProcs(SpawnProcsRequest),
+    /// Asks a host agent to stop procs (each gets `timeout_ms`, then is killed); their
+    /// deaths are then expected, not failures.
+    StopProcs {
+        /// The procs.
+        procs: Vec<ProcId>,
+        /// Why.
+        reason: String,
+        /// How long each gets.
+        timeout_ms: u64,
+        /// Where to send `()` once all are reaped.
+        reply: Option<PortId>,
+    },
+    /// Tells a host agent that `proc` cannot be reached: it kills it as lost.
+    Unreachable {
+        /// The proc.
+        proc: ProcId,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A request to spawn `count` procs named `name` running `command`, owned by `owner`.
+/// The host sends a `Result<Vec<ProcInfo>, String>` to `reply`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpawnProcsRequest {
+    /// The procs' name.
+    pub name: String,
+    /// How many.
+    pub count: usize,
+    /// The bootstrap command each runs.
+    pub command: BootstrapCommand,
+    /// The actor that owns them: when its proc dies, they are killed.
+    pub owner: ActorId,
+    /// The mesh they form (for logs).
+    pub mesh: MeshInfo,
+    /// Where the result goes.
+    pub reply: PortId,
+}
+
+/// A proc of a proc mesh: what casting to it and supervising it take.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ProcInfo {
+    /// Its rank in its spawn.
+    pub rank: usize,
+    /// The proc.
+    pub proc_id: ProcId,
+    /// Its OS process id.
+    pub pid: u32,
+    /// The proc of the host agent that spawned it (`None`: no host spawned it).
+    pub host: Option<ProcId>,
+}
+
+impl ProcInfo {
+    /// This proc as the receiver at `index` of a cast.
+    pub fn target(&self, index: u32) -> CastTarget {
+        CastTarget {
+            index,
+            proc: self.proc_id.clone(),
+            host: self.host.clone(),
+        }
+    }
+}
+
+static BAD_CONTROL: RateLimited = RateLimited::new();
+
+#[derive(Default)]
+struct HostState {
+    handles: HashMap<ProcId, ProcHandle>,
+    subscribers: HashMap<ProcId, HashSet<PortId>>,
+    owners: HashMap<ProcId, ActorId>,
+    expected: HashSet<ProcId>,
+    dead: HashMap<ProcId, ProcDeath>,
+}
+
+/// The host side of an agent that has a [`Host`].
+pub(super) struct HostService {
+    host: Host,
+    state: Mutex<HostState>,
+}
+
+impl HostService {
+    pub(super) fn new(host: Host) -> Self {
+        Self {
+            host,
+            state: Mutex::default(),
+        }
+    }
+
+    pub(super) fn host(&self) -> &Host {
+        &self.host
+    }
+
+    /// Starts the task that turns each reaped proc into death reports.
+    pub(super) fn start(self: &Arc<Self>, agent: &Arc<Inner>) {
+        let service = Arc::clone(self);
+        let agent = Arc::downgrade(agent);
+        tokio::spawn(async move {
+            loop {
+                let exit = service.host.next_exit().await;
+                let Some(agent) = agent.upgrade() else { return };
+                let (death, subscribers, orphans) = {
+                    let mut state = lock(&service.state);
+                    let death = ProcDeath {
+                        proc_id: exit.proc_id.clone(),
+                        pid: exit.pid,
+                        end: ProcEnd::from_status(&exit.status),
+                        expected: state.expected.contains(&exit.proc_id),
+                    };
+                    state.dead.insert(exit.proc_id.clone(), death.clone());
+                    state.handles.remove(&exit.proc_id);
+                    let subscribers = state
+                        .subscribers
+                        .remove(&exit.proc_id)
+                        .unwrap_or_default();
+                    // No orphans: procs owned by actors of the dead proc go too.
+                    let orphans: Vec<ProcHandle> = state
+                        .owners
+                        .iter()
+                        .filter(|(_, owner)| owner.proc_id() == &exit.proc_id)
+                        .filter_map(|(proc, _)| state.handles.get(proc).cloned())
+                        .collect();
+                    (death, subscribers, orphans)
+                };
+                for orphan in orphans {
+                    orphan.kill_lost(format!(
+                        "its owner's proc {} {}",
+                        death.proc_id, death.end
+                    ));
+                }
+                let notice = Control::ProcDied(death);
+                for subscriber in subscribers {
+                    agent.send_control_to(subscriber, &notice);
+                }
+            }
+        });
+    }
+}
+
+impl Inner {
+    /// Sends `control` to the agent of `proc`.
+    pub(super) fn send_control(&self, proc: &ProcId, control: &Control) {
+        self.send_control_to(control_port(proc), control);
+    }
+
+    fn send_control_to(&self, port: PortId, control: &Control) {
+        match Serialized::encode(control) {
+            Ok(payload) => self.post(&self.id, port, None, payload.into_parts()),
+            Err(e) => tracing::error!(agent = %self.id, "cannot encode {control:?}: {e}"),
+        }
+    }
+
+    /// A message arrived on the control port (on the delivering task).
+    pub(super) fn on_control(self: &Arc<Self>, envelope: Envelope) {
+        let control: Control = match envelope.payload.decode() {
+            Ok(control) => control,
+            Err(e) => {
+                BAD_CONTROL.warn(format_args!(
+                    "agent {}: dropping a malformed control message from {}: {e}",
+                    self.id, envelope.header.sender
+                ));
+                return;
+            }
+        };
+        if let Control::ProcDied(death) = control {
+            return self.on_proc_died(death);
+        }
+        let Some(host) = self.host.clone() else {
+            BAD_CONTROL.warn(format_args!(
+                "agent {}: {} sent a host request, but this agent has no host",
+                self.id, envelope.header.sender
+            ));
+            return;
+        };
+        match control {
+            Control::WatchProcs { procs, subscriber } => {
+                let mut known = Vec::new();
+                {
+                    let mut state = lock(&host.state);
+                    for proc in procs {
+                        match state.dead.get(&proc) {
+                            Some(death) => known.push(death.clone()),
+                            None => {
+                                state
+                                    .subscribers
+                                    .entry(proc)
+                                    .or_default()
+                                    .insert(subscriber.clone());
+                            }
+                        }
+                    }
+                }
+                for death in known {
+                    self.send_control_to(subscriber.clone(), &Control::ProcDied(death));
+                }
+            }
+            Control::SpawnProcs(request) => self.host_spawn(host, request),
+            Control::StopProcs {
+                procs,
+                reason,
+                timeout_ms,
+                reply,
+            } => self.host_stop(host, procs, reason, timeout_ms, reply),
+            Control::Unreachable { proc, reason } => {
+                let handle = lock(&host.state).handles.get(&proc).cloned();
+                if let Some(handle) = handle {
+                    let why = format!("messages to it could not be delivered ({reason})");
+                    if handle.kill_lost(why) {
+                        tracing::warn!(agent = %self.id, "killed unreachable proc {proc}");
+                    }
+                }
+            }
+            Control::ProcDied(_) => {}
+        }
+    }
+
+    fn host_spawn(self: &Arc<Self>, host: Arc<HostService>, request: SpawnProcsRequest) {
+        let agent = Arc::clone(self);
+        tokio::spawn(async move {
+            let spawned = host
+                .host
+                .spawn_procs(&request.name, request.count, &request.command)
+                .await;
+            let result: Result<Vec<ProcInfo>, String> = match spawned {
+                Ok(handles) => {
+                    let host_proc = agent.proc.proc_id().clone();
+                    let mut state = lock(&host.state);
+                    Ok(handles
+                        .into_iter()
+                        .map(|h| {
+                            state
+                                .owners
+                                .insert(h.proc_id().clone(), request.owner.clone());
+                            let info = ProcInfo {
+                                rank: h.rank(),
+                                proc_id: h.proc_id().clone(),
+                                pid: h.pid(),
+                                host: Some(host_proc.clone()),
+                            };
+                            state.handles.insert(h.proc_id().clone(), h);
+                            info
+                        })
+                        .collect())
+                }
+                Err(e) => Err(e.to_string()),
+            };
+            let reply = PortRef::<Result<Vec<ProcInfo>, String>>::attest(request.reply);
+            if let Err(e) = reply.send(&agent.client, result) {
+                tracing::error!(agent = %agent.id, "cannot answer a spawn request: {e}");
+            }
+        });
+    }
+
+    fn host_stop(
+        self: &Arc<Self>,
+        host: Arc<HostService>,
+        procs: Vec<ProcId>,
+        reason: String,
+        timeout_ms: u64,
+        reply: Option<PortId>,
+    ) {
+        let handles: Vec<ProcHandle> = {
+            let mut state = lock(&host.state);
+            procs
+                .iter()
+                .filter_map(|p| {
+                    state.expected.insert(p.clone());
+                    state.handles.get(p).cloned()
+                })
+                .collect()
+        };
+        let agent = Arc::clone(self);
+        tokio::spawn(async move {
+            tracing::debug!(agent = %agent.id, "stopping {} procs: {reason}", handles.len());
+            let timeout = Duration::from_millis(timeout_ms);
+            futures::future::join_all(handles.iter().map(|h| h.stop(timeout))).await;
+            if let Some(reply) = reply {
+                let _ = PortRef::<()>::attest(reply).send(&agent.client, ());
+            }
+        });
+    }
+}
+
+impl Inner {
+    /// Asks the hosts of `targets` to stop those procs, and waits (bounded by `timeout`
+    /// and a little more for the answer).
+    pub(super) async fn stop_procs(
+        self: &Arc<Self>,
+        mesh: &MeshInfo,
+        targets: &[CastTarget],
+        reason: &str,
+        timeout: Duration,
+    ) {
+        let mut by_host: HashMap<ProcId, Vec<ProcId>> = HashMap::new();
+        for t in targets {
+            if let Some(host) = &t.host {
+                by_host.entry(host.clone()).or_default().push(t.proc.clone());
+            }
+        }
+        let waits = by_host.into_iter().map(|(host, procs)| {
+            let (port, receiver) = self.client.open_once_port::<()>();
+            self.send_control(
+                &host,
+                &Control::StopProcs {
+                    procs,
+                    reason: format!("proc mesh {:?} stopped: {reason}", mesh.name),
+                    timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                    reply: Some(port.port_id().clone()),
+                },
+            );
+            async move {
+                let limit = timeout + Duration::from_secs(2);
+                let _ = tokio::time::timeout(limit, receiver.recv()).await;
+            }
+        });
+        futures::future::join_all(waits).await;
+    }
+}

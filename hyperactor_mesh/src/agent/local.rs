@@ -1,0 +1,296 @@
+//! The actors an agent spawned on its proc: creating them (native types from a
+//! [`Registry`], foreign ones through a [`ForeignSpawner`]), stopping them, and telling
+//! when they have started.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hyperactor::actor::{AnyActorHandle, DrivenActor};
+use hyperactor::{Actor, ActorId, ActorStatus, Client};
+use serde::de::DeserializeOwned;
+
+use super::{lock, Inner};
+use crate::cast::codec::{ActorType, MeshInfo, ReplyTo, SpawnSpec, ViewExtent};
+use crate::cast::reply::ReplyItem;
+use crate::supervision::{FailureCause, MeshFailure};
+
+type SpawnFn = fn(&Client, &str, &[Bytes]) -> Result<AnyActorHandle, String>;
+
+/// The Rust actor types an agent can spawn when asked by another process: a spawn cast
+/// names the type ([`Registry::type_name`]) and carries its bincode params.
+///
+/// ```
+/// use hyperactor_mesh::agent::Registry;
+/// use hyperactor::testing::Echo;
+///
+/// let mut registry = Registry::default();
+/// registry.register::<Echo>();
+/// assert!(registry.contains(&Registry::type_name::<Echo>()));
+/// ```
+#[derive(Default, Clone)]
+pub struct Registry {
+    types: HashMap<String, SpawnFn>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut names: Vec<_> = self.types.keys().collect();
+        names.sort();
+        f.debug_struct("Registry").field("types", &names).finish()
+    }
+}
+
+fn spawn_native<A>(client: &Client, name: &str, parts: &[Bytes]) -> Result<AnyActorHandle, String>
+where
+    A: Actor,
+    A::Params: DeserializeOwned,
+{
+    let bytes = parts.first().map(|b| &b[..]).unwrap_or_default();
+    let params: A::Params = bincode::deserialize(bytes)
+        .map_err(|e| format!("its parameters do not decode as {}: {e}", Registry::type_name::<A>()))?;
+    client
+        .spawn::<A>(name, params)
+        .map(|handle| handle.erase())
+        .map_err(|e| e.to_string())
+}
+
+impl Registry {
+    /// The name under which `A` is registered.
+    pub fn type_name<A: Actor>() -> String {
+        std::any::type_name::<A>().to_string()
+    }
+
+    /// Registers actor type `A`, whose params travel with bincode.
+    pub fn register<A>(&mut self) -> &mut Self
+    where
+        A: Actor,
+        A::Params: DeserializeOwned,
+    {
+        self.types
+            .insert(Self::type_name::<A>(), spawn_native::<A> as SpawnFn);
+        self
+    }
+
+    /// Whether `type_name` is registered.
+    pub fn contains(&self, type_name: &str) -> bool {
+        self.types.contains_key(type_name)
+    }
+
+    fn spawn(
+        &self,
+        client: &Client,
+        type_name: &str,
+        name: &str,
+        parts: &[Bytes],
+    ) -> Result<AnyActorHandle, String> {
+        match self.types.get(type_name) {
+            Some(spawn) => spawn(client, name, parts),
+            None => {
+                let mut known: Vec<_> = self.types.keys().cloned().collect();
+                known.sort();
+                Err(format!(
+                    "actor type {type_name} is not registered with this proc's agent (known: \
+                     {known:?}); register it with AgentOptions::register in the proc's main"
+                ))
+            }
+        }
+    }
+}
+
+/// What a foreign spawner is asked to create.
+#[derive(Debug, Clone)]
+pub struct ForeignSpawn {
+    /// The mesh the actor belongs to.
+    pub mesh: MeshInfo,
+    /// The mesh's owner.
+    pub owner: ActorId,
+    /// The actor that asked for the spawn.
+    pub origin: ActorId,
+    /// The actor's position in the proc mesh.
+    pub rank: u32,
+    /// The proc mesh's extent.
+    pub view: ViewExtent,
+    /// What the spawner needs to create it (for Python: the pickled class and args).
+    pub parts: Vec<Bytes>,
+}
+
+/// Creates actors of another language. The agent creates the driven actor first, so that
+/// messages sent to it queue in order; the spawner then starts its driver (typically a
+/// thread that runs the constructor, calls `started` and takes messages).
+pub trait ForeignSpawner: Send + Sync + 'static {
+    /// Starts driving `actor`, created for `spawn`. Must not block.
+    fn spawn(&self, actor: DrivenActor, spawn: ForeignSpawn);
+}
+
+/// An actor spawned by an agent.
+pub(super) struct LocalActor {
+    pub(super) handle: AnyActorHandle,
+    pub(super) mesh: MeshInfo,
+    pub(super) rank: u32,
+    pub(super) owner: ActorId,
+    /// Why it was asked to stop, once it was.
+    pub(super) stop_reason: Option<String>,
+}
+
+impl Inner {
+    /// Executes a spawn cast for `actor` (on the delivering task, in order).
+    pub(super) fn spawn_local(
+        self: &Arc<Self>,
+        actor: &str,
+        spec: &SpawnSpec,
+        origin: &ActorId,
+        rank: u32,
+        view: &ViewExtent,
+        parts: Vec<Bytes>,
+    ) {
+        if lock(&self.local).contains_key(actor) {
+            tracing::warn!(agent = %self.id, actor, "ignoring a second spawn of the same actor");
+            return;
+        }
+        let spawned = match &spec.actor_type {
+            ActorType::Native { type_name } => self
+                .registry
+                .spawn(&self.client, type_name, actor, &parts)
+                ,
+            ActorType::Foreign => match &self.foreign {
+                None => Err("this proc cannot host foreign actors (it has no foreign spawner)"
+                    .to_string()),
+                Some(spawner) => match self.client.spawn_driven(actor) {
+                    Ok(driven) => {
+                        let handle = driven.erase();
+                        spawner.spawn(
+                            driven,
+                            ForeignSpawn {
+                                mesh: spec.mesh.clone(),
+                                owner: spec.owner.clone(),
+                                origin: origin.clone(),
+                                rank,
+                                view: view.clone(),
+                                parts,
+                            },
+                        );
+                        Ok(handle)
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
+            },
+        };
+        match spawned {
+            Ok(handle) => {
+                lock(&self.local).insert(
+                    actor.to_string(),
+                    LocalActor {
+                        handle,
+                        mesh: spec.mesh.clone(),
+                        rank,
+                        owner: spec.owner.clone(),
+                        stop_reason: None,
+                    },
+                );
+            }
+            Err(reason) => {
+                tracing::warn!(agent = %self.id, actor, "cannot spawn: {reason}");
+                let failure = MeshFailure {
+                    mesh: spec.mesh.clone(),
+                    rank: rank as usize,
+                    actor_id: None,
+                    proc_id: self.proc.proc_id().clone(),
+                    pid: Some(std::process::id()),
+                    cause: FailureCause::SpawnFailed { reason },
+                    caused_by: None,
+                };
+                self.report_to_owner(&spec.owner, &failure);
+            }
+        }
+    }
+
+    /// Why calls to local actor `actor` cannot be handled, if they cannot.
+    pub(super) fn why_not_running(&self, actor: &str) -> Option<String> {
+        let local = lock(&self.local);
+        let Some(a) = local.get(actor) else {
+            return Some(format!(
+                "no actor {actor} on proc {} (it was never spawned here)",
+                self.proc.proc_id()
+            ));
+        };
+        let who = format!(
+            "actor {:?} ({}) rank {} on proc {} (pid {})",
+            a.mesh.name,
+            a.mesh.class,
+            a.rank,
+            self.proc.proc_id(),
+            std::process::id()
+        );
+        match a.handle.status() {
+            ActorStatus::Failed(reason) => Some(format!("{who} failed: {reason}")),
+            ActorStatus::Stopped => Some(format!(
+                "{who} was stopped ({})",
+                a.stop_reason.as_deref().unwrap_or("stopped")
+            )),
+            _ => None,
+        }
+    }
+
+    /// Executes a stop cast for `actor`: stops the meshes it owns, then the actor (its
+    /// queued messages first), then replies OK to `reply` if given.
+    pub(super) fn stop_local(
+        self: &Arc<Self>,
+        actor: &str,
+        reason: String,
+        reply: Option<(ReplyTo, u32)>,
+    ) {
+        let handle = {
+            let mut local = lock(&self.local);
+            local.get_mut(actor).map(|a| {
+                a.stop_reason.get_or_insert(reason.clone());
+                a.handle.clone()
+            })
+        };
+        let inner = Arc::clone(self);
+        let timeout = self.stop_timeout;
+        tokio::spawn(async move {
+            if let Some(handle) = handle {
+                if !handle.status().is_terminal() {
+                    inner
+                        .stop_owned_by(handle.actor_id(), &format!("its owner stopped: {reason}"))
+                        .await;
+                    handle.stop_and_wait(timeout).await;
+                }
+            }
+            if let Some((to, index)) = reply {
+                inner.send_items(&to, vec![ReplyItem::ok(index, Vec::new())]);
+            }
+        });
+    }
+
+    /// Executes a probe cast: replies once `actor` has started (OK) or ended (FAILED).
+    pub(super) fn probe_local(self: &Arc<Self>, actor: &str, reply: Option<(ReplyTo, u32)>) {
+        let Some((to, index)) = reply else {
+            return;
+        };
+        let handle = lock(&self.local).get(actor).map(|a| a.handle.clone());
+        let inner = Arc::clone(self);
+        let actor = actor.to_string();
+        tokio::spawn(async move {
+            let item = match handle {
+                None => ReplyItem::failed(
+                    index,
+                    &inner
+                        .why_not_running(&actor)
+                        .unwrap_or_else(|| format!("no actor {actor}")),
+                ),
+                Some(handle) => match handle.wait_started().await {
+                    ActorStatus::Failed(_) | ActorStatus::Stopped => ReplyItem::failed(
+                        index,
+                        &inner
+                            .why_not_running(&actor)
+                            .unwrap_or_else(|| format!("actor {actor} ended")),
+                    ),
+                    _ => ReplyItem::ok(index, Vec::new()),
+                },
+            };
+            inner.send_items(&to, vec![item]);
+        });
+    }
+}

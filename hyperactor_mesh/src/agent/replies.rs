@@ -1,0 +1,504 @@
+//! The reply router of an agent: reply messages are keyed, each key a reducer (of a cast
+//! this agent relays) or a sink (a call made from this process: [`CallReplies`],
+//! [`ReplyQueue`], or any [`ReplySink`]).
+//!
+//! Invariants:
+//!
+//! - REP-1 (one answer per rank): a [`CallReplies`] keeps the first item per index;
+//!   later ones (a real reply racing a death notice) are ignored.
+//! - REP-2 (nothing waits for the dead): a reducer stops waiting for a child whose proc
+//!   died, and a call from this process is answered for every rank whose message went
+//!   through a dead proc, as soon as the death is known.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::Instant;
+
+use bytes::Bytes;
+use hyperactor::ProcId;
+use tokio::sync::Notify;
+
+use super::{lock, Inner, ProcAgent};
+use crate::cast::codec::ReplyTo;
+use crate::cast::reply::{decode_reply, encode_reply, ReplyItem, ReplyStatus};
+use crate::rate_limit::RateLimited;
+
+/// Takes the replies that arrive under one key.
+pub trait ReplySink: Send + Sync + 'static {
+    /// Items arrived (on the delivering task: must not block).
+    fn deliver(&self, items: Vec<ReplyItem>);
+}
+
+pub(super) enum Slot {
+    Reducer(Arc<Reducer>),
+    Sink(Arc<dyn ReplySink>),
+}
+
+/// A tree node's collection of its subtree's replies.
+pub(super) struct Reducer {
+    pub(super) parent: ReplyTo,
+    pub(super) state: Mutex<ReduceState>,
+}
+
+pub(super) struct ReduceState {
+    /// Indices still owed.
+    pub(super) pending: HashSet<u32>,
+    /// Items received so far.
+    pub(super) got: Vec<ReplyItem>,
+    /// The children: the proc of each head, and the indices of its chunk.
+    pub(super) children: Vec<(ProcId, Vec<u32>)>,
+}
+
+static MALFORMED: RateLimited = RateLimited::new();
+
+impl Inner {
+    /// A reply message arrived (on the delivering task).
+    pub(super) fn on_reply(&self, parts: Vec<Bytes>) {
+        let (key, items) = match decode_reply(&parts) {
+            Ok(decoded) => decoded,
+            Err(e) => {
+                MALFORMED.warn(format_args!("agent {}: dropping a reply: {e}", self.id));
+                return;
+            }
+        };
+        self.deliver_items(key, items);
+    }
+
+    /// Hands `items` to the slot of `key` (dropped if nobody waits any more).
+    pub(super) fn deliver_items(&self, key: u64, items: Vec<ReplyItem>) {
+        let slot = match lock(&self.replies).get(&key) {
+            Some(Slot::Reducer(r)) => Slot::Reducer(Arc::clone(r)),
+            Some(Slot::Sink(s)) => Slot::Sink(Arc::clone(s)),
+            None => return,
+        };
+        match slot {
+            Slot::Sink(sink) => sink.deliver(items),
+            Slot::Reducer(reducer) => self.reduce(key, &reducer, items),
+        }
+    }
+
+    fn reduce(&self, key: u64, reducer: &Reducer, items: Vec<ReplyItem>) {
+        let mut state = lock(&reducer.state);
+        if state.pending.is_empty() {
+            return; // complete already
+        }
+        for item in items {
+            if state.pending.remove(&item.index) {
+                state.got.push(item);
+            }
+        }
+        self.finish_if_done(key, reducer, state);
+    }
+
+    fn finish_if_done(
+        &self,
+        key: u64,
+        reducer: &Reducer,
+        mut state: std::sync::MutexGuard<'_, ReduceState>,
+    ) {
+        if !state.pending.is_empty() {
+            return;
+        }
+        let got = std::mem::take(&mut state.got);
+        drop(state);
+        lock(&self.replies).remove(&key);
+        self.send_items(&reducer.parent, got);
+    }
+
+    /// Sends `items` to `to` (locally when it is this agent's own reply port).
+    pub(super) fn send_items(&self, to: &ReplyTo, items: Vec<ReplyItem>) {
+        if items.is_empty() {
+            return;
+        }
+        if to.port == self.reply_port() {
+            return self.deliver_items(to.key, items);
+        }
+        self.post(&self.id, to.port.clone(), None, encode_reply(to.key, &items));
+    }
+
+    /// `proc` died: reducers stop waiting for children on it; calls from this process
+    /// are answered for every rank whose message went through it (REP-2).
+    pub(super) fn replies_after_death(&self, proc: &ProcId, reason: &str) {
+        let reducers: Vec<(u64, Arc<Reducer>)> = lock(&self.replies)
+            .iter()
+            .filter_map(|(key, slot)| match slot {
+                Slot::Reducer(r) => Some((*key, Arc::clone(r))),
+                Slot::Sink(_) => None,
+            })
+            .collect();
+        for (key, reducer) in reducers {
+            let mut state = lock(&reducer.state);
+            let lost: Vec<u32> = state
+                .children
+                .iter()
+                .filter(|(p, _)| p == proc)
+                .flat_map(|(_, indices)| indices.iter().copied())
+                .filter(|i| state.pending.contains(i))
+                .collect();
+            if lost.is_empty() {
+                continue;
+            }
+            for index in lost {
+                state.pending.remove(&index);
+                state.got.push(ReplyItem::failed(index, reason));
+            }
+            self.finish_if_done(key, &reducer, state);
+        }
+        let watched: Vec<(u64, Vec<(u32, bool)>)> = lock(&self.calls)
+            .iter()
+            .map(|(key, watch)| (*key, watch.through(proc)))
+            .filter(|(_, hit)| !hit.is_empty())
+            .collect();
+        for (key, hit) in watched {
+            let items = hit
+                .into_iter()
+                .map(|(index, on_it)| {
+                    if on_it {
+                        ReplyItem::failed(index, reason)
+                    } else {
+                        let why = format!(
+                            "{reason} (the message to this rank was relayed through it)"
+                        );
+                        ReplyItem::failed(index, &why)
+                    }
+                })
+                .collect();
+            self.deliver_items(key, items);
+        }
+    }
+
+    fn register(&self, sink: Arc<dyn ReplySink>) -> u64 {
+        let key = self.next_key();
+        lock(&self.replies).insert(key, Slot::Sink(sink));
+        key
+    }
+
+    fn unregister(&self, key: u64) {
+        lock(&self.replies).remove(&key);
+        lock(&self.calls).remove(&key);
+    }
+}
+
+/// What a waiter got.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Waited<T> {
+    /// The result.
+    Ready(T),
+    /// The deadline passed first.
+    Timeout,
+}
+
+struct Signal {
+    ready: Condvar,
+    notify: Notify,
+}
+
+impl Signal {
+    fn new() -> Self {
+        Self {
+            ready: Condvar::new(),
+            notify: Notify::new(),
+        }
+    }
+
+    fn wake(&self) {
+        self.ready.notify_all();
+        self.notify.notify_waiters();
+        self.notify.notify_one();
+    }
+
+    /// Blocks on `m` until `done(state)` or the deadline.
+    fn wait_blocking<'a, S>(
+        &self,
+        mut guard: std::sync::MutexGuard<'a, S>,
+        deadline: Option<Instant>,
+        done: impl Fn(&S) -> bool,
+    ) -> Option<std::sync::MutexGuard<'a, S>> {
+        loop {
+            if done(&guard) {
+                return Some(guard);
+            }
+            guard = match deadline {
+                None => self.ready.wait(guard).unwrap_or_else(|e| e.into_inner()),
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if deadline <= now {
+                        return None;
+                    }
+                    self.ready
+                        .wait_timeout(guard, deadline - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
+        }
+    }
+}
+
+struct CallState {
+    expected: HashSet<u32>,
+    items: HashMap<u32, ReplyItem>,
+    /// A rank cannot answer: the call is over (when failing fast).
+    failed: bool,
+    fail_fast: bool,
+    /// How many reply messages arrived (a reduced call gets one per top-level subtree).
+    messages: usize,
+}
+
+impl CallState {
+    fn done(&self) -> bool {
+        self.failed || self.items.len() == self.expected.len()
+    }
+}
+
+struct CallInner {
+    state: Mutex<CallState>,
+    signal: Signal,
+}
+
+impl ReplySink for CallInner {
+    fn deliver(&self, items: Vec<ReplyItem>) {
+        let mut state = lock(&self.state);
+        state.messages += 1;
+        for item in items {
+            if state.expected.contains(&item.index) && !state.items.contains_key(&item.index) {
+                state.failed |= state.fail_fast && item.status == ReplyStatus::Failed;
+                state.items.insert(item.index, item);
+            }
+        }
+        let done = state.done();
+        drop(state);
+        if done {
+            self.signal.wake();
+        }
+    }
+}
+
+/// The replies of one call, collected under a key of this process's reply router: one
+/// item per expected index (REP-1), complete when every index answered or one cannot
+/// (a [`ReplyStatus::Failed`] item ends the wait at once). Dropping it frees the key.
+pub struct CallReplies {
+    agent: Weak<Inner>,
+    to: ReplyTo,
+    inner: Arc<CallInner>,
+}
+
+impl std::fmt::Debug for CallReplies {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = lock(&self.inner.state);
+        f.debug_struct("CallReplies")
+            .field("key", &self.to.key)
+            .field("expected", &state.expected.len())
+            .field("got", &state.items.len())
+            .finish()
+    }
+}
+
+impl CallReplies {
+    /// A collector expecting one reply for each of `indices`; a failed one ends it.
+    pub fn open(agent: &ProcAgent, indices: impl IntoIterator<Item = u32>) -> Self {
+        Self::open_with(agent, indices, true)
+    }
+
+    /// A collector that waits for every index, failed or not (for stops).
+    pub fn open_all(agent: &ProcAgent, indices: impl IntoIterator<Item = u32>) -> Self {
+        Self::open_with(agent, indices, false)
+    }
+
+    fn open_with(
+        agent: &ProcAgent,
+        indices: impl IntoIterator<Item = u32>,
+        fail_fast: bool,
+    ) -> Self {
+        let inner = Arc::new(CallInner {
+            state: Mutex::new(CallState {
+                expected: indices.into_iter().collect(),
+                items: HashMap::new(),
+                failed: false,
+                fail_fast,
+                messages: 0,
+            }),
+            signal: Signal::new(),
+        });
+        let key = agent.inner.register(Arc::clone(&inner) as Arc<dyn ReplySink>);
+        Self {
+            agent: Arc::downgrade(&agent.inner),
+            to: ReplyTo {
+                port: agent.inner.reply_port(),
+                key,
+            },
+            inner,
+        }
+    }
+
+    /// Where the replies go.
+    pub fn reply_to(&self) -> &ReplyTo {
+        &self.to
+    }
+
+    /// Whether the call is complete.
+    pub fn is_done(&self) -> bool {
+        lock(&self.inner.state).done()
+    }
+
+    /// How many reply messages arrived so far.
+    pub fn messages(&self) -> usize {
+        lock(&self.inner.state).messages
+    }
+
+    fn take(state: &mut CallState) -> Vec<ReplyItem> {
+        let mut items: Vec<ReplyItem> = state.items.drain().map(|(_, v)| v).collect();
+        items.sort_unstable_by_key(|i| i.index);
+        items
+    }
+
+    /// Blocks until the call is complete or `deadline` passes; then returns the items
+    /// by index (all of them, or fewer when one failed). Not for runtime threads.
+    pub fn wait_blocking(&self, deadline: Option<Instant>) -> Waited<Vec<ReplyItem>> {
+        let guard = lock(&self.inner.state);
+        match self
+            .inner
+            .signal
+            .wait_blocking(guard, deadline, CallState::done)
+        {
+            Some(mut state) => Waited::Ready(Self::take(&mut state)),
+            None => Waited::Timeout,
+        }
+    }
+
+    /// Waits until the call is complete; returns the items by index.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: nothing is taken until it returns.
+    pub async fn wait(&self) -> Vec<ReplyItem> {
+        loop {
+            let notified = self.inner.signal.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut state = lock(&self.inner.state);
+                if state.done() {
+                    return Self::take(&mut state);
+                }
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Drop for CallReplies {
+    fn drop(&mut self) {
+        if let Some(agent) = self.agent.upgrade() {
+            agent.unregister(self.to.key);
+        }
+    }
+}
+
+struct QueueInner {
+    items: Mutex<(std::collections::VecDeque<ReplyItem>, bool)>,
+    signal: Signal,
+}
+
+impl ReplySink for QueueInner {
+    fn deliver(&self, items: Vec<ReplyItem>) {
+        let mut state = lock(&self.items);
+        if state.1 {
+            return;
+        }
+        state.0.extend(items);
+        drop(state);
+        self.signal.wake();
+    }
+}
+
+/// Replies in arrival order, any number of them, under a key of this process's reply
+/// router (streams, ports and channels). Dropping it frees the key.
+pub struct ReplyQueue {
+    agent: Weak<Inner>,
+    to: ReplyTo,
+    inner: Arc<QueueInner>,
+}
+
+impl std::fmt::Debug for ReplyQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplyQueue").field("key", &self.to.key).finish()
+    }
+}
+
+impl ReplyQueue {
+    /// A new, empty queue.
+    pub fn open(agent: &ProcAgent) -> Self {
+        let inner = Arc::new(QueueInner {
+            items: Mutex::new((std::collections::VecDeque::new(), false)),
+            signal: Signal::new(),
+        });
+        let key = agent.inner.register(Arc::clone(&inner) as Arc<dyn ReplySink>);
+        Self {
+            agent: Arc::downgrade(&agent.inner),
+            to: ReplyTo {
+                port: agent.inner.reply_port(),
+                key,
+            },
+            inner,
+        }
+    }
+
+    /// Where to send items for this queue.
+    pub fn reply_to(&self) -> &ReplyTo {
+        &self.to
+    }
+
+    /// The next item if one is queued.
+    pub fn try_next(&self) -> Option<ReplyItem> {
+        lock(&self.inner.items).0.pop_front()
+    }
+
+    /// Blocks for the next item until `deadline`. Not for runtime threads.
+    pub fn next_blocking(&self, deadline: Option<Instant>) -> Waited<ReplyItem> {
+        let guard = lock(&self.inner.items);
+        match self
+            .inner
+            .signal
+            .wait_blocking(guard, deadline, |s| !s.0.is_empty())
+        {
+            Some(mut state) => match state.0.pop_front() {
+                Some(item) => Waited::Ready(item),
+                None => Waited::Timeout,
+            },
+            None => Waited::Timeout,
+        }
+    }
+
+    /// Waits for the next item.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: an item is taken only when this returns.
+    pub async fn next(&self) -> ReplyItem {
+        loop {
+            let notified = self.inner.signal.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(item) = self.try_next() {
+                return item;
+            }
+            notified.await;
+        }
+    }
+
+    /// Puts `item` back at the front (a reader that took more than it could use).
+    pub fn push_front(&self, item: ReplyItem) {
+        lock(&self.inner.items).0.push_front(item);
+        self.inner.signal.wake();
+    }
+}
+
+impl Drop for ReplyQueue {
+    fn drop(&mut self) {
+        lock(&self.inner.items).1 = true;
+        if let Some(agent) = self.agent.upgrade() {
+            agent.unregister(self.to.key);
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! The agent's supervision duties: reporting failures of the actors it spawned to their
+//! meshes' owners, turning a proc's death into failures of the meshes owned here, and
+//! handling messages that came back undelivered.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyperactor::message::{Envelope, EnvelopeHeader, Serialized, SUPERVISION_PORT};
+use hyperactor::{ActorId, ProcId, SupervisionEvent};
+
+use super::{lock, CastTarget, CallReplies, Control, Inner, ProcAgent, ProcInfo, AGENT_NAME, CAST_PORT};
+use crate::cast::codec::{CastHeader, CastKind, MeshInfo, ReplyMode, Route, ViewExtent};
+use crate::cast::reply::ReplyItem;
+use crate::rate_limit::RateLimited;
+use crate::supervision::{FailureCause, MeshFailure, ProcDeath};
+
+/// A mesh owned by an actor of this process.
+pub(super) struct OwnedMesh {
+    pub(super) mesh: MeshInfo,
+    pub(super) owner: ActorId,
+    pub(super) kind: OwnedKind,
+    /// Its members, by rank.
+    pub(super) ranks: Vec<(CastTarget, Option<u32>)>,
+    pub(super) view: ViewExtent,
+    pub(super) stopped: bool,
+}
+
+/// What an owned mesh is made of.
+pub(super) enum OwnedKind {
+    /// Actors named `actor` on each member proc.
+    Actors { actor: String },
+    /// The member procs themselves.
+    Procs,
+}
+
+static RETURNED: RateLimited = RateLimited::new();
+
+/// Starts the agent's tasks: its actors' failures and its returned messages.
+pub(super) fn start_tasks(inner: &Arc<Inner>) {
+    let weak = Arc::downgrade(inner);
+    tokio::spawn(async move {
+        loop {
+            let Some(agent) = weak.upgrade() else { return };
+            let Some(event) = agent.client.next_supervision_event().await else {
+                return;
+            };
+            agent.on_actor_failed(event);
+        }
+    });
+    let weak = Arc::downgrade(inner);
+    tokio::spawn(async move {
+        loop {
+            let Some(agent) = weak.upgrade() else { return };
+            let Some(returned) = agent.client.next_undeliverable().await else {
+                return;
+            };
+            agent.on_returned(returned.envelope, &returned.reason);
+        }
+    });
+}
+
+impl ProcAgent {
+    /// Records that `owner` (an actor of this process) owns the actor mesh `mesh`, whose
+    /// actors are named `actor` on `ranks` (with their pids when known): their failures
+    /// and their procs' deaths will be reported to `owner`, and stopping `owner` stops
+    /// them.
+    pub fn register_owned_actors(
+        &self,
+        mesh: MeshInfo,
+        owner: ActorId,
+        actor: String,
+        view: ViewExtent,
+        ranks: Vec<(CastTarget, Option<u32>)>,
+    ) {
+        self.inner.watch_targets(&ranks.iter().map(|(t, _)| t.clone()).collect::<Vec<_>>());
+        lock(&self.inner.owned).insert(
+            mesh.id,
+            OwnedMesh {
+                mesh,
+                owner,
+                kind: OwnedKind::Actors { actor },
+                ranks,
+                view,
+                stopped: false,
+            },
+        );
+    }
+
+    /// Records that `owner` owns the procs `procs` (a proc mesh it spawned): stopping
+    /// `owner` stops them.
+    pub fn register_owned_procs(&self, mesh: MeshInfo, owner: ActorId, procs: &[ProcInfo]) {
+        let ranks = procs
+            .iter()
+            .map(|p| (p.target(p.rank as u32), Some(p.pid)))
+            .collect();
+        lock(&self.inner.owned).insert(
+            mesh.id,
+            OwnedMesh {
+                mesh,
+                owner,
+                kind: OwnedKind::Procs,
+                ranks,
+                view: ViewExtent::default(),
+                stopped: false,
+            },
+        );
+    }
+
+    /// Records that mesh `id` was stopped: its procs' deaths are no longer failures.
+    pub fn mark_stopped(&self, id: u64) {
+        if let Some(mesh) = lock(&self.inner.owned).get_mut(&id) {
+            mesh.stopped = true;
+        }
+    }
+
+    /// Stops every mesh owned by `owner` (an actor of this process that is stopping),
+    /// each bounded by the agent's stop timeout.
+    pub async fn stop_owned_by(&self, owner: &ActorId, reason: &str) {
+        self.inner.stop_owned_by(owner, reason).await;
+    }
+}
+
+impl Inner {
+    /// Sends `failure` to `owner`'s supervision port.
+    pub(super) fn report_to_owner(&self, owner: &ActorId, failure: &MeshFailure) {
+        let event = failure.to_event();
+        match Serialized::encode(&event) {
+            Ok(payload) => self.proc.post(Envelope {
+                header: EnvelopeHeader {
+                    sender: self.id.clone(),
+                    dest: owner.port_id(SUPERVISION_PORT),
+                    return_to: None,
+                    extra: None,
+                },
+                payload,
+            }),
+            Err(e) => tracing::error!(agent = %self.id, "cannot report {failure}: {e}"),
+        }
+    }
+
+    /// An actor this agent spawned failed (the runtime's report).
+    fn on_actor_failed(&self, event: SupervisionEvent) {
+        let local = lock(&self.local);
+        let Some(actor) = local.get(event.actor_id.name()) else {
+            tracing::warn!(agent = %self.id, "a failure of an actor it does not know: {event}");
+            return;
+        };
+        let caused_by = event
+            .caused_by
+            .as_deref()
+            .and_then(MeshFailure::from_event)
+            .map(Box::new);
+        let cause = if event.caused_by.is_some() {
+            FailureCause::Unhandled {
+                reason: event.reason.clone(),
+            }
+        } else {
+            FailureCause::Actor {
+                reason: event.reason.clone(),
+            }
+        };
+        let failure = MeshFailure {
+            mesh: actor.mesh.clone(),
+            rank: actor.rank as usize,
+            actor_id: Some(event.actor_id.clone()),
+            proc_id: self.proc.proc_id().clone(),
+            pid: Some(std::process::id()),
+            cause,
+            caused_by,
+        };
+        let owner = actor.owner.clone();
+        drop(local);
+        tracing::warn!(agent = %self.id, "{}", failure.report());
+        self.report_to_owner(&owner, &failure);
+    }
+
+    /// A proc died (its host's report, or this agent's own conclusion).
+    pub(super) fn on_proc_died(self: &Arc<Self>, death: ProcDeath) {
+        let proc = death.proc_id.clone();
+        if lock(&self.dead).insert(proc.clone(), death.clone()).is_some() {
+            return;
+        }
+        let reason = death.to_string();
+        self.release_held();
+        self.replies_after_death(&proc, &reason);
+        if death.expected {
+            return;
+        }
+        let mut failures: Vec<(ActorId, MeshFailure)> = Vec::new();
+        for owned in lock(&self.owned).values() {
+            if owned.stopped || !matches!(owned.kind, OwnedKind::Actors { .. }) {
+                continue;
+            }
+            for (target, pid) in &owned.ranks {
+                if target.proc == proc {
+                    failures.push((
+                        owned.owner.clone(),
+                        MeshFailure {
+                            mesh: owned.mesh.clone(),
+                            rank: target.index as usize,
+                            actor_id: None,
+                            proc_id: proc.clone(),
+                            pid: pid.or(Some(death.pid)),
+                            cause: death.end.cause(),
+                            caused_by: None,
+                        },
+                    ));
+                }
+            }
+        }
+        for (owner, failure) in failures {
+            self.report_to_owner(&owner, &failure);
+        }
+    }
+
+    /// A message this agent (or an actor it delivered to) sent came back.
+    fn on_returned(self: &Arc<Self>, envelope: Envelope, reason: &str) {
+        let dest = envelope.header.dest.clone();
+        if dest.index() == CAST_PORT && dest.actor().name() == AGENT_NAME {
+            // A cast frame: nobody in its chunk can be reached through that proc.
+            let parts = envelope.payload.into_parts();
+            if let Some(Ok(header)) = parts.first().map(|p| CastHeader::decode(p)) {
+                if let (Some(to), false) = (&header.reply, header.mode == ReplyMode::None) {
+                    let why = format!("proc {} cannot be reached: {reason}", dest.actor().proc_id());
+                    let items = header
+                        .entries
+                        .iter()
+                        .map(|e| ReplyItem::failed(e.index, &why))
+                        .collect();
+                    self.send_items(to, items);
+                }
+            }
+            self.suspect(dest.actor().proc_id(), reason);
+            return;
+        }
+        if let Some(Ok(route)) = envelope.header.extra.as_deref().map(Route::decode) {
+            if let Some(to) = &route.reply {
+                let why = self
+                    .why_not_running(dest.actor().name())
+                    .unwrap_or_else(|| reason.to_string());
+                self.send_items(to, vec![ReplyItem::failed(route.index, &why)]);
+            }
+            return;
+        }
+        RETURNED.warn(format_args!(
+            "agent {}: a message from {} to {dest} came back: {reason}",
+            self.id, envelope.header.sender
+        ));
+    }
+
+    /// `proc` could not be reached: its host (if known) kills it as lost, so that its
+    /// death is reported to everyone who watches it.
+    fn suspect(&self, proc: &ProcId, reason: &str) {
+        let host = lock(&self.hosts).get(proc).cloned();
+        match host {
+            Some(host) => self.send_control(
+                &host,
+                &Control::Unreachable {
+                    proc: proc.clone(),
+                    reason: reason.to_string(),
+                },
+            ),
+            None => RETURNED.warn(format_args!(
+                "agent {}: proc {proc} cannot be reached ({reason}) and no host watches it",
+                self.id
+            )),
+        }
+    }
+
+    pub(super) async fn stop_owned_by(self: &Arc<Self>, owner: &ActorId, reason: &str) {
+        let meshes: Vec<(MeshInfo, OwnedKind, Vec<CastTarget>, ViewExtent)> = {
+            let mut owned = lock(&self.owned);
+            owned
+                .values_mut()
+                .filter(|m| &m.owner == owner && !m.stopped)
+                .map(|m| {
+                    m.stopped = true;
+                    let kind = match &m.kind {
+                        OwnedKind::Actors { actor } => OwnedKind::Actors {
+                            actor: actor.clone(),
+                        },
+                        OwnedKind::Procs => OwnedKind::Procs,
+                    };
+                    let targets = m.ranks.iter().map(|(t, _)| t.clone()).collect();
+                    (m.mesh.clone(), kind, targets, m.view.clone())
+                })
+                .collect()
+        };
+        let timeout = self.stop_timeout;
+        let stops = meshes.into_iter().map(|(mesh, kind, targets, view)| {
+            let inner = Arc::clone(self);
+            let reason = reason.to_string();
+            async move {
+                match kind {
+                    OwnedKind::Actors { actor } => {
+                        inner
+                            .stop_actors(&actor, &view, &targets, &reason, timeout)
+                            .await
+                    }
+                    OwnedKind::Procs => inner.stop_procs(&mesh, &targets, &reason, timeout).await,
+                }
+            }
+        });
+        futures::future::join_all(stops).await;
+    }
+
+    /// Casts a stop to actor `actor` on `targets` and waits (at most `timeout`).
+    pub(super) async fn stop_actors(
+        self: &Arc<Self>,
+        actor: &str,
+        view: &ViewExtent,
+        targets: &[CastTarget],
+        reason: &str,
+        timeout: Duration,
+    ) {
+        let agent = ProcAgent {
+            inner: Arc::clone(self),
+        };
+        let replies = CallReplies::open_all(&agent, targets.iter().map(|t| t.index));
+        self.cast(
+            &self.id,
+            actor,
+            CastKind::Stop {
+                reason: reason.to_string(),
+            },
+            view,
+            targets,
+            ReplyMode::Reduce,
+            Some(replies.reply_to().clone()),
+            Vec::new(),
+        );
+        let _ = tokio::time::timeout(timeout, replies.wait()).await;
+    }
+}

@@ -1,0 +1,298 @@
+//! Mesh supervision: what failed, in mesh terms, and how failures reach owners.
+//!
+//! Every actor mesh has an owner: the actor that spawned it (a Rust actor, a Python
+//! actor, or a client such as a script's main thread). The agent of each proc is the
+//! runtime-level owner of the actors it spawned there; when one fails it turns the
+//! runtime's [`SupervisionEvent`] into a [`MeshFailure`] — which mesh, which rank, which
+//! process, and the true cause — and sends it to the mesh's owner, attached to a
+//! supervision event ([`MeshFailure::to_event`]). A proc that dies is reported by the
+//! host agent that reaped it to the agents that watch it (the owners of meshes on it
+//! among them), which report one failure per rank of each mesh they own there.
+//!
+//! At the owner the event is handled like any child failure: a Rust owner's
+//! `handle_supervision_event` (or a Python owner's `__supervise__`) may handle it;
+//! unhandled, the owner fails in turn, with the event as its cause, and its own owner
+//! hears of it, hop by hop up the tree (SUP-2). [`MeshFailure::from_event`] reads the
+//! failure back; `caused_by` chains keep every level.
+//!
+//! Invariants:
+//!
+//! - MSUP-1 (one report per failed rank): an owner receives one failure per failed rank
+//!   of a mesh it owns, from the agent that saw the failure.
+//! - MSUP-2 (true cause): the cause names what really happened: the error that escaped
+//!   the actor, the proc's exit status or signal, or why it was lost.
+//!
+//! ```
+//! use hyperactor_mesh::cast::codec::MeshInfo;
+//! use hyperactor_mesh::supervision::{FailureCause, MeshFailure};
+//!
+//! let proc = "p-1@unix:/tmp/p.sock".parse().unwrap();
+//! let failure = MeshFailure {
+//!     mesh: MeshInfo { id: 1, name: "trainers".into(), class: "Trainer".into() },
+//!     rank: 3,
+//!     actor_id: None,
+//!     proc_id: proc,
+//!     pid: Some(4242),
+//!     cause: FailureCause::ProcExited { code: 3 },
+//!     caused_by: None,
+//! };
+//! assert_eq!(
+//!     failure.to_string(),
+//!     "actor mesh \"trainers\" (Trainer) rank 3 on proc p-1@unix:/tmp/p.sock (pid 4242) \
+//!      failed: its process exited with status 3"
+//! );
+//! let event = failure.to_event();
+//! assert_eq!(MeshFailure::from_event(&event), Some(failure));
+//! ```
+
+use std::fmt;
+
+use bytes::Bytes;
+use hyperactor::{ActorId, ProcId, SupervisionEvent};
+use serde::{Deserialize, Serialize};
+
+use crate::cast::codec::MeshInfo;
+
+/// What really happened to a failed rank (MSUP-2).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum FailureCause {
+    /// The actor failed: an error escaped it (in its constructor, a handler that does not
+    /// return errors to callers, or a hook), or it was killed.
+    Actor {
+        /// What escaped, with its traceback when there is one.
+        reason: String,
+    },
+    /// The actor failed because it did not handle the failure of a mesh it owns (the
+    /// failure is its `caused_by`).
+    Unhandled {
+        /// In words.
+        reason: String,
+    },
+    /// The actor could not be created on its proc.
+    SpawnFailed {
+        /// Why.
+        reason: String,
+    },
+    /// The actor's process exited by itself.
+    ProcExited {
+        /// The exit status.
+        code: i32,
+    },
+    /// The actor's process was killed by a signal.
+    ProcSignaled {
+        /// The signal number.
+        signal: i32,
+    },
+    /// The actor's process was lost: unreachable, or its host could not watch it.
+    ProcLost {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl fmt::Display for FailureCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Actor { reason } | Self::Unhandled { reason } => f.write_str(reason),
+            Self::SpawnFailed { reason } => write!(f, "it could not be spawned: {reason}"),
+            Self::ProcExited { code } => write!(f, "its process exited with status {code}"),
+            Self::ProcSignaled { signal } => {
+                write!(f, "its process was killed by signal {signal}")?;
+                if let Some(name) = signal_name(*signal) {
+                    write!(f, " ({name})")?;
+                }
+                Ok(())
+            }
+            Self::ProcLost { reason } => write!(f, "its process was lost: {reason}"),
+        }
+    }
+}
+
+fn signal_name(signal: i32) -> Option<&'static str> {
+    Some(match signal {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        6 => "SIGABRT",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        15 => "SIGTERM",
+        _ => return None,
+    })
+}
+
+/// A failure of one rank of an actor mesh, for its owner: see the [module docs](self).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MeshFailure {
+    /// The mesh.
+    pub mesh: MeshInfo,
+    /// The failed rank: the actor's position in the proc mesh it was spawned on.
+    pub rank: usize,
+    /// The failed actor, when it was created.
+    pub actor_id: Option<ActorId>,
+    /// The proc the actor lived on.
+    pub proc_id: ProcId,
+    /// That proc's OS process id, when known.
+    pub pid: Option<u32>,
+    /// What happened.
+    pub cause: FailureCause,
+    /// The failure that caused this one (an owned mesh's failure that the actor did not
+    /// handle).
+    pub caused_by: Option<Box<MeshFailure>>,
+}
+
+impl MeshFailure {
+    /// The first line of the report: which mesh, rank and process.
+    pub fn headline(&self) -> String {
+        let pid = self.pid.map(|p| format!(" (pid {p})")).unwrap_or_default();
+        format!(
+            "actor mesh {:?} ({}) rank {} on proc {}{pid} failed",
+            self.mesh.name, self.mesh.class, self.rank, self.proc_id
+        )
+    }
+
+    /// The failure and its causes, for people: one paragraph per level.
+    pub fn report(&self) -> String {
+        let mut out = format!("{}:\n{}", self.headline(), indent(&self.cause.to_string()));
+        let mut cause = self.caused_by.as_deref();
+        while let Some(c) = cause {
+            out.push_str(&format!(
+                "\ncaused by: {}:\n{}",
+                c.headline(),
+                indent(&c.cause.to_string())
+            ));
+            cause = c.caused_by.as_deref();
+        }
+        out
+    }
+
+    /// The runtime event carrying this failure (for the owner's supervision port).
+    pub fn to_event(&self) -> SupervisionEvent {
+        let actor_id = self.actor_id.clone().unwrap_or_else(|| {
+            // No actor was created (its proc failed first): name the agent of its proc.
+            crate::agent::agent_id(&self.proc_id)
+        });
+        SupervisionEvent {
+            actor_id,
+            reason: self.to_string(),
+            caused_by: self.caused_by.as_ref().map(|c| Box::new(c.to_event())),
+            detail: bincode::serialize(self).ok().map(Bytes::from),
+        }
+    }
+
+    /// The failure attached to `event`, if it carries one.
+    pub fn from_event(event: &SupervisionEvent) -> Option<MeshFailure> {
+        bincode::deserialize(event.detail.as_deref()?).ok()
+    }
+}
+
+fn indent(text: &str) -> String {
+    text.trim_end()
+        .lines()
+        .map(|l| format!("    {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl fmt::Display for MeshFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let cause = self.cause.to_string();
+        // The last line of a multi-line cause (a traceback ends with the error itself).
+        let line = cause.trim_end().lines().last().unwrap_or_default();
+        write!(f, "{}: {line}", self.headline())
+    }
+}
+
+impl std::error::Error for MeshFailure {}
+
+/// How a proc ended, as its host saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum ProcEnd {
+    /// It exited by itself with this status.
+    Exited {
+        /// The exit status.
+        code: i32,
+    },
+    /// It was killed by this signal.
+    Signaled {
+        /// The signal.
+        signal: i32,
+    },
+    /// It was lost (unreachable, or its host cannot watch it).
+    Lost {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl ProcEnd {
+    /// The end of a process that finished with `status`.
+    pub fn from_status(status: &crate::host::ProcStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        match status {
+            crate::host::ProcStatus::Exited(status) => match (status.code(), status.signal()) {
+                (Some(code), _) => Self::Exited { code },
+                (None, Some(signal)) => Self::Signaled { signal },
+                (None, None) => Self::Lost {
+                    reason: format!("it ended with {status}"),
+                },
+            },
+            crate::host::ProcStatus::Lost { reason } => Self::Lost {
+                reason: reason.clone(),
+            },
+            crate::host::ProcStatus::Running => Self::Lost {
+                reason: "its host reported it ended while running".into(),
+            },
+            // ProcStatus is non-exhaustive: a future kind of end reads as lost.
+            #[allow(unreachable_patterns)]
+            other => Self::Lost {
+                reason: other.to_string(),
+            },
+        }
+    }
+
+    /// The failure cause of the actors on such a proc.
+    pub fn cause(&self) -> FailureCause {
+        match self {
+            Self::Exited { code } => FailureCause::ProcExited { code: *code },
+            Self::Signaled { signal } => FailureCause::ProcSignaled { signal: *signal },
+            Self::Lost { reason } => FailureCause::ProcLost {
+                reason: reason.clone(),
+            },
+        }
+    }
+}
+
+impl fmt::Display for ProcEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Exited { code } => write!(f, "exited with status {code}"),
+            Self::Signaled { signal } => write!(f, "was killed by signal {signal}"),
+            Self::Lost { reason } => write!(f, "was lost: {reason}"),
+        }
+    }
+}
+
+/// A proc's death, as its host reports it to the agents that watch it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcDeath {
+    /// The proc.
+    pub proc_id: ProcId,
+    /// Its OS process id.
+    pub pid: u32,
+    /// How it ended.
+    pub end: ProcEnd,
+    /// True when it was asked to stop (a stopped proc mesh): not a failure.
+    pub expected: bool,
+}
+
+impl fmt::Display for ProcDeath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "proc {} (pid {}) ", self.proc_id, self.pid)?;
+        if self.expected {
+            f.write_str("was stopped and ")?;
+        }
+        write!(f, "{}", self.end)
+    }
+}
