@@ -8,20 +8,17 @@ from monarch._src.actor.actor_mesh import (
     ActorError,
     ActorMesh,
     Context,
-    Endpoint,
     Instance,
     Port,
     SupervisionError,
-    as_endpoint,
-    concurrent_endpoint,
     context,
     current_actor_name,
     current_rank,
     current_size,
-    endpoint,
     get_or_spawn_controller,
 )
 from monarch._src.actor.channel import Accumulator, Channel, PortReceiver, send
+from monarch._src.actor.endpoint import Endpoint, as_endpoint, concurrent_endpoint, endpoint
 from monarch._src.actor.extent import Extent
 from monarch._src.actor.future import Future
 from monarch._src.actor.point import Point
