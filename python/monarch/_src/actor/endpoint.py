@@ -7,24 +7,33 @@ instance it is the plain method; on an actor mesh, ``mesh.method`` is an
 cast one message to the mesh's actors.
 
 Typing: an endpoint is generic in the method's parameters ``P`` (without ``self``, and
-without the port of an ``explicit_response_port`` endpoint) and its result ``R`` (what an
-``async def`` method returns once awaited), so a type checker checks every call::
-
-    class Counter(Actor):
-        @endpoint
-        async def incr(self, by: int = 1) -> int: ...
-
-    counter = procs.spawn("counter", Counter)  # typed as Counter: an ActorMesh at run time
-    counter.incr.call(1)  # Future[ValueMesh[int]]
-    counter.incr.call_one("1")  # a type error: "1" is not an int
-
-Meshes are typed as their actor class (what ``ProcMesh.spawn`` is annotated to return);
+without the port of an ``explicit_response_port`` endpoint) and its result ``R`` (for an
+``async def`` method, what its coroutine returns), so a type checker checks every call.
+A mesh is typed as its actor class (what ``ProcMesh.spawn`` is annotated to return), and
 the descriptor's ``__get__`` on an instance is typed as the :class:`Endpoint`, which is
-what a mesh's attribute is. At run time an actor instance gets its plain method.
+what a mesh's attribute is: with ``counter = procs.spawn("counter", Counter)``,
+``counter.incr.call(1)`` is a ``Future[ValueMesh[int]]`` for the class below, and
+``counter.incr.call("1")`` a type error. At run time an actor instance gets its plain
+method:
 
-This module depends on the actor mesh only for typing: actor meshes, their shared
-``_ref`` and ``Port`` are duck-typed here, so ``actor_mesh`` imports this module, never
-the other way round.
+>>> import asyncio
+>>> from monarch._src.actor.actor_mesh import Actor
+>>> class Counter(Actor):
+...     def __init__(self) -> None:
+...         self.value = 0
+...     @endpoint
+...     async def incr(self, by: int = 1) -> int:
+...         self.value += by
+...         return self.value
+>>> counter = Counter()
+>>> asyncio.run(counter.incr(2))  # the actor calling its own endpoint
+2
+>>> list(Counter.incr._signature.parameters)  # what callers pass, checked at call time
+['by']
+
+This module needs the actor mesh only for typing: meshes, their shared ``_ref`` and
+``Port`` are duck-typed here, so ``actor_mesh`` imports this module and never the other
+way round.
 """
 
 from __future__ import annotations
