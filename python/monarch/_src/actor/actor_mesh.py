@@ -1,4 +1,4 @@
-"""Actors, actor meshes and the context (API.md §1.2, §1.7, §1.9).
+"""Actors, actor meshes and the context of the running actor.
 
 Caller side: :class:`ActorMesh` is a view (a :class:`Shape`) over the actors of one spawn;
 ``mesh.endpoint`` is an :class:`~monarch._src.actor.endpoint.Endpoint` whose adverbs
