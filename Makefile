@@ -31,7 +31,7 @@ PY_LINT_PATHS := $(wildcard python tests examples benches)
 .DEFAULT_GOAL := help
 
 .PHONY: help install build-dev build-prod format lint lint-rust lint-python stubtest \
-	test test-rust test-python demo bench bench-peers docs all clean distclean
+	typecheck test test-rust test-python demo bench bench-peers docs all clean distclean
 
 help: ## Show this list of targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' \
@@ -58,7 +58,7 @@ format: $(REQ_STAMP) ## Format Rust and Python sources in place
 	$(CARGO) fmt --all
 	$(VENV)/bin/ruff format $(PY_LINT_PATHS)
 
-lint: lint-rust lint-python stubtest ## Run every linter
+lint: lint-rust lint-python typecheck stubtest ## Run every linter
 
 lint-rust: | $(VENV_PYTHON) ## cargo fmt --check and clippy with warnings denied
 	$(CARGO) fmt --all --check
@@ -67,6 +67,14 @@ lint-rust: | $(VENV_PYTHON) ## cargo fmt --check and clippy with warnings denied
 lint-python: $(REQ_STAMP) ## ruff check and ruff format --check
 	$(VENV)/bin/ruff check $(PY_LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(PY_LINT_PATHS)
+
+# The package with its own strictness, then the examples `make demo` runs and the Python
+# code of the guides as users' code (see tests/typecheck/extract_doc_snippets.py for how a
+# partial block is left out).
+typecheck: $(REQ_STAMP) ## mypy: the monarch package, examples/ and the code of docs/*.md
+	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy examples
+	$(VENV_PYTHON) tests/typecheck/extract_doc_snippets.py --mypy docs/*.md
 
 stubtest: install ## Check the .pyi stubs against the built extension
 	$(VENV_PYTHON) -m mypy.stubtest monarch._rust_bindings

@@ -3,32 +3,36 @@
 See API.md §1 for the contract; the implementation lives in ``monarch._src.actor``.
 """
 
+from collections.abc import Callable as _Callable
+
 from monarch._src.actor.actor_mesh import (
     Actor,
     ActorError,
     ActorMesh,
     Context,
-    Endpoint,
     Instance,
     Port,
     SupervisionError,
-    as_endpoint,
-    concurrent_endpoint,
     context,
     current_actor_name,
     current_rank,
     current_size,
-    endpoint,
     get_or_spawn_controller,
 )
 from monarch._src.actor.channel import Accumulator, Channel, PortReceiver, send
+from monarch._src.actor.endpoint import Endpoint, as_endpoint, concurrent_endpoint, endpoint
 from monarch._src.actor.extent import Extent
 from monarch._src.actor.future import Future
 from monarch._src.actor.point import Point
 from monarch._src.actor.proc_mesh import HostMesh, ProcMesh, this_host, this_proc
 from monarch._src.actor.runtime import shutdown as _shutdown
-from monarch._src.actor.supervision import MeshFailure, unhandled_fault_hook
+from monarch._src.actor.supervision import MeshFailure
+from monarch._src.actor.supervision import unhandled_fault_hook as _default_fault_hook
 from monarch._src.actor.value_mesh import ValueMesh
+
+#: Called with each failure that reaches the client unhandled; assign your own function
+#: to decide (returning normally handles the failure). The default exits non-zero.
+unhandled_fault_hook: _Callable[[MeshFailure], object] = _default_fault_hook
 
 
 def shutdown_context() -> Future[None]:

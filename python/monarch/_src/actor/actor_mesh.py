@@ -1,9 +1,10 @@
-"""Actors, endpoints and actor meshes (API.md §1.2, §1.3, §1.7, §1.9).
+"""Actors, actor meshes and the context of the running actor.
 
 Caller side: :class:`ActorMesh` is a view (a :class:`Shape`) over the actors of one spawn;
-``mesh.endpoint`` is an :class:`Endpoint` whose adverbs pickle the arguments once, send
-one message per rank at call time, and return a :class:`Future` that gathers the
-replies from a reply queue of this process's inbox.
+``mesh.endpoint`` is an :class:`~monarch._src.actor.endpoint.Endpoint` whose adverbs
+pickle the arguments once, send one message per rank at call time, and return a
+:class:`Future` that gathers the replies from a reply queue of this process's inbox (see
+:mod:`monarch._src.actor.endpoint`).
 
 Actor side (:mod:`monarch._src.actor.actor_host`): each hosted actor has a thread that runs
 ``__init__`` and then handles its queue's messages one at a time (ACT-1): directly for a
@@ -12,26 +13,24 @@ sync actor, on the actor's own asyncio loop for an async one.
 
 from __future__ import annotations
 
+import builtins
 import contextvars
 import functools
 import inspect
-import pickle
 import random
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
 from monarch._src.actor import runtime, supervision
-from monarch._src.actor.errors import ActorError, SupervisionError
+from monarch._src.actor.endpoint import Endpoint, _cast, _endpoints, _NotAnEndpoint
+
+# Re-exported: the errors of actor calls are imported from here too.
+from monarch._src.actor.errors import ActorError as ActorError
+from monarch._src.actor.errors import SupervisionError as SupervisionError
 from monarch._src.actor.extent import Extent
 from monarch._src.actor.future import Done, Future
 from monarch._src.actor.point import Point
-from monarch._src.actor.replies import (
-    _Failed,
-    _Reindex,
-    _Replies,
-    _StreamOne,
-    _StreamShared,
-)
+from monarch._src.actor.replies import _Replies
 from monarch._src.actor.runtime import ERROR, OK, ProcessContext, dumps
 from monarch._src.actor.shape import MeshTrait, Shape
 from monarch._src.actor.value_mesh import ValueMesh
@@ -43,136 +42,12 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 A = TypeVar("A", bound="Actor")
+_Self = TypeVar("_Self", bound="Actor")
 
 #: Attributes of an actor mesh handle; endpoints may not take these names.
 MESH_ATTRIBUTES = frozenset(
     {"slice", "split", "flatten", "rename", "size", "sizes", "extent", "stop", "initialized"}
 )
-
-
-# --- endpoints ----------------------------------------------------------------------------
-
-
-class EndpointProperty(Generic[R]):
-    """What ``@endpoint`` turns a method into. On an actor instance it is the plain
-    method; on a mesh, ``mesh.name`` is an :class:`Endpoint` with the adverbs."""
-
-    def __init__(
-        self,
-        method: Callable[..., Any],
-        *,
-        propagate: Any = None,
-        explicit_response_port: bool = False,
-        instrument: bool = True,
-        concurrent: bool = False,
-    ) -> None:
-        self._method = method
-        self._propagate = propagate
-        self._explicit_response_port = explicit_response_port
-        self._instrument = instrument
-        self._concurrent = concurrent
-        self._is_async = inspect.iscoroutinefunction(method)
-        functools.update_wrapper(self, method)  # type: ignore[arg-type]
-
-    @overload
-    def __get__(self, instance: None, owner: type | None = None) -> EndpointProperty[R]: ...
-    @overload
-    def __get__(self, instance: object, owner: type | None = None) -> Callable[..., Any]: ...
-    def __get__(self, instance: object | None, owner: type | None = None) -> Any:
-        if instance is None:
-            return self
-        return self._method.__get__(instance, owner)
-
-    @functools.cached_property
-    def _signature(self) -> inspect.Signature:
-        sig = inspect.signature(self._method)
-        params = list(sig.parameters.values())[1:]  # self
-        if self._explicit_response_port:
-            params = params[1:]  # the port is not the caller's to pass
-        return sig.replace(parameters=params)
-
-    @functools.cached_property
-    def _positional_arity(self) -> tuple[int, int] | None:
-        """``(required, maximum)`` positional arguments when the signature is plain
-        positional-or-keyword parameters (no ``*args``, keyword-only or positional-only
-        ones): then a call with only positional arguments is checked by counting."""
-        required = 0
-        params = list(self._signature.parameters.values())
-        for p in params:
-            if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD:
-                return None
-            if p.default is inspect.Parameter.empty:
-                required += 1
-        return required, len(params)
-
-    def _check_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Raise ``TypeError`` if the arguments do not bind to the signature."""
-        arity = self._positional_arity
-        if not kwargs and arity is not None and arity[0] <= len(args) <= arity[1]:
-            return
-        self._signature.bind(*args, **kwargs)
-
-
-def endpoint(
-    method: Callable[..., Any] | None = None,
-    *,
-    propagate: Any = None,
-    explicit_response_port: bool = False,
-    instrument: bool = True,
-) -> Any:
-    """Mark an actor method as remotely callable; bare (``@endpoint``) or with options."""
-
-    def wrap(m: Callable[..., Any]) -> EndpointProperty[Any]:
-        if isinstance(m, EndpointProperty):
-            raise ValueError(f"{m.__name__} is already an endpoint")
-        return EndpointProperty(
-            m,
-            propagate=propagate,
-            explicit_response_port=explicit_response_port,
-            instrument=instrument,
-        )
-
-    return wrap(method) if method is not None else wrap
-
-
-def concurrent_endpoint(
-    method: Callable[..., Any] | None = None,
-    *,
-    propagate: Any = None,
-    explicit_response_port: bool = False,
-    instrument: bool = True,
-) -> Any:
-    """An async endpoint whose body runs as a background task of the actor's loop: the
-    actor takes the next message at once (only start order is guaranteed)."""
-
-    def wrap(m: Callable[..., Any]) -> EndpointProperty[Any]:
-        if isinstance(m, EndpointProperty):
-            raise ValueError(
-                f"@concurrent_endpoint cannot be stacked on @endpoint ({m.__name__}); use "
-                "one of them"
-            )
-        if not inspect.iscoroutinefunction(m):
-            raise ValueError(f"@concurrent_endpoint needs an async method; {m.__name__} is sync")
-        return EndpointProperty(
-            m,
-            propagate=propagate,
-            explicit_response_port=explicit_response_port,
-            instrument=instrument,
-            concurrent=True,
-        )
-
-    return wrap(method) if method is not None else wrap
-
-
-def _endpoints(cls: type) -> dict[str, EndpointProperty[Any]]:
-    found: dict[str, EndpointProperty[Any]] = {}
-    for klass in reversed(cls.__mro__):
-        for name, value in vars(klass).items():
-            if isinstance(value, EndpointProperty):
-                found[name] = value
-            elif name in found:
-                del found[name]  # overridden by a plain attribute
-    return found
 
 
 @functools.cache
@@ -211,7 +86,9 @@ class _ClassInfo:
                     f"{'async' if self.is_async else 'sync'} like its endpoints"
                 )
         try:
-            self.init_signature: inspect.Signature | None = inspect.signature(cls.__init__)
+            self.init_signature: inspect.Signature | None = inspect.signature(
+                cls.__init__  # type: ignore[misc]  # the class's own, not an instance's
+            )
         except (TypeError, ValueError):
             self.init_signature = None
 
@@ -221,7 +98,12 @@ class _ClassInfo:
 
 class Actor:
     """Base class of user actors. Endpoints are methods marked with ``@endpoint``;
-    constructor arguments come from ``ProcMesh.spawn(name, Class, *args, **kwargs)``."""
+    constructor arguments come from ``ProcMesh.spawn(name, Class, *args, **kwargs)``.
+
+    For a type checker, an actor mesh handle is typed as its actor class (``spawn``
+    returns ``Class``), so this class also declares the operations of a handle; on an
+    actor instance they raise ``NotImplementedError``.
+    """
 
     @functools.cached_property
     def logger(self) -> logging.Logger:
@@ -231,30 +113,44 @@ class Actor:
         logger.setLevel(logging.DEBUG)
         return logger
 
-    def _mesh_only(self, what: str) -> Any:
+    def _mesh_only(self, what: str) -> NoReturn:
         raise NotImplementedError(
             f"{what} is an operation of actor mesh handles (what spawn() returns), not of "
             "an actor instance"
         )
 
-    def slice(self, **kwargs: Any) -> Any:
+    def slice(self: _Self, **kwargs: int | builtins.slice) -> _Self:
         return self._mesh_only("slice()")
 
-    def flatten(self, name: str) -> Any:
+    def flatten(self: _Self, name: str) -> _Self:
         return self._mesh_only("flatten()")
 
-    def split(self, **kwargs: Any) -> Any:
+    def split(self: _Self, **kwargs: Sequence[str] | int) -> _Self:
         return self._mesh_only("split()")
 
-    def rename(self, **kwargs: Any) -> Any:
+    def rename(self: _Self, **kwargs: str) -> _Self:
         return self._mesh_only("rename()")
 
-    def stop(self, reason: str = "stopped by client") -> Any:
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
         return self._mesh_only("stop()")
 
     @property
-    def initialized(self) -> Any:
+    def initialized(self) -> Future[None]:
         return self._mesh_only("initialized")
+
+    if TYPE_CHECKING:
+        # The rest of a handle's operations, for type checkers only: at run time an
+        # actor may use these names for attributes of its own.
+
+        def size(self, dim: str | Sequence[str] | None = None) -> int: ...
+
+        @property
+        def sizes(self) -> dict[str, int]: ...
+
+        @property
+        def extent(self) -> Extent: ...
+
+        def __len__(self) -> int: ...
 
 
 # --- context --------------------------------------------------------------------------------
@@ -474,7 +370,7 @@ class ActorMesh(MeshTrait, Generic[A]):
             raise AttributeError(name)
         kinds = ref.endpoints.get(name)
         if kinds is not None:
-            ep = Endpoint(self, name, kinds[1])
+            ep: Endpoint[..., Any] = Endpoint(self, name, kinds[1])
             self.__dict__[name] = ep  # later lookups skip __getattr__
             return ep
         if ref.info is not None and callable(getattr(ref.info.cls, name, None)):
@@ -544,193 +440,6 @@ def _rebuild_actor_mesh(
     return ActorMesh(ref, shape)
 
 
-class _NotAnEndpoint:
-    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
-        self._mesh = mesh
-        self._name = name
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(
-            f"{self._name} is not an endpoint of {self._mesh._ref.class_name}: mark it with "
-            f"@endpoint, or call it as as_endpoint(mesh.{self._name}).call(...)"
-        )
-
-
-class Endpoint(Generic[R]):
-    """``mesh.method``: the adverbs ``call``, ``call_one``, ``choose``, ``stream`` and
-    ``broadcast``. Arguments are checked against the method's signature and pickled once,
-    at call time."""
-
-    def __init__(self, mesh: ActorMesh[Any], name: str, explicit: bool = False) -> None:
-        self._mesh = mesh
-        self._name = name
-        self._explicit = explicit
-
-    def _qualname(self) -> str:
-        return f"{self._mesh._ref.class_name}.{self._name}"
-
-    def _payload(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes]:
-        info = self._mesh._ref.info
-        ep = info.endpoints.get(self._name) if info is not None else None
-        if ep is not None:
-            try:
-                ep._check_args(args, kwargs)
-            except TypeError as e:
-                raise TypeError(
-                    f"wrong arguments for endpoint {self._qualname()}{ep._signature}: {e}"
-                ) from None
-        try:
-            return runtime.dumps_call(args, kwargs)
-        except Exception as e:
-            culprit = _find_unpicklable(args, kwargs)
-            raise TypeError(
-                f"cannot send a call to endpoint {self._qualname()}: argument {culprit} "
-                f"cannot be pickled ({type(e).__name__}: {e})"
-            ) from e
-
-    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
-        """Call every actor of the view; a future of a ValueMesh of their replies."""
-        return _cast(self._mesh, self._name, self._payload(args, kwargs), "call")
-
-    def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
-        """Call the only actor of the view (ValueError if there are several)."""
-        n = len(self._mesh._targets)
-        if n != 1:
-            raise ValueError(
-                f"call_one() needs a mesh of exactly 1 actor, but {self._mesh._describe()} "
-                f"has {n}; use call(), or slice the mesh down to one actor first"
-            )
-        return _cast(self._mesh, self._name, self._payload(args, kwargs), "one")
-
-    def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
-        """Call one actor of the view, picked by the runtime."""
-        if len(self._mesh) == 0:
-            raise ValueError(f"choose() on {self._mesh._describe()}, which has no actors")
-        return _cast(self._mesh, self._name, self._payload(args, kwargs), "choose")
-
-    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
-        """Call every actor; yields one future per actor, in reply arrival order."""
-        payload = self._payload(args, kwargs)
-        return _stream(self._mesh, self._name, payload)
-
-    def broadcast(self, *args: Any, **kwargs: Any) -> None:
-        """Send to every actor without waiting for replies (exceptions fail the actor)."""
-        _cast(self._mesh, self._name, self._payload(args, kwargs), "broadcast")
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(
-            f"an endpoint of a mesh is not called directly; use "
-            f"{self._name}.call(...), .call_one(...), .choose(...), .stream(...) or "
-            ".broadcast(...)"
-        )
-
-
-def _find_unpicklable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    for i, a in enumerate(args):
-        try:
-            dumps(a)
-        except Exception:
-            return f"#{i} ({type(a).__name__})"
-    for k, v in kwargs.items():
-        try:
-            dumps(v)
-        except Exception:
-            return f"{k!r} ({type(v).__name__})"
-    return "?"
-
-
-def _header(mesh: ActorMesh[Any], method: str) -> bytes:
-    """The pickled ``(method, labels, sizes)`` every receiver of a cast gets."""
-    cache = mesh._method_headers
-    header = cache.get(method)
-    if header is None:
-        shape = mesh._mesh_shape
-        header = cache[method] = pickle.dumps(
-            (method, tuple(shape.labels), tuple(shape.ndslice.sizes)), protocol=5
-        )
-    return header
-
-
-#: ``Inbox.cast`` reply modes.
-NO_REPLY, DIRECT, REDUCE = 0, 1, 2
-
-
-def _cast(
-    mesh: ActorMesh[Any],
-    method: str,
-    payload: list[bytes],
-    mode: str,
-    collect: Callable[[ValueMesh[Any]], Any] | None = None,
-) -> Any:
-    ref = mesh._ref
-    endpoint = f"{ref.class_name}.{method}"
-    proc = runtime.process_context()
-    shape = mesh._mesh_shape
-    ranks = mesh._targets
-    if mode == "choose":
-        ranks = [random.choice(ranks)]
-    if ref.stopped is not None and not method.startswith("__"):
-        err = SupervisionError(
-            f"actor mesh {ref.name!r} ({ref.class_name}) was stopped ({ref.stopped}); "
-            f"calling {endpoint} on it is an error",
-            endpoint,
-        )
-        if mode == "broadcast":
-            raise err
-        return Future(impl=_Failed(err))
-    parts = [_header(mesh, method), *payload]
-    if mode == "broadcast":
-        ref.group.cast(ref.key, ranks, parts, None, None, NO_REPLY)
-        return None
-    queue = proc.inbox.reply_queue()
-    replies: _Replies
-    if mode == "call":
-
-        def finish(values: list[Any]) -> Any:
-            vm = ValueMesh(shape, values)
-            return collect(vm) if collect is not None else vm
-
-        replies = _Replies(queue, len(ranks), endpoint, finish)
-    elif mode == "choose":
-        # The one reply carries the chosen rank's index: remap it to slot 0.
-        replies = _Replies(_Reindex(queue, ranks[0][0]), 1, endpoint, lambda v: v[0])
-    else:
-        replies = _Replies(queue, 1, endpoint, lambda v: v[0])
-    cast_mode = REDUCE if mode == "call" else DIRECT
-    ref.group.cast(ref.key, ranks, parts, (proc.port_id, queue.key), replies, cast_mode)
-    return Future(impl=replies)
-
-
-def _stream(mesh: ActorMesh[Any], method: str, payload: list[bytes]) -> Iterator[Future[Any]]:
-    ref = mesh._ref
-    endpoint = f"{ref.class_name}.{method}"
-    proc = runtime.process_context()
-    ranks = mesh._targets
-    queue = proc.inbox.reply_queue()
-    shared = _StreamShared(queue, endpoint)
-    parts = [_header(mesh, method), *payload]
-    ref.group.cast(ref.key, ranks, parts, (proc.port_id, queue.key), shared, DIRECT)
-    return iter([Future(impl=_StreamOne(shared)) for _ in ranks])
-
-
-def as_endpoint(
-    not_an_endpoint: Any, *, propagate: Any = None, explicit_response_port: bool = False
-) -> Endpoint[Any]:
-    """Treat a non-``@endpoint`` method of a spawned mesh as an endpoint."""
-    if not isinstance(not_an_endpoint, _NotAnEndpoint):
-        raise ValueError(
-            "as_endpoint() takes a method of a spawned actor mesh that is not an endpoint, "
-            f"e.g. as_endpoint(mesh.method); got {not_an_endpoint!r}"
-        )
-    mesh = not_an_endpoint._mesh
-    name = not_an_endpoint._name
-    ref = mesh._ref
-    if name not in ref.endpoints:
-        method = getattr(ref.info.cls, name) if ref.info is not None else None
-        ref.endpoints[name] = (inspect.iscoroutinefunction(method), explicit_response_port)
-    return Endpoint(mesh, name, explicit_response_port)
-
-
 # --- spawning --------------------------------------------------------------------------------
 
 
@@ -742,7 +451,7 @@ def _check_spawn(name: str, cls: Any, args: tuple[Any, ...], kwargs: dict[str, A
             f"spawn({name!r}, ...): {cls!r} is not a subclass of monarch.actor.Actor; "
             "actor classes must derive from Actor"
         )
-    info = _class_info(cls)
+    info = _class_info(cls)  # type: ignore[arg-type]  # classes are hashable
     if info.problem is not None:
         raise ValueError(info.problem)
     if info.init_signature is not None:
@@ -757,8 +466,8 @@ def _check_spawn(name: str, cls: Any, args: tuple[Any, ...], kwargs: dict[str, A
 
 
 def spawn_actor_mesh(
-    proc_mesh: Any, name: str, cls: type[A], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> ActorMesh[A]:
+    proc_mesh: Any, name: str, cls: type[Actor], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> ActorMesh[Any]:
     info = _check_spawn(name, cls, args, kwargs)
     try:
         cls_blob = dumps(cls)
@@ -790,7 +499,7 @@ def spawn_actor_mesh(
     for index, g in enumerate(shape.ndslice):
         request = dumps(("spawn", key, name, index, labels, sizes, creator, owner))
         group.send(g, [runtime.AGENT_KEY_PART, request, cls_blob, args_blob], None)
-    mesh: ActorMesh[A] = ActorMesh(ref, shape)
+    mesh: ActorMesh[Any] = ActorMesh(ref, shape)
     ctx.owned[key] = _Owned(mesh, owner, hosted.key if hosted is not None else None)
     return mesh
 
@@ -822,7 +531,9 @@ def get_or_spawn_controller(name: str, cls: type[A], *args: Any, **kwargs: Any) 
     _check_spawn(name, cls, args, kwargs)
     proc = runtime.process_context()
     if proc.is_root:
-        return Future(impl=Done(_root_controller(proc, name, cls, args, kwargs)))
+        # A type checker sees an actor mesh as its actor class (see ``Actor``).
+        mesh: Any = _root_controller(proc, name, cls, args, kwargs)
+        return Future(impl=Done(mesh))
     queue = proc.inbox.reply_queue()
     request = dumps(("controller", name, proc.port_id, queue.key))
     proc.send(

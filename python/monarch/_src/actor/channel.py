@@ -14,14 +14,8 @@ from collections.abc import Callable
 from typing import Any, Generic, Literal, TypeVar
 
 from monarch._src.actor import runtime
-from monarch._src.actor.actor_mesh import (
-    DIRECT,
-    ActorError,
-    Endpoint,
-    Port,
-    SupervisionError,
-    _header,
-)
+from monarch._src.actor.actor_mesh import ActorError, Port, SupervisionError
+from monarch._src.actor.endpoint import DIRECT, Endpoint, _header
 from monarch._src.actor.future import Future
 from monarch._src.actor.runtime import ERROR, OK, decode_replies
 
@@ -123,7 +117,7 @@ class Channel(Generic[R]):
 
 
 def send(
-    endpoint: Endpoint[Any],
+    endpoint: Endpoint[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     port: Port[Any] | None = None,
@@ -156,7 +150,9 @@ class Accumulator(Generic[R, A]):
     combine).accumulate(*args)`` is a future of ``combine(...combine(identity, r1)...,
     rn)`` over the replies in arrival order."""
 
-    def __init__(self, endpoint: Endpoint[R], identity: A, combine: Callable[[A, R], A]) -> None:
+    def __init__(
+        self, endpoint: Endpoint[..., R], identity: A, combine: Callable[[A, R], A]
+    ) -> None:
         self._endpoint = endpoint
         self._identity = identity
         self._combine = combine

@@ -24,14 +24,15 @@ if TYPE_CHECKING:
     import concurrent.futures
 
 R = TypeVar("R")
+_R_co = TypeVar("_R_co", covariant=True)
 
 _UNSET: Any = object()
 
 
-class _Impl(Protocol[R]):
-    def wait(self, timeout: float | None) -> R: ...
+class _Impl(Protocol[_R_co]):
+    def wait(self, timeout: float | None) -> _R_co: ...
 
-    async def wait_async(self) -> R: ...
+    async def wait_async(self) -> _R_co: ...
 
 
 def _check_timeout(timeout: float | None) -> None:

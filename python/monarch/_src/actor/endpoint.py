@@ -1,0 +1,568 @@
+"""Endpoints: ``@endpoint``, ``@concurrent_endpoint`` and the adverbs of ``mesh.method``.
+
+``@endpoint`` turns an actor method into an :class:`EndpointProperty`. On an actor
+instance it is the plain method; on an actor mesh, ``mesh.method`` is an
+:class:`Endpoint` whose adverbs (``call``, ``call_one``, ``choose``, ``stream``,
+``broadcast``) check the arguments against the method's signature, pickle them once and
+cast one message to the mesh's actors.
+
+Typing: an endpoint is generic in the method's parameters ``P`` (without ``self``, and
+without the port of an ``explicit_response_port`` endpoint) and its result ``R`` (for an
+``async def`` method, what its coroutine returns), so a type checker checks every call.
+A mesh is typed as its actor class (what ``ProcMesh.spawn`` is annotated to return), and
+the descriptor's ``__get__`` on an instance is typed as the :class:`Endpoint`, which is
+what a mesh's attribute is: with ``counter = procs.spawn("counter", Counter)``,
+``counter.incr.call(1)`` is a ``Future[ValueMesh[int]]`` for the class below, and
+``counter.incr.call("1")`` a type error. At run time an actor instance gets its plain
+method:
+
+>>> import asyncio
+>>> from monarch._src.actor.actor_mesh import Actor
+>>> class Counter(Actor):
+...     def __init__(self) -> None:
+...         self.value = 0
+...     @endpoint
+...     async def incr(self, by: int = 1) -> int:
+...         self.value += by
+...         return self.value
+>>> counter = Counter()
+>>> asyncio.run(counter.incr(2))  # the actor calling its own endpoint
+2
+>>> list(Counter.incr._signature.parameters)  # what callers pass, checked at call time
+['by']
+
+This module needs the actor mesh only for typing: meshes, their shared ``_ref`` and
+``Port`` are duck-typed here, so ``actor_mesh`` imports this module and never the other
+way round.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import pickle
+import random
+from collections.abc import Callable, Coroutine, Iterator
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    Literal,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    overload,
+)
+
+from monarch._src.actor import runtime
+from monarch._src.actor.errors import SupervisionError
+from monarch._src.actor.future import Future
+from monarch._src.actor.replies import _Failed, _Reindex, _Replies, _StreamOne, _StreamShared
+from monarch._src.actor.runtime import dumps
+from monarch._src.actor.value_mesh import ValueMesh
+
+if TYPE_CHECKING:
+    from monarch._src.actor.actor_mesh import ActorMesh, Port
+
+__all__ = [
+    "Endpoint",
+    "EndpointProperty",
+    "as_endpoint",
+    "concurrent_endpoint",
+    "endpoint",
+]
+
+#: The parameters of an endpoint as its callers pass them.
+P = ParamSpec("P")
+#: What an endpoint's call gives back (an async method: what its coroutine returns).
+R = TypeVar("R")
+
+
+# --- the descriptor -----------------------------------------------------------------------
+
+
+class EndpointProperty(Generic[P, R]):
+    """What ``@endpoint`` turns a method into. On an actor instance it is the plain
+    method; on a mesh, ``mesh.name`` is an :class:`Endpoint` with the adverbs."""
+
+    def __init__(
+        self,
+        method: Callable[..., Any],
+        *,
+        propagate: Any = None,
+        explicit_response_port: bool = False,
+        instrument: bool = True,
+        concurrent: bool = False,
+    ) -> None:
+        self._method = method
+        self._propagate = propagate
+        self._explicit_response_port = explicit_response_port
+        self._instrument = instrument
+        self._concurrent = concurrent
+        self._is_async = inspect.iscoroutinefunction(method)
+        functools.update_wrapper(self, method)  # type: ignore[arg-type]
+
+    # A type checker sees a mesh as its actor class, so on an instance the descriptor is
+    # typed as what a mesh's attribute is: the Endpoint. At run time an actor instance
+    # gets its bound method (an actor calling its own endpoint directly), and ActorMesh
+    # builds the Endpoint itself.
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> EndpointProperty[P, R]: ...
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> Endpoint[P, R]: ...
+    def __get__(self, instance: object | None, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        return self._method.__get__(instance, owner)
+
+    @functools.cached_property
+    def _signature(self) -> inspect.Signature:
+        sig = inspect.signature(self._method)
+        params = list(sig.parameters.values())[1:]  # self
+        if self._explicit_response_port:
+            params = params[1:]  # the port is not the caller's to pass
+        return sig.replace(parameters=params)
+
+    @functools.cached_property
+    def _positional_arity(self) -> tuple[int, int] | None:
+        """``(required, maximum)`` positional arguments when the signature is plain
+        positional-or-keyword parameters (no ``*args``, keyword-only or positional-only
+        ones): then a call with only positional arguments is checked by counting."""
+        required = 0
+        params = list(self._signature.parameters.values())
+        for p in params:
+            if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD:
+                return None
+            if p.default is inspect.Parameter.empty:
+                required += 1
+        return required, len(params)
+
+    def _check_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Raise ``TypeError`` if the arguments do not bind to the signature."""
+        arity = self._positional_arity
+        if not kwargs and arity is not None and arity[0] <= len(args) <= arity[1]:
+            return
+        self._signature.bind(*args, **kwargs)
+
+
+def _endpoints(cls: type) -> dict[str, EndpointProperty[..., Any]]:
+    """The endpoints of an actor class, base classes' included, by name."""
+    found: dict[str, EndpointProperty[..., Any]] = {}
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            if isinstance(value, EndpointProperty):
+                found[name] = value
+            elif name in found:
+                del found[name]  # overridden by a plain attribute
+    return found
+
+
+# --- the decorators -----------------------------------------------------------------------
+#
+# The overloads only tell a type checker what the decorated method becomes: an async
+# method's R is what its coroutine returns (so the coroutine overload comes first), and an
+# explicit-response-port method's R is the port's type, its first parameter after self
+# being no argument of the callers'.
+
+
+class _Decorator(Protocol):
+    """``@endpoint(...)`` without an explicit response port."""
+
+    @overload
+    def __call__(
+        self, method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]], /
+    ) -> EndpointProperty[P, R]: ...
+    @overload
+    def __call__(self, method: Callable[Concatenate[Any, P], R], /) -> EndpointProperty[P, R]: ...
+
+
+class _PortDecorator(Protocol):
+    """``@endpoint(explicit_response_port=True, ...)``: ``def m(self, port, ...)``."""
+
+    def __call__(
+        self, method: Callable[Concatenate[Any, Port[R], P], object], /
+    ) -> EndpointProperty[P, R]: ...
+
+
+class _AsyncDecorator(Protocol):
+    """``@concurrent_endpoint(...)`` without an explicit response port."""
+
+    def __call__(
+        self, method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]], /
+    ) -> EndpointProperty[P, R]: ...
+
+
+class _AsyncPortDecorator(Protocol):
+    """``@concurrent_endpoint(explicit_response_port=True, ...)``."""
+
+    def __call__(
+        self, method: Callable[Concatenate[Any, Port[R], P], Coroutine[Any, Any, object]], /
+    ) -> EndpointProperty[P, R]: ...
+
+
+@overload
+def endpoint(
+    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
+    *,
+    propagate: Any = None,
+    explicit_response_port: Literal[False] = False,
+    instrument: bool = True,
+) -> EndpointProperty[P, R]: ...
+@overload
+def endpoint(
+    method: Callable[Concatenate[Any, P], R],
+    *,
+    propagate: Any = None,
+    explicit_response_port: Literal[False] = False,
+    instrument: bool = True,
+) -> EndpointProperty[P, R]: ...
+@overload
+def endpoint(
+    method: Callable[Concatenate[Any, Port[R], P], object],
+    *,
+    propagate: Any = None,
+    explicit_response_port: Literal[True],
+    instrument: bool = True,
+) -> EndpointProperty[P, R]: ...
+@overload
+def endpoint(
+    method: None = None,
+    *,
+    propagate: Any = None,
+    explicit_response_port: Literal[False] = False,
+    instrument: bool = True,
+) -> _Decorator: ...
+@overload
+def endpoint(
+    method: None = None,
+    *,
+    propagate: Any = None,
+    explicit_response_port: Literal[True],
+    instrument: bool = True,
+) -> _PortDecorator: ...
+def endpoint(
+    method: Callable[..., Any] | None = None,
+    *,
+    propagate: Any = None,
+    explicit_response_port: bool = False,
+    instrument: bool = True,
+) -> Any:
+    """Mark an actor method as remotely callable; bare (``@endpoint``) or with options.
+
+    With ``explicit_response_port=True`` the method's first parameter after ``self`` is a
+    :class:`Port` it replies through (``port.send(value)``), at any time; callers do not
+    pass it.
+    """
+
+    def wrap(m: Callable[..., Any]) -> EndpointProperty[..., Any]:
+        if isinstance(m, EndpointProperty):
+            raise ValueError(f"{m.__name__} is already an endpoint")
+        return EndpointProperty(
+            m,
+            propagate=propagate,
+            explicit_response_port=explicit_response_port,
+            instrument=instrument,
+        )
+
+    return wrap(method) if method is not None else wrap
+
+
+@overload
+def concurrent_endpoint(
+    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
+    *,
+    propagate: Any = None,
+    explicit_response_port: Literal[False] = False,
+    instrument: bool = True,
+) -> EndpointProperty[P, R]: ...
+@overload
+def concurrent_endpoint(
+    method: Callable[Concatenate[Any, Port[R], P], Coroutine[Any, Any, object]],
+    *,
+    propagate: Any = None,
+    explicit_response_port: Literal[True],
+    instrument: bool = True,
+) -> EndpointProperty[P, R]: ...
+@overload
+def concurrent_endpoint(
+    method: None = None,
+    *,
+    propagate: Any = None,
+    explicit_response_port: Literal[False] = False,
+    instrument: bool = True,
+) -> _AsyncDecorator: ...
+@overload
+def concurrent_endpoint(
+    method: None = None,
+    *,
+    propagate: Any = None,
+    explicit_response_port: Literal[True],
+    instrument: bool = True,
+) -> _AsyncPortDecorator: ...
+def concurrent_endpoint(
+    method: Callable[..., Any] | None = None,
+    *,
+    propagate: Any = None,
+    explicit_response_port: bool = False,
+    instrument: bool = True,
+) -> Any:
+    """An async endpoint whose body runs as a background task of the actor's loop: the
+    actor takes the next message at once (only start order is guaranteed)."""
+
+    def wrap(m: Callable[..., Any]) -> EndpointProperty[..., Any]:
+        if isinstance(m, EndpointProperty):
+            raise ValueError(
+                f"@concurrent_endpoint cannot be stacked on @endpoint ({m.__name__}); use "
+                "one of them"
+            )
+        if not inspect.iscoroutinefunction(m):
+            raise ValueError(f"@concurrent_endpoint needs an async method; {m.__name__} is sync")
+        return EndpointProperty(
+            m,
+            propagate=propagate,
+            explicit_response_port=explicit_response_port,
+            instrument=instrument,
+            concurrent=True,
+        )
+
+    return wrap(method) if method is not None else wrap
+
+
+# --- caller side: the adverbs ---------------------------------------------------------------
+
+
+class Endpoint(Generic[P, R]):
+    """``mesh.method``: the adverbs ``call``, ``call_one``, ``choose``, ``stream`` and
+    ``broadcast``. Arguments are checked against the method's signature and pickled once,
+    at call time."""
+
+    def __init__(self, mesh: ActorMesh[Any], name: str, explicit: bool = False) -> None:
+        self._mesh = mesh
+        self._name = name
+        self._explicit = explicit
+
+    def _qualname(self) -> str:
+        return f"{self._mesh._ref.class_name}.{self._name}"
+
+    def _payload(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes]:
+        info = self._mesh._ref.info
+        ep = info.endpoints.get(self._name) if info is not None else None
+        if ep is not None:
+            try:
+                ep._check_args(args, kwargs)
+            except TypeError as e:
+                raise TypeError(
+                    f"wrong arguments for endpoint {self._qualname()}{ep._signature}: {e}"
+                ) from None
+        try:
+            return runtime.dumps_call(args, kwargs)
+        except Exception as e:
+            culprit = _find_unpicklable(args, kwargs)
+            raise TypeError(
+                f"cannot send a call to endpoint {self._qualname()}: argument {culprit} "
+                f"cannot be pickled ({type(e).__name__}: {e})"
+            ) from e
+
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
+        """Call every actor of the view; a future of a ValueMesh of their replies."""
+        return _cast(self._mesh, self._name, self._payload(args, kwargs), "call")
+
+    def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+        """Call the only actor of the view (ValueError if there are several)."""
+        n = len(self._mesh._targets)
+        if n != 1:
+            raise ValueError(
+                f"call_one() needs a mesh of exactly 1 actor, but {self._mesh._describe()} "
+                f"has {n}; use call(), or slice the mesh down to one actor first"
+            )
+        return _cast(self._mesh, self._name, self._payload(args, kwargs), "one")
+
+    def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+        """Call one actor of the view, picked by the runtime."""
+        if len(self._mesh) == 0:
+            raise ValueError(f"choose() on {self._mesh._describe()}, which has no actors")
+        return _cast(self._mesh, self._name, self._payload(args, kwargs), "choose")
+
+    def stream(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[Future[R]]:
+        """Call every actor; yields one future per actor, in reply arrival order."""
+        payload = self._payload(args, kwargs)
+        return _stream(self._mesh, self._name, payload)
+
+    def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Send to every actor without waiting for replies (exceptions fail the actor)."""
+        _cast(self._mesh, self._name, self._payload(args, kwargs), "broadcast")
+
+    # Hidden from type checkers, so that calling an endpoint of a mesh directly is a type
+    # error, as it is an error at run time.
+    if not TYPE_CHECKING:
+
+        def __call__(self, *args, **kwargs):
+            raise TypeError(
+                f"an endpoint of a mesh is not called directly; use "
+                f"{self._name}.call(...), .call_one(...), .choose(...), .stream(...) or "
+                ".broadcast(...)"
+            )
+
+
+def _find_unpicklable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    for i, a in enumerate(args):
+        try:
+            dumps(a)
+        except Exception:
+            return f"#{i} ({type(a).__name__})"
+    for k, v in kwargs.items():
+        try:
+            dumps(v)
+        except Exception:
+            return f"{k!r} ({type(v).__name__})"
+    return "?"
+
+
+def _header(mesh: ActorMesh[Any], method: str) -> bytes:
+    """The pickled ``(method, labels, sizes)`` every receiver of a cast gets."""
+    cache = mesh._method_headers
+    header = cache.get(method)
+    if header is None:
+        shape = mesh._mesh_shape
+        header = cache[method] = pickle.dumps(
+            (method, tuple(shape.labels), tuple(shape.ndslice.sizes)), protocol=5
+        )
+    return header
+
+
+#: ``Inbox.cast`` reply modes.
+NO_REPLY, DIRECT, REDUCE = 0, 1, 2
+
+
+@overload
+def _cast(
+    mesh: ActorMesh[Any],
+    method: str,
+    payload: list[bytes],
+    mode: Literal["broadcast"],
+    collect: None = None,
+) -> None: ...
+@overload
+def _cast(
+    mesh: ActorMesh[Any],
+    method: str,
+    payload: list[bytes],
+    mode: Literal["call", "one", "choose"],
+    collect: Callable[[ValueMesh[Any]], Any] | None = None,
+) -> Future[Any]: ...
+def _cast(
+    mesh: ActorMesh[Any],
+    method: str,
+    payload: list[bytes],
+    mode: str,
+    collect: Callable[[ValueMesh[Any]], Any] | None = None,
+) -> Future[Any] | None:
+    """Send ``payload`` to the actors of ``mesh`` (one of them for ``choose``); the future
+    of their replies, or ``None`` for ``broadcast``."""
+    ref = mesh._ref
+    endpoint = f"{ref.class_name}.{method}"
+    proc = runtime.process_context()
+    shape = mesh._mesh_shape
+    ranks = mesh._targets
+    if mode == "choose":
+        ranks = [random.choice(ranks)]
+    if ref.stopped is not None and not method.startswith("__"):
+        err = SupervisionError(
+            f"actor mesh {ref.name!r} ({ref.class_name}) was stopped ({ref.stopped}); "
+            f"calling {endpoint} on it is an error",
+            endpoint,
+        )
+        if mode == "broadcast":
+            raise err
+        return Future(impl=_Failed(err))
+    parts = [_header(mesh, method), *payload]
+    if mode == "broadcast":
+        ref.group.cast(ref.key, ranks, parts, None, None, NO_REPLY)
+        return None
+    queue = proc.inbox.reply_queue()
+    replies: _Replies
+    if mode == "call":
+
+        def finish(values: list[Any]) -> Any:
+            vm = ValueMesh(shape, values)
+            return collect(vm) if collect is not None else vm
+
+        replies = _Replies(queue, len(ranks), endpoint, finish)
+    elif mode == "choose":
+        # The one reply carries the chosen rank's index: remap it to slot 0.
+        replies = _Replies(_Reindex(queue, ranks[0][0]), 1, endpoint, lambda v: v[0])
+    else:
+        replies = _Replies(queue, 1, endpoint, lambda v: v[0])
+    cast_mode = REDUCE if mode == "call" else DIRECT
+    ref.group.cast(ref.key, ranks, parts, (proc.port_id, queue.key), replies, cast_mode)
+    return Future(impl=replies)
+
+
+def _stream(mesh: ActorMesh[Any], method: str, payload: list[bytes]) -> Iterator[Future[Any]]:
+    ref = mesh._ref
+    endpoint = f"{ref.class_name}.{method}"
+    proc = runtime.process_context()
+    ranks = mesh._targets
+    queue = proc.inbox.reply_queue()
+    shared = _StreamShared(queue, endpoint)
+    parts = [_header(mesh, method), *payload]
+    ref.group.cast(ref.key, ranks, parts, (proc.port_id, queue.key), shared, DIRECT)
+    return iter([Future(impl=_StreamOne(shared)) for _ in ranks])
+
+
+# --- methods that are not endpoints ------------------------------------------------------------
+
+
+class _NotAnEndpoint:
+    """``mesh.method`` for a method of the actor class that is not an endpoint: calling
+    it explains; :func:`as_endpoint` turns it into an :class:`Endpoint`."""
+
+    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
+        self._mesh = mesh
+        self._name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            f"{self._name} is not an endpoint of {self._mesh._ref.class_name}: mark it with "
+            f"@endpoint, or call it as as_endpoint(mesh.{self._name}).call(...)"
+        )
+
+
+@overload
+def as_endpoint(
+    not_an_endpoint: Callable[P, Coroutine[Any, Any, R]],
+    *,
+    propagate: Any = None,
+    explicit_response_port: Literal[False] = False,
+) -> Endpoint[P, R]: ...
+@overload
+def as_endpoint(
+    not_an_endpoint: Callable[P, R],
+    *,
+    propagate: Any = None,
+    explicit_response_port: Literal[False] = False,
+) -> Endpoint[P, R]: ...
+@overload
+def as_endpoint(
+    not_an_endpoint: Callable[Concatenate[Port[R], P], object],
+    *,
+    propagate: Any = None,
+    explicit_response_port: Literal[True],
+) -> Endpoint[P, R]: ...
+def as_endpoint(
+    not_an_endpoint: Any, *, propagate: Any = None, explicit_response_port: bool = False
+) -> Endpoint[..., Any]:
+    """Treat a non-``@endpoint`` method of a spawned mesh as an endpoint."""
+    if not isinstance(not_an_endpoint, _NotAnEndpoint):
+        raise ValueError(
+            "as_endpoint() takes a method of a spawned actor mesh that is not an endpoint, "
+            f"e.g. as_endpoint(mesh.method); got {not_an_endpoint!r}"
+        )
+    mesh = not_an_endpoint._mesh
+    name = not_an_endpoint._name
+    ref = mesh._ref
+    if name not in ref.endpoints:
+        method = getattr(ref.info.cls, name) if ref.info is not None else None
+        ref.endpoints[name] = (inspect.iscoroutinefunction(method), explicit_response_port)
+    return Endpoint(mesh, name, explicit_response_port)
