@@ -9,11 +9,16 @@ import atexit as _atexit
 
 from monarch._rust_bindings import __version__ as __version__
 from monarch._rust_bindings import _prepare_exit
+from monarch._src.config import Encoding as Encoding
 from monarch._src.config import clear_runtime_config as clear_runtime_config
 from monarch._src.config import configure as configure
 from monarch._src.config import configured as configured
 from monarch._src.config import get_global_config as get_global_config
 from monarch._src.config import get_runtime_config as get_runtime_config
+from monarch._src.config.testing import parametrize_config as parametrize_config
+from monarch._src.config.testing import (
+    parametrize_config_pointwise as parametrize_config_pointwise,
+)
 
 # Registered first, so it runs after every other monarch exit hook (atexit runs hooks in
 # reverse order): from then on no thread of the Rust runtime enters Python, which
@@ -21,10 +26,13 @@ from monarch._src.config import get_runtime_config as get_runtime_config
 _atexit.register(_prepare_exit)
 
 __all__ = [
+    "Encoding",
     "__version__",
     "clear_runtime_config",
     "configure",
     "configured",
     "get_global_config",
     "get_runtime_config",
+    "parametrize_config",
+    "parametrize_config_pointwise",
 ]

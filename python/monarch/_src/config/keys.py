@@ -1,0 +1,713 @@
+"""The config keys: upstream Monarch's documented keys, with their environment variables,
+types and defaults, plus this implementation's own (``cast_fanout``).
+
+Each :class:`Key` records, in ``effect``, what it changes in this implementation; an
+empty ``effect`` means the key is accepted (so scripts written for upstream Monarch run)
+but changes nothing here. Wiring a key in means reading it where it matters (with
+:func:`monarch._src.config.get` or, on hot paths, ``cached``) and writing what it does
+into ``effect``; docs/config.md is generated from this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from monarch._src.config.kinds import (
+    BOOL,
+    DURATION,
+    ENCODING,
+    FRACTION,
+    MINUTE,
+    MS,
+    PEM,
+    SOCKET_ADDR,
+    STRING,
+    TRANSPORT,
+    Encoding,
+    Kind,
+    S,
+    integer,
+    optional,
+)
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key."""
+
+    #: The keyword of ``configure()``.
+    name: str
+    #: The environment variable that overrides it.
+    env: str
+    kind: Kind
+    #: The default, in stored form (durations in nanoseconds).
+    default: Any
+    #: What the key controls (in upstream Monarch, for keys without an ``effect``).
+    doc: str
+    #: What it changes in this implementation; empty when it changes nothing.
+    effect: str = ""
+    #: Whether a spawned proc inherits the client's value (see ``snapshot_for_children``).
+    propagate: bool = True
+    #: The docs section it is listed in.
+    group: str = ""
+
+
+USIZE = integer()
+POSITIVE = integer(1)
+
+_MESH = "Meshes, procs and actors"
+_MESSAGES = "Messages and channels"
+_LOGS = "Logging and telemetry"
+_ADMIN = "Mesh admin server"
+_PYTHON = "Python actors and the runtime"
+_RDMA = "RDMA"
+_TLS = "TLS"
+
+
+def _keys(group: str, *keys: Key) -> list[Key]:
+    return [replace(k, group=group) for k in keys]
+
+
+_ALL = [
+    *_keys(
+        _MESH,
+        Key(
+            "cast_fanout",
+            "HYPERACTOR_MESH_CAST_FANOUT",
+            POSITIVE,
+            16,
+            "How many procs each node of a cast's tree sends to.",
+            effect="How many procs a cast is sent to from each node of its tree (the "
+            "sender included): a cast to n actors takes about log_fanout(n) hops.",
+        ),
+        Key(
+            "default_transport",
+            "HYPERACTOR_MESH_DEFAULT_TRANSPORT",
+            TRANSPORT,
+            "unix",
+            "The channel transport procs and actors communicate over: a transport name "
+            "or an explicit address.",
+        ),
+        Key(
+            "max_cast_dimension_size",
+            "HYPERACTOR_MESH_MAX_CAST_DIMENSION_SIZE",
+            USIZE,
+            2**64 - 1,
+            "The largest dimension a cast's shape is folded to, to bound fan-out (the "
+            "default means no folding).",
+        ),
+        Key(
+            "host_spawn_ready_timeout",
+            "HYPERACTOR_HOST_SPAWN_READY_TIMEOUT",
+            DURATION,
+            30 * S,
+            "How long a host waits for a spawned proc to report ready (0: forever).",
+        ),
+        Key(
+            "mesh_proc_spawn_max_idle",
+            "HYPERACTOR_MESH_PROC_SPAWN_MAX_IDLE",
+            DURATION,
+            30 * S,
+            "The longest gap between updates while a proc mesh spawns.",
+        ),
+        Key(
+            "proc_stop_max_idle",
+            "HYPERACTOR_MESH_PROC_STOP_MAX_IDLE",
+            DURATION,
+            30 * S,
+            "The longest gap between updates while a proc mesh stops.",
+        ),
+        Key(
+            "get_proc_state_max_idle",
+            "HYPERACTOR_MESH_GET_PROC_STATE_MAX_IDLE",
+            DURATION,
+            MINUTE,
+            "The longest gap between updates while querying hosts for proc states.",
+        ),
+        Key(
+            "actor_spawn_max_idle",
+            "HYPERACTOR_MESH_ACTOR_SPAWN_MAX_IDLE",
+            DURATION,
+            30 * S,
+            "The longest gap between updates while an actor mesh spawns.",
+        ),
+        Key(
+            "get_actor_state_max_idle",
+            "HYPERACTOR_MESH_GET_ACTOR_STATE_MAX_IDLE",
+            DURATION,
+            30 * S,
+            "The longest wait for a proc agent's reply to an actor state query.",
+        ),
+        Key(
+            "supervision_watchdog_timeout",
+            "HYPERACTOR_MESH_SUPERVISION_WATCHDOG_TIMEOUT",
+            DURATION,
+            2 * MINUTE,
+            "Silence on an actor mesh's supervision stream for this long means its "
+            "controller is unreachable and the mesh unhealthy.",
+        ),
+        Key(
+            "supervision_liveness_timeout",
+            "HYPERACTOR_MESH_SUPERVISION_LIVENESS_TIMEOUT",
+            DURATION,
+            30 * S,
+            "An earlier name of supervision_watchdog_timeout, with its earlier default.",
+        ),
+        Key(
+            "process_exit_timeout",
+            "HYPERACTOR_PROCESS_EXIT_TIMEOUT",
+            DURATION,
+            10 * S,
+            "How long stopping a proc waits for its process to exit.",
+        ),
+        Key(
+            "stop_actor_timeout",
+            "HYPERACTOR_STOP_ACTOR_TIMEOUT",
+            DURATION,
+            10 * S,
+            "How long a proc mesh waits for an actor to stop.",
+        ),
+        Key(
+            "cleanup_timeout",
+            "HYPERACTOR_CLEANUP_TIMEOUT",
+            DURATION,
+            3 * S,
+            "How long an actor's cleanup callback may run (less than stop_actor_timeout).",
+        ),
+        Key(
+            "mesh_bootstrap_enable_pdeathsig",
+            "HYPERACTOR_MESH_BOOTSTRAP_ENABLE_PDEATHSIG",
+            BOOL,
+            True,
+            "Spawned procs get a parent-death signal (SIGKILL), so they die with their "
+            "host. (Here they always do.)",
+        ),
+        Key(
+            "mesh_terminate_concurrency",
+            "HYPERACTOR_MESH_TERMINATE_CONCURRENCY",
+            USIZE,
+            16,
+            "How many child processes a host terminates at once during shutdown.",
+        ),
+        Key(
+            "mesh_terminate_timeout",
+            "HYPERACTOR_MESH_TERMINATE_TIMEOUT",
+            DURATION,
+            10 * S,
+            "How long a host waits after SIGTERM before it sends SIGKILL to a child.",
+        ),
+        Key(
+            "mesh_orphan_timeout",
+            "HYPERACTOR_MESH_ORPHAN_TIMEOUT",
+            optional(DURATION),
+            60 * S,
+            "Actors, procs and hosts whose owner has been unreachable this long stop "
+            "themselves (None: never).",
+        ),
+        Key(
+            "proc_launcher_kind",
+            "HYPERACTOR_MESH_PROC_LAUNCHER_KIND",
+            STRING,
+            "",
+            "Which launcher starts proc processes: 'native' (empty: the default) or 'systemd'.",
+        ),
+        Key(
+            "remote_allocator_heartbeat_interval",
+            "HYPERACTOR_REMOTE_ALLOCATOR_HEARTBEAT_INTERVAL",
+            DURATION,
+            5 * MINUTE,
+            "The heartbeat interval of the remote process allocator.",
+        ),
+    ),
+    *_keys(
+        _MESSAGES,
+        Key(
+            "codec_max_frame_length",
+            "HYPERACTOR_CODEC_MAX_FRAME_LENGTH",
+            USIZE,
+            10 * 1024**3,
+            "The largest serialized message, in bytes.",
+        ),
+        Key(
+            "message_delivery_timeout",
+            "HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT",
+            DURATION,
+            30 * S,
+            "A message not delivered within this time is returned as undeliverable.",
+        ),
+        Key(
+            "message_ack_time_interval",
+            "HYPERACTOR_MESSAGE_ACK_TIME_INTERVAL",
+            DURATION,
+            500 * MS,
+            "How often a channel's receiver acknowledges messages.",
+        ),
+        Key(
+            "message_ack_every_n_messages",
+            "HYPERACTOR_MESSAGE_ACK_EVERY_N_MESSAGES",
+            USIZE,
+            1000,
+            "A channel's receiver acknowledges at least every this many messages.",
+        ),
+        Key(
+            "message_ttl_default",
+            "HYPERACTOR_MESSAGE_TTL_DEFAULT",
+            integer(0, 255),
+            64,
+            "The default number of hops a message envelope may take.",
+        ),
+        Key(
+            "message_latency_sampling_rate",
+            "HYPERACTOR_MESSAGE_LATENCY_SAMPLING_RATE",
+            FRACTION,
+            0.01,
+            "The fraction of messages whose latency is logged.",
+        ),
+        Key(
+            "default_encoding",
+            "HYPERACTOR_DEFAULT_ENCODING",
+            ENCODING,
+            Encoding.Multipart,
+            "How message payloads are serialized: Encoding.Bincode, Encoding.Json or "
+            "Encoding.Multipart.",
+        ),
+        Key(
+            "split_max_buffer_size",
+            "HYPERACTOR_SPLIT_MAX_BUFFER_SIZE",
+            USIZE,
+            5,
+            "How many updates a split port buffers before reducing them.",
+        ),
+        Key(
+            "split_max_buffer_age",
+            "HYPERACTOR_SPLIT_MAX_BUFFER_AGE",
+            DURATION,
+            50 * MS,
+            "The longest an update stays buffered in a split port before it is reduced.",
+        ),
+        Key(
+            "channel_net_rx_buffer_full_check_interval",
+            "HYPERACTOR_CHANNEL_NET_RX_BUFFER_FULL_CHECK_INTERVAL",
+            DURATION,
+            5 * S,
+            "How often a network receiver checks whether its buffer is full.",
+        ),
+        Key(
+            "channel_tcp_keepalive_idle",
+            "HYPERACTOR_CHANNEL_TCP_KEEPALIVE_IDLE",
+            DURATION,
+            60 * S,
+            "Idle time before the kernel's first TCP keepalive probe on a channel.",
+        ),
+        Key(
+            "channel_reconnect_timeout",
+            "HYPERACTOR_CHANNEL_RECONNECT_TIMEOUT",
+            DURATION,
+            60 * S,
+            "How long a channel link retries a failed connection before it closes.",
+        ),
+        Key(
+            "enable_dest_actor_reordering_buffer",
+            "HYPERACTOR_ENABLE_DEST_ACTOR_REORDERING_BUFFER",
+            BOOL,
+            False,
+            "Reorder messages per destination actor on receipt.",
+        ),
+        Key(
+            "sequencer_max_locked_keys",
+            "HYPERACTOR_SEQUENCER_MAX_LOCKED_KEYS",
+            POSITIVE,
+            128,
+            "How many destinations the message sequencer assigns under one lock.",
+        ),
+        Key(
+            "terminated_snapshot_retention",
+            "HYPERACTOR_TERMINATED_SNAPSHOT_RETENTION",
+            USIZE,
+            100,
+            "How many snapshots of terminated actors a proc keeps for introspection.",
+        ),
+        Key(
+            "server_heartbeat_interval",
+            "HYPERACTOR_SERVER_HEARTBEAT_INTERVAL",
+            DURATION,
+            S,
+            "How often a channel server emits its liveness metric.",
+        ),
+        Key(
+            "forwarder_flush_timeout",
+            "HYPERACTOR_FORWARDER_FLUSH_TIMEOUT",
+            DURATION,
+            5 * S,
+            "How long a proc's forwarder waits for acknowledgements when it shuts down.",
+        ),
+        Key(
+            "small_write_threshold",
+            "MONARCH_HYPERACTOR_SMALL_WRITE_THRESHOLD",
+            USIZE,
+            256,
+            "Pickled buffers smaller than this many bytes are copied; larger ones are "
+            "sent without a copy.",
+        ),
+    ),
+]
+
+_ALL += [
+    *_keys(
+        _LOGS,
+        Key(
+            "enable_log_forwarding",
+            "HYPERACTOR_MESH_ENABLE_LOG_FORWARDING",
+            BOOL,
+            False,
+            "Forward spawned procs' stdout and stderr to the client over the mesh.",
+        ),
+        Key(
+            "enable_file_capture",
+            "HYPERACTOR_MESH_ENABLE_FILE_CAPTURE",
+            BOOL,
+            False,
+            "Also write spawned procs' stdout and stderr to per-host files.",
+        ),
+        Key(
+            "tail_log_lines",
+            "HYPERACTOR_MESH_TAIL_LOG_LINES",
+            USIZE,
+            0,
+            "How many recent lines of each proc's output are kept in memory.",
+        ),
+        Key(
+            "read_log_buffer",
+            "HYPERACTOR_READ_LOG_BUFFER",
+            USIZE,
+            100,
+            "How many log lines are read before they are flushed to the client.",
+        ),
+        Key(
+            "force_file_log",
+            "HYPERACTOR_FORCE_FILE_LOG",
+            BOOL,
+            False,
+            "Write and aggregate log files even for local runs.",
+        ),
+        Key(
+            "prefix_with_rank",
+            "HYPERACTOR_PREFIX_WITH_RANK",
+            BOOL,
+            True,
+            "Prefix forwarded log lines with the rank of the proc that wrote them.",
+        ),
+        Key(
+            "file_log_level",
+            "MONARCH_FILE_LOG",
+            STRING,
+            "",
+            "The level of Monarch's file log: debug, info, warn or error (empty: info).",
+        ),
+        Key(
+            "monarch_log_suffix",
+            "MONARCH_LOG_SUFFIX",
+            STRING,
+            "",
+            "A suffix for log file names.",
+        ),
+        Key(
+            "enable_otel_tracing",
+            "ENABLE_OTEL_TRACING",
+            BOOL,
+            True,
+            "Enable the OpenTelemetry tracing layer.",
+        ),
+        Key(
+            "enable_otel_metrics",
+            "ENABLE_OTEL_METRICS",
+            BOOL,
+            True,
+            "Enable the OpenTelemetry metrics layer.",
+        ),
+        Key(
+            "otel_metric_export_interval",
+            "OTEL_METRIC_EXPORT_INTERVAL",
+            DURATION,
+            10 * S,
+            "How often OpenTelemetry metrics are exported.",
+        ),
+        Key(
+            "enable_recorder_tracing",
+            "ENABLE_RECORDER_TRACING",
+            BOOL,
+            True,
+            "Enable the in-memory trace recorder.",
+        ),
+        Key(
+            "enable_sqlite_tracing",
+            "ENABLE_SQLITE_TRACING",
+            BOOL,
+            False,
+            "Enable the SQLite tracing layer.",
+        ),
+        Key(
+            "scuba_log_enter_exit",
+            "SCUBA_LOG_ENTER_EXIT",
+            BOOL,
+            False,
+            "Log span enter and exit events to Scuba.",
+        ),
+        Key(
+            "use_unified_layer",
+            "USE_UNIFIED_LAYER",
+            BOOL,
+            False,
+            "Use the unified tracing layer.",
+        ),
+    ),
+    *_keys(
+        _ADMIN,
+        Key(
+            "mesh_admin_addr",
+            "HYPERACTOR_MESH_ADMIN_ADDR",
+            SOCKET_ADDR,
+            "[::]:1729",
+            "The address the mesh admin HTTP server binds to.",
+        ),
+        Key(
+            "mesh_attach_config_timeout",
+            "HYPERACTOR_MESH_ATTACH_CONFIG_TIMEOUT",
+            DURATION,
+            10 * S,
+            "How long attaching to running hosts waits for them to take the client's "
+            "config (best effort).",
+        ),
+        Key(
+            "mesh_admin_resolve_actor_timeout",
+            "HYPERACTOR_MESH_ADMIN_RESOLVE_ACTOR_TIMEOUT",
+            DURATION,
+            200 * MS,
+            "The admin server's budget for a fallback query to a recently stopped actor.",
+        ),
+        Key(
+            "mesh_admin_max_concurrent_resolves",
+            "HYPERACTOR_MESH_ADMIN_MAX_CONCURRENT_RESOLVES",
+            USIZE,
+            2,
+            "How many resolve requests the admin server forwards at once.",
+        ),
+        Key(
+            "mesh_admin_single_host_timeout",
+            "HYPERACTOR_MESH_ADMIN_SINGLE_HOST_TIMEOUT",
+            DURATION,
+            3 * S,
+            "The admin server's budget for a query to one host.",
+        ),
+        Key(
+            "mesh_admin_query_child_timeout",
+            "HYPERACTOR_MESH_ADMIN_QUERY_CHILD_TIMEOUT",
+            DURATION,
+            100 * MS,
+            "The admin server's budget for one child snapshot lookup.",
+        ),
+        Key(
+            "mesh_admin_config_dump_bridge_timeout",
+            "HYPERACTOR_MESH_ADMIN_CONFIG_DUMP_BRIDGE_TIMEOUT",
+            DURATION,
+            5 * S,
+            "The admin server's budget for a proc's config dump.",
+        ),
+        Key(
+            "mesh_admin_tree_timeout",
+            "HYPERACTOR_MESH_ADMIN_TREE_TIMEOUT",
+            DURATION,
+            10 * S,
+            "The admin server's budget for a dump of the whole mesh tree.",
+        ),
+        Key(
+            "mesh_admin_pyspy_timeout",
+            "HYPERACTOR_MESH_ADMIN_PYSPY_TIMEOUT",
+            DURATION,
+            10 * S,
+            "How long a py-spy stack dump may run.",
+        ),
+        Key(
+            "mesh_admin_pyspy_bridge_timeout",
+            "HYPERACTOR_MESH_ADMIN_PYSPY_BRIDGE_TIMEOUT",
+            DURATION,
+            13 * S,
+            "The admin server's budget for a py-spy request (more than mesh_admin_pyspy_timeout).",
+        ),
+        Key(
+            "mesh_admin_pyspy_client_timeout",
+            "HYPERACTOR_MESH_ADMIN_PYSPY_CLIENT_TIMEOUT",
+            DURATION,
+            20 * S,
+            "An admin client's budget for a py-spy request (more than "
+            "mesh_admin_pyspy_bridge_timeout).",
+        ),
+        Key(
+            "pyspy_bin",
+            "PYSPY_BIN",
+            STRING,
+            "",
+            "The py-spy binary to run (empty: py-spy from PATH).",
+        ),
+    ),
+]
+
+_ALL += [
+    *_keys(
+        _PYTHON,
+        Key(
+            "tokio_worker_threads",
+            "MONARCH_TOKIO_WORKER_THREADS",
+            optional(POSITIVE),
+            None,
+            "The number of worker threads of a process's tokio runtime (None: the "
+            "implementation's choice).",
+            effect="Read from the environment variable only, when a process starts its "
+            "runtime: its number of tokio worker threads (unset: 2 in the client, 1 in "
+            "spawned procs). configure() cannot change a runtime that has started.",
+        ),
+        Key(
+            "shared_asyncio_runtime",
+            "HYPERACTOR_SHARED_ASYNCIO_RUNTIME",
+            BOOL,
+            False,
+            "Run all Python actors of a process on one asyncio event loop.",
+        ),
+        Key(
+            "actor_queue_dispatch",
+            "MONARCH_ACTOR_QUEUE_DISPATCH",
+            BOOL,
+            False,
+            "Dispatch messages to Python actors through a queue.",
+        ),
+    ),
+    *_keys(
+        _RDMA,
+        Key(
+            "rdma_allow_tcp_fallback",
+            "MONARCH_RDMA_ALLOW_TCP_FALLBACK",
+            BOOL,
+            True,
+            "Without ibverbs hardware, RDMA operations fall back to chunked messages "
+            "over the default transport (otherwise they fail).",
+        ),
+        Key(
+            "rdma_disable_ibverbs",
+            "MONARCH_RDMA_DISABLE_IBVERBS",
+            BOOL,
+            False,
+            "Do not use ibverbs even where the hardware is present.",
+        ),
+        Key(
+            "rdma_max_chunk_size_mb",
+            "MONARCH_RDMA_MAX_CHUNK_SIZE_MB",
+            USIZE,
+            64,
+            "The largest chunk of a TCP-fallback RDMA transfer, in MiB.",
+        ),
+        Key(
+            "rdma_tcp_fallback_parallelism",
+            "MONARCH_RDMA_TCP_FALLBACK_PARALLELISM",
+            USIZE,
+            1,
+            "How many parallel connections a TCP-fallback transfer uses.",
+        ),
+        Key(
+            "rdma_ibverbs_target",
+            "MONARCH_RDMA_IBVERBS_TARGET",
+            STRING,
+            "",
+            "The ibverbs device to use: cpu:<numa>, gpu:<ordinal> or nic:<name> "
+            "(empty: automatic).",
+        ),
+        Key(
+            "rdma_peer_device_affinity",
+            "MONARCH_RDMA_PEER_DEVICE_AFFINITY",
+            STRING,
+            "",
+            "Which peer NICs a local NIC pairs with: any, match_name or groups:... (empty: any).",
+        ),
+        Key(
+            "rdma_max_nics_per_buffer",
+            "MONARCH_RDMA_MAX_NICS_PER_BUFFER",
+            optional(POSITIVE),
+            1,
+            "On how many NICs a buffer is registered at most (None: no limit).",
+        ),
+        Key(
+            "rdma_qps_per_cq",
+            "MONARCH_RDMA_QPS_PER_CQ",
+            POSITIVE,
+            1,
+            "How many queue pairs share a completion queue.",
+        ),
+        Key(
+            "rdma_runtime_worker_threads",
+            "MONARCH_RDMA_RUNTIME_WORKER_THREADS",
+            USIZE,
+            16,
+            "Worker threads of the RDMA data-plane runtime (fixed at first RDMA use).",
+        ),
+        Key(
+            "rdma_qp_init_timeout",
+            "MONARCH_RDMA_QP_INIT_TIMEOUT",
+            DURATION,
+            30 * S,
+            "Each side's budget for setting up a queue pair.",
+        ),
+        Key(
+            "rdma_cq_busy_poll_window",
+            "MONARCH_RDMA_CQ_BUSY_POLL_WINDOW",
+            optional(DURATION),
+            None,
+            "How long a completion queue poll loop yields before it backs off to "
+            "sleeping (None: it never sleeps).",
+        ),
+        Key(
+            "rdma_mr_lru_cache_size",
+            "MONARCH_RDMA_MR_LRU_CACHE_SIZE",
+            USIZE,
+            1024,
+            "How many registered memory regions each process caches.",
+        ),
+    ),
+    *_keys(
+        _TLS,
+        Key(
+            "hyperactor_tls_ca",
+            "HYPERACTOR_TLS_CA",
+            PEM,
+            "/etc/hyperactor/tls/ca.crt",
+            "The CA certificate of the tls transport: a path or PEM text. Not passed "
+            "to spawned procs.",
+            propagate=False,
+        ),
+        Key(
+            "hyperactor_tls_cert",
+            "HYPERACTOR_TLS_CERT",
+            PEM,
+            "/etc/hyperactor/tls/tls.crt",
+            "The certificate of the tls transport: a path or PEM text. Not passed to "
+            "spawned procs.",
+            propagate=False,
+        ),
+        Key(
+            "hyperactor_tls_key",
+            "HYPERACTOR_TLS_KEY",
+            PEM,
+            "/etc/hyperactor/tls/tls.key",
+            "The private key of the tls transport: a path or PEM text. Not passed to "
+            "spawned procs.",
+            propagate=False,
+        ),
+    ),
+]
+
+#: Every key, by name, in docs order.
+KEYS: dict[str, Key] = {k.name: k for k in _ALL}
+#: The docs sections, in order.
+GROUPS = [_MESH, _MESSAGES, _LOGS, _ADMIN, _PYTHON, _RDMA, _TLS]
+
+assert len(KEYS) == len(_ALL), "duplicate config key"
+assert len({k.env for k in _ALL}) == len(_ALL), "duplicate config environment variable"
