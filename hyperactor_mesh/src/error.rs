@@ -247,6 +247,17 @@ pub enum MeshError {
         /// What was expected.
         reason: String,
     },
+    /// Only the owner of a mesh (the actor that spawned it) can do this.
+    #[error(
+        "{what} is a reference (received, or a view of another process's mesh); only its \
+         owner, the actor that spawned it, can {action} it"
+    )]
+    NotOwner {
+        /// The mesh, in words.
+        what: String,
+        /// What was attempted.
+        action: &'static str,
+    },
     /// The mesh was stopped.
     #[error("{what} was stopped ({reason}); create a new one")]
     Stopped {

@@ -118,6 +118,17 @@ impl ProcAgent {
     pub async fn stop_owned_by(&self, owner: &ActorId, reason: &str) {
         self.inner.stop_owned_by(owner, reason).await;
     }
+
+    /// Stops the mesh `id`, owned by an actor of this process (procs are stopped by
+    /// their hosts, actors by their agents), bounded by the agent's stop timeout.
+    /// Returns false if no actor of this process owns such a mesh.
+    pub async fn stop_owned(&self, id: u64, reason: &str) -> bool {
+        let Some(owner) = lock(&self.inner.owned).get(&id).map(|m| m.owner.clone()) else {
+            return false;
+        };
+        self.inner.stop_meshes(|m| m.mesh.id == id && m.owner == owner, reason).await;
+        true
+    }
 }
 
 impl Inner {
@@ -268,11 +279,15 @@ impl Inner {
     }
 
     pub(super) async fn stop_owned_by(self: &Arc<Self>, owner: &ActorId, reason: &str) {
+        self.stop_meshes(|m| &m.owner == owner, reason).await;
+    }
+
+    async fn stop_meshes(self: &Arc<Self>, which: impl Fn(&OwnedMesh) -> bool, reason: &str) {
         let meshes: Vec<(MeshInfo, OwnedKind, Vec<CastTarget>, ViewExtent)> = {
             let mut owned = lock(&self.owned);
             owned
                 .values_mut()
-                .filter(|m| &m.owner == owner && !m.stopped)
+                .filter(|m| which(m) && !m.stopped)
                 .map(|m| {
                     m.stopped = true;
                     let kind = match &m.kind {

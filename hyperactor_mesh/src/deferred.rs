@@ -1,0 +1,220 @@
+//! A value that will exist later, and the operations waiting for it, run in order.
+//!
+//! Spawning procs takes time, but a caller may spawn actors on them and message those
+//! actors at once (non-blocking APIs, as Python's `spawn_procs` is). A [`Deferred`]
+//! holds such operations until the value is resolved, then runs them in the order they
+//! were issued; an operation issued after the resolution runs at once. Either way,
+//! operations of one caller keep their order (what ORD-1 needs), because the queue is
+//! drained under the same lock that issuing takes.
+//!
+//! ```
+//! use std::sync::{Arc, Mutex};
+//! use hyperactor_mesh::deferred::Deferred;
+//!
+//! let procs = Deferred::<Vec<u32>>::new();
+//! let log = Arc::new(Mutex::new(Vec::new()));
+//! let l = Arc::clone(&log);
+//! procs.run(move |procs| l.lock().unwrap().push(format!("spawn on {procs:?}")));
+//! let l = Arc::clone(&log);
+//! procs.run(move |procs| l.lock().unwrap().push(format!("cast to {procs:?}")));
+//! assert!(log.lock().unwrap().is_empty());
+//! procs.resolve(Ok(vec![1, 2]));
+//! assert_eq!(*log.lock().unwrap(), ["spawn on Ok([1, 2])", "cast to Ok([1, 2])"]);
+//! ```
+
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use tokio::sync::Notify;
+
+type Op<T> = Box<dyn FnOnce(Result<&T, &str>) + Send>;
+
+enum State<T> {
+    Pending(Vec<Op<T>>),
+    Ready(T),
+    Failed(String),
+}
+
+/// See the [module docs](self).
+pub struct Deferred<T> {
+    state: Mutex<State<T>>,
+    ready: Condvar,
+    notify: Notify,
+}
+
+impl<T> std::fmt::Debug for Deferred<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &*self.lock() {
+            State::Pending(ops) => format!("pending ({} operations waiting)", ops.len()),
+            State::Ready(_) => "ready".to_string(),
+            State::Failed(e) => format!("failed: {e}"),
+        };
+        write!(f, "Deferred({state})")
+    }
+}
+
+impl<T: Send + 'static> Default for Deferred<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Send + 'static> Deferred<T> {
+    /// A value not resolved yet.
+    pub fn new() -> Self {
+        Self {
+            state: Mutex::new(State::Pending(Vec::new())),
+            ready: Condvar::new(),
+            notify: Notify::new(),
+        }
+    }
+
+    /// A value resolved already.
+    pub fn ready(value: T) -> Self {
+        Self {
+            state: Mutex::new(State::Ready(value)),
+            ready: Condvar::new(),
+            notify: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<T>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `op` with the value (or the resolution's error) now if it is resolved, else
+    /// once it is, after the operations issued before it. `op` runs under this value's
+    /// lock: it must not wait, nor use this `Deferred`.
+    pub fn run(&self, op: impl FnOnce(Result<&T, &str>) + Send + 'static) {
+        let mut state = self.lock();
+        match &mut *state {
+            State::Pending(ops) => ops.push(Box::new(op)),
+            State::Ready(value) => op(Ok(value)),
+            State::Failed(error) => op(Err(error)),
+        }
+    }
+
+    /// Resolves the value (or fails it) and runs the waiting operations in order. Only
+    /// the first resolution counts; returns false for later ones.
+    pub fn resolve(&self, value: Result<T, String>) -> bool {
+        let mut state = self.lock();
+        let State::Pending(ops) = &mut *state else {
+            return false;
+        };
+        let ops = std::mem::take(ops);
+        *state = match value {
+            Ok(value) => State::Ready(value),
+            Err(error) => State::Failed(error),
+        };
+        for op in ops {
+            match &*state {
+                State::Ready(value) => op(Ok(value)),
+                State::Failed(error) => op(Err(error)),
+                State::Pending(_) => unreachable!("invariant: resolved just above"),
+            }
+        }
+        drop(state);
+        self.ready.notify_all();
+        self.notify.notify_waiters();
+        self.notify.notify_one();
+        true
+    }
+
+    /// Whether the value is resolved (or failed).
+    pub fn is_resolved(&self) -> bool {
+        !matches!(&*self.lock(), State::Pending(_))
+    }
+
+    /// A clone of the value if resolved: `None` while pending.
+    pub fn get(&self) -> Option<Result<T, String>>
+    where
+        T: Clone,
+    {
+        match &*self.lock() {
+            State::Pending(_) => None,
+            State::Ready(value) => Some(Ok(value.clone())),
+            State::Failed(error) => Some(Err(error.clone())),
+        }
+    }
+
+    /// Blocks the calling thread until resolved or `deadline`; `None` on timeout. Not
+    /// for runtime threads.
+    pub fn wait_blocking(&self, deadline: Option<Instant>) -> Option<Result<T, String>>
+    where
+        T: Clone,
+    {
+        let mut state = self.lock();
+        loop {
+            match &*state {
+                State::Ready(value) => return Some(Ok(value.clone())),
+                State::Failed(error) => return Some(Err(error.clone())),
+                State::Pending(_) => {}
+            }
+            state = match deadline {
+                None => self.ready.wait(state).unwrap_or_else(|e| e.into_inner()),
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if deadline <= now {
+                        return None;
+                    }
+                    self.ready
+                        .wait_timeout(state, deadline - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
+        }
+    }
+
+    /// Waits until resolved.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn wait(&self) -> Result<T, String>
+    where
+        T: Clone,
+    {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(resolved) = self.get() {
+                return resolved;
+            }
+            notified.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn operations_after_resolution_run_at_once_and_failures_reach_them() {
+        let d = Deferred::<u8>::new();
+        assert!(d.resolve(Err("no procs".into())));
+        assert!(!d.resolve(Ok(1)), "only the first resolution counts");
+        let seen = Arc::new(Mutex::new(None));
+        let s = Arc::clone(&seen);
+        d.run(move |v| *s.lock().unwrap() = Some(v.map(|x| *x).map_err(str::to_string)));
+        assert_eq!(*seen.lock().unwrap(), Some(Err("no procs".to_string())));
+    }
+
+    #[tokio::test]
+    async fn waiters_wake_on_resolution() {
+        let d = Arc::new(Deferred::<u8>::new());
+        let waiter = tokio::spawn({
+            let d = Arc::clone(&d);
+            async move { d.wait().await }
+        });
+        tokio::task::yield_now().await;
+        d.resolve(Ok(5));
+        let got = hyperactor::testing::timed(waiter).await.unwrap();
+        assert_eq!(got, Ok(5));
+        assert_eq!(d.wait_blocking(None), Some(Ok(5)));
+    }
+}

@@ -1,0 +1,214 @@
+//! Host meshes: the machines whose host agents spawn procs, laid out along named
+//! dimensions (`{"hosts": n}` for a cluster; no dimension for this machine alone).
+//!
+//! [`HostMesh::spawn_procs`] asks every host agent for `per_host` procs running a
+//! bootstrap command and returns a [`ProcMesh`] whose extent is the hosts' extent
+//! followed by `per_host`. The procs are owned by the calling actor: they stop when it
+//! stops (with the other meshes it owns), and their host kills them if its proc dies.
+//!
+//! ```no_run
+//! use hyperactor::ChannelTransport;
+//! use hyperactor_mesh::agent::{AgentOptions, ProcAgent};
+//! use hyperactor_mesh::bootstrap::BootstrapCommand;
+//! use hyperactor_mesh::host::Host;
+//! use hyperactor_mesh::host_mesh::HostMesh;
+//! use hyperactor_mesh::shape::Extent;
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let host = Host::serve(ChannelTransport::Unix).await?;
+//! let agent = ProcAgent::new(host.proc().clone(), AgentOptions::default().host(host))?;
+//! let client = agent.proc().client("main")?;
+//! let hosts = HostMesh::local(&agent)?;
+//! let cmd = BootstrapCommand::new("/path/to/worker");
+//! let procs = hosts.spawn_procs(&client, "workers", &Extent::new(["gpus"], [4])?, &cmd).await?;
+//! assert_eq!(procs.len(), 4);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::time::Duration;
+
+use hyperactor::{ProcId, SendContext};
+use serde::{Deserialize, Serialize};
+
+use crate::actor_mesh::agent_of;
+use crate::agent::{Control, ProcAgent, ProcInfo, SpawnProcsRequest};
+use crate::bootstrap::BootstrapCommand;
+use crate::cast::codec::MeshInfo;
+use crate::error::MeshError;
+use crate::proc_mesh::ProcMesh;
+use crate::shape::Extent;
+
+/// How long [`HostMesh::spawn_procs`] waits for a host's answer beyond the host's own
+/// ready timeout.
+const SPAWN_ANSWER_SLACK: Duration = Duration::from_secs(5);
+
+/// A mesh of hosts: see the [module docs](self).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostMesh {
+    /// The proc of each host's agent, by rank.
+    hosts: Vec<ProcId>,
+    extent: Extent,
+}
+
+impl HostMesh {
+    /// The host of this process (its agent must be a host agent), as a mesh with no
+    /// dimension.
+    ///
+    /// # Errors
+    ///
+    /// [`MeshError::Host`] if `agent` has no host.
+    pub fn local(agent: &ProcAgent) -> Result<Self, MeshError> {
+        if !agent.is_host() {
+            return Err(MeshError::Host {
+                host: agent.proc().proc_id().clone(),
+                reason: "this agent is not a host agent (create it with AgentOptions::host)"
+                    .into(),
+            });
+        }
+        Ok(Self {
+            hosts: vec![agent.proc().proc_id().clone()],
+            extent: Extent::unity(),
+        })
+    }
+
+    /// The hosts whose agents serve on `hosts` (by rank), laid out along `extent`.
+    ///
+    /// # Errors
+    ///
+    /// [`MeshError::Host`] unless there is one host per rank of `extent`.
+    pub fn new(hosts: Vec<ProcId>, extent: Extent) -> Result<Self, MeshError> {
+        if hosts.len() != extent.num_ranks() {
+            return Err(MeshError::Host {
+                host: hosts.first().cloned().unwrap_or_else(|| {
+                    "none-0@local:0".parse().expect("invariant: a valid proc id")
+                }),
+                reason: format!(
+                    "{} hosts for an extent of {} ranks ({extent})",
+                    hosts.len(),
+                    extent.num_ranks()
+                ),
+            });
+        }
+        Ok(Self { hosts, extent })
+    }
+
+    /// The hosts' agents' procs, by rank.
+    pub fn hosts(&self) -> &[ProcId] {
+        &self.hosts
+    }
+
+    /// The hosts' extent.
+    pub fn extent(&self) -> &Extent {
+        &self.extent
+    }
+
+    /// Spawns `per_host.num_ranks()` procs named `name` on every host, each running
+    /// `command`, owned by `cx`'s actor; returns them as a proc mesh of extent
+    /// `hosts + per_host` once all reported ready.
+    ///
+    /// # Errors
+    ///
+    /// [`MeshError::InvalidName`] if a `per_host` dimension is also a host dimension;
+    /// [`MeshError::SpawnProcs`] naming the host and why (a proc exited before it was
+    /// ready, the host is unreachable, ...): procs spawned on other hosts are stopped.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: procs spawned before cancellation keep running until their owner
+    /// stops.
+    pub async fn spawn_procs(
+        &self,
+        cx: &impl SendContext,
+        name: &str,
+        per_host: &Extent,
+        command: &BootstrapCommand,
+    ) -> Result<ProcMesh, MeshError> {
+        if let Some(clash) = per_host.labels().iter().find(|l| self.extent.contains(l)) {
+            return Err(MeshError::InvalidName {
+                name: clash.clone(),
+                reason: format!(
+                    "per-host dimension {clash:?} is also a host dimension ({})",
+                    self.extent
+                ),
+            });
+        }
+        let mut labels = self.extent.labels().to_vec();
+        labels.extend(per_host.labels().iter().cloned());
+        let mut sizes = self.extent.sizes().to_vec();
+        sizes.extend(per_host.sizes().iter().copied());
+        let extent = Extent::new(labels, sizes).map_err(|e| MeshError::InvalidName {
+            name: name.to_string(),
+            reason: e.to_string(),
+        })?;
+        let agent = agent_of(cx)?;
+        let info = MeshInfo {
+            id: crate::agent::random_id(),
+            name: name.to_string(),
+            class: "proc".to_string(),
+        };
+        let count = per_host.num_ranks();
+        let asks = self.hosts.iter().map(|host| {
+            let (port, receiver) = cx.mailbox().open_once_port::<Result<Vec<ProcInfo>, String>>();
+            let request = SpawnProcsRequest {
+                name: name.to_string(),
+                count,
+                command: command.clone(),
+                owner: cx.actor_id().clone(),
+                mesh: info.clone(),
+                reply: port.port_id().clone(),
+            };
+            send_control(&agent, host, &Control::SpawnProcs(request));
+            async move {
+                let limit = crate::host::DEFAULT_READY_TIMEOUT + SPAWN_ANSWER_SLACK;
+                match tokio::time::timeout(limit, receiver.recv()).await {
+                    Ok(Ok(Ok(procs))) => Ok(procs),
+                    Ok(Ok(Err(reason))) => Err(reason),
+                    Ok(Err(e)) => Err(format!("the host's answer was lost: {e}")),
+                    Err(_) => Err(format!("no answer within {limit:?}")),
+                }
+            }
+        });
+        let answers = futures::future::join_all(asks).await;
+        let mut procs = Vec::with_capacity(count * self.hosts.len());
+        let mut failure = None;
+        for (host, answer) in self.hosts.iter().zip(answers) {
+            match answer {
+                Ok(mut got) => {
+                    got.sort_by_key(|p| p.rank);
+                    procs.extend(got);
+                }
+                Err(reason) => {
+                    failure.get_or_insert((host.clone(), reason));
+                }
+            }
+        }
+        for (rank, proc) in procs.iter_mut().enumerate() {
+            proc.rank = rank;
+        }
+        agent.register_owned_procs(info.clone(), cx.actor_id().clone(), &procs);
+        if let Some((host, reason)) = failure {
+            agent.stop_owned(info.id, "its spawn failed").await;
+            return Err(MeshError::SpawnProcs {
+                name: name.to_string(),
+                reason: format!("host {host}: {reason}"),
+            });
+        }
+        ProcMesh::new(info, &extent, procs).map_err(|e| MeshError::SpawnProcs {
+            name: name.to_string(),
+            reason: e.to_string(),
+        })
+    }
+}
+
+fn send_control(agent: &ProcAgent, host: &ProcId, control: &Control) {
+    match hyperactor::message::Serialized::encode(control) {
+        Ok(payload) => agent.post_parts(
+            agent.id(),
+            crate::agent::control_port(host),
+            payload.into_parts(),
+        ),
+        Err(e) => tracing::error!("cannot encode a host request: {e}"),
+    }
+}
