@@ -1,18 +1,29 @@
 #![doc = include_str!("../README.md")]
 
+pub mod actor_mesh;
 pub mod agent;
 pub mod bootstrap;
 pub mod cast;
+pub mod deferred;
 pub mod error;
 pub mod host;
+pub mod host_mesh;
 pub mod inbox;
+pub mod proc_mesh;
 pub mod rate_limit;
+pub mod shape;
 pub mod supervision;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod value_mesh;
 
 pub use bootstrap::{bootstrap_proc, BootInfo, BootstrapCommand, ProcReady};
+pub use actor_mesh::{reply, reply_error, route, ActorMesh, ActorMeshRef, Request};
 pub use agent::{AgentOptions, ProcAgent};
+pub use host_mesh::HostMesh;
+pub use proc_mesh::ProcMesh;
 pub use error::{BootstrapError, CodecError, HostError, MeshError};
 pub use supervision::{FailureCause, MeshFailure};
 pub use host::{Host, ProcExit, ProcHandle, ProcStatus};
+pub use shape::{Extent, Point, Shape, ShapeError, Slice, SplitSpec};
+pub use value_mesh::ValueMesh;
