@@ -82,12 +82,14 @@ impl Client {
     ///
     /// Cancel safe.
     pub async fn next_undeliverable(&self) -> Option<Undeliverable> {
-        let envelope = self.undeliverable.lock().await.recv().await?;
-        match envelope.payload.decode() {
-            Ok(u) => Some(u),
-            Err(e) => {
-                tracing::error!(client = %self.actor_id(), "corrupt undeliverable message: {e}");
-                None
+        let mut port = self.undeliverable.lock().await;
+        loop {
+            let envelope = port.recv().await?;
+            match envelope.payload.decode() {
+                Ok(u) => return Some(u),
+                Err(e) => {
+                    tracing::error!(client = %self.actor_id(), "corrupt undeliverable message: {e}")
+                }
             }
         }
     }
@@ -99,12 +101,14 @@ impl Client {
     ///
     /// Cancel safe.
     pub async fn next_supervision_event(&self) -> Option<SupervisionEvent> {
-        let envelope = self.supervision.lock().await.recv().await?;
-        match envelope.payload.decode() {
-            Ok(event) => Some(event),
-            Err(e) => {
-                tracing::error!(client = %self.actor_id(), "corrupt supervision event: {e}");
-                None
+        let mut port = self.supervision.lock().await;
+        loop {
+            let envelope = port.recv().await?;
+            match envelope.payload.decode() {
+                Ok(event) => return Some(event),
+                Err(e) => {
+                    tracing::error!(client = %self.actor_id(), "corrupt supervision event: {e}")
+                }
             }
         }
     }

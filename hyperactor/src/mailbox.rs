@@ -171,8 +171,10 @@ impl Mailbox {
 
     /// Opens a port whose messages are handed to `sink` as they are delivered, on the
     /// delivering task (for a remote sender, the task reading its connection), with no
-    /// queue in between. `sink` must be quick and must not block: it runs while the
-    /// mailbox is locked. Messages from one sender reach it in send order (ORD-1).
+    /// queue in between. `sink` must be quick and must not block; it runs without the
+    /// mailbox locked, so it may send to this mailbox, and it may run on several
+    /// delivering tasks at once (one per sending link). Messages from one sender reach
+    /// it in send order (ORD-1).
     ///
     /// Dropping the returned [`DirectPort`] closes the port; messages sent to it later
     /// go back to their senders (DEL-1).
@@ -241,6 +243,10 @@ impl Mailbox {
                 }
             },
             Some(PortSink::Direct(sink)) => {
+                // Called without the mailbox locked: a sink may deliver to this very
+                // mailbox (an agent returning a message to itself, say).
+                let sink = Arc::clone(sink);
+                drop(state);
                 sink(envelope);
                 Ok(())
             }

@@ -55,6 +55,8 @@ pub(crate) struct MeshCore {
     pub(crate) actor: String,
     /// The procs, by global rank of the proc mesh.
     pub(crate) procs: Vec<ProcInfo>,
+    /// The proc mesh's extent (global ranks are row-major in it).
+    pub(crate) extent: Extent,
 }
 
 /// A view of an actor mesh of any actor type: the part of [`ActorMesh`] that does not
@@ -90,9 +92,20 @@ impl<'de> Deserialize<'de> for ActorMeshRef {
 }
 
 impl ActorMeshRef {
-    pub(crate) fn new(info: MeshInfo, actor: String, procs: Vec<ProcInfo>, shape: Shape) -> Self {
+    pub(crate) fn new(
+        info: MeshInfo,
+        actor: String,
+        procs: Vec<ProcInfo>,
+        extent: Extent,
+        shape: Shape,
+    ) -> Self {
         Self {
-            core: Arc::new(MeshCore { info, actor, procs }),
+            core: Arc::new(MeshCore {
+                info,
+                actor,
+                procs,
+                extent,
+            }),
             shape,
         }
     }
@@ -146,7 +159,8 @@ impl ActorMeshRef {
     pub fn view(&self, shape: Shape) -> Result<Self, ShapeError> {
         let n = self.core.procs.len();
         if let Some(rank) = shape.iter().find(|&r| r >= n) {
-            return Err(ShapeError::RankOutOfRange { rank, size: n });
+            let extent = self.core.extent.clone();
+            return Err(ShapeError::RankOutOfRange { rank, extent });
         }
         Ok(Self {
             core: Arc::clone(&self.core),
@@ -165,7 +179,10 @@ impl ActorMeshRef {
 
     /// The view's extent as casts carry it.
     pub fn view_extent(&self) -> ViewExtent {
-        ViewExtent::new(self.shape.labels().to_vec(), self.shape.slice().sizes().to_vec())
+        ViewExtent::new(
+            self.shape.labels().to_vec(),
+            self.shape.slice().sizes().to_vec(),
+        )
     }
 
     /// Casts `parts` to every actor of the view (see [`ProcAgent::cast`]).
@@ -209,7 +226,14 @@ impl ActorMeshRef {
             reason: reason.to_string(),
         };
         let to = Some(replies.reply_to().clone());
-        self.cast_parts(&agent, cx.actor_id(), kind, ReplyMode::Reduce, to, Vec::new());
+        self.cast_parts(
+            &agent,
+            cx.actor_id(),
+            kind,
+            ReplyMode::Reduce,
+            to,
+            Vec::new(),
+        );
         replies.wait().await;
         Ok(())
     }

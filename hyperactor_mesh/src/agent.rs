@@ -148,6 +148,11 @@ impl AgentOptions {
         self
     }
 
+    /// The host given with [`AgentOptions::host`].
+    pub fn host_ref(&self) -> Option<&Host> {
+        self.host.as_ref()
+    }
+
     /// How long a stopping actor gets before it is aborted.
     #[must_use]
     pub fn stop_timeout(mut self, timeout: Duration) -> Self {
@@ -241,7 +246,10 @@ impl ProcAgent {
     pub fn new(proc: Proc, options: AgentOptions) -> Result<Self, MeshError> {
         let proc_id = proc.proc_id().clone();
         let mut registered = lock(agents());
-        if registered.get(&proc_id).is_some_and(|w| w.strong_count() > 0) {
+        if registered
+            .get(&proc_id)
+            .is_some_and(|w| w.strong_count() > 0)
+        {
             return Err(MeshError::AgentExists { proc: proc_id });
         }
         let client = proc.client(AGENT_NAME).map_err(|source| MeshError::Agent {
@@ -401,7 +409,6 @@ impl Inner {
     fn reply_port(&self) -> PortId {
         self.id.port_id(REPLY_PORT)
     }
-
 }
 
 /// A random id (std's hasher keys are random per process; mixed with the pid and the

@@ -59,6 +59,12 @@ impl<T: Send + 'static> Default for Deferred<T> {
     }
 }
 
+impl<T> Deferred<T> {
+    fn lock(&self) -> MutexGuard<'_, State<T>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 impl<T: Send + 'static> Deferred<T> {
     /// A value not resolved yet.
     pub fn new() -> Self {
@@ -76,10 +82,6 @@ impl<T: Send + 'static> Deferred<T> {
             ready: Condvar::new(),
             notify: Notify::new(),
         }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State<T>> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Runs `op` with the value (or the resolution's error) now if it is resolved, else

@@ -63,8 +63,7 @@ impl HostMesh {
         if !agent.is_host() {
             return Err(MeshError::Host {
                 host: agent.proc().proc_id().clone(),
-                reason: "this agent is not a host agent (create it with AgentOptions::host)"
-                    .into(),
+                reason: "this agent is not a host agent (create it with AgentOptions::host)".into(),
             });
         }
         Ok(Self {
@@ -82,7 +81,9 @@ impl HostMesh {
         if hosts.len() != extent.num_ranks() {
             return Err(MeshError::Host {
                 host: hosts.first().cloned().unwrap_or_else(|| {
-                    "none-0@local:0".parse().expect("invariant: a valid proc id")
+                    "none-0@local:0"
+                        .parse()
+                        .expect("invariant: a valid proc id")
                 }),
                 reason: format!(
                     "{} hosts for an extent of {} ranks ({extent})",
@@ -150,7 +151,9 @@ impl HostMesh {
         };
         let count = per_host.num_ranks();
         let asks = self.hosts.iter().map(|host| {
-            let (port, receiver) = cx.mailbox().open_once_port::<Result<Vec<ProcInfo>, String>>();
+            let (port, receiver) = cx
+                .mailbox()
+                .open_once_port::<Result<Vec<ProcInfo>, String>>();
             let request = SpawnProcsRequest {
                 name: name.to_string(),
                 count,

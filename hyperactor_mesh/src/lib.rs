@@ -17,13 +17,13 @@ pub mod supervision;
 pub mod testing;
 pub mod value_mesh;
 
-pub use bootstrap::{bootstrap_proc, BootInfo, BootstrapCommand, ProcReady};
 pub use actor_mesh::{reply, reply_error, route, ActorMesh, ActorMeshRef, Request};
 pub use agent::{AgentOptions, ProcAgent};
+pub use bootstrap::{bootstrap_proc, BootInfo, BootstrapCommand, ProcReady};
+pub use error::{BootstrapError, CodecError, HostError, MeshError};
+pub use host::{Host, ProcExit, ProcHandle, ProcStatus};
 pub use host_mesh::HostMesh;
 pub use proc_mesh::ProcMesh;
-pub use error::{BootstrapError, CodecError, HostError, MeshError};
-pub use supervision::{FailureCause, MeshFailure};
-pub use host::{Host, ProcExit, ProcHandle, ProcStatus};
 pub use shape::{Extent, Point, Shape, ShapeError, Slice, SplitSpec};
+pub use supervision::{FailureCause, MeshFailure};
 pub use value_mesh::ValueMesh;

@@ -34,6 +34,7 @@ struct ProcMeshCore {
     info: MeshInfo,
     /// The procs, by global rank (row-major in the mesh's extent).
     procs: Vec<ProcInfo>,
+    extent: Extent,
 }
 
 /// A mesh of procs: see the [module docs](self). Serializable as a reference; clones
@@ -100,7 +101,11 @@ impl ProcMesh {
             });
         }
         Ok(Self {
-            core: Arc::new(ProcMeshCore { info, procs }),
+            core: Arc::new(ProcMeshCore {
+                info,
+                procs,
+                extent: extent.clone(),
+            }),
             shape: extent.region(),
         })
     }
@@ -143,7 +148,8 @@ impl ProcMesh {
     pub fn view(&self, shape: Shape) -> Result<Self, ShapeError> {
         let n = self.core.procs.len();
         if let Some(rank) = shape.iter().find(|&r| r >= n) {
-            return Err(ShapeError::RankOutOfRange { rank, size: n });
+            let extent = self.core.extent.clone();
+            return Err(ShapeError::RankOutOfRange { rank, extent });
         }
         Ok(Self {
             core: Arc::clone(&self.core),
@@ -254,6 +260,7 @@ impl ProcMesh {
             info.clone(),
             actor.clone(),
             self.core.procs.clone(),
+            self.core.extent.clone(),
             self.shape.clone(),
         );
         let ranks = self

@@ -69,3 +69,50 @@ pub fn process_exists(pid: u32) -> bool {
     // SAFETY: signal 0 only checks that the process exists; nothing is sent.
     unsafe { libc::kill(pid, 0) == 0 }
 }
+
+/// The entry point of a child proc with a mesh agent made from `options` (its test's
+/// actor types registered): bootstraps over Unix sockets, starts the agent, reports
+/// ready (BOOT-1) and serves until its host stops it (BOOT-2).
+///
+/// # Panics
+///
+/// If the process was not started by a host, or bootstrapping fails.
+pub fn agent_child_main(options: impl FnOnce() -> crate::agent::AgentOptions) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let info = BootInfo::from_env().expect("started by a host");
+        let proc = info.serve(ChannelTransport::Unix).await.expect("serve");
+        let _agent = crate::agent::ProcAgent::new(proc.clone(), options()).expect("an agent");
+        info.report_ready(&proc).expect("report ready");
+        serve_until_stopped(&proc, Duration::from_secs(2)).await;
+    });
+}
+
+/// A host agent serving on a fresh Unix proc, and a client on it named `client` (the
+/// owner of what the test spawns).
+///
+/// # Panics
+///
+/// If the proc cannot be served.
+pub async fn host_agent() -> (crate::agent::ProcAgent, hyperactor::Client) {
+    let host = crate::host::Host::serve(ChannelTransport::Unix)
+        .await
+        .expect("a host");
+    let options = crate::agent::AgentOptions::default().host(host);
+    let proc = options_proc(&options);
+    let agent = crate::agent::ProcAgent::new(proc, options).expect("a host agent");
+    let client = agent.proc().client("client").expect("a client");
+    (agent, client)
+}
+
+fn options_proc(options: &crate::agent::AgentOptions) -> hyperactor::Proc {
+    options
+        .host_ref()
+        .expect("options with a host")
+        .proc()
+        .clone()
+}

@@ -389,6 +389,14 @@ async fn handle_one<A: Actor>(
                 return Ok(());
             };
             cx.set_extra(envelope.header.extra.clone());
+            // A message that carries an extra header (a cast, whose sender may wait for
+            // a reply) goes back to its sender if its handler fails, so the sender hears
+            // of it (DEL-1); plain messages have nobody waiting.
+            let header = envelope
+                .header
+                .extra
+                .is_some()
+                .then(|| envelope.header.clone());
             let outcome = match handler(actor, cx, envelope) {
                 Ok(future) => guard(&format!("handler for {type_name}"), future).await,
                 Err((envelope, error)) => {
@@ -398,6 +406,17 @@ async fn handle_one<A: Actor>(
                 }
             };
             cx.set_extra(None);
+            if let (Err(failure), Some(header)) = (&outcome, header) {
+                let reason = format!(
+                    "actor {} failed while handling it: {}",
+                    cx.cell.id, failure.reason
+                );
+                let envelope = Envelope {
+                    header,
+                    payload: Serialized::from_parts(Vec::new()),
+                };
+                cx.proc.bounce(Undeliverable { envelope, reason });
+            }
             outcome
         }
     }

@@ -51,7 +51,11 @@ impl CallWatch {
             out.push((*index, true));
             let end = self.ends.get(pos).map_or(pos + 1, |&e| e as usize);
             let relayed = self.targets[pos + 1..end.max(pos + 1)].iter();
-            out.extend(relayed.filter(|(_, rp)| rp != proc).map(|(i, _)| (*i, false)));
+            out.extend(
+                relayed
+                    .filter(|(_, rp)| rp != proc)
+                    .map(|(i, _)| (*i, false)),
+            );
         }
         out.sort_unstable_by_key(|&(index, on)| (index, !on));
         out.dedup_by_key(|(index, _)| *index);
@@ -225,7 +229,10 @@ mod tests {
         };
         assert_eq!(watch.ends, vec![4, 3, 3, 4, 7, 6, 7]);
         assert_eq!(watch.through(&p(1)), vec![(1, true), (2, false)]);
-        assert_eq!(watch.through(&p(4)), vec![(4, true), (5, false), (6, false)]);
+        assert_eq!(
+            watch.through(&p(4)),
+            vec![(4, true), (5, false), (6, false)]
+        );
         assert_eq!(watch.through(&p(6)), vec![(6, true)]);
     }
 }

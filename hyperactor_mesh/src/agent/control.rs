@@ -147,10 +147,7 @@ impl HostService {
                     };
                     state.dead.insert(exit.proc_id.clone(), death.clone());
                     state.handles.remove(&exit.proc_id);
-                    let subscribers = state
-                        .subscribers
-                        .remove(&exit.proc_id)
-                        .unwrap_or_default();
+                    let subscribers = state.subscribers.remove(&exit.proc_id).unwrap_or_default();
                     // No orphans: procs owned by actors of the dead proc go too.
                     let orphans: Vec<ProcHandle> = state
                         .owners
@@ -161,10 +158,7 @@ impl HostService {
                     (death, subscribers, orphans)
                 };
                 for orphan in orphans {
-                    orphan.kill_lost(format!(
-                        "its owner's proc {} {}",
-                        death.proc_id, death.end
-                    ));
+                    orphan.kill_lost(format!("its owner's proc {} {}", death.proc_id, death.end));
                 }
                 let notice = Control::ProcDied(death);
                 for subscriber in subscribers {
@@ -332,7 +326,10 @@ impl Inner {
         let mut by_host: HashMap<ProcId, Vec<ProcId>> = HashMap::new();
         for t in targets {
             if let Some(host) = &t.host {
-                by_host.entry(host.clone()).or_default().push(t.proc.clone());
+                by_host
+                    .entry(host.clone())
+                    .or_default()
+                    .push(t.proc.clone());
             }
         }
         let waits = by_host.into_iter().map(|(host, procs)| {

@@ -47,8 +47,12 @@ where
     A::Params: DeserializeOwned,
 {
     let bytes = parts.first().map(|b| &b[..]).unwrap_or_default();
-    let params: A::Params = bincode::deserialize(bytes)
-        .map_err(|e| format!("its parameters do not decode as {}: {e}", Registry::type_name::<A>()))?;
+    let params: A::Params = bincode::deserialize(bytes).map_err(|e| {
+        format!(
+            "its parameters do not decode as {}: {e}",
+            Registry::type_name::<A>()
+        )
+    })?;
     client
         .spawn::<A>(name, params)
         .map(|handle| handle.erase())
@@ -149,13 +153,13 @@ impl Inner {
             return;
         }
         let spawned = match &spec.actor_type {
-            ActorType::Native { type_name } => self
-                .registry
-                .spawn(&self.client, type_name, actor, &parts)
-                ,
+            ActorType::Native { type_name } => {
+                self.registry.spawn(&self.client, type_name, actor, &parts)
+            }
             ActorType::Foreign => match &self.foreign {
-                None => Err("this proc cannot host foreign actors (it has no foreign spawner)"
-                    .to_string()),
+                None => Err(
+                    "this proc cannot host foreign actors (it has no foreign spawner)".to_string(),
+                ),
                 Some(spawner) => match self.client.spawn_driven(actor) {
                     Ok(driven) => {
                         let handle = driven.erase();

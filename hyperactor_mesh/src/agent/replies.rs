@@ -113,7 +113,12 @@ impl Inner {
         if to.port == self.reply_port() {
             return self.deliver_items(to.key, items);
         }
-        self.post(&self.id, to.port.clone(), None, encode_reply(to.key, &items));
+        self.post(
+            &self.id,
+            to.port.clone(),
+            None,
+            encode_reply(to.key, &items),
+        );
     }
 
     /// `proc` died: reducers stop waiting for children on it; calls from this process
@@ -156,9 +161,8 @@ impl Inner {
                     if on_it {
                         ReplyItem::failed(index, reason)
                     } else {
-                        let why = format!(
-                            "{reason} (the message to this rank was relayed through it)"
-                        );
+                        let why =
+                            format!("{reason} (the message to this rank was relayed through it)");
                         ReplyItem::failed(index, &why)
                     }
                 })
@@ -320,7 +324,9 @@ impl CallReplies {
             }),
             signal: Signal::new(),
         });
-        let key = agent.inner.register(Arc::clone(&inner) as Arc<dyn ReplySink>);
+        let key = agent
+            .inner
+            .register(Arc::clone(&inner) as Arc<dyn ReplySink>);
         Self {
             agent: Arc::downgrade(&agent.inner),
             to: ReplyTo {
@@ -422,7 +428,9 @@ pub struct ReplyQueue {
 
 impl std::fmt::Debug for ReplyQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReplyQueue").field("key", &self.to.key).finish()
+        f.debug_struct("ReplyQueue")
+            .field("key", &self.to.key)
+            .finish()
     }
 }
 
@@ -433,7 +441,9 @@ impl ReplyQueue {
             items: Mutex::new((std::collections::VecDeque::new(), false)),
             signal: Signal::new(),
         });
-        let key = agent.inner.register(Arc::clone(&inner) as Arc<dyn ReplySink>);
+        let key = agent
+            .inner
+            .register(Arc::clone(&inner) as Arc<dyn ReplySink>);
         Self {
             agent: Arc::downgrade(&agent.inner),
             to: ReplyTo {

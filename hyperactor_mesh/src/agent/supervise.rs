@@ -8,7 +8,9 @@ use std::time::Duration;
 use hyperactor::message::{Envelope, EnvelopeHeader, Serialized, SUPERVISION_PORT};
 use hyperactor::{ActorId, ProcId, SupervisionEvent};
 
-use super::{lock, CastTarget, CallReplies, Control, Inner, ProcAgent, ProcInfo, AGENT_NAME, CAST_PORT};
+use super::{
+    lock, CallReplies, CastTarget, Control, Inner, ProcAgent, ProcInfo, AGENT_NAME, CAST_PORT,
+};
 use crate::cast::codec::{CastHeader, CastKind, MeshInfo, ReplyMode, Route, ViewExtent};
 use crate::cast::reply::ReplyItem;
 use crate::rate_limit::RateLimited;
@@ -35,6 +37,11 @@ pub(super) enum OwnedKind {
 
 static RETURNED: RateLimited = RateLimited::new();
 
+/// How long the ranks of a cast frame that could not reach its proc wait before they are
+/// answered "cannot be reached": long enough for the host's report of the proc's death,
+/// which names the true cause, to arrive first.
+pub const UNREACHABLE_GRACE: Duration = Duration::from_millis(250);
+
 /// Starts the agent's tasks: its actors' failures and its returned messages.
 pub(super) fn start_tasks(inner: &Arc<Inner>) {
     let weak = Arc::downgrade(inner);
@@ -51,7 +58,8 @@ pub(super) fn start_tasks(inner: &Arc<Inner>) {
     tokio::spawn(async move {
         loop {
             let Some(agent) = weak.upgrade() else { return };
-            let Some(returned) = agent.client.next_undeliverable().await else {
+            let returned = agent.client.next_undeliverable().await;
+            let Some(returned) = returned else {
                 return;
             };
             agent.on_returned(returned.envelope, &returned.reason);
@@ -72,7 +80,8 @@ impl ProcAgent {
         view: ViewExtent,
         ranks: Vec<(CastTarget, Option<u32>)>,
     ) {
-        self.inner.watch_targets(&ranks.iter().map(|(t, _)| t.clone()).collect::<Vec<_>>());
+        self.inner
+            .watch_targets(&ranks.iter().map(|(t, _)| t.clone()).collect::<Vec<_>>());
         lock(&self.inner.owned).insert(
             mesh.id,
             OwnedMesh {
@@ -126,7 +135,9 @@ impl ProcAgent {
         let Some(owner) = lock(&self.inner.owned).get(&id).map(|m| m.owner.clone()) else {
             return false;
         };
-        self.inner.stop_meshes(|m| m.mesh.id == id && m.owner == owner, reason).await;
+        self.inner
+            .stop_meshes(|m| m.mesh.id == id && m.owner == owner, reason)
+            .await;
         true
     }
 }
@@ -188,7 +199,10 @@ impl Inner {
     /// A proc died (its host's report, or this agent's own conclusion).
     pub(super) fn on_proc_died(self: &Arc<Self>, death: ProcDeath) {
         let proc = death.proc_id.clone();
-        if lock(&self.dead).insert(proc.clone(), death.clone()).is_some() {
+        if lock(&self.dead)
+            .insert(proc.clone(), death.clone())
+            .is_some()
+        {
             return;
         }
         let reason = death.to_string();
@@ -228,20 +242,35 @@ impl Inner {
     fn on_returned(self: &Arc<Self>, envelope: Envelope, reason: &str) {
         let dest = envelope.header.dest.clone();
         if dest.index() == CAST_PORT && dest.actor().name() == AGENT_NAME {
-            // A cast frame: nobody in its chunk can be reached through that proc.
+            // A cast frame: nobody in its chunk can be reached through that proc. It may
+            // have died: its host's report, with the true cause, should reach the caller
+            // within the grace period (the first answer per rank is kept, REP-1). If it
+            // did not die, its host is told it cannot be reached.
+            let proc = dest.actor().proc_id().clone();
+            let why = format!("proc {proc} cannot be reached: {reason}");
             let parts = envelope.payload.into_parts();
-            if let Some(Ok(header)) = parts.first().map(|p| CastHeader::decode(p)) {
-                if let (Some(to), false) = (&header.reply, header.mode == ReplyMode::None) {
-                    let why = format!("proc {} cannot be reached: {reason}", dest.actor().proc_id());
-                    let items = header
+            let answer = match parts.first().map(|p| CastHeader::decode(p)) {
+                Some(Ok(header)) if header.mode != ReplyMode::None => header.reply.map(|to| {
+                    let items: Vec<ReplyItem> = header
                         .entries
                         .iter()
                         .map(|e| ReplyItem::failed(e.index, &why))
                         .collect();
-                    self.send_items(to, items);
+                    (to, items)
+                }),
+                _ => None,
+            };
+            let inner = Arc::clone(self);
+            let reason = reason.to_string();
+            tokio::spawn(async move {
+                tokio::time::sleep(UNREACHABLE_GRACE).await;
+                if !lock(&inner.dead).contains_key(&proc) {
+                    inner.suspect(&proc, &reason);
                 }
-            }
-            self.suspect(dest.actor().proc_id(), reason);
+                if let Some((to, items)) = answer {
+                    inner.send_items(&to, items);
+                }
+            });
             return;
         }
         if let Some(Ok(route)) = envelope.header.extra.as_deref().map(Route::decode) {

@@ -272,7 +272,10 @@ mod tests {
     #[test]
     fn headers_round_trip() {
         let header = sample();
-        assert_eq!(CastHeader::decode(&header.encode().unwrap()).unwrap(), header);
+        assert_eq!(
+            CastHeader::decode(&header.encode().unwrap()).unwrap(),
+            header
+        );
     }
 
     #[test]

@@ -190,9 +190,15 @@ mod tests {
     #[test]
     fn ord1_messages_of_one_sender_come_out_in_sequence_order() {
         let mut s = Sequencer::<&str, u8>::default();
-        assert!(matches!(s.arrive(1, 4, 3, "three"), Arrival::Held { arm_timer: false }));
+        assert!(matches!(
+            s.arrive(1, 4, 3, "three"),
+            Arrival::Held { arm_timer: false }
+        ));
         assert!(matches!(s.arrive(1, 4, 2, "two"), Arrival::Held { .. }));
-        assert_eq!(ready(s.arrive(2, 4, 1, "other sender")), vec!["other sender"]);
+        assert_eq!(
+            ready(s.arrive(2, 4, 1, "other sender")),
+            vec!["other sender"]
+        );
         assert_eq!(ready(s.arrive(1, 4, 1, "one")), vec!["one", "two", "three"]);
         assert!(matches!(s.arrive(1, 4, 2, "again"), Arrival::Repeat));
     }
@@ -205,11 +211,21 @@ mod tests {
         let released = s.peer_died();
         assert_eq!(released, vec![((5, 4), vec!["two", "four"])]);
         assert_eq!(ready(s.arrive(5, 4, 5, "five")), vec!["five"]);
-        assert_eq!(ready(s.arrive(5, 4, 3, "three")), vec!["three"], "late, not lost");
+        assert_eq!(
+            ready(s.arrive(5, 4, 3, "three")),
+            vec!["three"],
+            "late, not lost"
+        );
         assert!(matches!(s.arrive(5, 4, 3, "three"), Arrival::Repeat));
         // After a death, a new gap arms the timer once.
-        assert!(matches!(s.arrive(5, 4, 7, "seven"), Arrival::Held { arm_timer: true }));
-        assert!(matches!(s.arrive(5, 4, 8, "eight"), Arrival::Held { arm_timer: false }));
+        assert!(matches!(
+            s.arrive(5, 4, 7, "seven"),
+            Arrival::Held { arm_timer: true }
+        ));
+        assert!(matches!(
+            s.arrive(5, 4, 8, "eight"),
+            Arrival::Held { arm_timer: false }
+        ));
         assert_eq!(s.release(5, &4), vec!["seven", "eight"]);
     }
 
