@@ -9,6 +9,7 @@ pub mod inbox;
 pub mod port;
 pub mod proc;
 pub mod runtime;
+pub mod shape;
 
 /// The crate version, exported to Python as `monarch._rust_bindings.__version__`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -85,6 +86,7 @@ pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<inbox::PyQueue>()?;
     m.add_class::<host::PyHost>()?;
     m.add_class::<host::PyBootChild>()?;
+    shape::register(m)?;
     m.add(
         "WouldBlockRuntime",
         m.py().get_type::<runtime::WouldBlockRuntime>(),

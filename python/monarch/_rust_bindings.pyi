@@ -5,20 +5,32 @@ against the built module.
 """
 
 import asyncio
-from collections.abc import Generator
+from collections.abc import (
+    Generator,
+    ItemsView,
+    Iterator,
+    KeysView,
+    Mapping,
+    Sequence,
+    ValuesView,
+)
 from types import GenericAlias
 from typing import Any, Generic, Literal, TypedDict, TypeVar, final, type_check_only
 
 __all__ = [
     "BootChild",
     "Client",
+    "Extent",
     "Future",
     "Host",
     "Inbox",
+    "Point",
     "PortReceiver",
     "PortRef",
     "Proc",
     "Queue",
+    "Shape",
+    "Slice",
     "WouldBlockRuntime",
     "__version__",
     "_prepare_exit",
@@ -302,3 +314,205 @@ class BootChild:
 
     def wait_for_stop(self) -> None:
         """Block, without the GIL, until the host asks this proc to stop."""
+
+@final
+class Extent(Mapping[str, int]):
+    """The ordered, named sizes of a mesh: a ``Mapping`` from dimension label to size
+    (registered as a ``collections.abc.Mapping``).
+
+    ``TypeError`` for a label that is not a ``str`` (or labels given as one ``str``) or a
+    size that is not an ``int``; ``ValueError`` for a count mismatch, a negative size or a
+    repeated label. An unknown label raises ``ValueError`` (not ``KeyError``).
+    """
+
+    def __new__(cls, labels: Sequence[str], sizes: Sequence[int]) -> Extent: ...
+    @property
+    def labels(self) -> list[str]:
+        """The dimension labels, in order (a fresh list)."""
+
+    @property
+    def sizes(self) -> list[int]:
+        """The dimension sizes, in label order (a fresh list)."""
+
+    @property
+    def nelements(self) -> int:
+        """The number of points: the product of the sizes (1 with no dimensions)."""
+
+    @property
+    def region(self) -> Shape:
+        """The dense, row-major region this extent spans, as a ``Shape`` at offset 0."""
+
+    def __getitem__(self, label: str, /) -> int: ...
+    def __contains__(self, label: object, /) -> bool: ...
+    def get(self, label: str, default: Any = None) -> Any:  # type: ignore[override]
+        """``self[label]``, or ``default`` when there is no such dimension."""
+
+    def __iter__(self) -> Iterator[str]: ...
+    def __len__(self) -> int: ...
+    def keys(self) -> KeysView[str]:
+        """A ``KeysView`` of the labels."""
+
+    def values(self) -> ValuesView[int]:
+        """A ``ValuesView`` of the sizes."""
+
+    def items(self) -> ItemsView[str, int]:
+        """An ``ItemsView`` of ``(label, size)`` pairs."""
+
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple[type[Extent], tuple[list[str], list[int]]]: ...
+
+@final
+class Point(Mapping[str, int]):
+    """A position in a mesh: a ``Mapping`` from dimension label to coordinate
+    (registered as a ``collections.abc.Mapping``).
+
+    ``rank`` is the row-major linear index of the point within ``extent``. ``TypeError``
+    if ``rank`` is not an ``int`` or ``extent`` not an ``Extent``; ``IndexError`` unless
+    ``0 <= rank < extent.nelements``. An unknown label raises ``ValueError``.
+    """
+
+    def __new__(cls, rank: int, extent: Extent) -> Point: ...
+    @property
+    def rank(self) -> int:
+        """The row-major linear index of this point within ``extent``."""
+
+    @property
+    def extent(self) -> Extent:
+        """The extent this point lies in."""
+
+    def size(self, label: str) -> int:
+        """The size of dimension ``label`` of ``extent`` (``ValueError`` if unknown)."""
+
+    def __getitem__(self, label: str, /) -> int: ...
+    def __contains__(self, label: object, /) -> bool: ...
+    def get(self, label: str, default: Any = None) -> Any:  # type: ignore[override]
+        """``self[label]``, or ``default`` when there is no such dimension."""
+
+    def __iter__(self) -> Iterator[str]: ...
+    def __len__(self) -> int: ...
+    def keys(self) -> KeysView[str]:
+        """A ``KeysView`` of the labels."""
+
+    def values(self) -> ValuesView[int]:
+        """A ``ValuesView`` of the coordinates."""
+
+    def items(self) -> ItemsView[str, int]:
+        """An ``ItemsView`` of ``(label, coordinate)`` pairs."""
+
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple[type[Point], tuple[int, Extent]]: ...
+
+@final
+class Slice:
+    """An ``offset`` plus per-dimension ``sizes`` and ``strides`` over global ranks: local
+    coordinate ``(c_0, ..., c_n)`` is global rank ``offset + sum(c_i * strides[i])``, and
+    local indices enumerate coordinates in row-major order.
+
+    ``TypeError`` for a value that is not an int; ``ValueError`` for a negative offset or
+    size, a stride below 1, or not one stride per size.
+    """
+
+    def __new__(cls, *, offset: int, sizes: Sequence[int], strides: Sequence[int]) -> Slice: ...
+    @staticmethod
+    def _from_parts(offset: int, sizes: Sequence[int], strides: Sequence[int]) -> Slice:
+        """Rebuild a pickled ``Slice`` (the constructor takes keywords only)."""
+
+    @staticmethod
+    def new_row_major(sizes: Sequence[int], offset: int | None = None) -> Slice:
+        """A dense slice over ``sizes`` starting at ``offset`` (default 0; row-major
+        strides)."""
+
+    @property
+    def offset(self) -> int:
+        """The global rank of local index 0."""
+
+    @property
+    def sizes(self) -> list[int]:
+        """The per-dimension sizes (a fresh list)."""
+
+    @property
+    def strides(self) -> list[int]:
+        """The per-dimension strides, in global ranks (a fresh list)."""
+
+    @property
+    def ndim(self) -> int:
+        """The number of dimensions."""
+
+    def __len__(self) -> int: ...
+    def is_dense(self) -> bool:
+        """Whether the slice covers ``len(self)`` consecutive global ranks in order.
+        Dimensions of size 1 do not matter; an empty slice is dense."""
+
+    def __getitem__(self, index: int, /) -> int:
+        """The global rank at local (row-major) ``index`` (``IndexError`` out of range)."""
+
+    def __iter__(self) -> Iterator[int]: ...
+    def ranks(self) -> list[int]:
+        """The global ranks covered, in local (row-major) order."""
+
+    def index(self, rank: int) -> int:
+        """The local (row-major) index of global ``rank`` (``ValueError`` if not
+        covered)."""
+
+    def __contains__(self, rank: object, /) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple[Any, tuple[int, list[int], list[int]]]: ...
+
+@final
+class Shape:
+    """The labels and ``Slice`` of a mesh view: which global ranks, laid out how.
+
+    ``TypeError`` if ``slice`` is not a ``Slice`` or a label not a ``str``; ``ValueError``
+    for a count mismatch or a repeated label.
+    """
+
+    def __new__(cls, labels: Sequence[str], slice: Slice) -> Shape: ...
+    @staticmethod
+    def unity() -> Shape:
+        """The zero-dimensional shape of the single rank 0."""
+
+    @property
+    def labels(self) -> list[str]:
+        """The dimension labels, in order (a fresh list)."""
+
+    @property
+    def ndslice(self) -> Slice:
+        """The ``Slice`` mapping local coordinates to global ranks."""
+
+    @property
+    def extent(self) -> Extent:
+        """The extent of this view: its labels with their sizes."""
+
+    def ranks(self) -> list[int]:
+        """The global ranks of this view, in row-major order of its coordinates."""
+
+    def __len__(self) -> int: ...
+    def coordinates(self, rank: int) -> Point:
+        """The ``Point`` (relative to ``extent``) of global ``rank`` (``ValueError`` if
+        the view does not cover it)."""
+
+    def select(self, label: str, index: int | slice) -> Shape:
+        """Restrict dimension ``label``: an int selects one coordinate and removes the
+        dimension (``IndexError`` out of range, negative included); a ``slice`` keeps
+        it, restricted (``ValueError`` unless the step is positive). ``ValueError`` for
+        an unknown label, ``TypeError`` for another kind of index."""
+
+    def split(self, spec: Mapping[str, Sequence[str] | int]) -> Shape:
+        """Split dimensions into several: ``spec`` maps an existing label to a tuple of
+        new names (outermost first) and a new name to its size; at most one size per
+        split may be left out, and is inferred (``ValueError``/``TypeError`` otherwise)."""
+
+    def rename(self, old_to_new: Mapping[str, str]) -> Shape:
+        """Relabel dimensions (``ValueError`` for an unknown label or a clash,
+        ``TypeError`` for a new name that is not a ``str``)."""
+
+    def flatten(self, name: str) -> Shape:
+        """Merge all dimensions of a dense view into one named ``name`` (``ValueError``
+        if the view is not dense)."""
+
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple[type[Shape], tuple[list[str], Slice]]: ...

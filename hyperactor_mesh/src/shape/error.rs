@@ -18,14 +18,17 @@
 
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
+
 use super::{Extent, Slice};
 
 /// How many ranks or indices a message lists before eliding the rest.
 const LIST_MAX: usize = 16;
 
 /// A misuse of [`Extent`], [`super::Point`], [`Slice`], [`super::Shape`] or
-/// [`crate::value_mesh::ValueMesh`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// [`crate::value_mesh::ValueMesh`]. Serializable, so that it can be reported to a
+/// remote caller.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, thiserror::Error)]
 #[non_exhaustive]
 pub enum ShapeError {
     /// Labels and sizes differ in number.

@@ -884,3 +884,11 @@ fn random_slices_index_matches_search() {
         assert_eq!(slice.is_dense(), dense, "{slice}");
     }
 }
+
+#[test]
+fn errors_and_split_specs_serialize() {
+    let err = extent(&["a"], &[2]).point(5).unwrap_err();
+    assert_eq!(json_roundtrip(&err), err);
+    let spec = SplitSpec::new().split("a", ["x", "y"]).size("y", 2);
+    assert_eq!(json_roundtrip(&spec), spec);
+}

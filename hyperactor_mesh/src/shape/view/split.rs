@@ -21,6 +21,8 @@
 //! # }
 //! ```
 
+use serde::{Deserialize, Serialize};
+
 use super::{Shape, ShapeError, Slice};
 
 /// How [`Shape::split`] replaces dimensions: for some existing dimensions, their new
@@ -34,7 +36,7 @@ use super::{Shape, ShapeError, Slice};
 /// one split), [`ShapeError::SplitNotDivisible`], [`ShapeError::SplitSizeMismatch`],
 /// [`ShapeError::UnusedSplitSizes`] (sizes for names no split creates) and
 /// [`ShapeError::DuplicateLabel`] (the resulting labels clash).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SplitSpec {
     splits: Vec<(String, Vec<String>)>,
     sizes: Vec<(String, usize)>,

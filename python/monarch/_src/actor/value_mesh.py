@@ -17,6 +17,7 @@ flattened like any mesh; slicing keeps the selected values.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import repeat
 from typing import Generic, TypeVar, final
 
 from monarch._src.actor.point import Point
@@ -83,9 +84,10 @@ class ValueMesh(MeshTrait, Generic[R]):
     def items(self) -> Iterator[tuple[Point, R]]:
         """``(point, value)`` pairs in row-major order; points are relative to
         :attr:`extent`."""
-        extent = self._vm_shape.extent
-        for i, value in enumerate(self._vm_values):
-            yield Point(i, extent), value
+        values = self._vm_values
+        return zip(
+            map(Point, range(len(values)), repeat(self._vm_shape.extent)), values, strict=True
+        )
 
     def __iter__(self) -> Iterator[tuple[Point, R]]:
         return self.items()
