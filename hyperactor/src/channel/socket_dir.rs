@@ -1,0 +1,392 @@
+//! The per-user directory of Unix socket files, and their cleanup.
+//!
+//! [`ChannelAddr::any`](super::ChannelAddr::any) puts Unix sockets into
+//! [`socket_dir`]: `$XDG_RUNTIME_DIR/hyperactor` when `XDG_RUNTIME_DIR` is
+//! set to a directory this user owns, else `<temp dir>/hyperactor-<uid>`
+//! (`/tmp/hyperactor-1000`). Other users cannot open it, so they cannot
+//! connect to this user's procs nor replace their socket files.
+//!
+//! Invariants:
+//! - before a socket is bound in it, the directory is created with mode
+//!   0700, or, if it exists, checked to be a real directory (not a symbolic
+//!   link) owned by this user with no access for group or others; otherwise
+//!   serving fails with [`ChannelError::SocketDir`], which names the
+//!   directory and says how to fix it;
+//! - socket paths stay well under the 108-byte limit of Unix socket
+//!   addresses: a directory longer than [`MAX_SOCKET_DIR_LEN`] bytes is
+//!   passed over for `/tmp/hyperactor-<uid>`;
+//! - every socket file this process serves is removed when its server is
+//!   dropped, or earlier by [`remove_socket_files`] (for exit hooks), and
+//!   each file is removed at most once, so a path that another process
+//!   bound again meanwhile is left alone.
+//!
+//! ```
+//! use hyperactor::channel::{socket_dir, ChannelAddr, ChannelTransport};
+//! let ChannelAddr::Unix(path) = ChannelAddr::any(ChannelTransport::Unix) else {
+//!     unreachable!()
+//! };
+//! assert_eq!(path.parent(), Some(socket_dir()));
+//! assert!(path.as_os_str().len() < 108);
+//! ```
+
+use std::collections::HashSet;
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::path::PathBuf;
+use std::sync::LazyLock;
+use std::sync::Mutex;
+use std::sync::OnceLock;
+use std::sync::PoisonError;
+
+use super::error::ChannelError;
+
+/// The longest socket directory [`socket_dir`] picks, in bytes, leaving room
+/// for a file name within the 108-byte limit of Unix socket addresses.
+pub const MAX_SOCKET_DIR_LEN: usize = 64;
+
+/// The directory where [`ChannelAddr::any`](super::ChannelAddr::any) puts
+/// Unix sockets: `$XDG_RUNTIME_DIR/hyperactor` when `XDG_RUNTIME_DIR` is set
+/// to a directory this user owns, else `<temp dir>/hyperactor-<uid>` (such as
+/// `/tmp/hyperactor-1000`); a choice longer than [`MAX_SOCKET_DIR_LEN`]
+/// bytes is passed over for `/tmp/hyperactor-<uid>`. Chosen once per
+/// process.
+///
+/// Serving a socket in it first creates it with mode 0700, or, if it
+/// exists, checks that it is a directory (not a symbolic link) owned by
+/// this user with no access for group or others; serving fails with
+/// [`ChannelError::SocketDir`] otherwise.
+pub fn socket_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        pick_socket_dir(
+            std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
+            std::env::temp_dir(),
+            current_uid(),
+        )
+    })
+}
+
+/// The effective user id of this process.
+pub(crate) fn current_uid() -> u32 {
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The socket directory for a process of user `uid` whose `XDG_RUNTIME_DIR`
+/// is `runtime_dir` and whose temporary directory is `temp_dir`.
+pub(crate) fn pick_socket_dir(
+    runtime_dir: Option<PathBuf>,
+    temp_dir: PathBuf,
+    uid: u32,
+) -> PathBuf {
+    let owned_dir =
+        |dir: &Path| std::fs::metadata(dir).is_ok_and(|meta| meta.is_dir() && meta.uid() == uid);
+    let candidates = runtime_dir
+        .filter(|dir| dir.is_absolute() && owned_dir(dir))
+        .map(|dir| dir.join("hyperactor"))
+        .into_iter()
+        .chain([temp_dir.join(format!("hyperactor-{uid}"))]);
+    for dir in candidates {
+        if dir.as_os_str().len() <= MAX_SOCKET_DIR_LEN {
+            return dir;
+        }
+    }
+    PathBuf::from(format!("/tmp/hyperactor-{uid}"))
+}
+
+/// Creates `dir` with mode 0700 if it does not exist, then checks that it is
+/// private to user `uid` (see the [module docs](self)). Its parent must
+/// exist.
+///
+/// # Errors
+/// [`ChannelError::SocketDir`] if it cannot be created, or is a symbolic
+/// link, not a directory, owned by another user, or open to group or others.
+pub(crate) fn ensure_private_dir(dir: &Path, uid: u32) -> Result<(), ChannelError> {
+    let error = |problem: String, fix: &'static str| ChannelError::SocketDir {
+        path: dir.to_path_buf(),
+        problem,
+        fix,
+    };
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(err) => {
+            return Err(error(
+                format!("it cannot be created: {err}"),
+                "make its parent directory writable, or point XDG_RUNTIME_DIR or TMPDIR \
+                 at a directory of your own",
+            ))
+        }
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(|err| {
+        error(
+            format!("it cannot be inspected: {err}"),
+            "remove it, or point XDG_RUNTIME_DIR or TMPDIR at a directory of your own",
+        )
+    })?;
+    let remove = "remove it (it is recreated), or point XDG_RUNTIME_DIR or TMPDIR at a \
+                  directory of your own";
+    if meta.file_type().is_symlink() {
+        return Err(error("it is a symbolic link".to_string(), remove));
+    }
+    if !meta.is_dir() {
+        return Err(error("it is not a directory".to_string(), remove));
+    }
+    if meta.uid() != uid {
+        return Err(error(
+            format!(
+                "it is owned by uid {}, not by this user (uid {uid})",
+                meta.uid()
+            ),
+            remove,
+        ));
+    }
+    let mode = meta.mode() & 0o777;
+    if mode & 0o077 != 0 || mode & 0o700 != 0o700 {
+        return Err(error(
+            format!("its mode is {mode:04o}, expected 0700 (only its owner may use it)"),
+            "run `chmod 700` on it, or remove it (it is recreated)",
+        ));
+    }
+    Ok(())
+}
+
+/// Socket files served and not removed yet.
+#[derive(Debug, Default)]
+pub(crate) struct Served(Mutex<HashSet<PathBuf>>);
+
+/// The socket files this process serves.
+pub(crate) static SERVED: LazyLock<Served> = LazyLock::new(Served::default);
+
+impl Served {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<PathBuf>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records that a socket is served at `path`.
+    pub(crate) fn register(&self, path: &Path) {
+        self.lock().insert(path.to_path_buf());
+    }
+
+    /// Removes the socket file at `path`, unless [`Served::remove_all`] did.
+    pub(crate) fn remove(&self, path: &Path) {
+        let mut served = self.lock();
+        if served.remove(path) {
+            remove_file(path);
+        }
+    }
+
+    /// Removes every recorded socket file; returns how many.
+    pub(crate) fn remove_all(&self) -> usize {
+        let mut served = self.lock();
+        let count = served.len();
+        for path in served.drain() {
+            remove_file(&path);
+        }
+        count
+    }
+}
+
+fn remove_file(path: &Path) {
+    if let Err(err) = std::fs::remove_file(path) {
+        tracing::debug!(path = %path.display(), %err, "failed to remove socket file");
+    }
+}
+
+/// Removes the socket file of every Unix endpoint this process serves, and
+/// returns how many it removed. For exit hooks: a process that exits
+/// without stopping its procs leaves no socket file behind.
+///
+/// The endpoints go on serving the connections they have, but nobody can
+/// connect to them any more. Dropping their servers later removes nothing
+/// (so a path bound again by another process meanwhile is left alone).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use hyperactor::channel::{remove_socket_files, serve, ChannelAddr, ChannelTransport};
+/// let rx = serve(&ChannelAddr::any(ChannelTransport::Unix)).await.unwrap();
+/// let ChannelAddr::Unix(path) = rx.addr().clone() else { unreachable!() };
+/// assert!(remove_socket_files() >= 1);
+/// assert!(!path.exists());
+/// # }
+/// ```
+pub fn remove_socket_files() -> usize {
+    SERVED.remove_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    /// A fresh empty directory for one test, removed at the end.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Scratch {
+            let dir = std::env::temp_dir().join(format!(
+                "hyperactor-test-{name}-{}-{:x}",
+                std::process::id(),
+                nanos()
+            ));
+            std::fs::create_dir(&dir).unwrap();
+            Scratch(dir)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn nanos() -> u128 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    }
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path).unwrap().mode() & 0o777
+    }
+
+    #[test]
+    fn creates_a_private_directory() {
+        let scratch = Scratch::new("create");
+        let dir = scratch.0.join("hyperactor-42");
+        ensure_private_dir(&dir, current_uid()).unwrap();
+        let meta = std::fs::symlink_metadata(&dir).unwrap();
+        assert!(meta.is_dir());
+        assert_eq!(meta.uid(), current_uid());
+        assert_eq!(mode(&dir), 0o700);
+        // An existing good directory is accepted as it is.
+        ensure_private_dir(&dir, current_uid()).unwrap();
+    }
+
+    #[test]
+    fn the_real_socket_dir_is_private() {
+        let dir = socket_dir();
+        assert!(dir.as_os_str().len() <= MAX_SOCKET_DIR_LEN, "{dir:?}");
+        ensure_private_dir(dir, current_uid()).unwrap();
+        let meta = std::fs::symlink_metadata(dir).unwrap();
+        assert_eq!(meta.uid(), current_uid());
+        assert_eq!(mode(dir), 0o700);
+    }
+
+    fn refused(dir: &Path, uid: u32) -> (String, PathBuf) {
+        match ensure_private_dir(dir, uid).unwrap_err() {
+            err @ ChannelError::SocketDir { .. } => {
+                let ChannelError::SocketDir { ref path, .. } = err else {
+                    unreachable!()
+                };
+                (err.to_string(), path.clone())
+            }
+            err => panic!("not a SocketDir error: {err}"),
+        }
+    }
+
+    #[test]
+    fn open_permissions_are_refused() {
+        let scratch = Scratch::new("perms");
+        let dir = scratch.0.join("open");
+        std::fs::create_dir(&dir).unwrap();
+        for bad in [0o755, 0o770, 0o701, 0o500] {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(bad)).unwrap();
+            let (msg, path) = refused(&dir, current_uid());
+            assert_eq!(path, dir);
+            assert!(msg.contains(&dir.display().to_string()), "{msg}");
+            assert!(msg.contains(&format!("{bad:04o}")), "{msg}");
+            assert!(msg.contains("chmod 700"), "{msg}");
+        }
+        // Left as it was: the check never changes permissions.
+        assert_eq!(mode(&dir), 0o500);
+    }
+
+    #[test]
+    fn symlinks_files_and_other_owners_are_refused() {
+        let scratch = Scratch::new("kinds");
+        let target = scratch.0.join("target");
+        ensure_private_dir(&target, current_uid()).unwrap();
+        let link = scratch.0.join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let (msg, path) = refused(&link, current_uid());
+        assert_eq!(path, link);
+        assert!(
+            msg.contains("symbolic link") && msg.contains("remove it"),
+            "{msg}"
+        );
+
+        let file = scratch.0.join("file");
+        std::fs::write(&file, b"").unwrap();
+        let (msg, _) = refused(&file, current_uid());
+        assert!(msg.contains("not a directory"), "{msg}");
+
+        // A directory owned by someone else: checked as another uid would.
+        let other = current_uid().wrapping_add(1);
+        let (msg, _) = refused(&target, other);
+        assert!(
+            msg.contains(&format!("owned by uid {}", current_uid()))
+                && msg.contains(&format!("uid {other}")),
+            "{msg}"
+        );
+
+        // A parent that does not exist: cannot be created.
+        let (msg, _) = refused(&scratch.0.join("missing/sub"), current_uid());
+        assert!(msg.contains("cannot be created"), "{msg}");
+    }
+
+    #[test]
+    fn picks_the_runtime_dir_only_when_owned_and_short() {
+        let scratch = Scratch::new("pick");
+        let uid = current_uid();
+        let tmp = PathBuf::from("/some/tmp");
+        let fallback = PathBuf::from(format!("/some/tmp/hyperactor-{uid}"));
+        assert_eq!(pick_socket_dir(None, tmp.clone(), uid), fallback);
+        assert_eq!(
+            pick_socket_dir(Some(scratch.0.clone()), tmp.clone(), uid),
+            scratch.0.join("hyperactor")
+        );
+        // Not ours, missing, or relative: not used.
+        let other = uid.wrapping_add(1);
+        assert_eq!(
+            pick_socket_dir(Some(scratch.0.clone()), tmp.clone(), other),
+            PathBuf::from(format!("/some/tmp/hyperactor-{other}"))
+        );
+        let missing = scratch.0.join("missing");
+        assert_eq!(pick_socket_dir(Some(missing), tmp.clone(), uid), fallback);
+        assert_eq!(pick_socket_dir(Some("rel".into()), tmp, uid), fallback);
+        // Too long for socket paths: /tmp.
+        let long = PathBuf::from(format!("/{}", "x".repeat(MAX_SOCKET_DIR_LEN)));
+        assert_eq!(
+            pick_socket_dir(None, long, uid),
+            PathBuf::from(format!("/tmp/hyperactor-{uid}"))
+        );
+    }
+
+    #[test]
+    fn removal_happens_once() {
+        let scratch = Scratch::new("remove");
+        let path = scratch.0.join("a.sock");
+        std::fs::write(&path, b"").unwrap();
+        let other = scratch.0.join("b.sock");
+        std::fs::write(&other, b"").unwrap();
+        // A registry of its own: the process-wide one holds other tests' sockets.
+        let served = Served::default();
+        served.register(&path);
+        served.register(&other);
+        served.remove(&other);
+        assert!(!other.exists());
+        assert_eq!(served.remove_all(), 1);
+        assert!(!path.exists());
+        assert_eq!(served.remove_all(), 0);
+        // Bound again by someone else: a late `remove` leaves it alone.
+        std::fs::write(&path, b"").unwrap();
+        served.remove(&path);
+        assert!(path.exists());
+    }
+}
