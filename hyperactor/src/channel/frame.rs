@@ -174,7 +174,10 @@ impl fmt::Debug for Frame {
 #[non_exhaustive]
 pub enum FrameError {
     /// The frame is longer than [`max_frame_len`].
-    #[error("frame of {len} bytes exceeds the maximum of {max} bytes")]
+    #[error(
+        "frame of {len} bytes exceeds the maximum of {max} bytes; send less per message, or \
+         raise HYPERACTOR_CODEC_MAX_FRAME_LENGTH on both sides"
+    )]
     TooLarge {
         /// The (claimed) length; saturated at `u64::MAX`.
         len: u64,

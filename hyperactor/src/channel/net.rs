@@ -239,18 +239,20 @@ impl Listener for UnixListener {
     }
 }
 
-/// Stops the accept task and removes the socket file when dropped.
+/// Stops the accept task and removes the socket file (unless
+/// [`socket_dir::remove_socket_files`] did) when dropped.
 #[derive(Debug)]
 pub(crate) struct NetGuard {
     accept: JoinHandle<()>,
-    unix_path: Option<PathBuf>,
+    /// The socket file, and its token in [`socket_dir::SERVED`].
+    unix_path: Option<(PathBuf, u64)>,
 }
 
 impl Drop for NetGuard {
     fn drop(&mut self) {
         self.accept.abort();
-        if let Some(path) = &self.unix_path {
-            socket_dir::SERVED.remove(path);
+        if let Some((path, token)) = &self.unix_path {
+            socket_dir::SERVED.remove(path, *token);
         }
     }
 }
@@ -314,13 +316,13 @@ pub(crate) async fn serve_unix(
         addr: addr.clone(),
         source: Arc::new(err),
     })?;
-    socket_dir::SERVED.register(path);
+    let token = socket_dir::SERVED.register(path);
     let accept = tokio::spawn(accept_loop(listener, frames, addr.clone()));
     Ok((
         addr,
         NetGuard {
             accept,
-            unix_path: Some(path.to_path_buf()),
+            unix_path: Some((path.to_path_buf(), token)),
         },
     ))
 }

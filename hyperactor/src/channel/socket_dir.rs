@@ -29,7 +29,7 @@
 //! assert!(path.as_os_str().len() < 108);
 //! ```
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::fs::MetadataExt;
@@ -153,27 +153,42 @@ pub(crate) fn ensure_private_dir(dir: &Path, uid: u32) -> Result<(), ChannelErro
     Ok(())
 }
 
-/// Socket files served and not removed yet.
+/// Socket files served and not removed yet, each with the token of the
+/// server that bound it.
 #[derive(Debug, Default)]
-pub(crate) struct Served(Mutex<HashSet<PathBuf>>);
+pub(crate) struct Served(Mutex<ServedFiles>);
+
+#[derive(Debug, Default)]
+struct ServedFiles {
+    next_token: u64,
+    files: HashMap<PathBuf, u64>,
+}
 
 /// The socket files this process serves.
 pub(crate) static SERVED: LazyLock<Served> = LazyLock::new(Served::default);
 
 impl Served {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<PathBuf>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ServedFiles> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records that a socket is served at `path`.
-    pub(crate) fn register(&self, path: &Path) {
-        self.lock().insert(path.to_path_buf());
+    /// Records that a socket is served at `path`; returns the token that
+    /// [`Served::remove`] takes.
+    pub(crate) fn register(&self, path: &Path) -> u64 {
+        let mut served = self.lock();
+        served.next_token += 1;
+        let token = served.next_token;
+        served.files.insert(path.to_path_buf(), token);
+        token
     }
 
-    /// Removes the socket file at `path`, unless [`Served::remove_all`] did.
-    pub(crate) fn remove(&self, path: &Path) {
+    /// Removes the socket file at `path` that `register` returned `token`
+    /// for, unless it was removed already (by [`Served::remove_all`], after
+    /// which another server may have bound the path again).
+    pub(crate) fn remove(&self, path: &Path, token: u64) {
         let mut served = self.lock();
-        if served.remove(path) {
+        if served.files.get(path) == Some(&token) {
+            served.files.remove(path);
             remove_file(path);
         }
     }
@@ -181,8 +196,8 @@ impl Served {
     /// Removes every recorded socket file; returns how many.
     pub(crate) fn remove_all(&self) -> usize {
         let mut served = self.lock();
-        let count = served.len();
-        for path in served.drain() {
+        let count = served.files.len();
+        for (path, _) in served.files.drain() {
             remove_file(&path);
         }
         count
@@ -377,16 +392,24 @@ mod tests {
         std::fs::write(&other, b"").unwrap();
         // A registry of its own: the process-wide one holds other tests' sockets.
         let served = Served::default();
-        served.register(&path);
-        served.register(&other);
-        served.remove(&other);
+        let first = served.register(&path);
+        let token = served.register(&other);
+        served.remove(&other, token + 1);
+        assert!(other.exists(), "removed with another server's token");
+        served.remove(&other, token);
         assert!(!other.exists());
         assert_eq!(served.remove_all(), 1);
         assert!(!path.exists());
         assert_eq!(served.remove_all(), 0);
         // Bound again by someone else: a late `remove` leaves it alone.
         std::fs::write(&path, b"").unwrap();
-        served.remove(&path);
+        served.remove(&path, first);
         assert!(path.exists());
+        // Bound again by a server of this process: only its own guard removes it.
+        let second = served.register(&path);
+        served.remove(&path, first);
+        assert!(path.exists());
+        served.remove(&path, second);
+        assert!(!path.exists());
     }
 }
