@@ -283,8 +283,8 @@ pub(crate) async fn serve_tcp(
 
 /// Binds a Unix listener at `path` (removing a stale socket file nobody
 /// listens on) and starts accepting into `frames`. A path in
-/// [`socket_dir::socket_dir`] gets that directory created (or checked)
-/// first.
+/// [`socket_dir::socket_dir`] gets that directory prepared first
+/// ([`socket_dir::prepare`]).
 ///
 /// # Errors
 /// [`ChannelError::SocketDir`] if the socket directory is not private;
@@ -297,7 +297,7 @@ pub(crate) async fn serve_unix(
     let addr = ChannelAddr::Unix(path.to_path_buf());
     let dir = socket_dir::socket_dir();
     if path.parent() == Some(dir) {
-        socket_dir::ensure_private_dir(dir, socket_dir::current_uid())?;
+        socket_dir::prepare(dir)?;
     }
     let is_socket = std::fs::symlink_metadata(path)
         .map(|m| m.file_type().is_socket())

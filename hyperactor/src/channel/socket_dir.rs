@@ -18,7 +18,12 @@
 //! - every socket file this process serves is removed when its server is
 //!   dropped, or earlier by [`remove_socket_files`] (for exit hooks), and
 //!   each file is removed at most once, so a path that another process
-//!   bound again meanwhile is left alone.
+//!   bound again meanwhile is left alone;
+//! - files left behind by processes that could not remove them (killed,
+//!   crashed) are swept once per process, in the background, when it first
+//!   serves in the directory: a file named as `ChannelAddr::any` names it
+//!   (`<pid>-<n>-<hex>.sock`) is removed only if its process is gone and
+//!   nothing listens on it.
 //!
 //! ```
 //! use hyperactor::channel::{socket_dir, ChannelAddr, ChannelTransport};
@@ -32,6 +37,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::path::PathBuf;
@@ -57,6 +63,9 @@ pub const MAX_SOCKET_DIR_LEN: usize = 64;
 /// exists, checks that it is a directory (not a symbolic link) owned by
 /// this user with no access for group or others; serving fails with
 /// [`ChannelError::SocketDir`] otherwise.
+/// The first socket a process serves there also starts a sweep of the
+/// files that killed or crashed processes left behind (their process is
+/// gone and nothing listens on them).
 pub fn socket_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -151,6 +160,88 @@ pub(crate) fn ensure_private_dir(dir: &Path, uid: u32) -> Result<(), ChannelErro
         ));
     }
     Ok(())
+}
+
+/// Prepares `dir`, the socket directory, for a socket: creates or checks it
+/// ([`ensure_private_dir`]), and, the first time in this process, starts
+/// sweeping the files left behind in it ([`sweep_stale`]) on a blocking
+/// thread of the current runtime.
+///
+/// # Errors
+/// As [`ensure_private_dir`].
+pub(crate) fn prepare(dir: &'static Path) -> Result<(), ChannelError> {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    ensure_private_dir(dir, current_uid())?;
+    SWEPT.call_once(|| {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn_blocking(move || {
+                let removed = sweep_stale(dir);
+                if removed > 0 {
+                    tracing::debug!(dir = %dir.display(), removed, "removed stale socket files");
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+/// Removes the socket files in `dir` that processes of this user left
+/// behind when they died without removing them: files named as
+/// `ChannelAddr::any` names them (`<pid>-<n>-<hex>.sock`) whose process is
+/// gone and on which nothing listens (a connection is refused). Returns how
+/// many it removed.
+pub(crate) fn sweep_stale(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let Some(pid) = socket_file_pid(&entry.file_name()) else {
+            continue;
+        };
+        if process_exists(pid) || !entry.file_type().is_ok_and(|t| t.is_socket()) {
+            continue;
+        }
+        let path = entry.path();
+        let refused = matches!(
+            std::os::unix::net::UnixStream::connect(&path),
+            Err(err) if err.kind() == io::ErrorKind::ConnectionRefused
+        );
+        if refused && std::fs::remove_file(&path).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// The pid in a socket file name made by `ChannelAddr::any`
+/// (`<pid>-<n>-<hex>.sock`); `None` for any other name.
+fn socket_file_pid(name: &std::ffi::OsStr) -> Option<u32> {
+    let stem = name.to_str()?.strip_suffix(".sock")?;
+    let mut fields = stem.split('-');
+    let (pid, n, nanos) = (fields.next()?, fields.next()?, fields.next()?);
+    let digits = |s: &str, hex: bool| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (hex && matches!(b, b'a'..=b'f')))
+    };
+    if fields.next().is_some() || !digits(n, false) || !digits(nanos, true) || !digits(pid, false) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+/// Whether a process `pid` exists (in doubt: yes).
+fn process_exists(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return true;
+    };
+    if pid <= 0 {
+        return true;
+    }
+    // SAFETY: signal 0 sends nothing; `kill` only checks that `pid` exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// Socket files served and not removed yet, each with the token of the
@@ -381,6 +472,59 @@ mod tests {
             pick_socket_dir(None, long, uid),
             PathBuf::from(format!("/tmp/hyperactor-{uid}"))
         );
+    }
+
+    #[test]
+    fn sweeping_removes_only_files_of_dead_processes_nobody_listens_on() {
+        use std::os::unix::net::UnixListener;
+        let scratch = Scratch::new("sweep");
+        // A pid that no process has any more: a child that exited and was reaped.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let live = std::process::id();
+        let at = |name: String| scratch.0.join(name);
+        // Bound, then closed: std's listener does not remove its file.
+        let stale = at(format!("{dead}-0-1f.sock"));
+        drop(UnixListener::bind(&stale).unwrap());
+        // Dead process, but something still listens (an inherited socket).
+        let listened = at(format!("{dead}-1-2e.sock"));
+        let _listener = UnixListener::bind(&listened).unwrap();
+        // A live process's socket, even with nobody listening.
+        let alive = at(format!("{live}-0-3d.sock"));
+        drop(UnixListener::bind(&alive).unwrap());
+        // Names not made by `ChannelAddr::any`, and a plain file.
+        let foreign = at(format!("x{dead}-0-4c.sock"));
+        drop(UnixListener::bind(&foreign).unwrap());
+        let plain = at(format!("{dead}-2-5b.sock"));
+        std::fs::write(&plain, b"").unwrap();
+
+        assert_eq!(sweep_stale(&scratch.0), 1);
+        assert!(!stale.exists());
+        for kept in [&listened, &alive, &foreign, &plain] {
+            assert!(kept.exists(), "{kept:?} was removed");
+        }
+        assert_eq!(sweep_stale(&scratch.0.join("missing")), 0);
+    }
+
+    #[test]
+    fn socket_file_names() {
+        use std::ffi::OsStr;
+        let pid = |s: &str| socket_file_pid(OsStr::new(s));
+        assert_eq!(pid("123-0-1a2b.sock"), Some(123));
+        assert_eq!(pid("4194304-17-ffffffff.sock"), Some(4194304));
+        for other in [
+            "123-0-1a2b",
+            "123-0.sock",
+            "123-0-1a2b-9.sock",
+            "-0-1a.sock",
+            "12a-0-1a.sock",
+            "123-x-1a.sock",
+            "123-0-1G.sock",
+            "hyperactor-123-0-1a.sock",
+        ] {
+            assert_eq!(pid(other), None, "{other}");
+        }
     }
 
     #[test]
