@@ -19,6 +19,26 @@
 //!   sends hand their frame back in a [`SendError`], and
 //!   [`ChannelTx::closed`] resolves.
 //!
+//! Peers are not trusted to be well formed: an incoming connection that
+//! sends a malformed frame (bad magic, too many parts, longer than
+//! [`max_frame_len`], which `HYPERACTOR_CODEC_MAX_FRAME_LENGTH` sets, or
+//! cut off mid-frame) is closed with one log line, and those lines are
+//! rate-limited process-wide (one per second per kind, the next one saying
+//! how many were left out). Whatever lengths a peer claims, the receiver
+//! holds at most about twice the bytes it really sent.
+//!
+//! Unix sockets of [`ChannelAddr::any`] live in the per-user [`socket_dir`]
+//! (mode 0700, checked before use). Each socket file is removed when its
+//! endpoint is dropped, or earlier by [`remove_socket_files`] (for exit
+//! hooks).
+//!
+//! # Configuration
+//!
+//! | environment variable | default | meaning |
+//! |---|---|---|
+//! | `HYPERACTOR_CODEC_MAX_FRAME_LENGTH` | `10737418240` (10 GiB) | the largest frame, in bytes, this process sends or accepts ([`max_frame_len`]); read once per process |
+//! | `XDG_RUNTIME_DIR`, `TMPDIR` | unset, `/tmp` | where the per-user [`socket_dir`] is made |
+//!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -40,9 +60,13 @@ mod frame;
 mod inbox;
 mod link;
 mod local;
+pub(crate) mod log_limit;
 mod net;
+mod socket_dir;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_codec;
 mod tx;
 
 use std::fmt;
@@ -56,11 +80,16 @@ pub use self::addr::ChannelAddr;
 pub use self::addr::ChannelTransport;
 pub use self::error::ChannelError;
 pub use self::error::SendError;
+pub use self::frame::max_frame_len;
 pub use self::frame::Frame;
 pub use self::frame::FrameError;
 pub use self::frame::MAX_FRAME_LEN;
+pub use self::frame::MAX_FRAME_LEN_ENV;
 pub use self::frame::MAX_FRAME_PARTS;
 pub use self::inbox::DeliverFn;
+pub use self::socket_dir::remove_socket_files;
+pub use self::socket_dir::socket_dir;
+pub use self::socket_dir::MAX_SOCKET_DIR_LEN;
 pub use self::tx::ChannelTx;
 pub use self::tx::ReturnFn;
 pub use self::tx::FRAME_COST_OVERHEAD;

@@ -41,6 +41,7 @@ use rustc_hash::FxHashMap;
 use tokio::sync::mpsc;
 
 use crate::actor::{spawn_actor, Actor, ActorCell, ActorHandle, DrivenActor, Owner, WorkQueue};
+use crate::channel::log_limit::LogLimit;
 use crate::channel::{
     self, ChannelAddr, ChannelError, ChannelServer, ChannelTransport, ChannelTx, Frame,
 };
@@ -101,14 +102,31 @@ impl Proc {
         // their senders.
         let slot: Arc<std::sync::OnceLock<Weak<ProcInner>>> = Arc::default();
         let deliver_to = Arc::clone(&slot);
+        // Peers may send anything: the log lines about frames dropped here are
+        // rate-limited process-wide, one per second per kind.
+        static NO_PROC: LogLimit = LogLimit::per_second();
+        static CORRUPT: LogLimit = LogLimit::per_second();
         let deliver: channel::DeliverFn = Arc::new(move |frame: Frame| {
             let Some(inner) = deliver_to.get().and_then(Weak::upgrade) else {
-                tracing::error!("dropping a frame that arrived while its proc starts or stops");
+                if let Some(suppressed) = NO_PROC.check() {
+                    tracing::error!(
+                        suppressed,
+                        "dropping a frame that arrived while its proc starts or stops"
+                    );
+                }
                 return;
             };
             match Envelope::from_frame(frame) {
                 Ok(envelope) => Proc { inner }.deliver_local(envelope),
-                Err(e) => tracing::error!(proc = %inner.id, "dropping a corrupt frame: {e}"),
+                Err(e) => {
+                    if let Some(suppressed) = CORRUPT.check() {
+                        tracing::warn!(
+                            proc = %inner.id,
+                            suppressed,
+                            "dropping a frame whose envelope header does not decode: {e}"
+                        );
+                    }
+                }
             }
         });
         let server = channel::serve_with(addr, deliver).await?;

@@ -34,6 +34,7 @@ use serde::Serialize;
 use serde::Serializer;
 
 use super::error::ChannelError;
+use super::socket_dir::socket_dir;
 
 /// The kind of transport an address uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -94,8 +95,9 @@ const EXPECTED_ADDR: &str =
 
 impl ChannelAddr {
     /// An address that [`crate::channel::serve`] binds to a fresh endpoint:
-    /// `Local(0)`, a unique socket path under [`std::env::temp_dir`], or
-    /// `127.0.0.1:0`.
+    /// `Local(0)`, a unique socket path in the per-user
+    /// [`socket_dir`](crate::channel::socket_dir) (which `serve` creates,
+    /// private to this user), or `127.0.0.1:0`.
     pub fn any(transport: ChannelTransport) -> ChannelAddr {
         match transport {
             ChannelTransport::Local => ChannelAddr::Local(0),
@@ -116,7 +118,8 @@ impl ChannelAddr {
     }
 }
 
-/// A socket path unique to this process and call (pid, counter, clock).
+/// A socket path in [`socket_dir`] unique to this process and call (pid,
+/// counter, clock), with a file name of about 25 bytes.
 fn unique_socket_path() -> PathBuf {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -124,10 +127,7 @@ fn unique_socket_path() -> PathBuf {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    std::env::temp_dir().join(format!(
-        "hyperactor-{}-{n}-{nanos:x}.sock",
-        std::process::id()
-    ))
+    socket_dir().join(format!("{}-{n}-{nanos:x}.sock", std::process::id()))
 }
 
 impl fmt::Display for ChannelAddr {

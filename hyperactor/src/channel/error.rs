@@ -17,6 +17,7 @@
 //! ```
 
 use std::io;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::addr::ChannelAddr;
@@ -97,6 +98,18 @@ pub enum ChannelError {
         addr: ChannelAddr,
         /// What went wrong.
         reason: String,
+    },
+    /// The directory for Unix socket files (see
+    /// [`socket_dir`](crate::channel::socket_dir)) cannot be created, or is
+    /// not private to this user, so no socket is served in it.
+    #[error("cannot use the socket directory {}: {problem}; to fix it, {fix}", path.display())]
+    SocketDir {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+        /// How to fix it.
+        fix: &'static str,
     },
     /// `dial` was called outside a Tokio runtime, so no link task could run.
     #[error("cannot dial {addr}: not called from within a tokio runtime")]

@@ -12,16 +12,35 @@
 //! All integers are little-endian. Invariants:
 //! - the encoder never concatenates: it produces a list of [`Bytes`]
 //!   (prefix, header, parts) that the link writes with vectored writes;
-//! - the decoder reads each part into its own buffer of exactly that part's
-//!   size, and checks every length against [`MAX_FRAME_LEN`] and
-//!   [`MAX_FRAME_PARTS`] *before* allocating, so a corrupt length cannot
-//!   make it allocate unbounded memory.
+//! - the decoder checks every length against [`max_frame_len`] and
+//!   [`MAX_FRAME_PARTS`] *before* allocating, and then allocates only as
+//!   bytes arrive: each part is read into a buffer of its own that starts
+//!   at [`INITIAL_PART_RESERVE`] bytes at most and doubles when full, ending
+//!   exactly sized. So a peer makes the decoder hold at most about twice the
+//!   bytes it really sent (plus one initial reservation per connection),
+//!   whatever lengths it claims.
+//!
+//! # Maximum frame length
+//!
+//! A frame (header plus parts) may be at most [`max_frame_len`] bytes, on
+//! both the sending and the receiving side. It is [`MAX_FRAME_LEN`]
+//! (10 GiB) unless the environment variable
+//! `HYPERACTOR_CODEC_MAX_FRAME_LENGTH` holds another positive number of
+//! bytes (plain decimal digits, such as `1073741824` for 1 GiB). The
+//! variable is read once per process, at the first frame; a value that is
+//! not a positive integer is ignored with a warning. Processes that talk to
+//! each other should use the same value: a receiver closes a connection
+//! that sends a frame over its own maximum.
 //!
 //! ```
 //! use bytes::Bytes;
-//! use hyperactor::channel::Frame;
+//! use hyperactor::channel::{max_frame_len, Frame, MAX_FRAME_LEN};
 //! let frame = Frame::new(Bytes::from_static(b"hdr"), vec![Bytes::from_static(b"body")]);
 //! assert_eq!(frame.len(), 7);
+//! // Without HYPERACTOR_CODEC_MAX_FRAME_LENGTH, the default applies.
+//! if std::env::var_os("HYPERACTOR_CODEC_MAX_FRAME_LENGTH").is_none() {
+//!     assert_eq!(max_frame_len(), MAX_FRAME_LEN);
+//! }
 //! ```
 
 use std::collections::VecDeque;
@@ -29,6 +48,7 @@ use std::fmt;
 use std::io;
 use std::io::IoSlice;
 use std::sync::Arc;
+use std::sync::OnceLock;
 
 use bytes::Buf;
 use bytes::BufMut;
@@ -39,14 +59,72 @@ use tokio::io::AsyncBufReadExt;
 use tokio::io::AsyncRead;
 use tokio::io::AsyncReadExt;
 
-/// The largest frame (header plus parts) a channel carries: 10 GiB.
+/// The default of [`max_frame_len`], the largest frame (header plus parts) a
+/// channel carries: 10 GiB.
 pub const MAX_FRAME_LEN: u64 = 10 << 30;
+
+/// The environment variable that sets [`max_frame_len`], in bytes.
+pub const MAX_FRAME_LEN_ENV: &str = "HYPERACTOR_CODEC_MAX_FRAME_LENGTH";
+
+/// The most bytes the decoder reserves for a part before its bytes arrive;
+/// the buffer then doubles as it fills. A little over 1 MiB, so that a
+/// 1 MiB payload plus its serialization header still gets a single buffer.
+pub(crate) const INITIAL_PART_RESERVE: usize = (1 << 20) + (64 << 10);
 
 /// The most payload parts a frame may have.
 pub const MAX_FRAME_PARTS: usize = 1 << 16;
 
 /// Marks the start of every frame on the wire ("HYF1").
 const MAGIC: u32 = u32::from_le_bytes(*b"HYF1");
+
+/// The largest frame (header plus parts) this process sends or accepts, in
+/// bytes: the value of the environment variable
+/// `HYPERACTOR_CODEC_MAX_FRAME_LENGTH` ([`MAX_FRAME_LEN_ENV`]) if it is a
+/// positive number of bytes in plain decimal digits, else [`MAX_FRAME_LEN`]
+/// (10 GiB). A value that is set but invalid is ignored with a warning.
+///
+/// Read once per process, at the first call (the first frame sent or
+/// received). Processes that talk to each other should use the same value:
+/// a sender hands back a frame over its own maximum, and a receiver closes
+/// a connection that sends a frame over its own.
+pub fn max_frame_len() -> u64 {
+    static MAX: OnceLock<u64> = OnceLock::new();
+    *MAX.get_or_init(|| {
+        let value = std::env::var_os(MAX_FRAME_LEN_ENV);
+        match parse_max_frame_len(value.as_deref()) {
+            Ok(max) => max,
+            Err(problem) => {
+                tracing::warn!(
+                    "ignoring {MAX_FRAME_LEN_ENV}: {problem}; expected a positive number of \
+                     bytes such as 1073741824; using the default of {MAX_FRAME_LEN} bytes"
+                );
+                MAX_FRAME_LEN
+            }
+        }
+    })
+}
+
+/// The maximum frame length that `value` (of [`MAX_FRAME_LEN_ENV`]) sets:
+/// [`MAX_FRAME_LEN`] if unset.
+///
+/// # Errors
+/// What is wrong with a value that is not a positive integer.
+pub(crate) fn parse_max_frame_len(value: Option<&std::ffi::OsStr>) -> Result<u64, String> {
+    let Some(value) = value else {
+        return Ok(MAX_FRAME_LEN);
+    };
+    let text = value
+        .to_str()
+        .ok_or_else(|| format!("{value:?} is not valid unicode"))?;
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{text:?} is not a number of bytes"));
+    }
+    match text.parse::<u64>() {
+        Ok(0) => Err("0 would refuse every frame".to_string()),
+        Ok(max) => Ok(max),
+        Err(_) => Err(format!("{text:?} does not fit in 64 bits")),
+    }
+}
 
 /// Bytes of the fixed part of the prefix (magic, part count, header length).
 const FIXED_PREFIX_LEN: usize = 12;
@@ -95,8 +173,11 @@ impl fmt::Debug for Frame {
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum FrameError {
-    /// The frame is longer than [`MAX_FRAME_LEN`].
-    #[error("frame of {len} bytes exceeds the maximum of {max} bytes")]
+    /// The frame is longer than [`max_frame_len`].
+    #[error(
+        "frame of {len} bytes exceeds the maximum of {max} bytes; send less per message, or \
+         raise HYPERACTOR_CODEC_MAX_FRAME_LENGTH on both sides"
+    )]
     TooLarge {
         /// The (claimed) length; saturated at `u64::MAX`.
         len: u64,
@@ -147,11 +228,9 @@ pub(crate) fn check(frame: &Frame) -> Result<(), FrameError> {
         });
     }
     let len = frame.len() as u64;
-    if len > MAX_FRAME_LEN || u32::try_from(frame.header.len()).is_err() {
-        return Err(FrameError::TooLarge {
-            len,
-            max: MAX_FRAME_LEN,
-        });
+    let max = max_frame_len();
+    if len > max || u32::try_from(frame.header.len()).is_err() {
+        return Err(FrameError::TooLarge { len, max });
     }
     Ok(())
 }
@@ -235,8 +314,8 @@ pub(crate) trait SharedWrite: Send + Sync + 'static {
     fn writable(&self) -> impl std::future::Future<Output = io::Result<()>> + Send;
 }
 
-/// Reads one frame. Returns `Ok(None)` on a clean end of stream (before
-/// the first byte of a frame).
+/// Reads one frame of at most [`max_frame_len`] bytes. Returns `Ok(None)`
+/// on a clean end of stream (before the first byte of a frame).
 ///
 /// # Errors
 /// [`FrameError::Truncated`] if the stream ends inside a frame; the
@@ -247,6 +326,20 @@ pub(crate) trait SharedWrite: Send + Sync + 'static {
 /// Not cancel safe: a cancelled call may have consumed part of a frame.
 pub(crate) async fn read_frame<R: AsyncBufRead + Unpin>(
     reader: &mut R,
+) -> Result<Option<Frame>, FrameError> {
+    read_frame_limited(reader, max_frame_len()).await
+}
+
+/// As [`read_frame`], for frames of at most `max` bytes.
+///
+/// # Errors
+/// As [`read_frame`].
+///
+/// # Cancel safety
+/// Not cancel safe.
+pub(crate) async fn read_frame_limited<R: AsyncBufRead + Unpin>(
+    reader: &mut R,
+    max: u64,
 ) -> Result<Option<Frame>, FrameError> {
     if reader.fill_buf().await?.is_empty() {
         return Ok(None);
@@ -266,18 +359,20 @@ pub(crate) async fn read_frame<R: AsyncBufRead + Unpin>(
         });
     }
     let header_len = u64::from(fixed.get_u32_le());
-    let mut lens = Vec::with_capacity(nparts);
+    let too_large = |len| FrameError::TooLarge { len, max };
+    if header_len > max {
+        return Err(too_large(header_len));
+    }
+    // The lengths list grows as its bytes arrive (8 per part).
+    let mut lens = Vec::with_capacity(nparts.min(1024));
     let mut total = header_len;
     for _ in 0..nparts {
         let len = reader.read_u64_le().await?;
         total = total.saturating_add(len);
+        if total > max {
+            return Err(too_large(total));
+        }
         lens.push(len);
-    }
-    if total > MAX_FRAME_LEN {
-        return Err(FrameError::TooLarge {
-            len: total,
-            max: MAX_FRAME_LEN,
-        });
     }
     let header = read_exactly(reader, header_len).await?;
     let mut parts = Vec::with_capacity(nparts);
@@ -287,23 +382,29 @@ pub(crate) async fn read_frame<R: AsyncBufRead + Unpin>(
     Ok(Some(Frame { header, parts }))
 }
 
-/// Reads exactly `len` bytes into a buffer of exactly that capacity,
-/// without zero-filling it first.
+/// Reads exactly `len` bytes (already checked against the maximum) into a
+/// buffer that grows with the bytes that arrive: at most
+/// [`INITIAL_PART_RESERVE`] up front, then doubling, never past `len`, so it
+/// ends exactly sized. The buffer is never zero-filled.
 async fn read_exactly<R: AsyncRead + Unpin>(reader: &mut R, len: u64) -> Result<Bytes, FrameError> {
-    // `len` is at most MAX_FRAME_LEN, checked by the caller.
+    // Cannot fail on 64-bit targets, where the maximum frame length fits.
     let len = usize::try_from(len).map_err(|_| FrameError::TooLarge {
         len,
-        max: MAX_FRAME_LEN,
+        max: usize::MAX as u64,
     })?;
     if len == 0 {
         return Ok(Bytes::new());
     }
-    let mut buf = BytesMut::with_capacity(len);
+    let mut buf: Vec<u8> = Vec::with_capacity(len.min(INITIAL_PART_RESERVE));
     while buf.len() < len {
-        let want = (len - buf.len()) as u64;
-        if (&mut *reader).take(want).read_buf(&mut buf).await? == 0 {
+        if buf.len() == buf.capacity() {
+            // Large reallocations move pages (mremap), not bytes.
+            buf.reserve_exact((len - buf.len()).min(buf.capacity()));
+        }
+        let room = (buf.capacity() - buf.len()) as u64;
+        if (&mut *reader).take(room).read_buf(&mut buf).await? == 0 {
             return Err(FrameError::Truncated);
         }
     }
-    Ok(buf.freeze())
+    Ok(Bytes::from(buf))
 }

@@ -55,11 +55,14 @@ use super::addr::ChannelAddr;
 use super::error::ChannelError;
 use super::frame;
 use super::frame::Frame;
+use super::frame::FrameError;
 use super::frame::SharedWrite;
 use super::inbox::Inbox;
 use super::link;
 use super::link::AckSource;
 use super::link::FrameSink;
+use super::log_limit::LogLimit;
+use super::socket_dir;
 use super::tx::DirectWrite;
 use super::tx::LinkShared;
 use super::tx::Queued;
@@ -236,20 +239,20 @@ impl Listener for UnixListener {
     }
 }
 
-/// Stops the accept task and removes the socket file when dropped.
+/// Stops the accept task and removes the socket file (unless
+/// [`socket_dir::remove_socket_files`] did) when dropped.
 #[derive(Debug)]
 pub(crate) struct NetGuard {
     accept: JoinHandle<()>,
-    unix_path: Option<PathBuf>,
+    /// The socket file, and its token in [`socket_dir::SERVED`].
+    unix_path: Option<(PathBuf, u64)>,
 }
 
 impl Drop for NetGuard {
     fn drop(&mut self) {
         self.accept.abort();
-        if let Some(path) = &self.unix_path {
-            if let Err(err) = std::fs::remove_file(path) {
-                tracing::debug!(path = %path.display(), %err, "failed to remove socket file");
-            }
+        if let Some((path, token)) = &self.unix_path {
+            socket_dir::SERVED.remove(path, *token);
         }
     }
 }
@@ -279,9 +282,12 @@ pub(crate) async fn serve_tcp(
 }
 
 /// Binds a Unix listener at `path` (removing a stale socket file nobody
-/// listens on) and starts accepting into `frames`.
+/// listens on) and starts accepting into `frames`. A path in
+/// [`socket_dir::socket_dir`] gets that directory prepared first
+/// ([`socket_dir::prepare`]).
 ///
 /// # Errors
+/// [`ChannelError::SocketDir`] if the socket directory is not private;
 /// [`ChannelError::AddrInUse`] if something listens there;
 /// [`ChannelError::Bind`] if binding fails.
 pub(crate) async fn serve_unix(
@@ -289,6 +295,10 @@ pub(crate) async fn serve_unix(
     frames: Inbox,
 ) -> Result<(ChannelAddr, NetGuard), ChannelError> {
     let addr = ChannelAddr::Unix(path.to_path_buf());
+    let dir = socket_dir::socket_dir();
+    if path.parent() == Some(dir) {
+        socket_dir::prepare(dir)?;
+    }
     let is_socket = std::fs::symlink_metadata(path)
         .map(|m| m.file_type().is_socket())
         .unwrap_or(false);
@@ -306,12 +316,13 @@ pub(crate) async fn serve_unix(
         addr: addr.clone(),
         source: Arc::new(err),
     })?;
+    let token = socket_dir::SERVED.register(path);
     let accept = tokio::spawn(accept_loop(listener, frames, addr.clone()));
     Ok((
         addr,
         NetGuard {
             accept,
-            unix_path: Some(path.to_path_buf()),
+            unix_path: Some((path.to_path_buf(), token)),
         },
     ))
 }
@@ -325,7 +336,10 @@ async fn accept_loop<L: Listener>(mut listener: L, frames: Inbox, addr: ChannelA
                     tokio::spawn(serve_conn(stream, frames.clone(), addr.clone()));
                 }
                 Err(err) => {
-                    tracing::warn!(%addr, %err, "failed to accept a connection");
+                    static ACCEPT_FAILED: LogLimit = LogLimit::per_second();
+                    if let Some(suppressed) = ACCEPT_FAILED.check() {
+                        tracing::warn!(%addr, %err, suppressed, "failed to accept a connection");
+                    }
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                 }
             },
@@ -357,7 +371,7 @@ async fn serve_conn<S: Stream>(stream: S, frames: Inbox, addr: ChannelAddr) {
             end = &mut reading => match end {
                 ReadEnd::Eof => return,
                 ReadEnd::Failed(err) => {
-                    tracing::warn!(%addr, %err, "dropping a connection");
+                    log_bad_connection(&addr, &err);
                     return;
                 }
                 // Let the ack writer send its final acknowledgement.
@@ -373,6 +387,31 @@ async fn serve_conn<S: Stream>(stream: S, frames: Inbox, addr: ChannelAddr) {
         let mut sink = tokio::io::sink();
         let drain = tokio::io::copy(&mut reader, &mut sink);
         let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
+    }
+}
+
+/// Logs, rate-limited per kind of error (see [`LogLimit`]), that a
+/// connection to `addr` is closed because of `err`.
+fn log_bad_connection(addr: &ChannelAddr, err: &FrameError) {
+    static BAD_MAGIC: LogLimit = LogLimit::per_second();
+    static TOO_MANY_PARTS: LogLimit = LogLimit::per_second();
+    static TOO_LARGE: LogLimit = LogLimit::per_second();
+    static TRUNCATED: LogLimit = LogLimit::per_second();
+    static IO: LogLimit = LogLimit::per_second();
+    let (limit, what) = match err {
+        FrameError::BadMagic { .. } => (&BAD_MAGIC, "it sent a malformed frame"),
+        FrameError::TooManyParts { .. } => (&TOO_MANY_PARTS, "it sent a malformed frame"),
+        FrameError::TooLarge { .. } => (&TOO_LARGE, "it sent a frame over the maximum length"),
+        FrameError::Truncated => (&TRUNCATED, "it ended in the middle of a frame"),
+        FrameError::Io(_) => (&IO, "reading it failed"),
+    };
+    if let Some(suppressed) = limit.check() {
+        tracing::warn!(
+            %addr,
+            %err,
+            suppressed,
+            "closing an incoming connection: {what}"
+        );
     }
 }
 
