@@ -60,7 +60,7 @@ mod frame;
 mod inbox;
 mod link;
 mod local;
-pub(crate) mod log_limit;
+pub mod log_limit;
 mod net;
 mod socket_dir;
 #[cfg(test)]

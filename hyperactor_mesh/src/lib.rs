@@ -10,7 +10,6 @@ pub mod host;
 pub mod host_mesh;
 pub mod inbox;
 pub mod proc_mesh;
-pub mod rate_limit;
 pub mod shape;
 pub mod supervision;
 #[cfg(any(test, feature = "testing"))]

@@ -11,7 +11,9 @@
 //! went by; the count a passing line reports is exactly the number of lines
 //! held back since the previous one.
 //!
-//! ```ignore
+//! ```
+//! use hyperactor::channel::log_limit::LogLimit;
+//!
 //! static BAD_FRAME: LogLimit = LogLimit::per_second();
 //! if let Some(suppressed) = BAD_FRAME.check() {
 //!     tracing::warn!(suppressed, "closing a connection that sent a malformed frame");
@@ -26,7 +28,7 @@ use tokio::time::Instant;
 
 /// Lets one log line of a kind through per interval; see the [module docs](self).
 #[derive(Debug)]
-pub(crate) struct LogLimit {
+pub struct LogLimit {
     interval: Duration,
     state: Mutex<State>,
 }
@@ -41,7 +43,7 @@ struct State {
 
 impl LogLimit {
     /// A limit of one line per `interval`.
-    pub(crate) const fn new(interval: Duration) -> Self {
+    pub const fn new(interval: Duration) -> Self {
         LogLimit {
             interval,
             state: Mutex::new(State {
@@ -52,20 +54,20 @@ impl LogLimit {
     }
 
     /// A limit of one line per second.
-    pub(crate) const fn per_second() -> Self {
+    pub const fn per_second() -> Self {
         Self::new(Duration::from_secs(1))
     }
 
     /// Whether a line may be logged now. `Some(n)`: log it, and say that `n`
     /// lines were held back since the last one; `None`: skip it (it is
     /// counted).
-    pub(crate) fn check(&self) -> Option<u64> {
+    pub fn check(&self) -> Option<u64> {
         self.check_at(Instant::now())
     }
 
     /// As [`LogLimit::check`], at the time `now` (for tests; the time may
     /// only move forward).
-    pub(crate) fn check_at(&self, now: Instant) -> Option<u64> {
+    pub fn check_at(&self, now: Instant) -> Option<u64> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let due = match state.last {
             None => true,

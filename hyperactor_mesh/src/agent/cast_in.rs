@@ -15,7 +15,7 @@ use crate::cast::codec::{CastHeader, CastKind, Entry, ReplyMode, ReplyTo, Route}
 use crate::cast::order::{Arrival, GAP_GRACE};
 use crate::cast::reply::ReplyItem;
 use crate::cast::tree::chunks;
-use crate::rate_limit::RateLimited;
+use hyperactor::channel::log_limit::LogLimit;
 
 /// A cast waiting to be executed on this proc, in its sender's order.
 pub(crate) struct Delivery {
@@ -26,7 +26,7 @@ pub(crate) struct Delivery {
     parts: Vec<Bytes>,
 }
 
-static MALFORMED: RateLimited = RateLimited::new();
+static MALFORMED: LogLimit = LogLimit::per_second();
 
 impl Inner {
     /// A frame arrived on the cast port (on the delivering task).
@@ -35,17 +35,25 @@ impl Inner {
         let header = match parts.first().map(|p| CastHeader::decode(p)) {
             Some(Ok(header)) => header,
             Some(Err(e)) => {
-                MALFORMED.warn(format_args!(
-                    "agent {}: dropping a malformed cast from {}: {e}",
-                    self.id, envelope.header.sender
-                ));
+                if let Some(suppressed) = MALFORMED.check() {
+                    tracing::warn!(
+                        suppressed,
+                        "agent {}: dropping a malformed cast from {}: {e}",
+                        self.id,
+                        envelope.header.sender
+                    );
+                }
                 return;
             }
             None => {
-                MALFORMED.warn(format_args!(
-                    "agent {}: dropping an empty cast from {}",
-                    self.id, envelope.header.sender
-                ));
+                if let Some(suppressed) = MALFORMED.check() {
+                    tracing::warn!(
+                        suppressed,
+                        "agent {}: dropping an empty cast from {}",
+                        self.id,
+                        envelope.header.sender
+                    );
+                }
                 return;
             }
         };

@@ -18,8 +18,8 @@ use super::{control_port, lock, CastTarget, Inner};
 use crate::bootstrap::BootstrapCommand;
 use crate::cast::codec::MeshInfo;
 use crate::host::{Host, ProcHandle};
-use crate::rate_limit::RateLimited;
 use crate::supervision::{ProcDeath, ProcEnd};
+use hyperactor::channel::log_limit::LogLimit;
 
 /// A control message (one bincode part).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,7 +100,7 @@ impl ProcInfo {
     }
 }
 
-static BAD_CONTROL: RateLimited = RateLimited::new();
+static BAD_CONTROL: LogLimit = LogLimit::per_second();
 
 #[derive(Default)]
 struct HostState {
@@ -187,10 +187,14 @@ impl Inner {
         let control: Control = match envelope.payload.decode() {
             Ok(control) => control,
             Err(e) => {
-                BAD_CONTROL.warn(format_args!(
-                    "agent {}: dropping a malformed control message from {}: {e}",
-                    self.id, envelope.header.sender
-                ));
+                if let Some(suppressed) = BAD_CONTROL.check() {
+                    tracing::warn!(
+                        suppressed,
+                        "agent {}: dropping a malformed control message from {}: {e}",
+                        self.id,
+                        envelope.header.sender
+                    );
+                }
                 return;
             }
         };
@@ -198,10 +202,14 @@ impl Inner {
             return self.on_proc_died(death);
         }
         let Some(host) = self.host.clone() else {
-            BAD_CONTROL.warn(format_args!(
-                "agent {}: {} sent a host request, but this agent has no host",
-                self.id, envelope.header.sender
-            ));
+            if let Some(suppressed) = BAD_CONTROL.check() {
+                tracing::warn!(
+                    suppressed,
+                    "agent {}: {} sent a host request, but this agent has no host",
+                    self.id,
+                    envelope.header.sender
+                );
+            }
             return;
         };
         match control {

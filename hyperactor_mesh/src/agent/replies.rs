@@ -21,7 +21,7 @@ use tokio::sync::Notify;
 use super::{lock, Inner, ProcAgent};
 use crate::cast::codec::ReplyTo;
 use crate::cast::reply::{decode_reply, encode_reply, ReplyItem, ReplyStatus};
-use crate::rate_limit::RateLimited;
+use hyperactor::channel::log_limit::LogLimit;
 
 /// Takes the replies that arrive under one key.
 pub trait ReplySink: Send + Sync + 'static {
@@ -49,7 +49,7 @@ pub(super) struct ReduceState {
     pub(super) children: Vec<(ProcId, Vec<u32>)>,
 }
 
-static MALFORMED: RateLimited = RateLimited::new();
+static MALFORMED: LogLimit = LogLimit::per_second();
 
 impl Inner {
     /// A reply message arrived (on the delivering task).
@@ -57,7 +57,9 @@ impl Inner {
         let (key, items) = match decode_reply(&parts) {
             Ok(decoded) => decoded,
             Err(e) => {
-                MALFORMED.warn(format_args!("agent {}: dropping a reply: {e}", self.id));
+                if let Some(suppressed) = MALFORMED.check() {
+                    tracing::warn!(suppressed, "agent {}: dropping a reply: {e}", self.id);
+                }
                 return;
             }
         };

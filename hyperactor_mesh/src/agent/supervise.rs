@@ -13,8 +13,8 @@ use super::{
 };
 use crate::cast::codec::{CastHeader, CastKind, MeshInfo, ReplyMode, Route, ViewExtent};
 use crate::cast::reply::ReplyItem;
-use crate::rate_limit::RateLimited;
 use crate::supervision::{FailureCause, MeshFailure, ProcDeath};
+use hyperactor::channel::log_limit::LogLimit;
 
 /// A mesh owned by an actor of this process.
 pub(super) struct OwnedMesh {
@@ -35,12 +35,12 @@ pub(super) enum OwnedKind {
     Procs,
 }
 
-static RETURNED: RateLimited = RateLimited::new();
+static RETURNED: LogLimit = LogLimit::per_second();
 
 /// How long the ranks of a cast frame that could not reach its proc wait before they are
 /// answered "cannot be reached": long enough for the host's report of the proc's death,
 /// which names the true cause, to arrive first.
-pub const UNREACHABLE_GRACE: Duration = Duration::from_millis(250);
+pub(super) const UNREACHABLE_GRACE: Duration = Duration::from_millis(250);
 
 /// Starts the agent's tasks: its actors' failures and its returned messages.
 pub(super) fn start_tasks(inner: &Arc<Inner>) {
@@ -282,10 +282,14 @@ impl Inner {
             }
             return;
         }
-        RETURNED.warn(format_args!(
-            "agent {}: a message from {} to {dest} came back: {reason}",
-            self.id, envelope.header.sender
-        ));
+        if let Some(suppressed) = RETURNED.check() {
+            tracing::warn!(
+                suppressed,
+                "agent {}: a message from {} to {dest} came back: {reason}",
+                self.id,
+                envelope.header.sender
+            );
+        }
     }
 
     /// `proc` could not be reached: its host (if known) kills it as lost, so that its
@@ -300,10 +304,16 @@ impl Inner {
                     reason: reason.to_string(),
                 },
             ),
-            None => RETURNED.warn(format_args!(
-                "agent {}: proc {proc} cannot be reached ({reason}) and no host watches it",
-                self.id
-            )),
+            None => {
+                if let Some(suppressed) = RETURNED.check() {
+                    tracing::warn!(
+                        suppressed,
+                        "agent {}: proc {proc} cannot be reached ({reason}) and no host \
+                         watches it",
+                        self.id
+                    );
+                }
+            }
         }
     }
 
