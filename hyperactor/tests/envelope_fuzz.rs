@@ -26,6 +26,7 @@ fn valid_header(transport: ChannelTransport, return_to: bool) -> Vec<u8> {
         sender: sender.clone(),
         dest,
         return_to: return_to.then(|| sender.port_id(1)),
+        extra: return_to.then(|| bytes::Bytes::from_static(b"route")),
     };
     let envelope = Envelope {
         header,

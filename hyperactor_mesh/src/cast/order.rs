@@ -16,7 +16,7 @@
 //! ```
 //! use hyperactor_mesh::cast::order::{Arrival, Sequencer};
 //!
-//! let mut seq = Sequencer::<&str>::default();
+//! let mut seq = Sequencer::<&str, &str>::default();
 //! assert!(matches!(seq.arrive(7, "a", 2, "second"), Arrival::Held { .. }));
 //! let Arrival::Ready(ready) = seq.arrive(7, "a", 1, "first") else { panic!() };
 //! assert_eq!(ready, vec!["first", "second"]);
