@@ -328,10 +328,11 @@ def test_exit_right_after_an_await_does_not_abort() -> None:
     another run.)"""
     code = (
         "import asyncio\n"
-        "from monarch._src.actor import runtime\n"
-        "host = runtime.process_context().host\n"
+        "import monarch.actor\n"
+        "from monarch._src.actor import process\n"
+        "agent = process.get().agent\n"
         "async def main():\n"
-        "    await host.stop_procs([], 1.0)\n"
+        "    await agent.this_proc().initialized()\n"
         "asyncio.run(main())\n"
     )
     for _ in range(25):
@@ -356,10 +357,11 @@ def test_a_signal_handler_interrupts_a_blocking_get_on_the_main_thread(
 ) -> None:
     import signal
 
-    from monarch._rust_bindings import Inbox
+    import monarch.actor  # noqa: F401  (the process's agent)
+    from monarch._src.actor import process
 
-    inbox = Inbox(port.client)
-    wait = port.rx.recv().get if waiter == "future" else inbox.queue(7).get
+    queue = process.get().agent.reply_queue()
+    wait = port.rx.recv().get if waiter == "future" else queue.get
     previous = signal.signal(signal.SIGALRM, _raise_alarm)
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.2)
@@ -383,10 +385,11 @@ def _voluntary_switches(tid: int) -> int:
 def test_a_blocking_get_off_the_main_thread_sleeps_until_woken(port: Port) -> None:
     """Only the main thread runs signal handlers, so only it waits in slices: a waiting
     actor thread must not wake ten times a second (many idle procs share few cores)."""
-    from monarch._rust_bindings import Inbox
+    import monarch.actor  # noqa: F401  (the process's agent)
+    from monarch._src.actor import process
 
-    inbox = Inbox(port.client)
-    queue = inbox.queue(9)
+    state = process.get()
+    queue = state.agent.reply_queue()
     started = threading.Event()
     tid: list[int] = []
     got: list[object] = []
@@ -403,6 +406,6 @@ def test_a_blocking_get_off_the_main_thread_sleeps_until_woken(port: Port) -> No
     thread.join(0.6)  # an observation window: the waiter must stay asleep in it
     after = _voluntary_switches(tid[0])
     assert after - before <= 2, f"the waiting thread woke {after - before} times in 0.6 s"
-    inbox.port.send(port.client, [(9).to_bytes(8, "little"), b"wake"])
+    queue.port(9).send(state.client, 0, [b"wake"])
     thread.join(10)
-    assert got == [[b"wake"]], got
+    assert got == [(9, 0, [b"wake"])], got

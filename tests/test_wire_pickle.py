@@ -1,4 +1,4 @@
-"""The wire pickler (``monarch._src.actor.runtime.dumps``): references into ``__main__``
+"""The wire pickler (``monarch._src.actor.pickling.dumps``): references into ``__main__``
 (a script's classes and functions) travel by value, small and large pickles alike, and
 the search it uses for large pickles (``monarch._rust_bindings.find``) agrees with
 ``bytes.find``."""
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from monarch._rust_bindings import find
-from monarch._src.actor import runtime
+from monarch._src.actor import pickling
 
 
 @pytest.mark.parametrize(
@@ -54,9 +54,9 @@ def test_a_reference_into_main_travels_by_value(in_main: type, size: int) -> Non
     obj = in_main(b"x" * size)
     by_reference = pickle.dumps(obj, protocol=5)
     assert b"__main__" in by_reference  # what the standard pickler would send
-    data = runtime.dumps(obj)
+    data = pickling.dumps(obj)
     assert data != by_reference  # cloudpickle instead: by value
-    back = runtime.loads(data)
+    back = pickling.loads(data)
     assert back.payload == obj.payload
 
 
@@ -64,4 +64,4 @@ def test_a_reference_into_main_travels_by_value(in_main: type, size: int) -> Non
 @pytest.mark.parametrize("size", [10, 1 << 20], ids=["small", "large"])
 def test_other_objects_use_the_standard_pickler(size: int) -> None:
     obj = {"payload": b"y" * size, "n": 3}
-    assert runtime.dumps(obj) == pickle.dumps(obj, protocol=5)
+    assert pickling.dumps(obj) == pickle.dumps(obj, protocol=5)

@@ -297,7 +297,7 @@ impl<A: Actor> ActorMesh<A> {
     }
 
     /// The untyped view.
-    pub fn as_ref(&self) -> &ActorMeshRef {
+    pub fn mesh_ref(&self) -> &ActorMeshRef {
         &self.inner
     }
 
@@ -468,7 +468,7 @@ fn decode_items<R: serde::de::DeserializeOwned>(
         return Err(MeshError::Call {
             what: what.to_string(),
             rank: bad.index,
-            failed: bad.status == ReplyStatus::Failed,
+            failed: bad.is_unanswered(),
             reason: bad
                 .parts
                 .first()

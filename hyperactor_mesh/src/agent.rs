@@ -59,8 +59,9 @@ use serde::de::DeserializeOwned;
 pub use cast_out::{CastOutcome, CastTarget};
 pub use control::{Control, ProcInfo, SpawnProcsRequest};
 pub use local::{ForeignSpawn, ForeignSpawner, Registry};
-pub use replies::{CallReplies, ReplyQueue, ReplySink};
+pub use replies::{CallReplies, ReplyQueue, ReplySink, Waited};
 
+use crate::cast::codec::MeshInfo;
 use crate::cast::order::{Outgoing, Sequencer};
 use crate::error::MeshError;
 use crate::host::Host;
@@ -81,6 +82,8 @@ pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_FANOUT: usize = 16;
 
 /// The id of the agent of `proc`.
+// invariant: AGENT_NAME is a valid actor name, so `actor_id` cannot fail.
+#[allow(clippy::expect_used)]
 pub fn agent_id(proc: &ProcId) -> ActorId {
     proc.actor_id(AGENT_NAME, 0)
         .expect("invariant: AGENT_NAME is a valid actor name")
@@ -108,6 +111,7 @@ pub struct AgentOptions {
     foreign: Option<Arc<dyn ForeignSpawner>>,
     host: Option<Host>,
     stop_timeout: Option<Duration>,
+    spawned_by: Option<ProcId>,
 }
 
 impl std::fmt::Debug for AgentOptions {
@@ -117,6 +121,7 @@ impl std::fmt::Debug for AgentOptions {
             .field("foreign", &self.foreign.is_some())
             .field("host", &self.host)
             .field("stop_timeout", &self.stop_timeout)
+            .field("spawned_by", &self.spawned_by)
             .finish()
     }
 }
@@ -148,6 +153,14 @@ impl AgentOptions {
         self
     }
 
+    /// Says that this proc was spawned by the host agent on `host` (which watches it):
+    /// references to this proc name that host, and [`ProcAgent::spawned_by`] returns it.
+    #[must_use]
+    pub fn spawned_by(mut self, host: ProcId) -> Self {
+        self.spawned_by = Some(host);
+        self
+    }
+
     /// The host given with [`AgentOptions::host`].
     pub fn host_ref(&self) -> Option<&Host> {
         self.host.as_ref()
@@ -173,6 +186,17 @@ impl std::fmt::Debug for ProcAgent {
     }
 }
 
+/// A proc known to be gone.
+#[derive(Debug, Clone)]
+pub(crate) struct Dead {
+    pub(crate) death: ProcDeath,
+    /// Reported by its host (not only named dead in a cast header).
+    pub(crate) confirmed: bool,
+}
+
+/// How many recently dead procs a cast header names.
+const DEAD_IN_HEADERS: usize = 32;
+
 /// The state of one agent.
 pub(crate) struct Inner {
     proc: Proc,
@@ -189,8 +213,12 @@ pub(crate) struct Inner {
     outgoing: Mutex<Outgoing>,
     replies: Mutex<HashMap<u64, replies::Slot>>,
     next_key: AtomicU64,
-    /// Procs known to be gone.
-    dead: Mutex<HashMap<ProcId, ProcDeath>>,
+    /// Procs known to be gone: from their host (confirmed), or from a cast header
+    /// (hearsay: it unblocks what waits for them, but the host's report is still awaited
+    /// for the owners of meshes on them).
+    dead: Mutex<HashMap<ProcId, Dead>>,
+    /// The most recent of them, which casts sent from here tell their receivers.
+    dead_recent: Mutex<std::collections::VecDeque<ProcId>>,
     /// Calls from this process still waiting: what they were cast to.
     calls: Mutex<HashMap<u64, cast_out::CallWatch>>,
     /// Meshes owned by actors of this process, by mesh id.
@@ -201,6 +229,11 @@ pub(crate) struct Inner {
     registry: Registry,
     foreign: Option<Arc<dyn ForeignSpawner>>,
     host: Option<Arc<control::HostService>>,
+    spawned_by: Option<ProcId>,
+    /// Named singletons spawned on this proc (see [`ProcAgent::singleton`]).
+    singletons: Mutex<HashMap<String, crate::actor_mesh::ActorMeshRef>>,
+    /// Who owns the singletons spawned at another process's request.
+    singleton_owner: Mutex<Option<ActorId>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -277,6 +310,7 @@ impl ProcAgent {
             replies: Mutex::default(),
             next_key: AtomicU64::new(1),
             dead: Mutex::default(),
+            dead_recent: Mutex::default(),
             calls: Mutex::default(),
             owned: Mutex::default(),
             watched: Mutex::default(),
@@ -284,6 +318,9 @@ impl ProcAgent {
             registry: options.registry,
             foreign: options.foreign,
             host,
+            spawned_by: options.spawned_by,
+            singletons: Mutex::default(),
+            singleton_owner: Mutex::default(),
         });
         Inner::open_ports(&inner)?;
         supervise::start_tasks(&inner);
@@ -326,6 +363,130 @@ impl ProcAgent {
         self.inner.host.as_ref().map(|h| h.host())
     }
 
+    /// The host agent that spawned this proc, if one did.
+    pub fn spawned_by(&self) -> Option<&ProcId> {
+        self.inner.spawned_by.as_ref()
+    }
+
+    /// This proc as a member of a proc mesh (rank 0).
+    pub fn self_info(&self) -> ProcInfo {
+        ProcInfo {
+            rank: 0,
+            proc_id: self.inner.proc.proc_id().clone(),
+            pid: std::process::id(),
+            host: self.inner.spawned_by.clone(),
+        }
+    }
+
+    /// The singleton actor `name` of this proc: spawned (a foreign actor made from
+    /// `parts`, owned by `owner`) the first time it is asked for, the same mesh later.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::proc_mesh::ProcMesh::spawn_as`].
+    pub fn singleton(
+        &self,
+        owner: &ActorId,
+        name: &str,
+        class: &str,
+        parts: Vec<Bytes>,
+    ) -> Result<crate::actor_mesh::ActorMeshRef, MeshError> {
+        let mut singletons = lock(&self.inner.singletons);
+        if let Some(mesh) = singletons.get(name) {
+            return Ok(mesh.clone());
+        }
+        let info = MeshInfo {
+            id: random_id(),
+            name: format!("{name}-procs"),
+            class: "proc".into(),
+        };
+        let own = crate::proc_mesh::ProcMesh::new(
+            info,
+            &crate::shape::Extent::unity(),
+            vec![self.self_info()],
+        )
+        .map_err(|e| MeshError::SpawnProcs {
+            name: name.to_string(),
+            reason: e.to_string(),
+        })?;
+        let mesh = own.spawn_as(
+            self,
+            owner,
+            random_id(),
+            name,
+            class.to_string(),
+            crate::cast::codec::ActorType::Foreign,
+            parts,
+        )?;
+        singletons.insert(name.to_string(), mesh.clone());
+        Ok(mesh)
+    }
+
+    /// Makes `owner` the owner of the singletons this agent spawns at other processes'
+    /// request (the process's root client, whose owner hooks then hear of them).
+    pub fn set_singleton_owner(&self, owner: ActorId) {
+        *lock(&self.inner.singleton_owner) = Some(owner);
+    }
+
+    /// Asks the agent of `proc` for its singleton `name` (see [`ProcAgent::singleton`]);
+    /// `sender` (a mailbox of this process) receives the answer.
+    ///
+    /// # Errors
+    ///
+    /// [`MeshError::Host`] naming `proc` if the request cannot be sent or answered.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn remote_singleton(
+        &self,
+        sender: &impl SendContext,
+        proc: &ProcId,
+        name: &str,
+        class: &str,
+        parts: Vec<Bytes>,
+    ) -> Result<crate::actor_mesh::ActorMeshRef, MeshError> {
+        if proc == self.inner.proc.proc_id() {
+            let owner = lock(&self.inner.singleton_owner)
+                .clone()
+                .unwrap_or_else(|| sender.actor_id().clone());
+            return self.singleton(&owner, name, class, parts);
+        }
+        let (port, receiver) = sender
+            .mailbox()
+            .open_once_port::<Result<crate::actor_mesh::ActorMeshRef, String>>();
+        self.inner.send_control(
+            proc,
+            &Control::Singleton {
+                name: name.to_string(),
+                class: class.to_string(),
+                parts,
+                reply: port.port_id().clone(),
+            },
+        );
+        let host_error = |reason: String| MeshError::Host {
+            host: proc.clone(),
+            reason,
+        };
+        receiver
+            .recv()
+            .await
+            .map_err(|e| host_error(e.to_string()))?
+            .map_err(host_error)
+    }
+
+    /// Stops every proc this host agent spawned (each gets `timeout`, then is killed);
+    /// their deaths are expected, not failures. Does nothing without a host.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: procs already asked to stop go on stopping.
+    pub async fn shutdown_host(&self, timeout: Duration) {
+        if let Some(host) = &self.inner.host {
+            host.shutdown(timeout).await;
+        }
+    }
+
     /// The fan-out of casts sent from this process.
     pub fn fanout(&self) -> usize {
         self.inner.fanout.load(Ordering::Relaxed)
@@ -338,7 +499,15 @@ impl ProcAgent {
 
     /// Whether `proc` is known to be gone, and how it ended.
     pub fn death_of(&self, proc: &ProcId) -> Option<ProcDeath> {
-        lock(&self.inner.dead).get(proc).cloned()
+        lock(&self.inner.dead).get(proc).map(|d| d.death.clone())
+    }
+
+    /// Records why the local actor `name` stopped (it stopped itself): calls to it
+    /// are then answered with that reason.
+    pub fn note_stop_reason(&self, name: &str, reason: &str) {
+        if let Some(actor) = lock(&self.inner.local).get_mut(name) {
+            actor.stop_reason.get_or_insert_with(|| reason.to_string());
+        }
     }
 
     /// The local actor named `name` (spawned by this agent), if it exists.
@@ -413,7 +582,7 @@ impl Inner {
 
 /// A random id (std's hasher keys are random per process; mixed with the pid and the
 /// time, so that two agents of one process differ too).
-pub(crate) fn random_id() -> u64 {
+pub fn random_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u32(std::process::id());

@@ -202,7 +202,7 @@ mod tests {
         assert!(!d.resolve(Ok(1)), "only the first resolution counts");
         let seen = Arc::new(Mutex::new(None));
         let s = Arc::clone(&seen);
-        d.run(move |v| *s.lock().unwrap() = Some(v.map(|x| *x).map_err(str::to_string)));
+        d.run(move |v| *s.lock().unwrap() = Some(v.copied().map_err(str::to_string)));
         assert_eq!(*seen.lock().unwrap(), Some(Err("no procs".to_string())));
     }
 

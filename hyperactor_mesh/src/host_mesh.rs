@@ -76,17 +76,13 @@ impl HostMesh {
     ///
     /// # Errors
     ///
-    /// [`MeshError::Host`] unless there is one host per rank of `extent`.
+    /// [`MeshError::InvalidName`] unless there is one host per rank of `extent`.
     pub fn new(hosts: Vec<ProcId>, extent: Extent) -> Result<Self, MeshError> {
         if hosts.len() != extent.num_ranks() {
-            return Err(MeshError::Host {
-                host: hosts.first().cloned().unwrap_or_else(|| {
-                    "none-0@local:0"
-                        .parse()
-                        .expect("invariant: a valid proc id")
-                }),
+            return Err(MeshError::InvalidName {
+                name: "hosts".into(),
                 reason: format!(
-                    "{} hosts for an extent of {} ranks ({extent})",
+                    "{} hosts for an extent of {} ranks ({extent}); give one host per rank",
                     hosts.len(),
                     extent.num_ranks()
                 ),

@@ -8,7 +8,6 @@ pub mod deferred;
 pub mod error;
 pub mod host;
 pub mod host_mesh;
-pub mod inbox;
 pub mod proc_mesh;
 pub mod shape;
 pub mod supervision;

@@ -242,14 +242,35 @@ impl ProcMesh {
         actor_type: ActorType,
         parts: Vec<Bytes>,
     ) -> Result<ActorMeshRef, MeshError> {
+        let agent = agent_of(cx)?;
+        let id = crate::agent::random_id();
+        self.spawn_as(&agent, cx.actor_id(), id, name, class, actor_type, parts)
+    }
+
+    /// Spawns actors like [`ProcMesh::spawn_foreign`], sent by `agent` on behalf of
+    /// `owner` (an actor of the agent's process, which owns the new mesh), with the mesh
+    /// id `id` (unique in the agent's process; see [`crate::agent::random_id`]).
+    ///
+    /// # Errors
+    ///
+    /// [`MeshError::InvalidName`] for an empty name.
+    #[allow(clippy::too_many_arguments)]
+    pub fn spawn_as(
+        &self,
+        agent: &crate::agent::ProcAgent,
+        owner: &hyperactor::ActorId,
+        id: u64,
+        name: &str,
+        class: String,
+        actor_type: ActorType,
+        parts: Vec<Bytes>,
+    ) -> Result<ActorMeshRef, MeshError> {
         if name.is_empty() {
             return Err(MeshError::InvalidName {
                 name: name.to_string(),
                 reason: "a mesh name must not be empty".into(),
             });
         }
-        let agent = agent_of(cx)?;
-        let id = crate::agent::random_id();
         let info = MeshInfo {
             id,
             name: name.to_string(),
@@ -274,19 +295,19 @@ impl ProcMesh {
             .collect();
         agent.register_owned_actors(
             info.clone(),
-            cx.actor_id().clone(),
+            owner.clone(),
             actor,
             mesh.view_extent(),
             ranks,
         );
         let spec = SpawnSpec {
             mesh: info,
-            owner: cx.actor_id().clone(),
+            owner: owner.clone(),
             actor_type,
         };
         mesh.cast_parts(
-            &agent,
-            cx.actor_id(),
+            agent,
+            owner,
             CastKind::Spawn(Box::new(spec)),
             ReplyMode::None,
             None,

@@ -38,8 +38,8 @@
 //! };
 //! assert_eq!(
 //!     failure.to_string(),
-//!     "actor mesh \"trainers\" (Trainer) rank 3 on proc p-1@unix:/tmp/p.sock (pid 4242) \
-//!      failed: its process exited with status 3"
+//!     "actor mesh 'trainers' (Trainer) rank 3 on proc p-1@unix:/tmp/p.sock (pid 4242) \
+//!      failed: its process died (exited with status 3)"
 //! );
 //! let event = failure.to_event();
 //! assert_eq!(MeshFailure::from_event(&event), Some(failure));
@@ -96,13 +96,13 @@ impl fmt::Display for FailureCause {
         match self {
             Self::Actor { reason } | Self::Unhandled { reason } => f.write_str(reason),
             Self::SpawnFailed { reason } => write!(f, "it could not be spawned: {reason}"),
-            Self::ProcExited { code } => write!(f, "its process exited with status {code}"),
+            Self::ProcExited { code } => write!(f, "its process died (exited with status {code})"),
             Self::ProcSignaled { signal } => {
-                write!(f, "its process was killed by signal {signal}")?;
+                write!(f, "its process died (killed by signal {signal}")?;
                 if let Some(name) = signal_name(*signal) {
-                    write!(f, " ({name})")?;
+                    write!(f, ", {name}")?;
                 }
-                Ok(())
+                f.write_str(")")
             }
             Self::ProcLost { reason } => write!(f, "its process was lost: {reason}"),
         }
@@ -146,7 +146,7 @@ impl MeshFailure {
     pub fn headline(&self) -> String {
         let pid = self.pid.map(|p| format!(" (pid {p})")).unwrap_or_default();
         format!(
-            "actor mesh {:?} ({}) rank {} on proc {}{pid} failed",
+            "actor mesh '{}' ({}) rank {} on proc {}{pid} failed",
             self.mesh.name, self.mesh.class, self.rank, self.proc_id
         )
     }
@@ -268,8 +268,14 @@ impl fmt::Display for ProcEnd {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Exited { code } => write!(f, "exited with status {code}"),
-            Self::Signaled { signal } => write!(f, "was killed by signal {signal}"),
-            Self::Lost { reason } => write!(f, "was lost: {reason}"),
+            Self::Signaled { signal } => {
+                write!(f, "killed by signal {signal}")?;
+                if let Some(name) = signal_name(*signal) {
+                    write!(f, ", {name}")?;
+                }
+                Ok(())
+            }
+            Self::Lost { reason } => write!(f, "lost: {reason}"),
         }
     }
 }
@@ -279,7 +285,7 @@ impl fmt::Display for ProcEnd {
 pub struct ProcDeath {
     /// The proc.
     pub proc_id: ProcId,
-    /// Its OS process id.
+    /// Its OS process id (0 when not known).
     pub pid: u32,
     /// How it ended.
     pub end: ProcEnd,
@@ -289,10 +295,14 @@ pub struct ProcDeath {
 
 impl fmt::Display for ProcDeath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "proc {} (pid {}) ", self.proc_id, self.pid)?;
-        if self.expected {
-            f.write_str("was stopped and ")?;
+        write!(f, "proc {}", self.proc_id)?;
+        if self.pid != 0 {
+            write!(f, " (pid {})", self.pid)?;
         }
-        write!(f, "{}", self.end)
+        match (&self.end, self.expected) {
+            (ProcEnd::Lost { reason }, false) => write!(f, " was lost: {reason}"),
+            (end, false) => write!(f, " died ({end})"),
+            (end, true) => write!(f, " was stopped ({end})"),
+        }
     }
 }

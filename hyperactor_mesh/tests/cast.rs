@@ -1,35 +1,39 @@
-//! Casting over a tree of inboxes: exactly-once delivery, tree depth, reply reduction,
-//! and what a dead node does to a cast.
+//! Casting over a tree of agents: exactly-once delivery at the expected depth (CAST-1),
+//! reply reduction (CAST-2), what a dead node does to a cast (CAST-3), and ORD-1 across
+//! paths. Each node is a proc with an agent and a driven actor named `rec` that the
+//! test reads directly.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use hyperactor::message::Serialized;
+use hyperactor::actor::{DrivenActor, DrivenWork, Next};
+use hyperactor::message::{Envelope, Serialized, HANDLER_PORT_BIT};
 use hyperactor::testing::timed;
-use hyperactor::{ChannelTransport, Client, PortRef, Proc};
-use hyperactor_mesh::inbox::{
-    key_part, reply_items, reply_parts, CastReply, CastTarget, Inbox, Queue, Route,
+use hyperactor::{ChannelTransport, Client, PortRef, SendContext};
+use hyperactor_mesh::agent::{
+    control_port, AgentOptions, CallReplies, CastTarget, Control, ProcAgent,
 };
+use hyperactor_mesh::cast::codec::{CastKind, ReplyMode, Route, ViewExtent};
+use hyperactor_mesh::cast::reply::{encode_reply, ReplyItem, ReplyStatus};
+use hyperactor_mesh::supervision::{ProcDeath, ProcEnd};
 
-/// One receiver: a proc with a client and an inbox.
+const PORT: u64 = HANDLER_PORT_BIT | 0x77;
+
+/// One node: a proc with an agent and a driven receiver named `rec`.
 struct Node {
-    proc: Proc,
-    client: Client,
-    inbox: Inbox,
+    agent: ProcAgent,
+    rec: DrivenActor,
 }
 
-/// A proc named `name` with a client and an inbox: a receiver, or the casting side.
 async fn node(transport: ChannelTransport, name: &str) -> Node {
-    let proc = Proc::serve(transport, name).await.unwrap();
-    let client = proc.client("agent").unwrap();
-    let inbox = Inbox::open(&client);
-    Node {
-        proc,
-        client,
-        inbox,
-    }
+    let agent = ProcAgent::serve(transport, name, AgentOptions::default())
+        .await
+        .unwrap();
+    let rec = agent.client().spawn_driven("rec").unwrap();
+    rec.started();
+    Node { agent, rec }
 }
 
 async fn nodes(n: usize, transport: ChannelTransport) -> Vec<Node> {
@@ -44,8 +48,16 @@ fn targets(nodes: &[Node]) -> Vec<CastTarget> {
     nodes
         .iter()
         .enumerate()
-        .map(|(i, n)| CastTarget::new(i as u32, n.inbox.port().port_id().clone()))
+        .map(|(i, n)| CastTarget {
+            index: i as u32,
+            proc: n.agent.proc().proc_id().clone(),
+            host: None,
+        })
         .collect()
+}
+
+fn view(n: usize) -> ViewExtent {
+    ViewExtent::new(vec!["nodes".into()], vec![n])
 }
 
 /// The depth a balanced tree of `n` receivers with fan-out `f` should have, computed
@@ -56,7 +68,6 @@ fn expected_depth(n: usize, f: usize) -> u8 {
         if m <= 1 {
             return m as u8;
         }
-        // The largest sub-chunk of the other m - 1 has ceil((m - 1) / k) receivers.
         let rest = m - 1;
         let k = rest.min(f);
         1 + chunk(rest.div_ceil(k), f)
@@ -65,312 +76,328 @@ fn expected_depth(n: usize, f: usize) -> u8 {
     chunk(n.div_ceil(k), f)
 }
 
-async fn next_route(queue: &Queue) -> (Route, Vec<Bytes>) {
-    let mut parts = timed(queue.pop()).await.unwrap();
-    let route = Route::decode(&parts.remove(0)).expect("a route part");
-    (route, parts)
+async fn next(rec: &DrivenActor) -> (Route, Envelope) {
+    match timed(rec.next()).await {
+        Next::Work(DrivenWork::Message(envelope)) => {
+            let route = Route::decode(envelope.header.extra.as_deref().unwrap()).unwrap();
+            (route, envelope)
+        }
+        other => panic!("expected a message, got {other:?}"),
+    }
 }
 
-/// Replies to a delivered message as an actor would: `(index, value)` to its route.
-fn reply(from: &Client, route: &Route, value: &str) {
-    let port: hyperactor::PortId = route.reply_port.as_deref().unwrap().parse().unwrap();
-    let mut parts = vec![key_part(route.reply_key)];
-    parts.extend(reply_parts(route.index, Bytes::from(value.to_string())));
-    PortRef::<Vec<Bytes>>::attest(port).send_serialized(from, Serialized::from_parts(parts));
+/// Replies to a delivered message as an actor would: `value` (with `extra` parts) to its
+/// route.
+fn reply(from: &DrivenActor, route: &Route, value: &str, extra: Vec<Bytes>) {
+    let to = route.reply.as_ref().unwrap();
+    let mut parts = vec![Bytes::from(value.to_string())];
+    parts.extend(extra);
+    let item = ReplyItem::ok(route.index, parts);
+    PortRef::<Vec<Bytes>>::attest(to.port.clone())
+        .send_serialized(from, Serialized::from_parts(encode_reply(to.key, &[item])));
+}
+
+fn cast(
+    caller: &Node,
+    client: &Client,
+    to: &[CastTarget],
+    mode: ReplyMode,
+    reply: Option<&CallReplies>,
+    body: &str,
+) {
+    caller.agent.cast(
+        client.actor_id(),
+        "rec",
+        CastKind::Message { port: PORT },
+        &view(to.len()),
+        to,
+        mode,
+        reply.map(|r| r.reply_to().clone()),
+        vec![Bytes::from(body.to_string())],
+    );
 }
 
 #[tokio::test]
-async fn every_receiver_gets_a_cast_exactly_once_at_the_expected_depth() {
+async fn cast1_every_receiver_gets_a_cast_exactly_once_at_the_expected_depth() {
     let all = nodes(64, ChannelTransport::Local).await;
     let caller = node(ChannelTransport::Local, "caller").await;
-    let sender = &caller.inbox;
-    let key = 7;
+    let client = caller.agent.proc().client("client").unwrap();
     for fanout in [2usize, 16] {
+        caller.agent.set_fanout(fanout);
         for n in 1..=64usize {
             let group = &all[..n];
-            let body = Bytes::from(format!("cast n={n} f={fanout}"));
-            let ends = sender.cast(
-                key,
+            let body = format!("cast n={n} f={fanout}");
+            cast(
+                &caller,
+                &client,
                 &targets(group),
-                fanout,
-                &CastReply::None,
-                vec![Bytes::from_static(b"header"), body.clone()],
+                ReplyMode::None,
+                None,
+                &body,
             );
-            assert_eq!(ends.len(), n);
             let mut depth = 0;
             for (i, node) in group.iter().enumerate() {
-                let (route, parts) = next_route(&node.inbox.queue(key)).await;
-                assert_eq!(route.index, i as u32);
-                assert_eq!(route.reply_port, None, "a broadcast has no reply port");
-                assert_eq!(parts, vec![Bytes::from_static(b"header"), body.clone()]);
+                let (route, envelope) = next(&node.rec).await;
+                assert_eq!(route.index, i as u32, "CAST-1: the receiver's own index");
+                assert_eq!(route.reply, None, "a broadcast has no reply target");
+                assert_eq!(envelope.payload.parts(), &[Bytes::from(body.clone())]);
+                assert_eq!(
+                    envelope.header.sender,
+                    *client.actor_id(),
+                    "from the caller"
+                );
                 depth = depth.max(route.hops);
             }
-            assert_eq!(depth, expected_depth(n, fanout), "n={n} fanout={fanout}");
-            let bound = (n as f64).log(fanout as f64).ceil() as u8 + 1;
-            assert!(depth <= bound, "n={n} f={fanout}: depth {depth} > {bound}");
+            assert_eq!(
+                depth,
+                expected_depth(n, fanout),
+                "CAST-1: n={n} fanout={fanout}"
+            );
             if n <= fanout {
                 assert_eq!(depth, 1, "up to `fanout` receivers are sent to directly");
             }
         }
     }
-    // A marker cast to all: had any receiver got a cast twice, the copy would be
-    // queued before the marker.
-    sender.cast(
-        key,
+    // A marker cast to all: had any receiver got a cast twice, the copy would come first.
+    cast(
+        &caller,
+        &client,
         &targets(&all),
-        16,
-        &CastReply::None,
-        vec![Bytes::from_static(b"marker")],
+        ReplyMode::None,
+        None,
+        "marker",
     );
     for node in &all {
-        let (_, parts) = next_route(&node.inbox.queue(key)).await;
-        assert_eq!(parts, vec![Bytes::from_static(b"marker")]);
-        assert!(node.inbox.queue(key).try_pop().unwrap().is_none());
+        let (_, envelope) = next(&node.rec).await;
+        assert_eq!(
+            envelope.payload.parts(),
+            &[Bytes::from_static(b"marker")],
+            "CAST-1"
+        );
+        assert!(
+            matches!(node.rec.try_next(), Next::Timeout),
+            "CAST-1: exactly once"
+        );
     }
 }
 
 #[tokio::test]
-async fn reduced_replies_reach_the_caller_as_one_message_per_subtree() {
+async fn cast2_reduced_replies_reach_the_caller_as_one_message_per_subtree() {
     for transport in [ChannelTransport::Local, ChannelTransport::Unix] {
         let all = nodes(40, transport).await;
         let caller = node(transport, "caller").await;
-        let sender = &caller.inbox;
+        let client = caller.agent.proc().client("client").unwrap();
         for fanout in [2usize, 4, 16] {
-            let replies = sender.reply_queue();
-            sender.cast(
-                9,
+            caller.agent.set_fanout(fanout);
+            let replies = CallReplies::open(&caller.agent, 0..all.len() as u32);
+            cast(
+                &caller,
+                &client,
                 &targets(&all),
-                fanout,
-                &CastReply::Reduce {
-                    port: sender.port().port_id().clone(),
-                    key: replies.key(),
-                },
-                vec![Bytes::from_static(b"call")],
+                ReplyMode::Reduce,
+                Some(&replies),
+                "call",
             );
             for node in &all {
-                let (route, _) = next_route(&node.inbox.queue(9)).await;
-                reply(&node.client, &route, &format!("v{}", route.index));
+                let (route, _) = next(&node.rec).await;
+                // Odd ranks answer with two attached parts: they travel with the value.
+                let extra = if route.index % 2 == 1 {
+                    vec![Bytes::from_static(b"a"), Bytes::from_static(b"b")]
+                } else {
+                    Vec::new()
+                };
+                reply(&node.rec, &route, &format!("v{}", route.index), extra);
             }
-            let mut values = HashMap::new();
-            let mut messages = 0;
-            while values.len() < all.len() {
-                let parts = timed(replies.pop()).await.unwrap();
-                messages += 1;
-                assert_eq!(parts.len() % 2, 0);
-                for pair in parts.chunks(2) {
-                    let index = u32::from_le_bytes(pair[0][..].try_into().unwrap());
-                    assert!(values.insert(index, pair[1].clone()).is_none());
-                }
+            let items = timed(replies.wait()).await;
+            let values: HashMap<u32, Vec<Bytes>> =
+                items.into_iter().map(|i| (i.index, i.parts)).collect();
+            assert_eq!(values.len(), all.len());
+            for (index, parts) in values {
+                assert_eq!(parts[0], format!("v{index}"));
+                assert_eq!(
+                    parts.len(),
+                    if index % 2 == 1 { 3 } else { 1 },
+                    "parts kept"
+                );
             }
             assert_eq!(
-                messages,
+                replies.messages(),
                 fanout.min(all.len()),
-                "{transport:?} fanout={fanout}: one message per top-level subtree"
+                "CAST-2: {transport:?} fanout={fanout}: one message per top-level subtree"
             );
-            for (index, value) in values {
-                assert_eq!(value, format!("v{index}"));
-            }
-            sender.remove(replies.key());
         }
-    }
-}
-
-#[tokio::test]
-async fn reduced_replies_keep_the_parts_attached_to_a_value() {
-    let all = nodes(12, ChannelTransport::Local).await;
-    let caller = node(ChannelTransport::Local, "caller").await;
-    let sender = &caller.inbox;
-    let replies = sender.reply_queue();
-    sender.cast(
-        3,
-        &targets(&all),
-        4,
-        &CastReply::Reduce {
-            port: sender.port().port_id().clone(),
-            key: replies.key(),
-        },
-        vec![Bytes::from_static(b"call")],
-    );
-    // Odd indices answer with two attached parts: [index, 2], value, a, b.
-    for node in &all {
-        let (route, _) = next_route(&node.inbox.queue(3)).await;
-        let port: hyperactor::PortId = route.reply_port.as_deref().unwrap().parse().unwrap();
-        let mut parts = vec![key_part(route.reply_key)];
-        let i = route.index;
-        if i % 2 == 1 {
-            let mut head = i.to_le_bytes().to_vec();
-            head.extend(2u32.to_le_bytes());
-            parts.push(Bytes::from(head));
-            parts.push(Bytes::from(format!("v{i}")));
-            parts.push(Bytes::from(format!("a{i}")));
-            parts.push(Bytes::from(format!("b{i}")));
-        } else {
-            parts.extend(reply_parts(i, Bytes::from(format!("v{i}"))));
-        }
-        PortRef::<Vec<Bytes>>::attest(port)
-            .send_serialized(&node.client, Serialized::from_parts(parts));
-    }
-    let mut got = HashMap::new();
-    while got.len() < all.len() {
-        let parts = timed(replies.pop()).await.unwrap();
-        for (index, item) in reply_items(&parts) {
-            assert!(got.insert(index, parts[item].to_vec()).is_none());
-        }
-    }
-    for (index, item) in got {
-        let mut want = vec![Bytes::from(format!("v{index}"))];
-        if index % 2 == 1 {
-            want.push(Bytes::from(format!("a{index}")));
-            want.push(Bytes::from(format!("b{index}")));
-        }
-        assert_eq!(item[1..], want[..], "index {index}");
     }
 }
 
 #[tokio::test]
 async fn direct_replies_come_one_per_receiver() {
-    let all = nodes(10, ChannelTransport::Local).await;
+    let all = nodes(9, ChannelTransport::Local).await;
     let caller = node(ChannelTransport::Local, "caller").await;
-    let sender = &caller.inbox;
-    let replies = sender.reply_queue();
-    sender.cast(
-        3,
+    let client = caller.agent.proc().client("client").unwrap();
+    caller.agent.set_fanout(2);
+    let replies = CallReplies::open(&caller.agent, 0..9);
+    cast(
+        &caller,
+        &client,
         &targets(&all),
-        2,
-        &CastReply::Direct {
-            port: sender.port().port_id().clone(),
-            key: replies.key(),
-        },
-        vec![Bytes::from_static(b"stream")],
+        ReplyMode::Direct,
+        Some(&replies),
+        "call",
     );
     for node in &all {
-        let (route, _) = next_route(&node.inbox.queue(3)).await;
-        assert_eq!(
-            route.reply_key,
-            replies.key(),
-            "direct: the caller's own key"
-        );
-        reply(&node.client, &route, "x");
+        let (route, _) = next(&node.rec).await;
+        reply(&node.rec, &route, "x", Vec::new());
     }
-    for _ in 0..all.len() {
-        assert_eq!(timed(replies.pop()).await.unwrap().len(), 2);
-    }
+    assert_eq!(timed(replies.wait()).await.len(), 9);
+    assert_eq!(replies.messages(), 9);
+}
+
+/// Tells `agent` that `node`'s proc died, as its host would.
+fn report_death(agent: &ProcAgent, node: &Node) {
+    let death = ProcDeath {
+        proc_id: node.agent.proc().proc_id().clone(),
+        pid: 4242,
+        end: ProcEnd::Signaled { signal: 9 },
+        expected: false,
+    };
+    let payload = Serialized::encode(&Control::ProcDied(death)).unwrap();
+    agent.post_parts(
+        agent.id(),
+        control_port(agent.proc().proc_id()),
+        payload.into_parts(),
+    );
 }
 
 #[tokio::test]
-async fn a_dead_child_is_not_waited_for_and_is_skipped_by_later_casts() {
-    // Fan-out 1 makes a chain: caller -> a -> b -> c.
-    let all = nodes(3, ChannelTransport::Local).await;
+async fn cast3_a_dead_node_is_skipped_and_its_ranks_answered() {
+    let all = nodes(8, ChannelTransport::Local).await;
     let caller = node(ChannelTransport::Local, "caller").await;
-    let sender = &caller.inbox;
-    let replies = sender.reply_queue();
-    let reduce = CastReply::Reduce {
-        port: sender.port().port_id().clone(),
-        key: replies.key(),
-    };
-    sender.cast(
-        5,
+    let client = caller.agent.proc().client("client").unwrap();
+    caller.agent.set_fanout(2);
+    // Node 4 heads the second chunk of 8 (4..8) at fan-out 2.
+    report_death(&caller.agent, &all[4]);
+    let replies = CallReplies::open_all(&caller.agent, 0..8);
+    cast(
+        &caller,
+        &client,
         &targets(&all),
-        1,
-        &reduce,
-        vec![Bytes::from_static(b"m")],
+        ReplyMode::Reduce,
+        Some(&replies),
+        "after",
     );
-    for node in &all[..2] {
-        let (route, _) = next_route(&node.inbox.queue(5)).await;
-        reply(&node.client, &route, "ok");
+    for (i, node) in all.iter().enumerate() {
+        if i == 4 {
+            continue;
+        }
+        let (route, _) = next(&node.rec).await;
+        reply(&node.rec, &route, "ok", Vec::new());
     }
-    // c never answers: b learns that its proc died, and stops waiting for it.
-    all[1].inbox.peer_died(all[2].proc.proc_id());
-    let parts = timed(replies.pop()).await.unwrap();
-    let got: HashMap<u32, Bytes> = parts
-        .chunks(2)
-        .map(|p| {
-            (
-                u32::from_le_bytes(p[0][..].try_into().unwrap()),
-                p[1].clone(),
-            )
-        })
+    let items = timed(replies.wait()).await;
+    assert_eq!(items.len(), 8);
+    let failed: Vec<u32> = items
+        .iter()
+        .filter(|i| i.status == ReplyStatus::Failed)
+        .map(|i| i.index)
         .collect();
-    assert_eq!(got.len(), 3);
-    assert_eq!(got[&0], "ok");
-    assert_eq!(got[&1], "ok");
-    assert!(
-        got[&2].is_empty(),
-        "c's reply is reported lost (an empty value)"
-    );
-
-    // A later cast through b skips c altogether.
-    let c = all[2].inbox.queue(5);
-    assert!(c.try_pop().unwrap().is_some(), "c got the first cast");
-    let replies = sender.reply_queue();
-    let reduce = CastReply::Reduce {
-        port: sender.port().port_id().clone(),
-        key: replies.key(),
-    };
-    sender.cast(
-        5,
-        &targets(&all),
-        1,
-        &reduce,
-        vec![Bytes::from_static(b"m2")],
-    );
-    for node in &all[..2] {
-        let (route, parts) = next_route(&node.inbox.queue(5)).await;
-        assert_eq!(parts, vec![Bytes::from_static(b"m2")]);
-        reply(&node.client, &route, "ok");
-    }
-    let parts = timed(replies.pop()).await.unwrap();
-    assert_eq!(parts.len(), 6, "a, b, and c reported lost");
-    let lost: Vec<&[Bytes]> = parts.chunks(2).filter(|p| p[1].is_empty()).collect();
-    assert_eq!(lost.len(), 1);
-    assert_eq!(lost[0][0], Bytes::copy_from_slice(&2u32.to_le_bytes()));
-    assert!(c.try_pop().unwrap().is_none(), "c was skipped");
-
-    // The caller knowing of the death leaves c out at the first hop, and says so.
-    sender.peer_died(all[2].proc.proc_id());
-    let direct = sender.reply_queue();
-    let ends = sender.cast(
-        5,
-        &targets(&all),
-        1,
-        &CastReply::Direct {
-            port: sender.port().port_id().clone(),
-            key: direct.key(),
-        },
-        vec![Bytes::from_static(b"m3")],
-    );
-    assert_eq!(ends, vec![2, 2, 3], "c is outside a's subtree now");
-    let lost = timed(direct.pop()).await.unwrap();
     assert_eq!(
-        lost,
-        vec![Bytes::copy_from_slice(&2u32.to_le_bytes()), Bytes::new()]
+        failed,
+        vec![4],
+        "CAST-3: only the dead rank is lost; the others are routed around it"
     );
-    for node in &all[..2] {
-        let (_, parts) = next_route(&node.inbox.queue(5)).await;
-        assert_eq!(parts, vec![Bytes::from_static(b"m3")]);
-    }
-    assert!(c.try_pop().unwrap().is_none());
+    assert!(
+        items[4]
+            .reason()
+            .contains("died (killed by signal 9, SIGKILL)"),
+        "{}",
+        items[4].reason()
+    );
+    assert!(
+        matches!(all[4].rec.try_next(), Next::Timeout),
+        "the dead node got nothing"
+    );
 }
 
-#[test]
-fn subtree_ends_cover_exactly_the_receivers_behind_each_node() {
-    for fanout in [1usize, 2, 3, 16] {
-        for n in 0..80usize {
-            let ends = hyperactor_mesh::inbox::subtree_ends(n, fanout);
-            assert_eq!(ends.len(), n);
-            for (pos, &end) in ends.iter().enumerate() {
-                assert!(end as usize > pos && end as usize <= n);
-            }
-            if n > 0 {
-                // The top-level chunks tile 0..n.
-                let mut pos = 0;
-                let mut top = 0;
-                while pos < n {
-                    pos = ends[pos] as usize;
-                    top += 1;
-                }
-                assert_eq!(top, n.min(fanout));
-            }
+#[tokio::test]
+async fn cast3_a_relay_that_dies_with_a_call_fails_its_subtree_at_the_caller() {
+    let all = nodes(7, ChannelTransport::Local).await;
+    let caller = node(ChannelTransport::Local, "caller").await;
+    let client = caller.agent.proc().client("client").unwrap();
+    caller.agent.set_fanout(2);
+    // [0 heads 0..4: 1 heads 1..3 (2), 3], [4 heads 4..7: 5, 6].
+    let replies = CallReplies::open_all(&caller.agent, 0..7);
+    cast(
+        &caller,
+        &client,
+        &targets(&all),
+        ReplyMode::Reduce,
+        Some(&replies),
+        "call",
+    );
+    for (i, node) in all.iter().enumerate() {
+        let (route, _) = next(&node.rec).await;
+        if i >= 4 {
+            reply(&node.rec, &route, "ok", Vec::new());
+        }
+    }
+    // Node 0 dies before it or its subtree answered: the caller answers 0..4 at once.
+    report_death(&caller.agent, &all[0]);
+    let items = timed(replies.wait()).await;
+    let failed: Vec<u32> = items
+        .iter()
+        .filter(|i| i.status == ReplyStatus::Failed)
+        .map(|i| i.index)
+        .collect();
+    assert_eq!(
+        failed,
+        vec![0, 1, 2, 3],
+        "CAST-3: the relay's whole subtree"
+    );
+    assert!(
+        items[1].reason().contains("relayed through it"),
+        "{}",
+        items[1].reason()
+    );
+}
+
+#[tokio::test]
+async fn ord1_a_cast_followed_by_a_direct_send_keeps_its_order() {
+    let all = nodes(16, ChannelTransport::Unix).await;
+    let caller = node(ChannelTransport::Unix, "caller").await;
+    let client = caller.agent.proc().client("client").unwrap();
+    caller.agent.set_fanout(2);
+    let deepest = targets(&all)[15].clone();
+    for round in 0..20 {
+        // A cast relayed down the tree, then a message sent straight to its deepest
+        // receiver: the direct one must not overtake it.
+        cast(
+            &caller,
+            &client,
+            &targets(&all),
+            ReplyMode::None,
+            None,
+            &format!("tree {round}"),
+        );
+        cast(
+            &caller,
+            &client,
+            &[CastTarget {
+                index: 0,
+                ..deepest.clone()
+            }],
+            ReplyMode::None,
+            None,
+            &format!("direct {round}"),
+        );
+        let (_, first) = next(&all[15].rec).await;
+        let (_, second) = next(&all[15].rec).await;
+        assert_eq!(first.payload.parts()[0], format!("tree {round}"), "ORD-1");
+        assert_eq!(
+            second.payload.parts()[0],
+            format!("direct {round}"),
+            "ORD-1"
+        );
+        for node in &all[..15] {
+            next(&node.rec).await;
         }
     }
 }

@@ -179,7 +179,7 @@ async fn cast1_every_rank_once_and_replies_reduced_per_subtree() {
     assert_eq!(pids.len(), 8, "one process per rank");
     // CAST-2: the caller receives one message per top-level chunk.
     let replies = CallReplies::open(&agent, 0..8);
-    counters.as_ref().cast_parts(
+    counters.mesh_ref().cast_parts(
         &agent,
         client.actor_id(),
         CastKind::Message {
@@ -255,7 +255,7 @@ async fn a_failing_constructor_is_reported_per_rank() {
     let (agent, client) = host_agent().await;
     let procs = procs(&agent, &client, &[2]).await;
     let counters: ActorMesh<Counter> = procs.spawn(&client, "bad", &666).unwrap();
-    let mut ranks = vec![next_failure(&client).await, next_failure(&client).await];
+    let mut ranks = [next_failure(&client).await, next_failure(&client).await];
     ranks.sort_by_key(|f| f.rank);
     for (i, failure) in ranks.iter().enumerate() {
         assert_eq!(failure.rank, i);

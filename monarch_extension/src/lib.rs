@@ -3,13 +3,19 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+pub mod actor;
+pub mod actor_mesh;
+pub mod agent;
+pub mod call;
 pub mod future;
-pub mod host;
-pub mod inbox;
+pub mod host_mesh;
 pub mod port;
 pub mod proc;
+pub mod proc_mesh;
 pub mod runtime;
+pub mod sender;
 pub mod shape;
+pub mod supervision;
 
 /// The crate version, exported to Python as `monarch._rust_bindings.__version__`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -82,10 +88,16 @@ pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<proc::PyClient>()?;
     m.add_class::<port::PyPortRef>()?;
     m.add_class::<port::PyPortReceiver>()?;
-    m.add_class::<inbox::PyInbox>()?;
-    m.add_class::<inbox::PyQueue>()?;
-    m.add_class::<host::PyHost>()?;
-    m.add_class::<host::PyBootChild>()?;
+    m.add_class::<agent::PyProcAgent>()?;
+    m.add_class::<actor::PyDrivenActor>()?;
+    m.add_class::<actor::PyDelivery>()?;
+    m.add_class::<host_mesh::PyHostMesh>()?;
+    m.add_class::<proc_mesh::PyProcMesh>()?;
+    m.add_class::<actor_mesh::PyActorMesh>()?;
+    m.add_class::<call::PyCallReplies>()?;
+    m.add_class::<call::PyReplyQueue>()?;
+    m.add_class::<call::PyPortHandle>()?;
+    m.add_class::<supervision::PyMeshFailure>()?;
     shape::register(m)?;
     m.add(
         "WouldBlockRuntime",

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use hyperactor::id::PortId;
 use hyperactor::message::Serialized;
-use hyperactor_mesh::inbox::CastTarget;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
@@ -67,8 +66,6 @@ pub(crate) fn extract_parts(parts: &Bound<'_, PyAny>) -> PyResult<Parts> {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PyPortRef {
     port_id: PortId,
-    /// As a cast receiver at index 0 (keeps the printed port id for cast headers).
-    target: CastTarget,
 }
 
 impl PyPortRef {
@@ -77,19 +74,7 @@ impl PyPortRef {
     }
 
     fn from_id(port_id: PortId) -> Self {
-        Self {
-            target: CastTarget::new(0, port_id.clone()),
-            port_id,
-        }
-    }
-
-    pub(crate) fn port_id(&self) -> &PortId {
-        &self.port_id
-    }
-
-    /// This port as the receiver at `index` of a cast.
-    pub(crate) fn cast_target(&self, index: u32) -> CastTarget {
-        self.target.at(index)
+        Self { port_id }
     }
 }
 

@@ -105,6 +105,36 @@ impl PyClient {
         ))
     }
 
+    /// The next failure of a mesh this client owns, blocking without the GIL; `None` if
+    /// `timeout` seconds pass first or the client is closed.
+    #[pyo3(signature = (timeout = None))]
+    fn next_supervision(
+        &self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<crate::supervision::PyMeshFailure>> {
+        let deadline = crate::call::deadline(timeout)?;
+        let client = Arc::clone(&self.client);
+        let rt = runtime()?;
+        let got = crate::call::block(py, deadline, |until| {
+            let wait = async {
+                match until {
+                    None => Some(client.next_supervision_event().await),
+                    Some(until) => tokio::time::timeout(
+                        until.saturating_duration_since(std::time::Instant::now()),
+                        client.next_supervision_event(),
+                    )
+                    .await
+                    .ok(),
+                }
+            };
+            rt.block_on(wait)
+        })?;
+        Ok(got
+            .flatten()
+            .map(crate::supervision::PyMeshFailure::from_event))
+    }
+
     fn __repr__(&self) -> String {
         format!("Client({})", self.client.actor_id())
     }

@@ -20,9 +20,26 @@ from monarch._src.config.testing import (
     parametrize_config_pointwise as parametrize_config_pointwise,
 )
 
-# Registered first, so it runs after every other monarch exit hook (atexit runs hooks in
+
+def _exit_status() -> None:
+    """The last exit hook: end with the exit status an unhandled failure set, if any
+    (see ``monarch._src.actor.supervision``)."""
+    import os
+    import sys
+
+    process = sys.modules.get("monarch._src.actor.process")
+    status = getattr(process, "exit_status", None)
+    if status is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+# Registered first, so they run after every other monarch exit hook (atexit runs hooks in
 # reverse order): from then on no thread of the Rust runtime enters Python, which
-# CPython would end abruptly while finalizing (see monarch_extension/src/runtime.rs).
+# CPython would end abruptly while finalizing (see monarch_extension/src/runtime.rs);
+# then the program ends with the status an unhandled failure set.
+_atexit.register(_exit_status)
 _atexit.register(_prepare_exit)
 
 __all__ = [

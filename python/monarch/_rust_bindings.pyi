@@ -18,17 +18,23 @@ from types import GenericAlias
 from typing import Any, Generic, Literal, TypedDict, TypeVar, final, type_check_only
 
 __all__ = [
-    "BootChild",
+    "ActorMeshHandle",
+    "CallReplies",
     "Client",
+    "Delivery",
+    "DrivenActor",
     "Extent",
     "Future",
-    "Host",
-    "Inbox",
+    "HostMeshHandle",
+    "MeshFailure",
     "Point",
+    "PortHandle",
     "PortReceiver",
     "PortRef",
     "Proc",
-    "Queue",
+    "ProcAgent",
+    "ProcMeshHandle",
+    "ReplyQueue",
     "Shape",
     "Slice",
     "WouldBlockRuntime",
@@ -137,6 +143,9 @@ class Client:
     def actor_id(self) -> str:
         """This client's actor id."""
 
+    def next_supervision(self, timeout: float | None = None) -> MeshFailure | None:
+        """The next failure of a mesh this client owns, or None."""
+
     def open_port(self) -> tuple[PortRef, PortReceiver]:
         """Open a streaming port on this client's mailbox, carrying lists of byte parts."""
 
@@ -173,147 +182,273 @@ class PortReceiver:
         messages sent to the port later go back to their senders."""
 
 @final
-class Inbox:
-    """A keyed inbox: one port whose messages (first part: an 8-byte little-endian key)
-    are sorted into per-key queues as they arrive."""
+class ProcAgent:
+    """This process's mesh agent (see monarch_extension/src/agent.rs)."""
 
-    def __new__(cls, client: Client) -> Inbox:
-        """Open an inbox as a new port of ``client``."""
+    @staticmethod
+    def serve_root(
+        transport: Literal["unix", "tcp"] = "unix",
+        ready_timeout: float = 30.0,
+        stop_timeout: float = 10.0,
+    ) -> ProcAgent:
+        """Serve the root client's proc, with this machine's host agent."""
+
+    @staticmethod
+    def bootstrap(
+        transport: Literal["unix", "tcp"] = "unix", stop_timeout: float = 10.0
+    ) -> ProcAgent:
+        """Serve this proc, started by a host agent."""
+
+    def report_ready(self) -> None:
+        """Tell the host that spawned this proc that it is ready."""
+
+    def wait_for_stop(self) -> None:
+        """Block until the host asks this proc to stop."""
 
     @property
-    def port(self) -> PortRef:
-        """The port to send this inbox's messages to."""
+    def proc_id(self) -> str:
+        """The agent's proc id, printed."""
 
-    def queue(self, key: int) -> Queue:
-        """The queue of actor key ``key`` (below 2**63; ``ValueError`` otherwise),
-        created if no message for it arrived yet."""
+    @property
+    def boot_rank(self) -> tuple[int, int]:
+        """This proc's rank in its spawn and the spawn's size."""
 
-    def reply_queue(self) -> Queue:
-        """A queue under a fresh reply key, removed when the object is dropped."""
+    def client(self, name: str) -> Client:
+        """A new client mailbox on this proc."""
 
-    def retire(self, key: int, into: int) -> None:
-        """Send the queued and later messages of actor key ``key`` to the queue of
-        actor key ``into``, each with its 8-byte key part first; ``key``'s queue closes."""
+    def set_singleton_owner(self, client: Client) -> None:
+        """Make `client` the owner of singletons other processes ask for."""
 
-    def remove(self, key: int) -> None:
-        """Close and forget the queue of ``key``."""
+    def next_spawn(self, timeout: float | None = None) -> DrivenActor | None:
+        """The next Python actor to host, or None."""
 
-    def cast(
+    def singleton(
         self,
-        actor_key: int,
-        targets: list[tuple[int, PortRef]],
-        fanout: int,
-        mode: int,
-        reply_port: PortRef | None,
-        reply_key: int,
-        parts: list[bytes],
-    ) -> list[int]:
-        """Cast ``parts`` to actor ``actor_key`` on ``targets`` (``(index, inbox port)``
-        in view order) over a tree of at most ``fanout`` children per node. ``mode``: 0
-        no replies, 1 direct replies, 2 replies reduced per subtree. Each receiver gets
-        ``[route, *parts]``. Returns per position the end of the subtree it heads."""
+        sender: Client | DrivenActor,
+        root: str | None,
+        name: str,
+        class_name: str,
+        parts: list[bytes] | bytes,
+    ) -> Future[ActorMeshHandle]:
+        """The root process's singleton actor `name`, spawned on first request."""
 
-    def forward_undeliverable(self) -> None:
-        """Report each message the inbox's client sent that comes back undelivered to
-        the agent queue (key 0) as ``[b"\\0undeliverable", proc_id, reason]``."""
+    def reply_queue(self) -> ReplyQueue:
+        """A new queue of replies in arrival order."""
 
-    def peer_died(self, proc_id: str) -> None:
-        """The proc ``proc_id`` is gone: casts skip it, replies are not awaited from it."""
+    def close_spawns(self) -> None:
+        """Refuse new actors from now on."""
 
-@final
-class Queue:
-    """The messages of one key of an ``Inbox``, in arrival order (key part stripped)."""
+    fanout: int
 
-    @property
-    def key(self) -> int:
-        """The key."""
+    def this_host(self) -> HostMeshHandle:
+        """This machine's host as a host mesh."""
 
-    @property
-    def key_part(self) -> bytes:
-        """The key as the 8-byte part that starts a message for this queue."""
+    def this_proc(self) -> ProcMeshHandle:
+        """This process's proc as a proc mesh."""
 
-    @property
-    def port(self) -> PortRef:
-        """The inbox port messages for this queue go to."""
+    def shutdown_host(self, timeout: float) -> None:
+        """Stop every proc this host spawned."""
 
-    def try_get(self) -> list[bytes] | None:
-        """The next message if one is queued, else ``None``."""
+    def running_pids(self) -> list[int]:
+        """The pids of the procs this host spawned that still run."""
 
-    def get(self, timeout: float | None = None) -> list[bytes]:
-        """Block, without the GIL, for the next message; ``TimeoutError`` after
-        ``timeout`` seconds (nothing is lost); ``RuntimeError`` once closed and empty."""
-
-    def recv(self) -> Future[list[bytes]]:
-        """The next message, as a future to await."""
-
-    def close(self) -> None:
-        """Close the queue: waiters raise ``RuntimeError`` once it is empty."""
+    @staticmethod
+    def remove_socket_files() -> int:
+        """Remove the socket files this process serves."""
 
 @final
-class Host:
-    """The host agent serving on a proc: spawns, stops and reaps procs."""
+class DrivenActor:
+    """A Python actor hosted by the runtime."""
 
-    def __new__(cls, proc: Proc, ready_timeout: float = 30.0) -> Host:
-        """A host agent receiving its children's ready reports on ``proc`` (not a
-        ``local`` proc)."""
+    @property
+    def actor_id(self) -> str: ...
+    @property
+    def proc_id(self) -> str: ...
+    @property
+    def mesh_name(self) -> str: ...
+    @property
+    def mesh_id(self) -> int: ...
+    @property
+    def class_name(self) -> str: ...
+    @property
+    def rank(self) -> int: ...
+    def extent(self) -> Extent:
+        """The extent of the proc mesh the actor was spawned on."""
 
+    @property
+    def creator(self) -> str: ...
+    def spawn_parts(self) -> list[bytes]:
+        """The pickled class, then the pickled arguments."""
+
+    def next(self, timeout: float | None = None) -> Delivery | None:
+        """The next delivery, or None on timeout."""
+
+    def try_next(self) -> Delivery | None:
+        """The next delivery if one is queued."""
+
+    def next_async(self) -> Future[Delivery]:
+        """The next delivery, as a future to await."""
+
+    def started(self) -> None: ...
+    def idle(self) -> None: ...
+    def fail(self, reason: str, cause: MeshFailure | None = None) -> bool: ...
+    def stopped(self, reason: str | None = None) -> bool: ...
+    @property
+    def status(self) -> str: ...
+    def stop_owned(self, reason: str) -> None:
+        """Stop the meshes this actor owns."""
+
+@final
+class Delivery:
+    """One item of a driven actor's queue."""
+
+    @property
+    def kind(self) -> int: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def args(self) -> list[bytes]: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def hops(self) -> int: ...
+    def extent(self) -> Extent: ...
+    @property
+    def has_reply(self) -> bool: ...
+    @property
+    def failure(self) -> MeshFailure | None: ...
+    def reply(self, status: int, parts: list[bytes] | bytes) -> None: ...
+    def port(self) -> PortHandle | None: ...
+
+@final
+class HostMeshHandle:
+    """A mesh of hosts."""
+
+    def extent(self) -> Extent: ...
     def spawn_procs(
         self,
+        sender: Client | DrivenActor,
         name: str,
-        count: int,
+        per_host: Extent,
         program: str,
         args: list[str],
         env: list[tuple[str, str]],
-    ) -> Future[list[tuple[str, int]]]:
-        """Start ``count`` procs running ``program args...`` with ``env`` added; a future
-        of ``(proc_id, pid)`` by rank, once every proc reported ready."""
-
-    def stop_procs(self, proc_ids: list[str], timeout: float) -> Future[list[str]]:
-        """Stop the given procs (stdin closed, killed after ``timeout``); a future of
-        their final statuses."""
-
-    def kill_proc(self, proc_id: str, lost: str | None = None) -> bool:
-        """Kill a proc's process group at once; false if it was not running. With
-        ``lost``, the proc counts as lost (unreachable): its exit status says why."""
-
-    def next_exit(self) -> Future[tuple[str, str, int, str]]:
-        """The next exit of a proc: ``(proc_id, name, rank, status)``."""
-
-    def shutdown(self, timeout: float) -> None:
-        """Stop every proc and wait until all are reaped (GIL released)."""
-
-    def running_pids(self) -> list[int]:
-        """The pids of this host's procs that still run."""
+    ) -> ProcMeshHandle: ...
+    @staticmethod
+    def _from_bytes(data: bytes) -> HostMeshHandle: ...
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]: ...
 
 @final
-class BootChild:
-    """The child side of a proc's bootstrap (this process was started by a host)."""
+class ProcMeshHandle:
+    """A view of a proc mesh that may still be starting."""
 
+    @property
+    def name(self) -> str: ...
+    def view(self, shape: Shape) -> ProcMeshHandle: ...
+    def wait_ready(self, timeout: float | None = None) -> None: ...
+    def is_ready(self) -> bool: ...
+    def initialized(self) -> Future[bool]: ...
+    def pids(self) -> list[int]: ...
+    def proc_ids(self) -> list[str]: ...
+    def spawn(
+        self,
+        sender: Client | DrivenActor,
+        name: str,
+        class_name: str,
+        parts: list[bytes] | bytes,
+    ) -> ActorMeshHandle: ...
+    def stop(self, sender: Client | DrivenActor, reason: str) -> Future[None]: ...
+    def error(self) -> str | None: ...
     @staticmethod
-    def serve(transport: Literal["unix", "tcp"] = "unix") -> BootChild:
-        """Read the host's variables and serve this child's proc (not yet reported)."""
+    def _from_bytes(data: bytes) -> ProcMeshHandle: ...
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]: ...
+
+@final
+class ActorMeshHandle:
+    """A view of a mesh of Python actors."""
 
     @property
-    def proc(self) -> Proc:
-        """The proc."""
+    def name(self) -> str: ...
+    @property
+    def class_name(self) -> str: ...
+    @property
+    def mesh_id(self) -> int: ...
+    def view(self, shape: Shape) -> ActorMeshHandle: ...
+    def cast(
+        self,
+        sender: Client | DrivenActor,
+        method: str,
+        parts: list[bytes] | bytes,
+        mode: str,
+        port: PortHandle | None = None,
+        index: int | None = None,
+        count: int | None = None,
+    ) -> CallReplies | ReplyQueue | None: ...
+    def stop(self, sender: Client | DrivenActor, reason: str, count: int) -> CallReplies: ...
+    def probe(self, sender: Client | DrivenActor, count: int) -> CallReplies: ...
+    @staticmethod
+    def _from_bytes(data: bytes) -> ActorMeshHandle: ...
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]: ...
+
+@final
+class CallReplies:
+    """The replies of one call."""
+
+    def get(self, timeout: float | None = None) -> list[tuple[int, int, list[bytes]]]: ...
+    def wait(self) -> Future[list[tuple[int, int, list[bytes]]]]: ...
+    def done(self) -> bool: ...
+    @property
+    def messages(self) -> int: ...
+
+@final
+class ReplyQueue:
+    """Replies in arrival order."""
+
+    def get(self, timeout: float | None = None) -> tuple[int, int, list[bytes]]: ...
+    def try_get(self) -> tuple[int, int, list[bytes]] | None: ...
+    def recv(self) -> Future[tuple[int, int, list[bytes]]]: ...
+    def port(self, index: int = 0) -> PortHandle: ...
+
+@final
+class PortHandle:
+    """Where a reply goes; picklable."""
 
     @property
-    def name(self) -> str:
-        """The proc name of the spawn."""
+    def index(self) -> int: ...
+    def send(
+        self, sender: Client | DrivenActor, status: int, parts: list[bytes] | bytes
+    ) -> None: ...
+    @staticmethod
+    def _from_bytes(data: bytes) -> PortHandle: ...
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]: ...
+
+@final
+class MeshFailure:
+    """A failure of one rank of an actor mesh."""
 
     @property
-    def rank(self) -> int:
-        """This proc's rank in the spawn."""
-
+    def mesh_name(self) -> str: ...
     @property
-    def count(self) -> int:
-        """How many procs the spawn started."""
-
-    def report_ready(self) -> None:
-        """Tell the host this proc is ready."""
-
-    def wait_for_stop(self) -> None:
-        """Block, without the GIL, until the host asks this proc to stop."""
+    def mesh_id(self) -> int: ...
+    @property
+    def class_name(self) -> str: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def proc_id(self) -> str: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def actor_id(self) -> str | None: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def cause(self) -> MeshFailure | None: ...
+    def headline(self) -> str: ...
+    def report(self) -> str: ...
+    @staticmethod
+    def _from_bytes(data: bytes) -> MeshFailure: ...
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]: ...
 
 @final
 class Extent(Mapping[str, int]):
@@ -344,7 +479,7 @@ class Extent(Mapping[str, int]):
 
     def __getitem__(self, label: str, /) -> int: ...
     def __contains__(self, label: object, /) -> bool: ...
-    def get(self, label: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, label: str, default: Any = None) -> Any:
         """``self[label]``, or ``default`` when there is no such dimension."""
 
     def __iter__(self) -> Iterator[str]: ...
@@ -386,7 +521,7 @@ class Point(Mapping[str, int]):
 
     def __getitem__(self, label: str, /) -> int: ...
     def __contains__(self, label: object, /) -> bool: ...
-    def get(self, label: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, label: str, default: Any = None) -> Any:
         """``self[label]``, or ``default`` when there is no such dimension."""
 
     def __iter__(self) -> Iterator[str]: ...

@@ -1,5 +1,5 @@
 """Large ``bytes`` arguments and return values travel out of band
-(``runtime.dumps_call``, ``runtime.reply_parts``): as message parts of their own,
+(``pickling.dumps_call``, ``pickling.dumps_value``): as message parts of their own,
 arriving as ``bytes`` equal to what was sent, through every adverb, explicit ports and
 a cast tree whose heads reduce replies; small ones stay in the pickle."""
 
@@ -11,12 +11,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from monarch._src.actor import runtime
+from monarch._src.actor import pickling
 from monarch.actor import Actor, Channel, Port, ProcMesh, endpoint, send, this_host
 
 pytestmark = pytest.mark.timeout(120)
 
-BIG = runtime.OUT_OF_BAND_MIN
+BIG = pickling.OUT_OF_BAND_MIN
 
 
 def digest(v: object) -> tuple[str, int, str]:
@@ -48,16 +48,16 @@ def procs() -> Iterator[ProcMesh]:
 
 def test_the_parts_of_a_call_with_large_bytes() -> None:
     big, other = os.urandom(BIG), os.urandom(BIG + 1)
-    parts = runtime.dumps_call((big, 1, b"small"), {"k": other})
+    parts = pickling.dumps_call((big, 1, b"small"), {"k": other})
     assert parts[1] is big and parts[2] is other  # shared, not copied
     assert len(parts[0]) < 1024
-    (a, n, s), kw = runtime.loads(parts[0], parts[1:])
+    (a, n, s), kw = pickling.loads(parts[0], parts[1:])
     assert (a, n, s, kw) == (big, 1, b"small", {"k": other})
     # Below the threshold, or passed twice: in the pickle, as before.
-    assert len(runtime.dumps_call((os.urandom(BIG - 1),), {})) == 1
-    twice = runtime.dumps_call((big, big), {})
+    assert len(pickling.dumps_call((os.urandom(BIG - 1),), {})) == 1
+    twice = pickling.dumps_call((big, big), {})
     assert len(twice) == 1
-    (x, y), _ = runtime.loads(twice[0])
+    (x, y), _ = pickling.loads(twice[0])
     assert x is y and x == big
 
 
@@ -89,18 +89,13 @@ def test_large_bytes_through_a_cast_tree(procs: ProcMesh) -> None:
     assert list(got.values()) == [[digest(big), digest(None), digest(None), False]] * 3
 
 
-def test_the_reply_item_of_a_large_bytes_value() -> None:
+def test_the_parts_of_a_large_bytes_value() -> None:
     big = os.urandom(BIG)
-    item = runtime.reply_parts(5, runtime.OK, big)
-    assert len(item) == 3 and item[2] is big and len(item[1]) < 1024
-    plain = runtime.reply_parts(6, runtime.OK, b"small")
-    message = [*item, *plain, b"\x07\x00\x00\x00", b""]  # and a lost rank
-    assert runtime.reply_items(message) == [(5, 0, 3), (6, 3, 5), (7, 5, 7)]
-    decoded = runtime.decode_replies(message)
-    assert decoded[:2] == [(5, runtime.OK, big), (6, runtime.OK, b"small")]
-    assert decoded[2][:2] == (7, runtime.FAILED)
-    assert runtime.reindexed(message[0:3], 0)[1:] == message[1:3]
-    assert runtime.reply_items(runtime.reindexed(message[0:3], 0)) == [(0, 0, 3)]
+    parts = pickling.dumps_value(big)
+    assert len(parts) == 2 and parts[1] is big and len(parts[0]) < 1024
+    assert pickling.loads(parts[0], parts[1:]) == big
+    assert len(pickling.dumps_value(b"small")) == 1
+    assert pickling.loads(pickling.dumps_value(b"small")[0]) == b"small"
 
 
 def test_large_bytes_results_come_back_intact(procs: ProcMesh) -> None:

@@ -471,21 +471,3 @@ def test_a_slow_sync_cleanup_does_not_hold_up_stop(procs: ProcMesh, tmp_path: ob
     s = procs.slice(gpus=1).spawn("slow_cleanup", SelfStopper, marker, 600)
     s.stop().get(timeout=30)  # would time out if stop waited for the cleanup
     assert not os.path.exists(marker)
-
-
-def test_a_message_that_comes_back_undelivered_is_reported(
-    capfd: pytest.CaptureFixture[str],
-) -> None:
-    """DEL-1 at the Python layer: a message to a proc nobody can reach comes back to its
-    sender's agent, which says so (a proc this host spawned would be killed as lost, so
-    that its death notice fails what waits on it; see the test above)."""
-    from monarch._src.actor import runtime
-
-    this_host()
-    ctx = runtime.process_context()
-    ghost = "ghost-0@unix:/tmp/monarch-test-no-such-proc.sock"
-    ctx.send(ctx.port_ref(runtime.inbox_port_of(ghost)), [runtime.key_part(5), b"hello"])
-    with ctx.unreachable_changed:
-        reported = ctx.unreachable_changed.wait_for(lambda: ghost in ctx.unreachable_logged, 10)
-    assert reported, "the returned message was never reported"
-    assert f"a message to {ghost} could not be delivered" in capfd.readouterr().err

@@ -30,7 +30,8 @@ import extract_doc_snippets  # noqa: E402
 #: of it, typed the way spawn() types it.
 PRELUDE = """\
 from monarch.actor import (
-    Actor, Future, Port, ValueMesh, as_endpoint, concurrent_endpoint, endpoint, this_host,
+    Actor, Channel, Future, Port, ValueMesh, as_endpoint, concurrent_endpoint, endpoint,
+    this_host,
 )
 
 
@@ -111,7 +112,7 @@ SNIPPETS: dict[str, str] = {
         reveal_type(counter.later)  # reveal: Endpoint[[n: int], str]
         reveal_type(counter.later.call(3))  # reveal: Future[ValueMesh[str]]
         reveal_type(counter.blob.call_one(8))  # reveal: Future[bytes]
-        port: Port[str] = Port("port", 1, 0)
+        port: Port[str] = Channel[str].open()[0]
         counter.later.call(port, 3)  # error: call-arg
     """,
     "future_and_value_mesh": """

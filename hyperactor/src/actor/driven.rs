@@ -70,6 +70,8 @@ pub enum DrivenWork {
 
 /// The outcome of asking for the next item.
 #[derive(Debug)]
+// As for `DrivenWork`: boxing the common case would cost an allocation per message.
+#[allow(clippy::large_enum_variant)]
 pub enum Next {
     /// The next item; the actor now counts as processing.
     Work(DrivenWork),
@@ -95,6 +97,16 @@ impl std::fmt::Debug for DrivenActor {
             .field("status", &self.cell.status())
             .field("queued", &self.queue.len())
             .finish()
+    }
+}
+
+impl crate::context::SendContext for DrivenActor {
+    fn proc(&self) -> &Proc {
+        &self.proc
+    }
+
+    fn mailbox(&self) -> &Arc<crate::mailbox::Mailbox> {
+        &self.cell.mailbox
     }
 }
 

@@ -28,6 +28,9 @@ pub(crate) struct Delivery {
 
 static MALFORMED: LogLimit = LogLimit::per_second();
 
+/// A receiver on a dead proc: its index, why, and whether its proc was stopped.
+type Lost = (u32, String, bool);
+
 impl Inner {
     /// A frame arrived on the cast port (on the delivering task).
     pub(super) fn on_cast(self: &Arc<Self>, envelope: Envelope) {
@@ -58,6 +61,9 @@ impl Inner {
             }
         };
         let user = parts.split_off(1);
+        for proc in &header.dead {
+            self.hearsay_death(proc, &header.origin);
+        }
         let Some((me, rest)) = header.entries.split_first() else {
             return;
         };
@@ -68,7 +74,7 @@ impl Inner {
             .collect();
         let lost_items: Vec<ReplyItem> = lost
             .iter()
-            .map(|(index, why)| ReplyItem::failed(*index, why))
+            .map(|(index, why, stopped)| ReplyItem::unanswered(*index, why, *stopped))
             .collect();
         // Where this node's and its children's replies go.
         let reply = match (&header.mode, &header.reply) {
@@ -120,10 +126,7 @@ impl Inner {
     }
 
     /// `entries` without those on dead procs, and the (index, reason) of those.
-    fn split_dead<'a>(
-        &self,
-        entries: &'a [Entry],
-    ) -> (std::borrow::Cow<'a, [Entry]>, Vec<(u32, String)>) {
+    fn split_dead<'a>(&self, entries: &'a [Entry]) -> (std::borrow::Cow<'a, [Entry]>, Vec<Lost>) {
         let dead = lock(&self.dead);
         if dead.is_empty() {
             return (std::borrow::Cow::Borrowed(entries), Vec::new());
@@ -131,7 +134,7 @@ impl Inner {
         let (mut live, mut lost) = (Vec::with_capacity(entries.len()), Vec::new());
         for e in entries {
             match dead.get(&e.proc) {
-                Some(death) => lost.push((e.index, death.to_string())),
+                Some(d) => lost.push((e.index, d.death.to_string(), d.death.expected)),
                 None => live.push(e.clone()),
             }
         }

@@ -105,9 +105,11 @@ impl Inner {
             let dead = lock(&self.dead);
             for t in targets {
                 match dead.get(&t.proc) {
-                    Some(death) if !dead.is_empty() => {
-                        lost.push(ReplyItem::failed(t.index, &death.to_string()))
-                    }
+                    Some(d) if !dead.is_empty() => lost.push(ReplyItem::unanswered(
+                        t.index,
+                        &d.death.to_string(),
+                        d.death.expected,
+                    )),
                     _ => live.push(t),
                 }
             }
@@ -152,6 +154,7 @@ impl Inner {
             hops: 1,
             fanout: u16::try_from(fanout).unwrap_or(u16::MAX),
             entries: Vec::new(),
+            dead: lock(&self.dead_recent).iter().cloned().collect(),
         };
         for range in chunks(entries.len(), fanout) {
             let chunk = CastHeader {

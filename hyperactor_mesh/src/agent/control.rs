@@ -49,6 +49,19 @@ pub enum Control {
         /// Where to send `()` once all are reaped.
         reply: Option<PortId>,
     },
+    /// Asks an agent for its singleton `name` ([`super::ProcAgent::singleton`]), made
+    /// from `parts` if it does not exist yet; the answer, a
+    /// `Result<ActorMeshRef, String>`, goes to `reply`.
+    Singleton {
+        /// The singleton's name.
+        name: String,
+        /// Its actor type, as users know it.
+        class: String,
+        /// What the foreign spawner needs to create it.
+        parts: Vec<bytes::Bytes>,
+        /// Where the answer goes.
+        reply: PortId,
+    },
     /// Tells a host agent that `proc` cannot be reached: it kills it as lost.
     Unreachable {
         /// The proc.
@@ -129,6 +142,16 @@ impl HostService {
         &self.host
     }
 
+    /// Stops every proc of the host (their deaths are expected, not failures).
+    pub(super) async fn shutdown(&self, timeout: Duration) {
+        {
+            let mut state = lock(&self.state);
+            let procs: Vec<ProcId> = state.handles.keys().cloned().collect();
+            state.expected.extend(procs);
+        }
+        self.host.shutdown(timeout).await;
+    }
+
     /// Starts the task that turns each reaped proc into death reports.
     pub(super) fn start(self: &Arc<Self>, agent: &Arc<Inner>) {
         let service = Arc::clone(self);
@@ -198,9 +221,16 @@ impl Inner {
                 return;
             }
         };
-        if let Control::ProcDied(death) = control {
-            return self.on_proc_died(death);
-        }
+        let control = match control {
+            Control::ProcDied(death) => return self.on_proc_died(death),
+            Control::Singleton {
+                name,
+                class,
+                parts,
+                reply,
+            } => return self.on_singleton(&name, &class, parts, reply),
+            other => other,
+        };
         let Some(host) = self.host.clone() else {
             if let Some(suppressed) = BAD_CONTROL.check() {
                 tracing::warn!(
@@ -250,7 +280,29 @@ impl Inner {
                     }
                 }
             }
-            Control::ProcDied(_) => {}
+            Control::ProcDied(_) | Control::Singleton { .. } => {}
+        }
+    }
+
+    fn on_singleton(
+        self: &Arc<Self>,
+        name: &str,
+        class: &str,
+        parts: Vec<bytes::Bytes>,
+        reply: PortId,
+    ) {
+        let agent = super::ProcAgent {
+            inner: Arc::clone(self),
+        };
+        let owner = lock(&self.singleton_owner)
+            .clone()
+            .unwrap_or_else(|| self.id.clone());
+        let result = agent
+            .singleton(&owner, name, class, parts)
+            .map_err(|e| e.to_string());
+        let reply = PortRef::<Result<crate::actor_mesh::ActorMeshRef, String>>::attest(reply);
+        if let Err(e) = reply.send(&self.client, result) {
+            tracing::error!(agent = %self.id, "cannot answer a singleton request: {e}");
         }
     }
 

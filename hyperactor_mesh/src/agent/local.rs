@@ -209,17 +209,21 @@ impl Inner {
         }
     }
 
-    /// Why calls to local actor `actor` cannot be handled, if they cannot.
-    pub(super) fn why_not_running(&self, actor: &str) -> Option<String> {
+    /// Why calls to local actor `actor` cannot be handled, if they cannot, and whether
+    /// that is because it was stopped (not a failure).
+    pub(super) fn why_not_running(&self, actor: &str) -> Option<(String, bool)> {
         let local = lock(&self.local);
         let Some(a) = local.get(actor) else {
-            return Some(format!(
-                "no actor {actor} on proc {} (it was never spawned here)",
-                self.proc.proc_id()
+            return Some((
+                format!(
+                    "no actor {actor} on proc {} (it was never spawned here)",
+                    self.proc.proc_id()
+                ),
+                false,
             ));
         };
         let who = format!(
-            "actor {:?} ({}) rank {} on proc {} (pid {})",
+            "actor '{}' ({}) rank {} on proc {} (pid {})",
             a.mesh.name,
             a.mesh.class,
             a.rank,
@@ -227,10 +231,13 @@ impl Inner {
             std::process::id()
         );
         match a.handle.status() {
-            ActorStatus::Failed(reason) => Some(format!("{who} failed: {reason}")),
-            ActorStatus::Stopped => Some(format!(
-                "{who} was stopped ({})",
-                a.stop_reason.as_deref().unwrap_or("stopped")
+            ActorStatus::Failed(reason) => Some((format!("{who} failed: {reason}"), false)),
+            ActorStatus::Stopped => Some((
+                format!(
+                    "{who} was stopped ({})",
+                    a.stop_reason.as_deref().unwrap_or("stopped")
+                ),
+                true,
             )),
             _ => None,
         }
@@ -277,20 +284,16 @@ impl Inner {
         let inner = Arc::clone(self);
         let actor = actor.to_string();
         tokio::spawn(async move {
+            let not_running = || {
+                let (why, stopped) = inner
+                    .why_not_running(&actor)
+                    .unwrap_or_else(|| (format!("actor {actor} ended"), false));
+                ReplyItem::unanswered(index, &why, stopped)
+            };
             let item = match handle {
-                None => ReplyItem::failed(
-                    index,
-                    &inner
-                        .why_not_running(&actor)
-                        .unwrap_or_else(|| format!("no actor {actor}")),
-                ),
+                None => not_running(),
                 Some(handle) => match handle.wait_started().await {
-                    ActorStatus::Failed(_) | ActorStatus::Stopped => ReplyItem::failed(
-                        index,
-                        &inner
-                            .why_not_running(&actor)
-                            .unwrap_or_else(|| format!("actor {actor} ended")),
-                    ),
+                    ActorStatus::Failed(_) | ActorStatus::Stopped => not_running(),
                     _ => ReplyItem::ok(index, Vec::new()),
                 },
             };

@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 
 use super::{lock, Inner, ProcAgent};
 use crate::cast::codec::ReplyTo;
-use crate::cast::reply::{decode_reply, encode_reply, ReplyItem, ReplyStatus};
+use crate::cast::reply::{decode_reply, encode_reply, ReplyItem};
 use hyperactor::channel::log_limit::LogLimit;
 
 /// Takes the replies that arrive under one key.
@@ -125,7 +125,7 @@ impl Inner {
 
     /// `proc` died: reducers stop waiting for children on it; calls from this process
     /// are answered for every rank whose message went through it (REP-2).
-    pub(super) fn replies_after_death(&self, proc: &ProcId, reason: &str) {
+    pub(super) fn replies_after_death(&self, proc: &ProcId, reason: &str, stopped: bool) {
         let reducers: Vec<(u64, Arc<Reducer>)> = lock(&self.replies)
             .iter()
             .filter_map(|(key, slot)| match slot {
@@ -147,7 +147,9 @@ impl Inner {
             }
             for index in lost {
                 state.pending.remove(&index);
-                state.got.push(ReplyItem::failed(index, reason));
+                state
+                    .got
+                    .push(ReplyItem::unanswered(index, reason, stopped));
             }
             self.finish_if_done(key, &reducer, state);
         }
@@ -268,7 +270,7 @@ impl ReplySink for CallInner {
         state.messages += 1;
         for item in items {
             if state.expected.contains(&item.index) && !state.items.contains_key(&item.index) {
-                state.failed |= state.fail_fast && item.status == ReplyStatus::Failed;
+                state.failed |= state.fail_fast && item.is_unanswered();
                 state.items.insert(item.index, item);
             }
         }
@@ -282,7 +284,7 @@ impl ReplySink for CallInner {
 
 /// The replies of one call, collected under a key of this process's reply router: one
 /// item per expected index (REP-1), complete when every index answered or one cannot
-/// (a [`ReplyStatus::Failed`] item ends the wait at once). Dropping it frees the key.
+/// (a [`ReplyStatus::Failed`] or [`ReplyStatus::Stopped`] item ends the wait at once). Dropping it frees the key.
 pub struct CallReplies {
     agent: Weak<Inner>,
     to: ReplyTo,
@@ -342,6 +344,12 @@ impl CallReplies {
     /// Where the replies go.
     pub fn reply_to(&self) -> &ReplyTo {
         &self.to
+    }
+
+    /// Answers for some indices from this process (a cast that could not be sent, for
+    /// instance), as if the items had arrived.
+    pub fn answer(&self, items: Vec<ReplyItem>) {
+        self.inner.deliver(items);
     }
 
     /// Whether the call is complete.
@@ -497,6 +505,11 @@ impl ReplyQueue {
             }
             notified.await;
         }
+    }
+
+    /// Answers from this process, as if the items had arrived.
+    pub fn answer(&self, items: Vec<ReplyItem>) {
+        self.inner.deliver(items);
     }
 
     /// Puts `item` back at the front (a reader that took more than it could use).

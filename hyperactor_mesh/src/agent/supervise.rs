@@ -196,18 +196,63 @@ impl Inner {
         self.report_to_owner(&owner, &failure);
     }
 
-    /// A proc died (its host's report, or this agent's own conclusion).
+    /// Records `proc` as dead; false if it was already (as confirmed, when `confirmed`).
+    fn mark_dead(&self, death: &ProcDeath, confirmed: bool) -> bool {
+        let mut dead = lock(&self.dead);
+        match dead.get(&death.proc_id) {
+            Some(d) if d.confirmed || !confirmed => return false,
+            _ => {}
+        }
+        let known = dead
+            .insert(
+                death.proc_id.clone(),
+                super::Dead {
+                    death: death.clone(),
+                    confirmed,
+                },
+            )
+            .is_some();
+        drop(dead);
+        if !known {
+            let mut recent = lock(&self.dead_recent);
+            if recent.len() == super::DEAD_IN_HEADERS {
+                recent.pop_front();
+            }
+            recent.push_back(death.proc_id.clone());
+        }
+        true
+    }
+
+    /// A cast from `origin` says `proc` is dead: unblock what waits for it (held
+    /// messages, reducers, calls); its host's report, if this agent watches it, is
+    /// still what reaches the owners of meshes on it.
+    pub(super) fn hearsay_death(self: &Arc<Self>, proc: &ProcId, origin: &ActorId) {
+        if lock(&self.dead).contains_key(proc) {
+            return;
+        }
+        let death = ProcDeath {
+            proc_id: proc.clone(),
+            pid: 0,
+            end: crate::supervision::ProcEnd::Lost {
+                reason: format!("it is gone (as {origin} reported)"),
+            },
+            expected: false,
+        };
+        if self.mark_dead(&death, false) {
+            self.release_held();
+            self.replies_after_death(proc, &death.to_string(), false);
+        }
+    }
+
+    /// A proc died (its host's report).
     pub(super) fn on_proc_died(self: &Arc<Self>, death: ProcDeath) {
         let proc = death.proc_id.clone();
-        if lock(&self.dead)
-            .insert(proc.clone(), death.clone())
-            .is_some()
-        {
+        if !self.mark_dead(&death, true) {
             return;
         }
         let reason = death.to_string();
         self.release_held();
-        self.replies_after_death(&proc, &reason);
+        self.replies_after_death(&proc, &reason, death.expected);
         if death.expected {
             return;
         }
@@ -275,10 +320,10 @@ impl Inner {
         }
         if let Some(Ok(route)) = envelope.header.extra.as_deref().map(Route::decode) {
             if let Some(to) = &route.reply {
-                let why = self
+                let (why, stopped) = self
                     .why_not_running(dest.actor().name())
-                    .unwrap_or_else(|| reason.to_string());
-                self.send_items(to, vec![ReplyItem::failed(route.index, &why)]);
+                    .unwrap_or_else(|| (reason.to_string(), false));
+                self.send_items(to, vec![ReplyItem::unanswered(route.index, &why, stopped)]);
             }
             return;
         }

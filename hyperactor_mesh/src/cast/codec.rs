@@ -169,6 +169,10 @@ pub struct CastHeader {
     pub fanout: u16,
     /// This node's chunk: this node first, then the receivers it relays to.
     pub entries: Vec<Entry>,
+    /// Procs the sender knows are gone (the most recent ones): a receiver holding a
+    /// message for a sequence gap learns from this that the gap may never fill (the
+    /// missing message may have died with a relay), see [`super::order`].
+    pub dead: Vec<ProcId>,
 }
 
 impl CastHeader {
@@ -266,6 +270,7 @@ mod tests {
                     proc: proc.clone(),
                 })
                 .collect(),
+            dead: vec![proc.clone()],
         }
     }
 

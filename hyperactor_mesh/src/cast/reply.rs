@@ -39,9 +39,12 @@ pub enum ReplyStatus {
     Ok = 0,
     /// The handler raised an error that the caller receives (the actor lives on).
     Error = 1,
-    /// The receiver cannot answer: the actor failed or stopped, its process is gone,
-    /// or the message could not reach it. One part: the reason, in UTF-8.
+    /// The receiver cannot answer: the actor failed, its process died, or the message
+    /// could not reach it. One part: the reason, in UTF-8.
     Failed = 2,
+    /// The receiver cannot answer because it was stopped (or its proc was): not a
+    /// failure. One part: the reason, in UTF-8.
+    Stopped = 3,
 }
 
 impl ReplyStatus {
@@ -50,6 +53,7 @@ impl ReplyStatus {
             0 => Some(Self::Ok),
             1 => Some(Self::Error),
             2 => Some(Self::Failed),
+            3 => Some(Self::Stopped),
             _ => None,
         }
     }
@@ -94,10 +98,33 @@ impl ReplyItem {
         }
     }
 
-    /// The reason of a [`ReplyStatus::Failed`] item (empty for other items).
+    /// The receiver cannot answer because it was stopped, for `reason`.
+    pub fn stopped(index: u32, reason: &str) -> Self {
+        Self {
+            index,
+            status: ReplyStatus::Stopped,
+            parts: vec![Bytes::copy_from_slice(reason.as_bytes())],
+        }
+    }
+
+    /// [`ReplyItem::stopped`] or [`ReplyItem::failed`].
+    pub fn unanswered(index: u32, reason: &str, stopped: bool) -> Self {
+        if stopped {
+            Self::stopped(index, reason)
+        } else {
+            Self::failed(index, reason)
+        }
+    }
+
+    /// Whether the receiver cannot answer (failed or stopped).
+    pub fn is_unanswered(&self) -> bool {
+        matches!(self.status, ReplyStatus::Failed | ReplyStatus::Stopped)
+    }
+
+    /// The reason of an item that is not an answer (empty for other items).
     pub fn reason(&self) -> String {
-        match (self.status, self.parts.first()) {
-            (ReplyStatus::Failed, Some(part)) => String::from_utf8_lossy(part).into_owned(),
+        match (self.is_unanswered(), self.parts.first()) {
+            (true, Some(part)) => String::from_utf8_lossy(part).into_owned(),
             _ => String::new(),
         }
     }

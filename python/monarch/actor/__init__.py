@@ -1,26 +1,24 @@
 """Monarch's actor API: actors, endpoints, meshes of hosts, procs and actors, futures.
 
-See API.md §1 for the contract; the implementation lives in ``monarch._src.actor``.
+Guides: ``docs/getting_started.md`` and ``docs/supervision.md``; the implementation
+lives in ``monarch._src.actor``.
 """
 
 from collections.abc import Callable as _Callable
 
-from monarch._src.actor.actor_mesh import (
-    Actor,
-    ActorError,
-    ActorMesh,
+from monarch._src.actor.actor import Actor
+from monarch._src.actor.actor_mesh import ActorMesh, get_or_spawn_controller
+from monarch._src.actor.channel import Accumulator, Channel, Port, PortReceiver, send
+from monarch._src.actor.context import (
     Context,
     Instance,
-    Port,
-    SupervisionError,
     context,
     current_actor_name,
     current_rank,
     current_size,
-    get_or_spawn_controller,
 )
-from monarch._src.actor.channel import Accumulator, Channel, PortReceiver, send
 from monarch._src.actor.endpoint import Endpoint, as_endpoint, concurrent_endpoint, endpoint
+from monarch._src.actor.errors import ActorError, SupervisionError
 from monarch._src.actor.extent import Extent
 from monarch._src.actor.future import Future
 from monarch._src.actor.point import Point

@@ -1,10 +1,11 @@
-"""Ports and channels (API.md §1.8): ``Channel.open``, ``PortReceiver``, ``send`` and
+"""Ports and channels: ``Channel.open``, ``Port``, ``PortReceiver``, ``send`` and
 ``Accumulator``.
 
-A channel is a reply queue of this process's inbox (see ``hyperactor_mesh::inbox``):
-``Channel.open()`` returns a :class:`~monarch._src.actor.actor_mesh.Port` naming it, which
-pickles as a reference and can be handed to any actor, and a :class:`PortReceiver`
-reading it. Messages from one sender arrive in the order sent.
+A channel is a queue of replies of this process's agent: ``Channel.open()`` returns a
+:class:`Port` naming it, which pickles as a reference and can be handed to any actor,
+and a :class:`PortReceiver` reading it. Messages from one sender arrive in the order
+sent. An endpoint declared with ``explicit_response_port=True`` receives the
+:class:`Port` its caller waits on.
 """
 
 from __future__ import annotations
@@ -13,14 +14,52 @@ import random
 from collections.abc import Callable
 from typing import Any, Generic, Literal, TypeVar
 
-from monarch._src.actor import runtime
-from monarch._src.actor.actor_mesh import ActorError, Port, SupervisionError
-from monarch._src.actor.endpoint import DIRECT, Endpoint, _header
+from monarch._rust_bindings import PortHandle, ReplyQueue
+from monarch._src.actor import process
+from monarch._src.actor.context import sender
+from monarch._src.actor.endpoint import Endpoint
+from monarch._src.actor.errors import ActorError
 from monarch._src.actor.future import Future
-from monarch._src.actor.runtime import ERROR, OK, decode_replies
+from monarch._src.actor.pickling import dumps, dumps_value
+from monarch._src.actor.replies import ERROR, OK, MeshInfo, decode
+
+__all__ = ["Accumulator", "Channel", "Port", "PortReceiver", "send"]
 
 R = TypeVar("R")
 A = TypeVar("A")
+
+
+class Port(Generic[R]):
+    """Where an explicit-response endpoint sends its reply (``send``/``exception``),
+    any time later and from any thread; also one end of a ``Channel``. Pickles as a
+    reference."""
+
+    #: Whether a message that cannot be delivered goes back to its sender.
+    return_undeliverable = True
+
+    def __init__(self, handle: PortHandle | None) -> None:
+        #: ``None``: nobody receives (an explicit-port endpoint reached by ``broadcast``).
+        self._handle = handle
+
+    def send(self, obj: R) -> None:
+        """Send ``obj`` to the port's receiver."""
+        if self._handle is not None:
+            self._handle.send(sender(), OK, dumps_value(obj))
+
+    def exception(self, exc: BaseException) -> None:
+        """Make the receiver raise ``exc`` (as an ``ActorError``)."""
+        if self._handle is not None:
+            err = exc if isinstance(exc, ActorError) else ActorError(exc)
+            self._handle.send(sender(), ERROR, [dumps(err._to_wire())])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Port, (self._handle,))
+
+    def __repr__(self) -> str:
+        return repr(self._handle)
+
+
+_CHANNEL = MeshInfo("channel", "Channel", None, False)
 
 
 class _Receive:
@@ -31,41 +70,33 @@ class _Receive:
 
     def wait(self, timeout: float | None) -> Any:
         self._receiver._check_open()
-        if self._receiver._extra:
-            return self._receiver._take(self._receiver._extra.pop(0))
-        queue = self._receiver._queue
         try:
-            parts = queue.get(timeout)
+            item = self._receiver._queue.get(timeout)
         except TimeoutError:
             raise TimeoutError(
                 f"nothing received on {self._receiver} within {timeout} s; recv() again or "
                 "await it later"
             ) from None
-        return self._receiver._decode(parts)
+        return self._receiver._take(item)
 
     async def wait_async(self) -> Any:
         self._receiver._check_open()
-        if self._receiver._extra:
-            return self._receiver._take(self._receiver._extra.pop(0))
         queue = self._receiver._queue
-        parts = queue.try_get()
-        if parts is None:
-            parts = await queue.recv()
-        return self._receiver._decode(parts)
+        item = queue.try_get()
+        if item is None:
+            item = await queue.recv()
+        return self._receiver._take(item)
 
 
 class PortReceiver(Generic[R]):
     """The receiving end of a channel. ``recv()`` returns a lazy future of the next
     message; a message sent with ``Port.exception`` raises there."""
 
-    def __init__(self, queue: Any, *, ranked: bool = False, once: bool = False) -> None:
+    def __init__(self, queue: ReplyQueue, *, ranked: bool = False, once: bool = False) -> None:
         self._queue = queue
         self._ranked = ranked
         self._once = once
         self._received = 0
-        #: Replies that came in one message with the one returned (e.g. failures of
-        #: several ranks reported at once), returned next.
-        self._extra: list[tuple[int, int, Any]] = []
 
     def _check_open(self) -> None:
         if self._once and self._received >= 1:
@@ -74,27 +105,17 @@ class PortReceiver(Generic[R]):
                 "message; open a new channel to receive more"
             )
 
-    def _decode(self, parts: list[bytes]) -> Any:
-        first, *self._extra = decode_replies(parts)
-        return self._take(first)
-
-    def _take(self, reply: tuple[int, int, Any]) -> Any:
-        index, status, value = reply
+    def _take(self, item: tuple[int, int, list[bytes]]) -> Any:
         self._received += 1
-        if self._once and self._received == 1:
-            self._queue.close()
-        if status == OK:
-            return (index, value) if self._ranked else value
-        if status == ERROR:
-            raise ActorError._from_wire(value)
-        raise SupervisionError(value)
+        value = decode([item], _CHANNEL, "a message")[0]
+        return (item[0], value) if self._ranked else value
 
     def recv(self) -> Future[R]:
         """The next message, as a future (``get()`` or ``await`` it)."""
         return Future(impl=_Receive(self))
 
     def __repr__(self) -> str:
-        return f"PortReceiver({self._queue.port}#{self._queue.key:#x})"
+        return f"PortReceiver({self._queue.port()!r})"
 
 
 class Channel(Generic[R]):
@@ -103,17 +124,15 @@ class Channel(Generic[R]):
     @staticmethod
     def open(once: bool = False) -> tuple[Port[R], PortReceiver[R]]:
         """A new port and its receiver (``once``: the port takes one message)."""
-        ctx = runtime.process_context()
-        queue = ctx.inbox.reply_queue()
-        return Port(ctx.port_id, queue.key, 0), PortReceiver(queue, once=once)
+        queue = process.get().agent.reply_queue()
+        return Port(queue.port()), PortReceiver(queue, once=once)
 
     @staticmethod
     def open_ranked(once: bool = False) -> tuple[Port[R], PortReceiver[tuple[int, R]]]:
         """Like :meth:`open`, but the receiver yields ``(rank, value)``: the rank of the
         sender in the mesh view a ``send(..., port=port)`` was addressed to."""
-        ctx = runtime.process_context()
-        queue = ctx.inbox.reply_queue()
-        return Port(ctx.port_id, queue.key, 0), PortReceiver(queue, ranked=True, once=once)
+        queue = process.get().agent.reply_queue()
+        return Port(queue.port()), PortReceiver(queue, ranked=True, once=once)
 
 
 def send(
@@ -134,15 +153,15 @@ def send(
         raise TypeError(f"send(): port must be a Port from Channel.open(), got {port!r}")
     mesh = endpoint._mesh
     payload = endpoint._payload(tuple(args), dict(kwargs))
-    ref = mesh._ref
-    ranks = mesh._targets
+    index = None
     if selection == "choose":
-        if not ranks:
+        if len(mesh) == 0:
             raise ValueError(f"send(selection='choose') to {mesh._describe()}, which is empty")
-        ranks = [random.choice(ranks)]
-    reply = (port._port_id, port._reply_key) if port is not None else None
-    parts = [_header(mesh, endpoint._name), *payload]
-    ref.group.cast(ref.key, ranks, parts, reply, None, DIRECT)
+        index = random.randrange(len(mesh))
+    if port is None:
+        mesh._send(endpoint._name, payload, "broadcast", index=index)
+    else:
+        mesh._send(endpoint._name, payload, "port", port=port._handle, index=index)
 
 
 class Accumulator(Generic[R, A]):

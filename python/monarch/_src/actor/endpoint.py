@@ -17,7 +17,7 @@ what a mesh's attribute is: with ``counter = procs.spawn("counter", Counter)``,
 method:
 
 >>> import asyncio
->>> from monarch._src.actor.actor_mesh import Actor
+>>> from monarch._src.actor.actor import Actor
 >>> class Counter(Actor):
 ...     def __init__(self) -> None:
 ...         self.value = 0
@@ -31,17 +31,15 @@ method:
 >>> list(Counter.incr._signature.parameters)  # what callers pass, checked at call time
 ['by']
 
-This module needs the actor mesh only for typing: meshes, their shared ``_ref`` and
-``Port`` are duck-typed here, so ``actor_mesh`` imports this module and never the other
-way round.
+This module needs the actor mesh only for typing: a mesh is duck-typed here (its
+``_send`` and ``_stream`` do the sending), so ``actor_mesh`` imports this module and
+never the other way round.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import pickle
-import random
 from collections.abc import Callable, Coroutine, Iterator
 from typing import (
     TYPE_CHECKING,
@@ -55,15 +53,13 @@ from typing import (
     overload,
 )
 
-from monarch._src.actor import runtime
-from monarch._src.actor.errors import SupervisionError
 from monarch._src.actor.future import Future
-from monarch._src.actor.replies import _Failed, _Reindex, _Replies, _StreamOne, _StreamShared
-from monarch._src.actor.runtime import dumps
+from monarch._src.actor.pickling import dumps, dumps_call
 from monarch._src.actor.value_mesh import ValueMesh
 
 if TYPE_CHECKING:
-    from monarch._src.actor.actor_mesh import ActorMesh, Port
+    from monarch._src.actor.actor_mesh import ActorMesh
+    from monarch._src.actor.channel import Port
 
 __all__ = [
     "Endpoint",
@@ -343,10 +339,10 @@ class Endpoint(Generic[P, R]):
         self._explicit = explicit
 
     def _qualname(self) -> str:
-        return f"{self._mesh._ref.class_name}.{self._name}"
+        return f"{self._mesh._class_name}.{self._name}"
 
     def _payload(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes]:
-        info = self._mesh._ref.info
+        info = self._mesh._info
         ep = info.endpoints.get(self._name) if info is not None else None
         if ep is not None:
             try:
@@ -356,7 +352,7 @@ class Endpoint(Generic[P, R]):
                     f"wrong arguments for endpoint {self._qualname()}{ep._signature}: {e}"
                 ) from None
         try:
-            return runtime.dumps_call(args, kwargs)
+            return dumps_call(args, kwargs)
         except Exception as e:
             culprit = _find_unpicklable(args, kwargs)
             raise TypeError(
@@ -366,32 +362,36 @@ class Endpoint(Generic[P, R]):
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call every actor of the view; a future of a ValueMesh of their replies."""
-        return _cast(self._mesh, self._name, self._payload(args, kwargs), "call")
+        fut: Future[ValueMesh[R]] = self._mesh._send(
+            self._name, self._payload(args, kwargs), "call"
+        )
+        return fut
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the only actor of the view (ValueError if there are several)."""
-        n = len(self._mesh._targets)
+        n = len(self._mesh)
         if n != 1:
             raise ValueError(
                 f"call_one() needs a mesh of exactly 1 actor, but {self._mesh._describe()} "
                 f"has {n}; use call(), or slice the mesh down to one actor first"
             )
-        return _cast(self._mesh, self._name, self._payload(args, kwargs), "one")
+        one: Future[R] = self._mesh._send(self._name, self._payload(args, kwargs), "one")
+        return one
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one actor of the view, picked by the runtime."""
         if len(self._mesh) == 0:
             raise ValueError(f"choose() on {self._mesh._describe()}, which has no actors")
-        return _cast(self._mesh, self._name, self._payload(args, kwargs), "choose")
+        chosen: Future[R] = self._mesh._send(self._name, self._payload(args, kwargs), "choose")
+        return chosen
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[Future[R]]:
         """Call every actor; yields one future per actor, in reply arrival order."""
-        payload = self._payload(args, kwargs)
-        return _stream(self._mesh, self._name, payload)
+        return self._mesh._stream(self._name, self._payload(args, kwargs))
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every actor without waiting for replies (exceptions fail the actor)."""
-        _cast(self._mesh, self._name, self._payload(args, kwargs), "broadcast")
+        self._mesh._send(self._name, self._payload(args, kwargs), "broadcast")
 
     # Hidden from type checkers, so that calling an endpoint of a mesh directly is a type
     # error, as it is an error at run time.
@@ -419,98 +419,6 @@ def _find_unpicklable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     return "?"
 
 
-def _header(mesh: ActorMesh[Any], method: str) -> bytes:
-    """The pickled ``(method, labels, sizes)`` every receiver of a cast gets."""
-    cache = mesh._method_headers
-    header = cache.get(method)
-    if header is None:
-        shape = mesh._mesh_shape
-        header = cache[method] = pickle.dumps(
-            (method, tuple(shape.labels), tuple(shape.ndslice.sizes)), protocol=5
-        )
-    return header
-
-
-#: ``Inbox.cast`` reply modes.
-NO_REPLY, DIRECT, REDUCE = 0, 1, 2
-
-
-@overload
-def _cast(
-    mesh: ActorMesh[Any],
-    method: str,
-    payload: list[bytes],
-    mode: Literal["broadcast"],
-    collect: None = None,
-) -> None: ...
-@overload
-def _cast(
-    mesh: ActorMesh[Any],
-    method: str,
-    payload: list[bytes],
-    mode: Literal["call", "one", "choose"],
-    collect: Callable[[ValueMesh[Any]], Any] | None = None,
-) -> Future[Any]: ...
-def _cast(
-    mesh: ActorMesh[Any],
-    method: str,
-    payload: list[bytes],
-    mode: str,
-    collect: Callable[[ValueMesh[Any]], Any] | None = None,
-) -> Future[Any] | None:
-    """Send ``payload`` to the actors of ``mesh`` (one of them for ``choose``); the future
-    of their replies, or ``None`` for ``broadcast``."""
-    ref = mesh._ref
-    endpoint = f"{ref.class_name}.{method}"
-    proc = runtime.process_context()
-    shape = mesh._mesh_shape
-    ranks = mesh._targets
-    if mode == "choose":
-        ranks = [random.choice(ranks)]
-    if ref.stopped is not None and not method.startswith("__"):
-        err = SupervisionError(
-            f"actor mesh {ref.name!r} ({ref.class_name}) was stopped ({ref.stopped}); "
-            f"calling {endpoint} on it is an error",
-            endpoint,
-        )
-        if mode == "broadcast":
-            raise err
-        return Future(impl=_Failed(err))
-    parts = [_header(mesh, method), *payload]
-    if mode == "broadcast":
-        ref.group.cast(ref.key, ranks, parts, None, None, NO_REPLY)
-        return None
-    queue = proc.inbox.reply_queue()
-    replies: _Replies
-    if mode == "call":
-
-        def finish(values: list[Any]) -> Any:
-            vm = ValueMesh(shape, values)
-            return collect(vm) if collect is not None else vm
-
-        replies = _Replies(queue, len(ranks), endpoint, finish)
-    elif mode == "choose":
-        # The one reply carries the chosen rank's index: remap it to slot 0.
-        replies = _Replies(_Reindex(queue, ranks[0][0]), 1, endpoint, lambda v: v[0])
-    else:
-        replies = _Replies(queue, 1, endpoint, lambda v: v[0])
-    cast_mode = REDUCE if mode == "call" else DIRECT
-    ref.group.cast(ref.key, ranks, parts, (proc.port_id, queue.key), replies, cast_mode)
-    return Future(impl=replies)
-
-
-def _stream(mesh: ActorMesh[Any], method: str, payload: list[bytes]) -> Iterator[Future[Any]]:
-    ref = mesh._ref
-    endpoint = f"{ref.class_name}.{method}"
-    proc = runtime.process_context()
-    ranks = mesh._targets
-    queue = proc.inbox.reply_queue()
-    shared = _StreamShared(queue, endpoint)
-    parts = [_header(mesh, method), *payload]
-    ref.group.cast(ref.key, ranks, parts, (proc.port_id, queue.key), shared, DIRECT)
-    return iter([Future(impl=_StreamOne(shared)) for _ in ranks])
-
-
 # --- methods that are not endpoints ------------------------------------------------------------
 
 
@@ -524,7 +432,7 @@ class _NotAnEndpoint:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(
-            f"{self._name} is not an endpoint of {self._mesh._ref.class_name}: mark it with "
+            f"{self._name} is not an endpoint of {self._mesh._class_name}: mark it with "
             f"@endpoint, or call it as as_endpoint(mesh.{self._name}).call(...)"
         )
 
@@ -561,8 +469,9 @@ def as_endpoint(
         )
     mesh = not_an_endpoint._mesh
     name = not_an_endpoint._name
-    ref = mesh._ref
-    if name not in ref.endpoints:
-        method = getattr(ref.info.cls, name) if ref.info is not None else None
-        ref.endpoints[name] = (inspect.iscoroutinefunction(method), explicit_response_port)
+    endpoints = mesh._endpoints
+    if name not in endpoints:
+        info = mesh._info
+        method = getattr(info.cls, name) if info is not None else None
+        endpoints[name] = (inspect.iscoroutinefunction(method), explicit_response_port)
     return Endpoint(mesh, name, explicit_response_port)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monarch._src.actor import runtime
-from monarch._src.actor.runtime import dumps, loads
+from monarch._src.actor.pickling import dumps, format_exception, loads
 
 
 class ActorError(Exception):
@@ -25,9 +24,7 @@ class ActorError(Exception):
         self.exception = exception
         self.message = message
         self.exception_formatted = (
-            exception_formatted
-            if exception_formatted is not None
-            else runtime.format_exception(exception)
+            exception_formatted if exception_formatted is not None else format_exception(exception)
         )
         super().__init__(message)
 

@@ -1,171 +1,157 @@
-"""Collecting replies: the Future implementations behind the adverbs.
+"""Turning replies into results: the Future implementations behind the adverbs.
 
-Each call has a reply queue of this process's inbox. ``_Replies`` gathers one reply per
-target (``call``, ``call_one``, ``choose``), ``_StreamOne`` takes the next one
-(``stream``). Replies are de-duplicated by rank: a proc's death notice answers for the
-ranks still owed, and a real reply that arrived first wins.
+The runtime collects a call's replies (one per rank, reduced over the cast tree) and
+hands them over as items ``(index, status, parts)``; this module unpickles them:
+
+- status ``OK``: the value (its pickle, then its out-of-band buffers);
+- ``ERROR``: an ``ActorError`` the endpoint raised (the actor lives on);
+- ``FAILED`` / ``STOPPED``: the rank cannot answer (its actor failed or was stopped,
+  its proc is gone): ``SupervisionError`` with the runtime's reason. A failed rank of a
+  mesh the client owns first waits for the root hook's verdict on that mesh (see
+  :func:`monarch._src.actor.supervision.await_verdict`).
+
+A call's future raises ``SupervisionError`` if a rank cannot answer, else the first
+``ActorError``, else gives the values.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from monarch._src.actor import runtime
+from monarch._rust_bindings import CallReplies, ReplyQueue
+from monarch._rust_bindings import Future as RustFuture
 from monarch._src.actor.errors import ActorError, SupervisionError
-from monarch._src.actor.runtime import ERROR, OK, decode_replies
+from monarch._src.actor.pickling import loads
+from monarch._src.actor.supervision import await_verdict
+
+__all__ = ["ERROR", "FAILED", "OK", "STOPPED", "CallFuture", "Failed", "RustWork", "StreamOne"]
+
+R = TypeVar("R")
+
+#: Reply statuses (the runtime's).
+OK, ERROR, FAILED, STOPPED = 0, 1, 2, 3
+
+Item = tuple[int, int, list[bytes]]
 
 
-class _Watcher:
-    """What a call watches for: the ranks it cast to, and the subtree of the cast tree
-    each heads. If a rank's proc dies, every rank whose message was relayed through it
-    is answered with ``FAILED`` (a reply that arrived first wins)."""
+class MeshInfo:
+    """What a call's errors name: the mesh, its class, and whether the client owns it
+    (then a failed rank waits for the hook's verdict)."""
 
-    def __init__(self, reply_key: int) -> None:
-        self.reply_key = reply_key
-        self._live: list[tuple[int, int]] = []
-        self._ends: list[int] = []
+    __slots__ = ("class_name", "client_owned", "mesh_id", "name")
 
-    def track(self, live: list[tuple[int, int]], ends: list[int]) -> None:
-        """``live[pos] = (index, rank)`` were cast to; ``ends`` from ``Inbox.cast``."""
-        self._live, self._ends = live, ends
-
-    def rank_failed(self, g: int, reason: str) -> None:
-        """Proc group rank ``g`` is dead (called for every pending call of the group, so
-        the lookup is a scan: only a death pays for it)."""
-        if not self._open():
-            return
-        live = self._live
-        pos = next((pos for pos, (_, rank) in enumerate(live) if rank == g), None)
-        if pos is None:
-            return
-        end = self._ends[pos]
-        i = live[pos][0]
-        ctx = runtime.process_context()
-        ctx.fail_replies(ctx.port_id, self.reply_key, [i], reason)
-        if end > pos + 1:
-            relayed = f"{reason} (the message to this rank was relayed through rank {i}'s proc)"
-            ctx.fail_replies(
-                ctx.port_id, self.reply_key, [j for j, _ in live[pos + 1 : end]], relayed
-            )
-
-    def _open(self) -> bool:
-        return True
+    def __init__(self, name: str, class_name: str, mesh_id: int | None, client_owned: bool):
+        self.name = name
+        self.class_name = class_name
+        self.mesh_id = mesh_id
+        self.client_owned = client_owned
 
 
-class _Replies(_Watcher):
-    """Collects ``expected`` replies from a reply queue (a Future implementation).
-    Partial progress survives a timeout. A ``FAILED`` reply ends the wait at once."""
+def _unanswered(item: Item, mesh: MeshInfo, endpoint: str) -> SupervisionError:
+    index, _status, parts = item
+    reason = parts[0].decode(errors="replace") if parts else "no reason given"
+    return SupervisionError(
+        f"actor mesh {mesh.name!r} ({mesh.class_name}) rank {index} cannot handle "
+        f"{endpoint}: {reason}",
+        endpoint,
+    )
+
+
+def _value(item: Item) -> Any:
+    parts = item[2]
+    return loads(parts[0], parts[1:])
+
+
+def decode(items: list[Item], mesh: MeshInfo, endpoint: str, raw: bool = False) -> list[Any]:
+    """The values of ``items`` in index order (their parts, when ``raw``), or raise the
+    call's error."""
+    error: ActorError | None = None
+    for item in items:
+        status = item[1]
+        if status == FAILED or status == STOPPED:
+            if status == FAILED and mesh.client_owned and mesh.mesh_id is not None:
+                await_verdict(mesh.mesh_id)
+            raise _unanswered(item, mesh, endpoint)
+        if status == ERROR and error is None:
+            error = ActorError._from_wire(_value(item))
+    if error is not None:
+        raise error
+    if raw:
+        return [item[2] for item in items]
+    return [_value(item) for item in items]
+
+
+class CallFuture(Generic[R]):
+    """A call's replies (a Future implementation): ``finish`` builds the result from the
+    values in index order."""
 
     def __init__(
         self,
-        queue: Any,
-        expected: int,
+        replies: CallReplies,
+        mesh: MeshInfo,
         endpoint: str,
-        finish: Callable[[list[Any]], Any],
+        finish: Callable[[list[Any]], R],
+        raw: bool = False,
     ) -> None:
-        super().__init__(queue.key)
-        self._queue = queue
-        self._expected = expected
+        self._replies = replies
+        self._mesh = mesh
         self._endpoint = endpoint
         self._finish = finish
-        self._values: list[Any] = [None] * expected
-        self._got = 0
-        #: Reply messages taken (a reduced call gets one per top-level subtree).
-        self.messages = 0
-        self._seen: set[int] = set()
-        self._error: BaseException | None = None
-        self._failed = False
+        self._raw = raw
 
-    def _open(self) -> bool:
-        return self._queue is not None
+    @property
+    def messages(self) -> int:
+        """How many reply messages arrived (one per top-level subtree of a reduced call)."""
+        return self._replies.messages
 
-    def _take(self, parts: list[bytes]) -> None:
-        self.messages += 1
-        for index, status, value in decode_replies(parts):
-            if index in self._seen:
-                continue
-            self._seen.add(index)
-            self._got += 1
-            if status == OK:
-                self._values[index] = value
-            elif status == ERROR:
-                if self._error is None:
-                    self._error = ActorError._from_wire(value)
-            else:
-                if not self._failed:
-                    self._error = SupervisionError(value, self._endpoint)
-                self._failed = True
+    def wait(self, timeout: float | None) -> R:
+        try:
+            items = self._replies.get(timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"{self._endpoint}: not all replies arrived within {timeout} s; the call "
+                "goes on: get() again or await to collect it"
+            ) from None
+        return self._finish(decode(items, self._mesh, self._endpoint, self._raw))
 
-    def _pending(self) -> bool:
-        return self._got < self._expected and not self._failed
+    async def wait_async(self) -> R:
+        items = await self._replies.wait()
+        if any(status == FAILED for _, status, _ in items) and self._mesh.client_owned:
+            import asyncio
 
-    def _result(self) -> Any:
-        self._queue = None  # frees the reply key
-        if self._error is not None:
-            raise self._error
-        return self._finish(self._values)
+            # The verdict wait blocks: keep it off the loop.
+            await asyncio.to_thread(decode, items, self._mesh, self._endpoint, True)
+        return self._finish(decode(items, self._mesh, self._endpoint, self._raw))
+
+
+class StreamOne:
+    """The next reply of a stream, whichever rank it comes from."""
+
+    def __init__(self, queue: ReplyQueue, mesh: MeshInfo, endpoint: str) -> None:
+        self._queue = queue
+        self._mesh = mesh
+        self._endpoint = endpoint
 
     def wait(self, timeout: float | None) -> Any:
-        if timeout is None:
-            while self._pending():
-                self._take(self._queue.get())
-            return self._result()
-        import time
-
-        deadline = time.monotonic() + timeout
-        while self._pending():
-            left = deadline - time.monotonic()
-            try:
-                parts = self._queue.get(max(0.0, left))
-            except TimeoutError:
-                raise TimeoutError(
-                    f"{self._endpoint}: {self._got} of {self._expected} replies within "
-                    f"{timeout} s; the call goes on: get() again or await to collect it"
-                ) from None
-            self._take(parts)
-        return self._result()
+        try:
+            item = self._queue.get(timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"{self._endpoint}: no reply within {timeout} s; get() again later"
+            ) from None
+        return decode([item], self._mesh, self._endpoint)[0]
 
     async def wait_async(self) -> Any:
-        while self._pending():
-            parts = self._queue.try_get()
-            if parts is None:
-                parts = await self._queue.recv()
-            self._take(parts)
-        return self._result()
+        item = self._queue.try_get()
+        if item is None:
+            item = await self._queue.recv()
+        return decode([item], self._mesh, self._endpoint)[0]
 
 
-def _item_of(parts: list[bytes], index: int) -> list[bytes]:
-    """The reply item of ``parts`` for view index ``index`` (the first if absent)."""
-    items = runtime.reply_items(parts)
-    start, end = next(((a, b) for i, a, b in items if i == index), items[0][1:])
-    return parts[start:end]
+class Failed:
+    """Work that failed before it started."""
 
-
-class _Reindex:
-    """A reply queue whose single expected reply is moved to index 0."""
-
-    def __init__(self, queue: Any, index: int) -> None:
-        self._queue = queue
-        self.key = queue.key
-        self._index = index
-
-    def _fix(self, parts: list[bytes]) -> list[bytes]:
-        return runtime.reindexed(_item_of(parts, self._index), 0)
-
-    def get(self, timeout: float | None = None) -> list[bytes]:
-        return self._fix(self._queue.get(timeout))
-
-    def try_get(self) -> list[bytes] | None:
-        parts = self._queue.try_get()
-        return None if parts is None else self._fix(parts)
-
-    async def recv(self) -> list[bytes]:
-        return self._fix(await self._queue.recv())
-
-
-class _Failed:
     def __init__(self, error: BaseException) -> None:
         self._error = error
 
@@ -176,67 +162,16 @@ class _Failed:
         raise self._error
 
 
-class _StreamShared(_Watcher):
-    def __init__(self, queue: Any, endpoint: str) -> None:
-        super().__init__(queue.key)
-        self.queue = queue
-        self.endpoint = endpoint
-        self.lock = threading.Lock()
-        self.seen: set[int] = set()
+class RustWork(Generic[R]):
+    """Work running in the runtime (a stop, a spawn's readiness), converted by
+    ``convert``."""
 
-    def fresh(self, parts: list[bytes]) -> tuple[int, Any] | None:
-        """The first new reply's (status, value), or None if all are duplicates of
-        ranks seen. Further new replies of the message are put back in the queue,
-        one message each, for the next waiter."""
-        first = None
-        again = []
-        with self.lock:
-            for index, start, end in runtime.reply_items(parts):
-                if index in self.seen:
-                    continue
-                if first is None:
-                    self.seen.add(index)
-                    first = decode_replies(parts[start:end])[0]
-                else:
-                    again.append(parts[start:end])
-        if again:
-            ctx = runtime.process_context()
-            port = ctx.port_ref(ctx.port_id)
-            for pair in again:
-                ctx.send(port, [self.queue.key_part, *pair])
-        return None if first is None else (first[1], first[2])
+    def __init__(self, fut: RustFuture[Any], convert: Callable[[Any], R]) -> None:
+        self._fut = fut
+        self._convert = convert
 
+    def wait(self, timeout: float | None) -> R:
+        return self._convert(self._fut.get(timeout))
 
-class _StreamOne:
-    """The next reply of a stream, whichever rank it comes from."""
-
-    def __init__(self, shared: _StreamShared) -> None:
-        self._shared = shared
-
-    def _value(self, status: int, value: Any) -> Any:
-        if status == OK:
-            return value
-        if status == ERROR:
-            raise ActorError._from_wire(value)
-        raise SupervisionError(value, self._shared.endpoint)
-
-    def wait(self, timeout: float | None) -> Any:
-        while True:
-            try:
-                parts = self._shared.queue.get(timeout)
-            except TimeoutError:
-                raise TimeoutError(
-                    f"{self._shared.endpoint}: no reply within {timeout} s; get() again later"
-                ) from None
-            fresh = self._shared.fresh(parts)
-            if fresh is not None:
-                return self._value(*fresh)
-
-    async def wait_async(self) -> Any:
-        while True:
-            parts = self._shared.queue.try_get()
-            if parts is None:
-                parts = await self._shared.queue.recv()
-            fresh = self._shared.fresh(parts)
-            if fresh is not None:
-                return self._value(*fresh)
+    async def wait_async(self) -> R:
+        return self._convert(await self._fut)

@@ -1,267 +1,247 @@
-"""Supervision: failures of actors and procs become ``MeshFailure``s for their owners
-(API.md §1.9; DESIGN.md "Supervision").
+"""Supervision at the root: failures that reach the client, and how the program ends.
 
-Every actor mesh has an owner: the actor that spawned it, or the client. The owner's
-*address* is ``(inbox port, key)``: an actor key for an actor, or
-:data:`SUPERVISION_KEY` of the root client's inbox for the client (procs forward
-failures of meshes spawned outside any actor to the root client too).
+The runtime carries every failure up the owner tree (see ``hyperactor_mesh``'s
+``supervision`` module): an actor's failure reaches the owner of its mesh as a
+:class:`MeshFailure`, and an owner actor's ``__supervise__`` may handle it; unhandled,
+the owner fails in turn and its own owner hears of it. Failures of meshes the client
+owns (spawned outside any actor) reach the client of the root process, where this
+module runs ``monarch.actor.unhandled_fault_hook(failure)`` — looked up at call time,
+exactly once per failed rank:
 
-Failure sources and where they are turned into ``MeshFailure``s:
+- if the hook returns, the failure is handled: the program goes on, and calls to the
+  failed rank raise ``SupervisionError``;
+- if it raises (the default does), the program prints one report, runs its ``atexit``
+  handlers and ends with exit status 1, whatever the main thread is doing.
 
-- an actor that fails (an exception from ``broadcast`` or an explicit-port endpoint, a
-  ``BaseException``, a failing ``__init__``, ``kill()``): its host thread reports it to
-  the owner and answers every later call with ``SupervisionError``;
-- a proc that exits without being asked to: the host agent (the client) reaps it at
-  once and sends a *death notice* to every process it spawned and to itself. Each
-  process then fails the calls still waiting on that proc (``SupervisionError``), makes
-  later sends to it fail at once, and reports one ``MeshFailure`` per rank of each mesh
-  it owns on that proc.
-
-An owner actor gets the failure as a message, handled in order with its others: its
-``__supervise__(failure)`` returning truthy handles it; otherwise the owner fails in
-turn, with the failure as the cause, and its own owner hears of it. At the client,
-``monarch.actor.unhandled_fault_hook(failure)`` runs (looked up at call time): returning
-normally handles the failure; raising (the default exits) prints the report and
-interrupts the main thread, so the program stops with a non-zero status.
+Determinism: a call on a mesh the client owns that ends with a failed rank waits for
+the hook's verdict on that mesh (:func:`await_verdict`) before raising
+``SupervisionError``: the failure report and the failed reply come from the same event,
+so the hook decides first, every time.
 """
 
 from __future__ import annotations
 
-import _thread
-import pickle
-import signal
+import os
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
-from monarch._src.actor import runtime
-from monarch._src.actor.runtime import ProcessContext, dumps, key_part
+from monarch._rust_bindings import MeshFailure as _RustMeshFailure
+from monarch._src.actor import process
 
 if TYPE_CHECKING:
     from monarch._src.actor.actor_mesh import ActorMesh
 
-#: The root client's queue of failures of meshes it owns.
-SUPERVISION_KEY = 1
-
-#: An owner's address: (inbox port id, key).
-Owner = tuple[str, int]
+__all__ = [
+    "MeshFailure",
+    "await_verdict",
+    "start_root_supervision",
+    "unhandled_fault_hook",
+]
 
 
 class MeshFailure:
     """A failure of one rank of an actor mesh, for the mesh's owner.
 
     ``mesh_name`` is the name given to ``spawn``; ``rank`` the failed rank in the proc
-    mesh the actors were spawned on; ``proc_id`` the proc it lived on; ``report()``
-    the readable account, cause chain included. ``mesh`` is the owner's handle of the
-    failed mesh (``None`` where the owner holds none).
+    mesh the actors were spawned on; ``proc_id`` and ``pid`` the process it lived on;
+    ``reason`` what happened (an exception's traceback, an exit status, a signal, a lost
+    connection); ``cause`` the failure that led to this one, if any; ``report()`` the
+    readable account, causes included. ``mesh`` is the owner's handle of the failed mesh
+    (``None`` where the owner holds none).
     """
 
-    def __init__(
-        self,
-        *,
-        mesh_name: str,
-        mesh_key: int,
-        class_name: str,
-        rank: int,
-        proc_id: str,
-        reason: str,
-        cause: MeshFailure | None = None,
-    ) -> None:
-        self.mesh_name = mesh_name
-        self.mesh_key = mesh_key
-        self.class_name = class_name
-        self.rank = rank
-        self.proc_id = proc_id
-        self.reason = reason
-        self.cause = cause
+    __slots__ = ("_failure",)
+
+    def __init__(self, failure: _RustMeshFailure) -> None:
+        self._failure = failure
+
+    @property
+    def mesh_name(self) -> str:
+        return self._failure.mesh_name
+
+    @property
+    def mesh_id(self) -> int:
+        return self._failure.mesh_id
+
+    @property
+    def class_name(self) -> str:
+        return self._failure.class_name
+
+    @property
+    def rank(self) -> int:
+        return self._failure.rank
+
+    @property
+    def proc_id(self) -> str:
+        return self._failure.proc_id
+
+    @property
+    def pid(self) -> int | None:
+        return self._failure.pid
+
+    @property
+    def actor_id(self) -> str | None:
+        return self._failure.actor_id
+
+    @property
+    def reason(self) -> str:
+        return self._failure.reason
+
+    @property
+    def cause(self) -> MeshFailure | None:
+        cause = self._failure.cause
+        return MeshFailure(cause) if cause is not None else None
 
     @property
     def mesh(self) -> ActorMesh[Any] | None:
-        owned = runtime.process_context().owned.get(self.mesh_key)
-        return owned.mesh if owned is not None else None
-
-    def _headline(self) -> str:
-        return (
-            f"actor mesh {self.mesh_name!r} ({self.class_name}) rank {self.rank} on proc "
-            f"{self.proc_id} failed"
-        )
+        state = process.peek()
+        return state.owned.get(self.mesh_id) if state is not None else None
 
     def report(self) -> str:
         """The failure, its reason and its causes, for people."""
-        lines = [f"{self._headline()}:", _indent(self.reason.rstrip())]
-        cause = self.cause
-        while cause is not None:
-            lines.append(f"caused by: {cause._headline()}:")
-            lines.append(_indent(cause.reason.rstrip()))
-            cause = cause.cause
-        return "\n".join(lines)
+        return self._failure.report()
 
     def __str__(self) -> str:
-        first = self.reason.strip().splitlines()[-1] if self.reason.strip() else ""
-        return f"{self._headline()}: {first}"
+        return str(self._failure)
 
     def __repr__(self) -> str:
-        return f"MeshFailure({self})"
+        return f"MeshFailure({self._failure})"
 
-
-def _indent(text: str) -> str:
-    return "\n".join("    " + line for line in text.splitlines())
-
-
-def default_owner(ctx: ProcessContext) -> Owner:
-    """Where failures of meshes spawned outside any actor go: the root client."""
-    return (ctx.root_port, SUPERVISION_KEY)
-
-
-def route(ctx: ProcessContext, owner: Owner, failure: MeshFailure) -> None:
-    """Deliver ``failure`` to ``owner``."""
-    port, key = owner
-    if key == SUPERVISION_KEY:
-        parts = [key_part(key), dumps(failure)]
-    else:
-        header = pickle.dumps(("__supervise__", (), ()), protocol=5)
-        parts = [key_part(key), runtime.NO_ROUTE, header, dumps(((failure,), {}))]
-    try:
-        ctx.send(ctx.port_ref(port), parts)
-    except Exception as e:  # the owner's process is gone: nobody left to tell
-        print(f"monarch: cannot report {failure} to its owner: {e}", file=sys.stderr)
-
-
-# --- the client's end -----------------------------------------------------------------
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (MeshFailure, (self._failure,))
 
 
 def unhandled_fault_hook(failure: MeshFailure) -> None:
-    """The default hook for failures nobody handled: print the report and exit
-    non-zero. Reassign ``monarch.actor.unhandled_fault_hook`` to change it."""
+    """The default hook for failures nobody handled: stop the program with exit status
+    1 (the report is printed). Reassign ``monarch.actor.unhandled_fault_hook``."""
     sys.exit(1)
 
 
-def start_client_supervision(ctx: ProcessContext) -> None:
-    """The root client's thread that runs the fault hook for failures reaching it."""
-    queue = ctx.inbox.queue(SUPERVISION_KEY)
-    seen: set[tuple[int, int, str]] = set()
+class _Verdicts:
+    """Which meshes' failures the root hook is deciding, and has decided."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        #: (mesh id, rank) of failures already given to the hook.
+        self.seen: set[tuple[int, int]] = set()
+        #: Mesh ids with a failure being decided.
+        self.pending: dict[int, int] = {}
+        #: Mesh ids with at least one decided failure.
+        self.judged: set[int] = set()
+        #: Serializes hook runs, and the exit.
+        self.hook_lock = threading.Lock()
+        self.exiting = False
+
+
+_verdicts = _Verdicts()
+
+#: How long a failed call on a mesh the client owns waits for a failure report of that
+#: mesh to arrive, when none has yet (the report and the failed reply travel apart).
+REPORT_GRACE = 2.0
+
+
+def await_verdict(mesh_id: int, grace: float = REPORT_GRACE) -> None:
+    """Block until the root hook has decided a failure of mesh ``mesh_id`` (if the hook
+    raises, the program ends and this never returns), or until ``grace`` seconds pass
+    with no failure of that mesh pending."""
+    v = _verdicts
+    deadline = time.monotonic() + grace
+    with v.cond:
+        while mesh_id not in v.judged:
+            if v.pending.get(mesh_id):
+                v.cond.wait()
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            v.cond.wait(left)
+
+
+def _judge(failure: MeshFailure) -> None:
+    """Run the hook for ``failure`` (once per failed rank); end the program if it
+    raises."""
+    v = _verdicts
+    key = (failure.mesh_id, failure.rank)
+    state = process.peek()
+    if state is not None and failure.mesh_id in state.stopped:
+        return  # stopped on purpose: its procs' exits are not failures
+    with v.cond:
+        if key in v.seen or process.is_shut_down():
+            return
+        v.seen.add(key)
+        v.pending[failure.mesh_id] = v.pending.get(failure.mesh_id, 0) + 1
+    with v.hook_lock:
+        if v.exiting:
+            return
+        import monarch.actor
+
+        hook = getattr(monarch.actor, "unhandled_fault_hook", unhandled_fault_hook)
+        try:
+            hook(failure)
+        except BaseException as e:  # unhandled: stop the program, loudly
+            v.exiting = True
+            print(
+                f"monarch: unhandled failure ({type(e).__name__} from the fault hook); "
+                f"stopping the program with exit status 1:\n{failure.report()}",
+                file=sys.stderr,
+                flush=True,
+            )
+            _exit(1)
+    with v.cond:
+        v.pending[failure.mesh_id] -= 1
+        v.judged.add(failure.mesh_id)
+        v.cond.notify_all()
+
+
+def _exit(code: int) -> None:
+    """End the program with ``code``, after its ``atexit`` handlers: now, or, when the
+    interpreter is already running them, once they are done (see ``monarch``'s last exit
+    hook)."""
+    process.exit_status = code
+    if _in_atexit:
+        return
+    import atexit
+
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+_in_atexit = False
+
+
+def start_root_supervision(state: process.ProcessState) -> None:
+    """The root client's thread that judges the failures reaching it."""
 
     def run() -> None:
-        while True:
+        while not process.is_shut_down():
             try:
-                parts = queue.get()
-            except RuntimeError:
+                failure = state.client.next_supervision(None)
+            except BaseException:  # the runtime is going away
                 return
-            failure: MeshFailure = pickle.loads(parts[0])
-            ident = (failure.mesh_key, failure.rank, failure.proc_id)
-            if ident in seen or runtime.is_shut_down():
-                continue
-            seen.add(ident)
-            _run_hook(failure)
+            if failure is None:
+                return
+            _judge(MeshFailure(failure))
 
     threading.Thread(target=run, name="monarch-supervision", daemon=True).start()
 
 
-def _run_hook(failure: MeshFailure) -> None:
-    import monarch.actor
-
-    hook = getattr(monarch.actor, "unhandled_fault_hook", unhandled_fault_hook)
-    try:
-        hook(failure)
-    except BaseException as e:  # unhandled: stop the program, loudly
-        print(
-            f"monarch: unhandled failure ({type(e).__name__} from the fault hook); "
-            f"stopping the client:\n{failure.report()}",
-            file=sys.stderr,
-            flush=True,
-        )
-        _interrupt_main()
-
-
-def _interrupt_main() -> None:
-    """Raise KeyboardInterrupt in the main thread, even while it sleeps or waits in a
-    system call (a SIGINT aimed at it; ``_thread.interrupt_main`` alone would wait for
-    the call to return)."""
-    main = threading.main_thread()
-    if main.is_alive() and main.ident is not None:
+def drain_at_exit(state: process.ProcessState) -> None:
+    """At interpreter exit: judge the failures that arrived but were not judged yet,
+    on this thread (the program is ending anyway; a raising hook sets the exit status
+    to 1)."""
+    global _in_atexit
+    _in_atexit = True
+    while True:
         try:
-            signal.pthread_kill(main.ident, signal.SIGINT)
+            failure = state.client.next_supervision(0.0)
+        except BaseException:
             return
-        except (OSError, ValueError):
-            pass
-    _thread.interrupt_main()
-
-
-# --- proc deaths -------------------------------------------------------------------------
-
-
-def start_exit_watcher(ctx: ProcessContext) -> None:
-    """The host agent's thread: turns each reaped proc into death notices."""
-    host = ctx.host
-    assert host is not None
-
-    def run() -> None:
-        while True:
-            try:
-                proc_id, _name, _rank, status = host.next_exit().get()
-            except BaseException:  # the runtime is going away
-                return
-            if runtime.is_shut_down():
-                return
-            expected = proc_id in ctx.stopping
-            reason = f"proc {proc_id} {'was stopped' if expected else 'died'} ({status})"
-            notice = [runtime.AGENT_KEY_PART, dumps(("proc_died", proc_id, reason, expected))]
-            # Every process this host started, and this one, hears of it.
-            for other in list(ctx.spawned_procs):
-                if other != proc_id and other not in ctx.dead:
-                    try:
-                        ctx.send(ctx.port_ref(runtime.inbox_port_of(other)), notice)
-                    except Exception:  # that one is gone too; its own notice follows
-                        pass
-            ctx.send(ctx.port, notice)
-
-    threading.Thread(target=run, name="monarch-exit-watcher", daemon=True).start()
-
-
-def undeliverable(ctx: ProcessContext, proc_id: str, reason: str) -> None:
-    """A message to ``proc_id`` came back undelivered (on the agent thread): the proc
-    cannot be reached. The root host kills a proc it spawned as lost, so that its death
-    notice fails the calls waiting on it and reaches the owners of its actors; another
-    process tells the root. A proc nobody spawned (a stale reference) is only logged."""
-    if proc_id in ctx.dead or proc_id in ctx.stopping:
-        return
-    if not ctx.is_root:
-        request = dumps(("unreachable", proc_id, reason))
-        ctx.send(ctx.port_ref(ctx.root_port), [runtime.AGENT_KEY_PART, request])
-        return
-    lost = f"messages to it came back undelivered ({reason}); killed as unreachable"
-    if proc_id in ctx.spawned_procs and ctx.host is not None and ctx.host.kill_proc(proc_id, lost):
-        return
-    if proc_id not in ctx.spawned_procs and proc_id not in ctx.unreachable_logged:
-        print(f"monarch: a message to {proc_id} could not be delivered: {reason}", file=sys.stderr)
-        with ctx.unreachable_changed:
-            ctx.unreachable_logged.add(proc_id)
-            ctx.unreachable_changed.notify_all()
-
-
-def proc_died(ctx: ProcessContext, proc_id: str, reason: str, expected: bool) -> None:
-    """Handle a death notice (on the agent thread)."""
-    if proc_id in ctx.dead:
-        return
-    ctx.dead[proc_id] = reason
-    # Casts skip it from now on; replies relayed through it are not waited for.
-    ctx.inbox.peer_died(proc_id)
-    for group in list(ctx.groups_by_proc.get(proc_id, ())):
-        group.mark_dead(proc_id, reason)
-    if expected:
-        return
-    for owned in list(ctx.owned.values()):
-        if owned.stopped:
-            continue
-        for index, g in enumerate(owned.shape.ndslice):
-            ids = owned.group.proc_ids
-            if ids is not None and ids[g] == proc_id:
-                failure = MeshFailure(
-                    mesh_name=owned.name,
-                    mesh_key=owned.key,
-                    class_name=owned.class_name,
-                    rank=index,
-                    proc_id=proc_id,
-                    reason=reason,
-                )
-                route(ctx, owned.owner, failure)
+        if failure is None:
+            return
+        _judge(MeshFailure(failure))

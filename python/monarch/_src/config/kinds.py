@@ -212,7 +212,7 @@ _ADDRESS = re.compile(r"^(?P<transport>[a-z]+)(?::|!|://)(?P<rest>.+)$", re.IGNO
 def _coerce_transport(value: Any) -> str:
     if isinstance(value, enum.Enum):
         value = value.name
-        name = _TRANSPORT_ALIASES.get(value.lower(), value.lower())
+        name: str = _TRANSPORT_ALIASES.get(value.lower(), value.lower())
         if name in TRANSPORTS:
             return name
     if not isinstance(value, str):

@@ -1,0 +1,415 @@
+//! `ActorMeshHandle`: a view of a mesh of Python actors ([`hyperactor_mesh::ActorMeshRef`])
+//! that may still be spawning, bound for Python. Every message is a cast (see
+//! [`hyperactor_mesh::cast`]); what it returns depends on the adverb:
+//!
+//! | mode | replies | returns |
+//! |---|---|---|
+//! | `"broadcast"` | none | `None` |
+//! | `"call"` | one per rank, reduced over the tree | `CallReplies` |
+//! | `"one"` | one (a view of one actor) | `CallReplies` |
+//! | `"choose"` | one, from the actor at `index` | `CallReplies` |
+//! | `"stream"` | one per rank, in arrival order | `ReplyQueue` |
+//! | `"port"` | one per rank, to `port` | `None` |
+//!
+//! Casts to a mesh whose procs are starting wait, in order, with the spawn (see
+//! [`crate::proc_mesh`]); if the spawn failed, every rank answers "cannot answer".
+
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use hyperactor::SendContext;
+use hyperactor_mesh::agent::{CallReplies, CastTarget, ProcAgent, ReplyQueue};
+use hyperactor_mesh::cast::codec::{CastKind, ReplyMode, ReplyTo, ViewExtent};
+use hyperactor_mesh::cast::reply::ReplyItem;
+use hyperactor_mesh::shape::Shape;
+use hyperactor_mesh::ActorMeshRef;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::actor::py_message_port;
+use crate::call::{block, deadline, PyCallReplies, PyPortHandle, PyReplyQueue};
+use crate::port::extract_parts;
+use crate::proc_mesh::ProcMeshInner;
+use crate::runtime::runtime;
+use crate::sender::Sender;
+use crate::shape::PyShape;
+
+/// What every view of one actor mesh shares.
+#[derive(Debug)]
+pub struct ActorMeshInner {
+    /// The proc mesh it is spawned on, while that may be starting (`None` for a
+    /// received reference, ready at once).
+    base: Option<Arc<ProcMeshInner>>,
+    id: u64,
+    name: String,
+    class: String,
+    mesh: OnceLock<Result<ActorMeshRef, String>>,
+}
+
+impl ActorMeshInner {
+    /// A mesh being spawned on `base`.
+    pub fn pending(base: Option<Arc<ProcMeshInner>>, id: u64, name: String, class: String) -> Self {
+        Self {
+            base,
+            id,
+            name,
+            class,
+            mesh: OnceLock::new(),
+        }
+    }
+
+    /// The spawn's outcome (once).
+    pub fn set(&self, result: Result<ActorMeshRef, String>) {
+        let _ = self.mesh.set(result);
+    }
+}
+
+/// Where a cast's answers go, and how to answer for it from here when it cannot be sent.
+enum Reply {
+    None,
+    Call(Arc<CallReplies>),
+    Queue(Arc<ReplyQueue>),
+    Port(ReplyTo),
+}
+
+impl Reply {
+    fn target(&self) -> Option<ReplyTo> {
+        match self {
+            Reply::None => None,
+            Reply::Call(c) => Some(c.reply_to().clone()),
+            Reply::Queue(q) => Some(q.reply_to().clone()),
+            Reply::Port(to) => Some(to.clone()),
+        }
+    }
+
+    fn fail(&self, indices: impl Iterator<Item = u32>, reason: &str) {
+        let items: Vec<ReplyItem> = indices.map(|i| ReplyItem::failed(i, reason)).collect();
+        match self {
+            Reply::Call(c) => c.answer(items),
+            Reply::Queue(q) => q.answer(items),
+            Reply::None | Reply::Port(_) => {}
+        }
+    }
+}
+
+/// A view of an actor mesh; see the [module docs](self).
+#[pyclass(module = "monarch._rust_bindings", name = "ActorMeshHandle", frozen)]
+#[derive(Debug)]
+pub struct PyActorMesh {
+    inner: Arc<ActorMeshInner>,
+    view: Option<Shape>,
+    /// The view's cast targets and extent, computed once.
+    targets: OnceLock<Arc<(Vec<CastTarget>, ViewExtent)>>,
+}
+
+fn rt_err(e: impl std::fmt::Display) -> PyErr {
+    PyRuntimeError::new_err(e.to_string())
+}
+
+impl PyActorMesh {
+    pub(crate) fn new(inner: Arc<ActorMeshInner>, view: Option<Shape>) -> Self {
+        Self {
+            inner,
+            view,
+            targets: OnceLock::new(),
+        }
+    }
+
+    /// A handle of an existing mesh (a received reference, a singleton).
+    pub fn of_ref(mesh: ActorMeshRef) -> Self {
+        let info = mesh.info();
+        let inner = ActorMeshInner::pending(None, info.id, info.name.clone(), info.class.clone());
+        inner.set(Ok(mesh));
+        Self::new(Arc::new(inner), None)
+    }
+
+    fn viewed(&self, mesh: &ActorMeshRef) -> Result<ActorMeshRef, String> {
+        match &self.view {
+            None => Ok(mesh.clone()),
+            Some(shape) => mesh.view(shape.clone()).map_err(|e| e.to_string()),
+        }
+    }
+
+    fn targets(&self, mesh: &ActorMeshRef) -> Result<Arc<(Vec<CastTarget>, ViewExtent)>, String> {
+        if let Some(t) = self.targets.get() {
+            return Ok(Arc::clone(t));
+        }
+        let viewed = self.viewed(mesh)?;
+        let t = Arc::new((viewed.targets(), viewed.view_extent()));
+        Ok(Arc::clone(self.targets.get_or_init(|| t)))
+    }
+
+    /// Runs `op` with the mesh (or the reason it does not exist), after the operations
+    /// issued before it on a starting mesh.
+    fn with_mesh(&self, op: impl FnOnce(Result<&ActorMeshRef, &str>) + Send + 'static) {
+        let inner = Arc::clone(&self.inner);
+        let run = move |_: Result<&hyperactor_mesh::ProcMesh, &str>| match inner.mesh.get() {
+            Some(Ok(mesh)) => op(Ok(mesh)),
+            Some(Err(e)) => op(Err(e)),
+            None => op(Err("it was never spawned")),
+        };
+        match &self.inner.base {
+            Some(base) => base.deferred().run(run),
+            None => run(Err("")),
+        }
+    }
+
+    fn ready(&self, py: Python<'_>) -> PyResult<ActorMeshRef> {
+        if let Some(base) = &self.inner.base {
+            let d = base.deferred();
+            block(py, deadline(None)?, |until| d.wait_blocking(until))?;
+        }
+        match self.inner.mesh.get() {
+            Some(Ok(mesh)) => self.viewed(mesh).map_err(rt_err),
+            Some(Err(e)) => Err(rt_err(format!(
+                "actor mesh {:?} could not be spawned: {e}",
+                self.inner.name
+            ))),
+            None => Err(rt_err(format!(
+                "actor mesh {:?} was never spawned",
+                self.inner.name
+            ))),
+        }
+    }
+}
+
+#[pymethods]
+impl PyActorMesh {
+    /// The name given to `spawn`.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The actor class, as named at spawn.
+    #[getter]
+    fn class_name(&self) -> &str {
+        &self.inner.class
+    }
+
+    /// The mesh's process-unique id.
+    #[getter]
+    fn mesh_id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// The same mesh through `shape` (in the proc mesh's global ranks).
+    fn view(&self, shape: PyRef<'_, PyShape>) -> Self {
+        Self::new(Arc::clone(&self.inner), Some(shape.shape().clone()))
+    }
+
+    /// Casts `method(*parts)` to the view (see the [module docs](self) for `mode`).
+    #[pyo3(signature = (sender, method, parts, mode, port = None, index = None, count = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn cast(
+        slf: &Bound<'_, Self>,
+        sender: &Bound<'_, PyAny>,
+        method: &str,
+        parts: &Bound<'_, PyAny>,
+        mode: &str,
+        port: Option<PyRef<'_, PyPortHandle>>,
+        index: Option<u32>,
+        count: Option<u32>,
+    ) -> PyResult<Option<Py<PyAny>>> {
+        let py = slf.py();
+        let this = slf.get();
+        let sender = Sender::extract(sender)?;
+        let agent = ProcAgent::of(sender.proc().proc_id())
+            .ok_or_else(|| rt_err("this process has no mesh agent"))?;
+        let mut user = Vec::with_capacity(1 + parts.len().unwrap_or(1));
+        user.push(Bytes::copy_from_slice(method.as_bytes()));
+        user.extend(extract_parts(parts)?);
+        // The indices a call expects: every rank of the view, or the chosen one.
+        let n = count.unwrap_or(0);
+        let (cast_mode, reply, out): (ReplyMode, Reply, Option<Py<PyAny>>) = match mode {
+            "broadcast" => (ReplyMode::None, Reply::None, None),
+            "call" | "one" | "choose" => {
+                let indices: Vec<u32> = match (mode, index) {
+                    ("choose", Some(i)) => vec![i],
+                    ("one", _) => vec![0],
+                    _ => (0..n).collect(),
+                };
+                let replies = PyCallReplies::new(CallReplies::open(&agent, indices));
+                let shared = replies.shared();
+                let mode = if mode == "call" {
+                    ReplyMode::Reduce
+                } else {
+                    ReplyMode::Direct
+                };
+                let obj = Py::new(py, replies)?.into_any();
+                (mode, Reply::Call(shared), Some(obj))
+            }
+            "stream" => {
+                let queue = PyReplyQueue::new(ReplyQueue::open(&agent));
+                let shared = queue.shared();
+                let obj = Py::new(py, queue)?.into_any();
+                (ReplyMode::Direct, Reply::Queue(shared), Some(obj))
+            }
+            "port" => {
+                let port =
+                    port.ok_or_else(|| PyValueError::new_err("mode \"port\" needs a port"))?;
+                (ReplyMode::Direct, Reply::Port(port.to.clone()), None)
+            }
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown cast mode {other:?}: expected broadcast, call, one, choose, \
+                     stream or port"
+                )))
+            }
+        };
+        let view_self = Self::new(Arc::clone(&this.inner), this.view.clone());
+        let cached = this.targets.get().cloned();
+        let _guard = runtime()?.enter();
+        this.with_mesh(move |mesh| {
+            let mesh = match mesh {
+                Ok(mesh) => mesh,
+                Err(why) => {
+                    let why = format!(
+                        "actor mesh {:?} does not exist: {why}",
+                        view_self.inner.name
+                    );
+                    return reply.fail(0..n.max(1), &why);
+                }
+            };
+            let targets = match cached.map(Ok).unwrap_or_else(|| view_self.targets(mesh)) {
+                Ok(t) => t,
+                Err(why) => return reply.fail(0..n.max(1), &why),
+            };
+            let (all, extent) = (&targets.0, &targets.1);
+            let chosen: Vec<CastTarget>;
+            let to: &[CastTarget] = match index {
+                Some(i) => {
+                    chosen = all.iter().filter(|t| t.index == i).cloned().collect();
+                    &chosen
+                }
+                _ => all,
+            };
+            agent.cast(
+                sender.actor_id(),
+                mesh.actor_name(),
+                CastKind::Message {
+                    port: py_message_port(),
+                },
+                extent,
+                to,
+                cast_mode,
+                reply.target(),
+                user,
+            );
+        });
+        if let Some(mesh) = this.inner.mesh.get().and_then(|m| m.as_ref().ok()) {
+            let _ = this.targets(mesh);
+        }
+        Ok(out)
+    }
+
+    /// Stops every actor of the view (after the messages sent to it before): the stop
+    /// is cast now; the returned call completes once every actor has stopped.
+    fn stop(
+        &self,
+        py: Python<'_>,
+        sender: &Bound<'_, PyAny>,
+        reason: String,
+        count: u32,
+    ) -> PyResult<Py<PyCallReplies>> {
+        let sender = Sender::extract(sender)?;
+        let agent = ProcAgent::of(sender.proc().proc_id())
+            .ok_or_else(|| rt_err("this process has no mesh agent"))?;
+        let replies = PyCallReplies::new(CallReplies::open_all(&agent, 0..count));
+        let shared = replies.shared();
+        let view_self = Self::new(Arc::clone(&self.inner), self.view.clone());
+        let _guard = runtime()?.enter();
+        self.with_mesh(move |mesh| {
+            let mesh = match mesh
+                .map_err(str::to_string)
+                .and_then(|m| view_self.viewed(m))
+            {
+                Ok(mesh) => mesh,
+                Err(_) => {
+                    // Nothing to stop: the mesh never came to be.
+                    let items = (0..count).map(|i| ReplyItem::ok(i, Vec::new())).collect();
+                    return shared.answer(items);
+                }
+            };
+            agent.mark_stopped(mesh.info().id);
+            mesh.cast_parts(
+                &agent,
+                sender.actor_id(),
+                CastKind::Stop { reason },
+                ReplyMode::Reduce,
+                Some(shared.reply_to().clone()),
+                Vec::new(),
+            );
+        });
+        Py::new(py, replies)
+    }
+
+    /// A call that completes once every actor of the view has started (ran its
+    /// constructor), or with "cannot answer" for one that failed to.
+    fn probe(
+        &self,
+        py: Python<'_>,
+        sender: &Bound<'_, PyAny>,
+        count: u32,
+    ) -> PyResult<Py<PyCallReplies>> {
+        let sender = Sender::extract(sender)?;
+        let agent = ProcAgent::of(sender.proc().proc_id())
+            .ok_or_else(|| rt_err("this process has no mesh agent"))?;
+        let replies = PyCallReplies::new(CallReplies::open(&agent, 0..count));
+        let shared = replies.shared();
+        let view_self = Self::new(Arc::clone(&self.inner), self.view.clone());
+        let _guard = runtime()?.enter();
+        self.with_mesh(move |mesh| {
+            let mesh = match mesh
+                .map_err(str::to_string)
+                .and_then(|m| view_self.viewed(m))
+            {
+                Ok(mesh) => mesh,
+                Err(why) => {
+                    let why = format!(
+                        "actor mesh {:?} does not exist: {why}",
+                        view_self.inner.name
+                    );
+                    let items = (0..count).map(|i| ReplyItem::failed(i, &why)).collect();
+                    return shared.answer(items);
+                }
+            };
+            mesh.cast_parts(
+                &agent,
+                sender.actor_id(),
+                CastKind::Probe,
+                ReplyMode::Reduce,
+                Some(shared.reply_to().clone()),
+                Vec::new(),
+            );
+        });
+        Py::new(py, replies)
+    }
+
+    #[staticmethod]
+    fn _from_bytes(data: &[u8]) -> PyResult<Self> {
+        let mesh: ActorMeshRef = bincode::deserialize(data)
+            .map_err(|e| PyValueError::new_err(format!("not a pickled actor mesh: {e}")))?;
+        Ok(Self::of_ref(mesh))
+    }
+
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyBytes>,))> {
+        let py = slf.py();
+        let mesh = slf.get().ready(py)?;
+        let data = bincode::serialize(&mesh).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok((
+            slf.get_type().getattr("_from_bytes")?,
+            (PyBytes::new(py, &data),),
+        ))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ActorMeshHandle({:?}, {})",
+            self.inner.name, self.inner.class
+        )
+    }
+}

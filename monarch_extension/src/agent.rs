@@ -1,0 +1,340 @@
+//! `ProcAgent`: this process's mesh agent ([`hyperactor_mesh::agent::ProcAgent`]),
+//! bound for Python.
+//!
+//! The root client serves one with a host (`ProcAgent.serve_root`): it spawns and reaps
+//! this machine's procs. A proc spawned by a host serves one with `ProcAgent.bootstrap`,
+//! then reports ready. Python actors the agent is asked to spawn are handed to Python
+//! through `next_spawn`: each comes as a `DrivenActor` whose messages already queue in
+//! order; a Python thread runs its constructor and its messages.
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyperactor::actor::DrivenActor;
+use hyperactor::{ChannelTransport, SendContext};
+use hyperactor_mesh::agent::{AgentOptions, ForeignSpawn, ForeignSpawner, ProcAgent};
+use hyperactor_mesh::bootstrap::BootInfo;
+use hyperactor_mesh::host::Host;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use crate::actor::PyDrivenActor;
+use crate::call::{block, deadline};
+use crate::host_mesh::PyHostMesh;
+use crate::proc::PyClient;
+use crate::proc_mesh::PyProcMesh;
+use crate::runtime::{block_on, runtime};
+
+type Spawned = (DrivenActor, ForeignSpawn);
+
+/// Hands foreign spawns to Python's spawner thread.
+struct PythonSpawner {
+    tx: Mutex<Option<mpsc::Sender<Spawned>>>,
+}
+
+impl ForeignSpawner for PythonSpawner {
+    fn spawn(&self, actor: DrivenActor, spawn: ForeignSpawn) {
+        let sent = match &*self.tx.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(tx) => tx.send((actor, spawn)).map_err(|e| e.0 .0),
+            None => Err(actor),
+        };
+        if let Err(actor) = sent {
+            actor.fail("its process is shutting down and hosts no new actors", None);
+        }
+    }
+}
+
+fn transport(name: &str) -> PyResult<ChannelTransport> {
+    match name {
+        "unix" => Ok(ChannelTransport::Unix),
+        "tcp" => Ok(ChannelTransport::Tcp),
+        other => Err(PyValueError::new_err(format!(
+            "a proc serves over \"unix\" or \"tcp\", not {other:?}"
+        ))),
+    }
+}
+
+fn duration(what: &str, seconds: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(seconds).map_err(|_| {
+        PyValueError::new_err(format!(
+            "{what} must be a finite number of seconds >= 0, got {seconds}"
+        ))
+    })
+}
+
+/// This process's mesh agent; see the [module docs](self).
+#[pyclass(module = "monarch._rust_bindings", name = "ProcAgent", frozen)]
+pub struct PyProcAgent {
+    agent: ProcAgent,
+    boot: Option<BootInfo>,
+    spawner: Arc<PythonSpawner>,
+    spawns: Mutex<mpsc::Receiver<Spawned>>,
+}
+
+impl std::fmt::Debug for PyProcAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ProcAgent({})", self.agent.id())
+    }
+}
+
+impl PyProcAgent {
+    fn build(
+        py: Python<'_>,
+        proc: hyperactor::Proc,
+        options: AgentOptions,
+        boot: Option<BootInfo>,
+    ) -> PyResult<Self> {
+        let (tx, rx) = mpsc::channel();
+        let spawner = Arc::new(PythonSpawner {
+            tx: Mutex::new(Some(tx)),
+        });
+        let options = options.foreign(Arc::clone(&spawner) as Arc<dyn ForeignSpawner>);
+        let agent = py.detach(|| -> PyResult<ProcAgent> {
+            let _guard = runtime()?.enter();
+            ProcAgent::new(proc, options).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+        })?;
+        Ok(Self {
+            agent,
+            boot,
+            spawner,
+            spawns: Mutex::new(rx),
+        })
+    }
+
+    /// The agent.
+    pub fn agent(&self) -> &ProcAgent {
+        &self.agent
+    }
+}
+
+#[pymethods]
+impl PyProcAgent {
+    /// Serves the root client's proc on `transport`, with a host agent that spawns and
+    /// reaps this machine's procs (waiting `ready_timeout` seconds for each spawn).
+    #[staticmethod]
+    #[pyo3(signature = (transport = "unix", ready_timeout = 30.0, stop_timeout = 10.0))]
+    fn serve_root(
+        py: Python<'_>,
+        transport: &str,
+        ready_timeout: f64,
+        stop_timeout: f64,
+    ) -> PyResult<Self> {
+        let transport = self::transport(transport)?;
+        let ready = duration("ready_timeout", ready_timeout)?;
+        let stop = duration("stop_timeout", stop_timeout)?;
+        let host = block_on(py, "ProcAgent.serve_root()", Host::serve(transport))?
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
+            .with_ready_timeout(ready);
+        let proc = host.proc().clone();
+        let options = AgentOptions::default().host(host).stop_timeout(stop);
+        Self::build(py, proc, options, None)
+    }
+
+    /// Serves this proc, started by a host agent (whose variables are in the
+    /// environment); call `report_ready` once the process is ready to serve.
+    #[staticmethod]
+    #[pyo3(signature = (transport = "unix", stop_timeout = 10.0))]
+    fn bootstrap(py: Python<'_>, transport: &str, stop_timeout: f64) -> PyResult<Self> {
+        let transport = self::transport(transport)?;
+        let stop = duration("stop_timeout", stop_timeout)?;
+        let info = BootInfo::from_env().map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        let serving = info.clone();
+        let proc = block_on(py, "ProcAgent.bootstrap()", async move {
+            serving.serve(transport).await
+        })?
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        let host = info.report.actor().proc_id().clone();
+        let options = AgentOptions::default().spawned_by(host).stop_timeout(stop);
+        Self::build(py, proc, options, Some(info))
+    }
+
+    /// Tells the host that spawned this proc that it is ready.
+    fn report_ready(&self) -> PyResult<()> {
+        let Some(info) = &self.boot else {
+            return Err(PyRuntimeError::new_err(
+                "report_ready() is for procs started by a host (ProcAgent.bootstrap)",
+            ));
+        };
+        let _guard = runtime()?.enter();
+        info.report_ready(self.agent.proc())
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// Blocks, without the GIL, until the host asks this proc to stop (stdin closes).
+    fn wait_for_stop(&self, py: Python<'_>) -> PyResult<()> {
+        block_on(
+            py,
+            "ProcAgent.wait_for_stop()",
+            hyperactor_mesh::bootstrap::wait_for_stop(),
+        )
+    }
+
+    /// The agent's proc id, printed.
+    #[getter]
+    fn proc_id(&self) -> String {
+        self.agent.proc().proc_id().to_string()
+    }
+
+    /// This proc's rank in its spawn, and how many were spawned (`(0, 1)` for a root).
+    #[getter]
+    fn boot_rank(&self) -> (usize, usize) {
+        self.boot.as_ref().map_or((0, 1), |b| (b.rank, b.count))
+    }
+
+    /// A new client mailbox on this proc named `name`.
+    fn client(&self, name: &str) -> PyResult<PyClient> {
+        let _guard = runtime()?.enter();
+        let client = self
+            .agent
+            .proc()
+            .client(name)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(PyClient {
+            client: Arc::new(client),
+        })
+    }
+
+    /// Makes `client` the owner of singletons other processes ask this agent for.
+    fn set_singleton_owner(&self, client: &PyClient) {
+        self.agent
+            .set_singleton_owner(client.client.actor_id().clone());
+    }
+
+    /// The next Python actor to host: a `DrivenActor`, or `None` if `timeout` seconds
+    /// pass first, or once `close_spawns` was called.
+    #[pyo3(signature = (timeout = None))]
+    fn next_spawn(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<PyDrivenActor>> {
+        let deadline = deadline(timeout)?;
+        let spawns = &self.spawns;
+        let got = block(py, deadline, |until| {
+            let rx = spawns.lock().unwrap_or_else(|e| e.into_inner());
+            let wait = until.map(|u| u.saturating_duration_since(std::time::Instant::now()));
+            match wait {
+                Some(wait) => match rx.recv_timeout(wait) {
+                    Ok(spawned) => Some(Some(spawned)),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => Some(None),
+                },
+                None => Some(rx.recv().ok()),
+            }
+        })?;
+        Ok(got
+            .flatten()
+            .map(|(actor, spawn)| PyDrivenActor::new(actor, self.agent.clone(), spawn)))
+    }
+
+    /// The singleton actor `name` of the root process's proc (`root`, a printed proc
+    /// id; `None`: this process is the root), spawned from `parts` the first time it is
+    /// asked for. A future of its `ActorMeshHandle`.
+    #[pyo3(signature = (sender, root, name, class_name, parts))]
+    fn singleton(
+        &self,
+        sender: &Bound<'_, PyAny>,
+        root: Option<&str>,
+        name: String,
+        class_name: String,
+        parts: &Bound<'_, PyAny>,
+    ) -> PyResult<crate::future::PyFuture> {
+        let sender = crate::sender::Sender::extract(sender)?;
+        let parts = crate::port::extract_parts(parts)?;
+        let root: hyperactor::ProcId = match root {
+            None => self.agent.proc().proc_id().clone(),
+            Some(text) => text.parse().map_err(|e: hyperactor::error::IdError| {
+                PyValueError::new_err(format!("root proc {text:?}: {e}"))
+            })?,
+        };
+        let agent = self.agent.clone();
+        Ok(crate::future::PyFuture::from_work(
+            format!("get_or_spawn_controller({name:?})"),
+            async move {
+                let mesh = agent
+                    .remote_singleton(&sender, &root, &name, &class_name, parts)
+                    .await
+                    .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+                let convert: crate::future::Convert = Box::new(move |py| {
+                    Ok(Py::new(py, crate::actor_mesh::PyActorMesh::of_ref(mesh))?.into_any())
+                });
+                Ok(convert)
+            },
+        ))
+    }
+
+    /// A new queue of replies in arrival order (a channel's receiving end).
+    fn reply_queue(&self) -> crate::call::PyReplyQueue {
+        crate::call::PyReplyQueue::new(hyperactor_mesh::agent::ReplyQueue::open(&self.agent))
+    }
+
+    /// From now on, actors this agent is asked to spawn fail at once ("shutting
+    /// down"), and `next_spawn` returns `None`.
+    fn close_spawns(&self) {
+        self.spawner
+            .tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+    }
+
+    /// The fan-out of casts sent from this process.
+    #[getter]
+    fn fanout(&self) -> usize {
+        self.agent.fanout()
+    }
+
+    #[setter]
+    fn set_fanout(&self, fanout: usize) -> PyResult<()> {
+        if fanout == 0 {
+            return Err(PyValueError::new_err("cast fan-out must be at least 1"));
+        }
+        self.agent.set_fanout(fanout);
+        Ok(())
+    }
+
+    /// This machine's host, as a host mesh: the host agent of this process if it has
+    /// one, else the host that spawned this proc.
+    fn this_host(&self) -> PyResult<PyHostMesh> {
+        PyHostMesh::of_agent(&self.agent)
+    }
+
+    /// This process's proc, as a proc mesh with no dimension.
+    fn this_proc(&self) -> PyResult<PyProcMesh> {
+        PyProcMesh::of_self(&self.agent)
+    }
+
+    /// Stops every proc this host spawned (each gets `timeout` seconds, then is
+    /// killed), blocking without the GIL. Does nothing without a host.
+    fn shutdown_host(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+        let timeout = duration("timeout", timeout)?;
+        let agent = self.agent.clone();
+        block_on(py, "ProcAgent.shutdown_host()", async move {
+            agent.shutdown_host(timeout).await;
+        })
+    }
+
+    /// The pids of the procs this host spawned that still run.
+    fn running_pids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let pids: Vec<u32> = self
+            .agent
+            .host()
+            .map(|h| {
+                h.procs()
+                    .iter()
+                    .filter(|p| p.status().is_running())
+                    .map(hyperactor_mesh::ProcHandle::pid)
+                    .collect()
+            })
+            .unwrap_or_default();
+        PyList::new(py, pids)
+    }
+
+    /// Removes the socket files this process serves (at exit: nothing is stopped).
+    #[staticmethod]
+    fn remove_socket_files() -> usize {
+        hyperactor::channel::remove_socket_files()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("ProcAgent({})", self.agent.id())
+    }
+}

@@ -1,0 +1,290 @@
+//! `ProcMeshHandle`: a view of a proc mesh ([`hyperactor_mesh::ProcMesh`]) that may
+//! still be starting, bound for Python. Operations on a starting mesh (spawns, and the
+//! casts to actor meshes spawned on it) wait in order until its procs are ready, or
+//! fail with the reason they could not start.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hyperactor_mesh::agent::ProcAgent;
+use hyperactor_mesh::cast::codec::{ActorType, MeshInfo};
+use hyperactor_mesh::deferred::Deferred;
+use hyperactor_mesh::shape::{Extent, Shape};
+use hyperactor_mesh::ProcMesh;
+use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::actor_mesh::{ActorMeshInner, PyActorMesh};
+use crate::call::{block, deadline};
+use crate::future::{Convert, PyFuture};
+use crate::port::extract_parts;
+use crate::runtime::runtime;
+use crate::sender::Sender;
+use crate::shape::PyShape;
+
+/// What every view of one proc mesh shares: the mesh, once its procs are ready.
+#[derive(Debug)]
+pub struct ProcMeshInner {
+    name: String,
+    deferred: Deferred<ProcMesh>,
+}
+
+impl ProcMeshInner {
+    /// A mesh whose procs are starting.
+    pub fn pending(name: String) -> Self {
+        Self {
+            name,
+            deferred: Deferred::new(),
+        }
+    }
+
+    /// The mesh, when ready.
+    pub fn deferred(&self) -> &Deferred<ProcMesh> {
+        &self.deferred
+    }
+
+    /// The mesh's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// A view of a proc mesh; see the [module docs](self).
+#[pyclass(module = "monarch._rust_bindings", name = "ProcMeshHandle", frozen)]
+#[derive(Debug, Clone)]
+pub struct PyProcMesh {
+    inner: Arc<ProcMeshInner>,
+    view: Option<Shape>,
+}
+
+fn rt_err(e: impl std::fmt::Display) -> PyErr {
+    PyRuntimeError::new_err(e.to_string())
+}
+
+impl PyProcMesh {
+    pub(crate) fn new(inner: Arc<ProcMeshInner>, view: Option<Shape>) -> Self {
+        Self { inner, view }
+    }
+
+    /// This process's own proc as a mesh with no dimension.
+    ///
+    /// # Errors
+    ///
+    /// `RuntimeError` if the mesh cannot be built (it can always be).
+    pub fn of_self(agent: &ProcAgent) -> PyResult<Self> {
+        let info = MeshInfo {
+            id: hyperactor_mesh::agent::random_id(),
+            name: "this_proc".into(),
+            class: "proc".into(),
+        };
+        let mesh =
+            ProcMesh::new(info, &Extent::unity(), vec![agent.self_info()]).map_err(rt_err)?;
+        Ok(Self {
+            inner: Arc::new(ProcMeshInner {
+                name: "this_proc".into(),
+                deferred: Deferred::ready(mesh),
+            }),
+            view: None,
+        })
+    }
+
+    /// The mesh seen through this handle's view.
+    pub(crate) fn viewed(&self, mesh: &ProcMesh) -> Result<ProcMesh, String> {
+        match &self.view {
+            None => Ok(mesh.clone()),
+            Some(shape) => mesh.view(shape.clone()).map_err(|e| e.to_string()),
+        }
+    }
+
+    fn ready(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<ProcMesh> {
+        let deadline = deadline(timeout)?;
+        let deferred = &self.inner.deferred;
+        match block(py, deadline, |until| deferred.wait_blocking(until))? {
+            None => Err(PyTimeoutError::new_err(format!(
+                "the procs of {:?} were not ready within {} s",
+                self.inner.name,
+                timeout.unwrap_or_default()
+            ))),
+            Some(Err(e)) => Err(rt_err(format!(
+                "the procs of {:?} failed to start: {e}",
+                self.inner.name
+            ))),
+            Some(Ok(mesh)) => self.viewed(&mesh).map_err(rt_err),
+        }
+    }
+}
+
+#[pymethods]
+impl PyProcMesh {
+    /// The mesh's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The same procs through `shape` (in the mesh's global ranks).
+    fn view(&self, shape: PyRef<'_, PyShape>) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            view: Some(shape.shape().clone()),
+        }
+    }
+
+    /// Blocks until the procs are ready; raises `RuntimeError` if they failed to start,
+    /// `TimeoutError` after `timeout` seconds.
+    #[pyo3(signature = (timeout = None))]
+    fn wait_ready(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        self.ready(py, timeout).map(|_| ())
+    }
+
+    /// Whether the procs are ready (or failed).
+    fn is_ready(&self) -> bool {
+        self.inner.deferred.is_resolved()
+    }
+
+    /// A future of `True` once the procs are ready (an error if they failed to start).
+    fn initialized(&self) -> PyFuture {
+        let inner = Arc::clone(&self.inner);
+        PyFuture::from_work(
+            format!("procs {:?} starting", self.inner.name),
+            async move {
+                inner.deferred.wait().await.map_err(|e| {
+                    rt_err(format!(
+                        "the procs of {:?} failed to start: {e}",
+                        inner.name
+                    ))
+                })?;
+                let convert: Convert =
+                    Box::new(|py| Ok(true.into_pyobject(py)?.to_owned().into_any().unbind()));
+                Ok(convert)
+            },
+        )
+    }
+
+    /// The OS process ids of the view's procs, in view order (waits until ready).
+    fn pids(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
+        let mesh = self.ready(py, None)?;
+        Ok(mesh.shape().iter().map(|r| mesh.procs()[r].pid).collect())
+    }
+
+    /// The proc ids of the view's procs, printed, in view order (waits until ready).
+    fn proc_ids(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        let mesh = self.ready(py, None)?;
+        Ok(mesh
+            .shape()
+            .iter()
+            .map(|r| mesh.procs()[r].proc_id.to_string())
+            .collect())
+    }
+
+    /// Spawns one Python actor per proc of the view (made from `parts`: the pickled class
+    /// and arguments), owned by `sender`; returns at once.
+    #[pyo3(signature = (sender, name, class_name, parts))]
+    fn spawn(
+        &self,
+        sender: &Bound<'_, PyAny>,
+        name: &str,
+        class_name: &str,
+        parts: &Bound<'_, PyAny>,
+    ) -> PyResult<PyActorMesh> {
+        let sender = Sender::extract(sender)?;
+        let parts: Vec<Bytes> = extract_parts(parts)?;
+        if name.is_empty() {
+            return Err(PyValueError::new_err(
+                "spawn(): the mesh name must not be empty",
+            ));
+        }
+        let agent = {
+            use hyperactor::SendContext;
+            ProcAgent::of(sender.proc().proc_id())
+                .ok_or_else(|| rt_err("this process has no mesh agent"))?
+        };
+        let id = hyperactor_mesh::agent::random_id();
+        let actor = Arc::new(ActorMeshInner::pending(
+            Some(Arc::clone(&self.inner)),
+            id,
+            name.to_string(),
+            class_name.to_string(),
+        ));
+        let spawned = Arc::clone(&actor);
+        let this = self.clone();
+        let (name, class) = (name.to_string(), class_name.to_string());
+        let _guard = runtime()?.enter();
+        self.inner.deferred.run(move |mesh| {
+            let result = mesh
+                .map_err(|e| format!("its procs failed to start: {e}"))
+                .and_then(|m| {
+                    let viewed = this.viewed(m)?;
+                    use hyperactor::SendContext;
+                    viewed
+                        .spawn_as(
+                            &agent,
+                            sender.actor_id(),
+                            id,
+                            &name,
+                            class,
+                            ActorType::Foreign,
+                            parts,
+                        )
+                        .map_err(|e| e.to_string())
+                });
+            spawned.set(result);
+        });
+        Ok(PyActorMesh::new(actor, None))
+    }
+
+    /// Stops every proc of the mesh (only its owner can). A future of `None`.
+    fn stop(&self, sender: &Bound<'_, PyAny>, reason: String) -> PyResult<PyFuture> {
+        let sender = Sender::extract(sender)?;
+        let inner = Arc::clone(&self.inner);
+        Ok(PyFuture::from_work(
+            format!("stopping procs {:?}", self.inner.name),
+            async move {
+                // A mesh that failed to start has nothing to stop.
+                if let Ok(mesh) = inner.deferred.wait().await {
+                    mesh.stop(&sender, &reason).await.map_err(rt_err)?;
+                }
+                let convert: Convert = Box::new(|py| Ok(py.None()));
+                Ok(convert)
+            },
+        ))
+    }
+
+    /// Whether the procs failed to start, and why (`None` while starting or when ready).
+    fn error(&self) -> Option<String> {
+        match self.inner.deferred.get() {
+            Some(Err(e)) => Some(e),
+            _ => None,
+        }
+    }
+
+    #[staticmethod]
+    fn _from_bytes(data: &[u8]) -> PyResult<Self> {
+        let mesh: ProcMesh = bincode::deserialize(data)
+            .map_err(|e| PyValueError::new_err(format!("not a pickled proc mesh: {e}")))?;
+        Ok(Self {
+            inner: Arc::new(ProcMeshInner {
+                name: mesh.info().name.clone(),
+                deferred: Deferred::ready(mesh),
+            }),
+            view: None,
+        })
+    }
+
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyBytes>,))> {
+        let py = slf.py();
+        let mesh = slf.get().ready(py, None)?;
+        let data = bincode::serialize(&mesh).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok((
+            slf.get_type().getattr("_from_bytes")?,
+            (PyBytes::new(py, &data),),
+        ))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("ProcMeshHandle({:?})", self.inner.name)
+    }
+}

@@ -1,0 +1,116 @@
+"""This process's part in the mesh: its agent, its root client, what it owns.
+
+Every process that takes part — the client (the root, which is also this machine's
+host agent) and each proc a host spawned — has one :class:`ProcessState`: the Rust
+:class:`~monarch._rust_bindings.ProcAgent` of its proc, and a client mailbox named
+``client`` that owns what is spawned outside any actor (in the root, the script's main
+thread; its failures go to ``unhandled_fault_hook``).
+
+The state is created on first use: :func:`get` bootstraps the root client unless the
+process is a spawned proc (which sets its state at start). How a state is created lives
+in :mod:`monarch._src.actor.runtime`, which registers itself here
+(:func:`set_bootstrapper`) so that this module imports nothing above it.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from monarch._rust_bindings import Client, ProcAgent
+
+__all__ = [
+    "ProcessState",
+    "get",
+    "is_shut_down",
+    "peek",
+    "set_bootstrapper",
+    "set_state",
+]
+
+
+class ProcessState:
+    """This process's agent and root client: see the module docs."""
+
+    def __init__(self, agent: ProcAgent, *, is_root: bool) -> None:
+        self.agent = agent
+        self.is_root = is_root
+        self.proc_id: str = agent.proc_id
+        self.client: Client = agent.client("client")
+        if is_root:
+            agent.set_singleton_owner(self.client)
+        #: Actor meshes spawned from this process, by mesh id: what a failure report
+        #: hands its owner as ``failure.mesh``.
+        self.owned: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        #: Meshes stopped from this process (their failures are expected).
+        self.stopped: set[int] = set()
+        #: Singleton controllers spawned or fetched from this process, by name.
+        self.controllers: dict[str, Any] = {}
+        self.controllers_lock = threading.Lock()
+        #: The root process's proc id (for controllers); set for spawned procs.
+        self.root_proc: str | None = None
+
+
+#: The exit status the program must end with, once set (an unhandled failure); read by
+#: ``monarch``'s last exit hook.
+exit_status: int | None = None
+
+_lock = threading.RLock()
+_state: ProcessState | None = None
+_shut_down = False
+_bootstrapper: Callable[[], ProcessState] | None = None
+
+
+def set_bootstrapper(fn: Callable[[], ProcessState]) -> None:
+    """Register how the root client's state is created on first use."""
+    global _bootstrapper
+    _bootstrapper = fn
+
+
+def set_state(state: ProcessState) -> None:
+    """Install this process's state (a spawned proc, at start)."""
+    global _state
+    with _lock:
+        _state = state
+
+
+def peek() -> ProcessState | None:
+    """This process's state if it exists (never bootstraps)."""
+    return _state
+
+
+def get() -> ProcessState:
+    """This process's state, bootstrapping the root client on first use."""
+    state = _state
+    if state is not None:
+        return state
+    with _lock:
+        if _state is None:
+            if _shut_down:
+                raise RuntimeError(
+                    "the monarch client context was shut down (shutdown_context() or "
+                    "interpreter exit); it cannot be used again in this process"
+                )
+            if _bootstrapper is None:
+                raise RuntimeError(
+                    "monarch is not initialized in this process: import monarch.actor "
+                    "before using the actor API"
+                )
+            set_state(_bootstrapper())
+        assert _state is not None
+        return _state
+
+
+def mark_shut_down() -> bool:
+    """Record that this process's context is shut down; false if it already was."""
+    global _shut_down
+    with _lock:
+        was = _shut_down
+        _shut_down = True
+        return not was
+
+
+def is_shut_down() -> bool:
+    return _shut_down
