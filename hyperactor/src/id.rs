@@ -32,6 +32,7 @@
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -57,11 +58,27 @@ pub fn validate_name(name: &str) -> Result<(), IdError> {
     Ok(())
 }
 
-/// The id of a proc: a unique id plus the address it listens on.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct ProcId {
+/// The id of a proc: a unique id plus the address it listens on. Clones share one
+/// allocation (ids are copied into every message header).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProcId(Arc<ProcIdInner>);
+
+#[derive(PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+struct ProcIdInner {
     uid: String,
     addr: ChannelAddr,
+}
+
+impl Serialize for ProcId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for ProcId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(Self(Arc::new(ProcIdInner::deserialize(deserializer)?)))
+    }
 }
 
 impl ProcId {
@@ -73,7 +90,7 @@ impl ProcId {
     pub fn new(uid: impl Into<String>, addr: ChannelAddr) -> Result<Self, IdError> {
         let uid = uid.into();
         validate_name(&uid)?;
-        Ok(Self { uid, addr })
+        Ok(Self(Arc::new(ProcIdInner { uid, addr })))
     }
 
     /// Creates a proc id whose uid is `prefix` followed by a suffix unique to this
@@ -89,12 +106,12 @@ impl ProcId {
 
     /// The unique id part.
     pub fn uid(&self) -> &str {
-        &self.uid
+        &self.0.uid
     }
 
     /// The address the proc listens on.
     pub fn addr(&self) -> &ChannelAddr {
-        &self.addr
+        &self.0.addr
     }
 
     /// The id of the actor `name[index]` in this proc.
@@ -106,7 +123,7 @@ impl ProcId {
         validate_name(name)?;
         Ok(ActorId {
             proc: self.clone(),
-            name: name.to_string(),
+            name: Name(Arc::from(name)),
             index,
         })
     }
@@ -116,8 +133,25 @@ impl ProcId {
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ActorId {
     proc: ProcId,
-    name: String,
+    name: Name,
     index: u64,
+}
+
+/// An actor name, shared by the clones of an id (ids are copied into every message
+/// header); serialized as a string.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Name(Arc<str>);
+
+impl Serialize for Name {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Name {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(Self(Arc::from(String::deserialize(deserializer)?)))
+    }
 }
 
 impl ActorId {
@@ -128,7 +162,7 @@ impl ActorId {
 
     /// The actor's name.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.name.0
     }
 
     /// The actor's index among actors of the same name in its proc.
@@ -184,13 +218,13 @@ fn unique_suffix() -> String {
 
 impl fmt::Display for ProcId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}@{}", self.uid, self.addr)
+        write!(f, "{}@{}", self.0.uid, self.0.addr)
     }
 }
 
 impl fmt::Display for ActorId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}[{}]", self.proc, self.name, self.index)
+        write!(f, "{}/{}[{}]", self.proc, self.name.0, self.index)
     }
 }
 

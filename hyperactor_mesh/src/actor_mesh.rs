@@ -196,6 +196,7 @@ impl ActorMeshRef {
         parts: Vec<Bytes>,
     ) -> CastOutcome {
         let targets = self.targets();
+        agent.watch(&targets);
         agent.cast(
             origin,
             &self.core.actor,

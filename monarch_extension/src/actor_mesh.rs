@@ -131,12 +131,19 @@ impl PyActorMesh {
         }
     }
 
-    fn targets(&self, mesh: &ActorMeshRef) -> Result<Arc<(Vec<CastTarget>, ViewExtent)>, String> {
+    /// The view's targets (computed, and watched at their hosts, once).
+    fn targets(
+        &self,
+        agent: &ProcAgent,
+        mesh: &ActorMeshRef,
+    ) -> Result<Arc<(Vec<CastTarget>, ViewExtent)>, String> {
         if let Some(t) = self.targets.get() {
             return Ok(Arc::clone(t));
         }
         let viewed = self.viewed(mesh)?;
-        let t = Arc::new((viewed.targets(), viewed.view_extent()));
+        let targets = viewed.targets();
+        agent.watch(&targets);
+        let t = Arc::new((targets, viewed.view_extent()));
         Ok(Arc::clone(self.targets.get_or_init(|| t)))
     }
 
@@ -215,8 +222,7 @@ impl PyActorMesh {
         let py = slf.py();
         let this = slf.get();
         let sender = Sender::extract(sender)?;
-        let agent = ProcAgent::of(sender.proc().proc_id())
-            .ok_or_else(|| rt_err("this process has no mesh agent"))?;
+        let agent = crate::agent::process_agent()?.clone();
         let mut user = Vec::with_capacity(1 + parts.len().unwrap_or(1));
         user.push(Bytes::copy_from_slice(method.as_bytes()));
         user.extend(extract_parts(parts)?);
@@ -272,7 +278,10 @@ impl PyActorMesh {
                     return reply.fail(0..n.max(1), &why);
                 }
             };
-            let targets = match cached.map(Ok).unwrap_or_else(|| view_self.targets(mesh)) {
+            let targets = match cached
+                .map(Ok)
+                .unwrap_or_else(|| view_self.targets(&agent, mesh))
+            {
                 Ok(t) => t,
                 Err(why) => return reply.fail(0..n.max(1), &why),
             };
@@ -299,7 +308,9 @@ impl PyActorMesh {
             );
         });
         if let Some(mesh) = this.inner.mesh.get().and_then(|m| m.as_ref().ok()) {
-            let _ = this.targets(mesh);
+            if let Ok(agent) = crate::agent::process_agent() {
+                let _ = this.targets(agent, mesh);
+            }
         }
         Ok(out)
     }
@@ -314,8 +325,7 @@ impl PyActorMesh {
         count: u32,
     ) -> PyResult<Py<PyCallReplies>> {
         let sender = Sender::extract(sender)?;
-        let agent = ProcAgent::of(sender.proc().proc_id())
-            .ok_or_else(|| rt_err("this process has no mesh agent"))?;
+        let agent = crate::agent::process_agent()?.clone();
         let replies = PyCallReplies::new(CallReplies::open_all(&agent, 0..count));
         let shared = replies.shared();
         let view_self = Self::new(Arc::clone(&self.inner), self.view.clone());
@@ -354,8 +364,7 @@ impl PyActorMesh {
         count: u32,
     ) -> PyResult<Py<PyCallReplies>> {
         let sender = Sender::extract(sender)?;
-        let agent = ProcAgent::of(sender.proc().proc_id())
-            .ok_or_else(|| rt_err("this process has no mesh agent"))?;
+        let agent = crate::agent::process_agent()?.clone();
         let replies = PyCallReplies::new(CallReplies::open(&agent, 0..count));
         let shared = replies.shared();
         let view_self = Self::new(Arc::clone(&self.inner), self.view.clone());

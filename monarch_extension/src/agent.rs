@@ -79,6 +79,20 @@ impl std::fmt::Debug for PyProcAgent {
     }
 }
 
+/// This process's agent, once one is created (one per process).
+static AGENT: std::sync::OnceLock<ProcAgent> = std::sync::OnceLock::new();
+
+/// This process's agent.
+///
+/// # Errors
+///
+/// `RuntimeError` before one is created.
+pub fn process_agent() -> PyResult<&'static ProcAgent> {
+    AGENT.get().ok_or_else(|| {
+        PyRuntimeError::new_err("this process has no mesh agent yet (monarch is not initialized)")
+    })
+}
+
 impl PyProcAgent {
     fn build(
         py: Python<'_>,
@@ -95,6 +109,11 @@ impl PyProcAgent {
             let _guard = runtime()?.enter();
             ProcAgent::new(proc, options).map_err(|e| PyRuntimeError::new_err(e.to_string()))
         })?;
+        if AGENT.set(agent.clone()).is_err() {
+            return Err(PyRuntimeError::new_err(
+                "this process already has a mesh agent; there is one per process",
+            ));
+        }
         Ok(Self {
             agent,
             boot,

@@ -195,11 +195,7 @@ impl PyProcMesh {
                 "spawn(): the mesh name must not be empty",
             ));
         }
-        let agent = {
-            use hyperactor::SendContext;
-            ProcAgent::of(sender.proc().proc_id())
-                .ok_or_else(|| rt_err("this process has no mesh agent"))?
-        };
+        let agent = crate::agent::process_agent()?.clone();
         let id = hyperactor_mesh::agent::random_id();
         let actor = Arc::new(ActorMeshInner::pending(
             Some(Arc::clone(&self.inner)),

@@ -169,12 +169,51 @@ impl FromStr for ChannelAddr {
 
 /// The compact form of an address, used by binary formats (every message header
 /// carries several addresses, so formatting and parsing strings there would be
-/// paid on every message).
-#[derive(Serialize, Deserialize)]
+/// paid on every message). A Unix path travels as its bytes: no copy, no UTF-8
+/// check when encoding.
+#[derive(Serialize)]
+enum CompactAddrRef<'a> {
+    Local(u64),
+    Unix(PathBytes<'a>),
+    Tcp(std::net::SocketAddr),
+}
+
+#[derive(Deserialize)]
 enum CompactAddr {
     Local(u64),
-    Unix(PathBuf),
+    Unix(PathBufBytes),
     Tcp(std::net::SocketAddr),
+}
+
+struct PathBytes<'a>(&'a std::path::Path);
+
+impl Serialize for PathBytes<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use std::os::unix::ffi::OsStrExt;
+        serializer.serialize_bytes(self.0.as_os_str().as_bytes())
+    }
+}
+
+struct PathBufBytes(PathBuf);
+
+impl<'de> Deserialize<'de> for PathBufBytes {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = PathBufBytes;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("the bytes of a Unix socket path")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<PathBufBytes, E> {
+                self.visit_byte_buf(v.to_vec())
+            }
+            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<PathBufBytes, E> {
+                use std::os::unix::ffi::OsStringExt;
+                Ok(PathBufBytes(PathBuf::from(std::ffi::OsString::from_vec(v))))
+            }
+        }
+        deserializer.deserialize_byte_buf(Visit)
+    }
 }
 
 impl Serialize for ChannelAddr {
@@ -183,9 +222,9 @@ impl Serialize for ChannelAddr {
             return serializer.collect_str(self);
         }
         match self {
-            ChannelAddr::Local(id) => CompactAddr::Local(*id),
-            ChannelAddr::Unix(path) => CompactAddr::Unix(path.clone()),
-            ChannelAddr::Tcp(addr) => CompactAddr::Tcp(*addr),
+            ChannelAddr::Local(id) => CompactAddrRef::Local(*id),
+            ChannelAddr::Unix(path) => CompactAddrRef::Unix(PathBytes(path)),
+            ChannelAddr::Tcp(addr) => CompactAddrRef::Tcp(*addr),
         }
         .serialize(serializer)
     }
@@ -199,7 +238,7 @@ impl<'de> Deserialize<'de> for ChannelAddr {
         }
         Ok(match CompactAddr::deserialize(deserializer)? {
             CompactAddr::Local(id) => ChannelAddr::Local(id),
-            CompactAddr::Unix(path) => ChannelAddr::Unix(path),
+            CompactAddr::Unix(PathBufBytes(path)) => ChannelAddr::Unix(path),
             CompactAddr::Tcp(addr) => ChannelAddr::Tcp(addr),
         })
     }

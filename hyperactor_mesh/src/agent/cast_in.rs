@@ -89,18 +89,13 @@ impl Inner {
                 Some(parent.clone())
             }
         };
+        let forward_reply = if header.mode == ReplyMode::Reduce {
+            reply.as_ref()
+        } else {
+            header.reply.as_ref()
+        };
         for chunk in &children {
-            let forward = CastHeader {
-                hops: header.hops.saturating_add(1),
-                reply: if header.mode == ReplyMode::Reduce {
-                    reply.clone()
-                } else {
-                    header.reply.clone()
-                },
-                entries: chunk.to_vec(),
-                ..header.clone()
-            };
-            match forward.encode() {
+            match header.encode_chunk(header.hops.saturating_add(1), forward_reply, chunk) {
                 Ok(head) => {
                     let mut out = Vec::with_capacity(1 + user.len());
                     out.push(head);

@@ -64,6 +64,14 @@ impl CallWatch {
 }
 
 impl ProcAgent {
+    /// Asks the hosts of `targets` (once per proc) to report their procs' deaths to this
+    /// agent, so that calls waiting on a dead proc fail at once. A mesh's owner watches
+    /// its procs from the spawn; others watch the procs of a view before casting to it
+    /// ([`crate::actor_mesh::ActorMeshRef::cast_parts`] does).
+    pub fn watch(&self, targets: &[CastTarget]) {
+        self.inner.watch_targets(targets);
+    }
+
     /// Casts `parts` from `origin` to actor `actor` on every target (in view order):
     /// see the [module docs](self) and [`crate::cast`]. `view` is the extent the
     /// targets' indices refer to; replies (per `mode`) go to `reply`.
@@ -97,7 +105,6 @@ impl Inner {
         reply: Option<ReplyTo>,
         parts: Vec<Bytes>,
     ) -> CastOutcome {
-        self.watch_targets(targets);
         let fanout = self.fanout.load(std::sync::atomic::Ordering::Relaxed);
         let mut lost: Vec<ReplyItem> = Vec::new();
         let mut live: Vec<&CastTarget> = Vec::with_capacity(targets.len());
@@ -116,11 +123,11 @@ impl Inner {
         }
         let entries: Vec<Entry> = {
             let mut outgoing = lock(&self.outgoing);
-            let actor = actor.to_string();
+            let numbering = outgoing.actor(actor);
             live.iter()
                 .map(|t| Entry {
                     index: t.index,
-                    seq: outgoing.next_seq(&actor, &t.proc),
+                    seq: crate::cast::order::next_in(numbering, &t.proc),
                     proc: t.proc.clone(),
                 })
                 .collect()
@@ -157,11 +164,7 @@ impl Inner {
             dead: lock(&self.dead_recent).iter().cloned().collect(),
         };
         for range in chunks(entries.len(), fanout) {
-            let chunk = CastHeader {
-                entries: entries[range.clone()].to_vec(),
-                ..header.clone()
-            };
-            match chunk.encode() {
+            match header.encode_chunk(1, header.reply.as_ref(), &entries[range.clone()]) {
                 Ok(head) => {
                     let mut out = Vec::with_capacity(1 + parts.len());
                     out.push(head);

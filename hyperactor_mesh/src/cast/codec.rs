@@ -175,6 +175,23 @@ pub struct CastHeader {
     pub dead: Vec<ProcId>,
 }
 
+/// A [`CastHeader`] by reference, with its per-chunk fields given apart: encoding a
+/// chunk's header copies nothing but the bytes (same layout as [`CastHeader`]).
+#[derive(Serialize)]
+struct HeaderRef<'a> {
+    sender: u64,
+    origin: &'a ActorId,
+    actor: &'a str,
+    kind: &'a CastKind,
+    mode: ReplyMode,
+    reply: Option<&'a ReplyTo>,
+    view: &'a ViewExtent,
+    hops: u8,
+    fanout: u16,
+    entries: &'a [Entry],
+    dead: &'a [ProcId],
+}
+
 impl CastHeader {
     /// The header's part.
     ///
@@ -182,7 +199,35 @@ impl CastHeader {
     ///
     /// [`CodecError::Encode`] if bincode fails (it does not for these types).
     pub fn encode(&self) -> Result<Bytes, CodecError> {
-        bincode::serialize(self)
+        self.encode_chunk(self.hops, self.reply.as_ref(), &self.entries)
+    }
+
+    /// The part of this header for a chunk: with `hops`, `reply` and `entries` instead
+    /// of its own (the rest shared, not copied).
+    ///
+    /// # Errors
+    ///
+    /// [`CodecError::Encode`] if bincode fails (it does not for these types).
+    pub fn encode_chunk(
+        &self,
+        hops: u8,
+        reply: Option<&ReplyTo>,
+        entries: &[Entry],
+    ) -> Result<Bytes, CodecError> {
+        let header = HeaderRef {
+            sender: self.sender,
+            origin: &self.origin,
+            actor: &self.actor,
+            kind: &self.kind,
+            mode: self.mode,
+            reply,
+            view: &self.view,
+            hops,
+            fanout: self.fanout,
+            entries,
+            dead: &self.dead,
+        };
+        bincode::serialize(&header)
             .map(Bytes::from)
             .map_err(|e| CodecError::Encode(e.to_string()))
     }

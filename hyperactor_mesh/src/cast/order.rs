@@ -23,6 +23,8 @@
 //! ```
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+
+use rustc_hash::FxHashMap;
 use std::hash::Hash;
 use std::time::Duration;
 
@@ -156,24 +158,53 @@ fn release<T>(order: &mut InOrder<T>) -> Vec<T> {
 /// The sending side: per (actor, receiving proc), the last sequence number used.
 #[derive(Debug)]
 pub struct Outgoing<A = String, P = hyperactor::ProcId> {
-    last: HashMap<(A, P), u64>,
+    last: FxHashMap<A, FxHashMap<P, u64>>,
 }
 
 impl<A, P> Default for Outgoing<A, P> {
     fn default() -> Self {
         Self {
-            last: HashMap::new(),
+            last: FxHashMap::default(),
         }
     }
 }
 
-impl<A: Eq + Hash + Clone, P: Eq + Hash + Clone> Outgoing<A, P> {
-    /// The number of the next message to `actor` on `proc`.
-    pub fn next_seq(&mut self, actor: &A, proc: &P) -> u64 {
-        let n = self.last.entry((actor.clone(), proc.clone())).or_insert(0);
-        *n += 1;
-        *n
+impl<A: Eq + Hash, P: Eq + Hash + Clone> Outgoing<A, P> {
+    /// The numbering of messages to `actor` (see [`Outgoing::next_seq`]), created on
+    /// first use. Looked up once per cast, then used for each receiver.
+    // invariant: the entry is inserted just before it is looked up.
+    #[allow(clippy::expect_used)]
+    pub fn actor<Q>(&mut self, actor: &Q) -> &mut FxHashMap<P, u64>
+    where
+        A: std::borrow::Borrow<Q> + for<'a> From<&'a Q>,
+        Q: Eq + Hash + ?Sized,
+    {
+        if !self.last.contains_key(actor) {
+            self.last.insert(A::from(actor), FxHashMap::default());
+        }
+        self.last
+            .get_mut(actor)
+            .expect("invariant: inserted just above")
     }
+
+    /// The number of the next message to `actor` on `proc`.
+    pub fn next_seq<Q>(&mut self, actor: &Q, proc: &P) -> u64
+    where
+        A: std::borrow::Borrow<Q> + for<'a> From<&'a Q>,
+        Q: Eq + Hash + ?Sized,
+    {
+        next_in(self.actor(actor), proc)
+    }
+}
+
+/// The next number in `numbering` for `proc`.
+pub fn next_in<P: Eq + Hash + Clone>(numbering: &mut FxHashMap<P, u64>, proc: &P) -> u64 {
+    if let Some(n) = numbering.get_mut(proc) {
+        *n += 1;
+        return *n;
+    }
+    numbering.insert(proc.clone(), 1);
+    1
 }
 
 #[cfg(test)]
@@ -231,10 +262,10 @@ mod tests {
 
     #[test]
     fn outgoing_numbers_count_per_actor_and_proc() {
-        let mut o = Outgoing::<u8, u8>::default();
-        assert_eq!(o.next_seq(&1, &1), 1);
-        assert_eq!(o.next_seq(&1, &1), 2);
-        assert_eq!(o.next_seq(&1, &2), 1);
-        assert_eq!(o.next_seq(&2, &1), 1);
+        let mut o = Outgoing::<String, u8>::default();
+        assert_eq!(o.next_seq("a", &1), 1);
+        assert_eq!(o.next_seq("a", &1), 2);
+        assert_eq!(o.next_seq("a", &2), 1);
+        assert_eq!(o.next_seq("b", &1), 1);
     }
 }
