@@ -55,6 +55,7 @@
 
 mod ack;
 mod addr;
+pub mod buffer_pool;
 mod error;
 mod frame;
 mod inbox;

@@ -23,7 +23,7 @@ use hyperactor_mesh::cast::reply::ReplyItem;
 use hyperactor_mesh::shape::Extent;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::PyList;
 
 use crate::call::{block, deadline, PyPortHandle};
 use crate::future::{Convert, PyFuture};
@@ -212,7 +212,7 @@ impl PyDrivenActor {
 
     /// The parts the spawner sent (the pickled class, then the pickled arguments).
     fn spawn_parts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, self.spawn.parts.iter().map(|p| PyBytes::new(py, p)))
+        crate::recv_bytes::parts_to_list(py, &self.spawn.parts)
     }
 
     /// The next delivery, blocking without the GIL; `None` if `timeout` seconds pass
@@ -337,7 +337,7 @@ impl PyDelivery {
     /// The payload's parts: the pickled arguments, then their out-of-band buffers.
     #[getter]
     fn args<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, self.parts.iter().map(|p| PyBytes::new(py, p)))
+        crate::recv_bytes::parts_to_list(py, &self.parts)
     }
 
     /// The receiver's index in the view the message was sent to.

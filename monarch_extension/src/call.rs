@@ -27,7 +27,7 @@ use crate::sender::Sender;
 
 /// An item as Python sees it: `(index, status, [parts])`.
 pub(crate) fn item_to_py<'py>(py: Python<'py>, item: &ReplyItem) -> PyResult<Bound<'py, PyTuple>> {
-    let parts = PyList::new(py, item.parts.iter().map(|p| PyBytes::new(py, p)))?;
+    let parts = crate::recv_bytes::parts_to_list(py, &item.parts)?;
     PyTuple::new(
         py,
         [

@@ -12,6 +12,7 @@ pub mod host_mesh;
 pub mod port;
 pub mod proc;
 pub mod proc_mesh;
+mod recv_bytes;
 pub mod runtime;
 pub mod sender;
 pub mod shape;

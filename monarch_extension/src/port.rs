@@ -177,7 +177,7 @@ async fn recv(state: Arc<ReceiverState>) -> PyResult<Convert> {
         })?.into_parts(),
     };
     Ok(Box::new(move |py: Python<'_>| {
-        let list = PyList::new(py, parts.iter().map(|p| PyBytes::new(py, p)))?;
+        let list = crate::recv_bytes::parts_to_list(py, &parts)?;
         Ok(list.into_any().unbind())
     }))
 }

@@ -18,7 +18,8 @@
 //!   at [`INITIAL_PART_RESERVE`] bytes at most and doubles when full, ending
 //!   exactly sized. So a peer makes the decoder hold at most about twice the
 //!   bytes it really sent (plus one initial reservation per connection),
-//!   whatever lengths it claims.
+//!   whatever lengths it claims. Large parts reuse idle buffers from the
+//!   [receive buffer pool](super::buffer_pool) when one fits.
 //!
 //! # Maximum frame length
 //!
@@ -58,6 +59,8 @@ use tokio::io::AsyncBufRead;
 use tokio::io::AsyncBufReadExt;
 use tokio::io::AsyncRead;
 use tokio::io::AsyncReadExt;
+
+use super::buffer_pool;
 
 /// The default of [`max_frame_len`], the largest frame (header plus parts) a
 /// channel carries: 10 GiB.
@@ -385,7 +388,9 @@ pub(crate) async fn read_frame_limited<R: AsyncBufRead + Unpin>(
 /// Reads exactly `len` bytes (already checked against the maximum) into a
 /// buffer that grows with the bytes that arrive: at most
 /// [`INITIAL_PART_RESERVE`] up front, then doubling, never past `len`, so it
-/// ends exactly sized. The buffer is never zero-filled.
+/// ends exactly sized; or, for a part of at least
+/// [`buffer_pool::POOLED_MIN`] bytes, into an idle pooled buffer that fits,
+/// which the part gives back when dropped. The buffer is never zero-filled.
 async fn read_exactly<R: AsyncRead + Unpin>(reader: &mut R, len: u64) -> Result<Bytes, FrameError> {
     // Cannot fail on 64-bit targets, where the maximum frame length fits.
     let len = usize::try_from(len).map_err(|_| FrameError::TooLarge {
@@ -395,16 +400,19 @@ async fn read_exactly<R: AsyncRead + Unpin>(reader: &mut R, len: u64) -> Result<
     if len == 0 {
         return Ok(Bytes::new());
     }
-    let mut buf: Vec<u8> = Vec::with_capacity(len.min(INITIAL_PART_RESERVE));
+    // A large part lands in a pooled buffer, already mapped, when one fits.
+    let mut buf: Vec<u8> =
+        buffer_pool::take(len).unwrap_or_else(|| Vec::with_capacity(len.min(INITIAL_PART_RESERVE)));
     while buf.len() < len {
         if buf.len() == buf.capacity() {
             // Large reallocations move pages (mremap), not bytes.
             buf.reserve_exact((len - buf.len()).min(buf.capacity()));
         }
-        let room = (buf.capacity() - buf.len()) as u64;
+        // A pooled buffer may be larger than the part: never read past it.
+        let room = (buf.capacity().min(len) - buf.len()) as u64;
         if (&mut *reader).take(room).read_buf(&mut buf).await? == 0 {
             return Err(FrameError::Truncated);
         }
     }
-    Ok(Bytes::from(buf))
+    Ok(buffer_pool::freeze(buf))
 }
