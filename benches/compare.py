@@ -38,6 +38,8 @@ from bench_common import (
     CALL_64,
     CALL_ONE,
     CATALOGUE,
+    ECHO_64M,
+    FAILURE,
     PIPELINED,
     RAW_16,
     RAW_64,
@@ -55,14 +57,17 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCHES = ROOT / "benches"
 MARKER = "MONARCH_BENCH_RUN"
 
-#: The issue's targets, this project over upstream in the same run: (key, bound,
-#: "max" = the ratio must stay at or below it, "min" = reach it).
+#: The targets: this project over upstream in the same run (key, bound, "max" = the
+#: ratio must stay at or below it, "min" = reach it), or this project's own value
+#: ("abs-max": at most the bound, in the metric's unit).
 TARGETS = {
-    CALL_ONE: (0.25, "max"),
-    PIPELINED: (5.0, "min"),
+    CALL_ONE: (0.2, "max"),
+    PIPELINED: (6.0, "min"),
     CALL_16: (0.3, "max"),
     SPAWN_4: (0.5, "max"),
     SPAWN_16: (0.5, "max"),
+    ECHO_64M: (3.0, "min"),
+    FAILURE: (0.05, "abs-max"),
 }
 
 
@@ -211,6 +216,11 @@ def target_text(key: str, ours: float | None, upstream: float | None) -> str:
     if key not in TARGETS:
         return ""
     bound, kind = TARGETS[key]
+    if kind == "abs-max":
+        want = f"ours <= {bound:g} {CATALOGUE[key][1]}"
+        if ours is None:
+            return f"{want}: n/a"
+        return f"{want}: {'met' if ours <= bound else 'MISSED'}"
     want = f"{'<=' if kind == 'max' else '>='} {bound:g}"
     if ours is None or upstream is None or upstream == 0:
         return f"{want}: n/a"
