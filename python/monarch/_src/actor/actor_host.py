@@ -225,11 +225,17 @@ class HostedActor:
         if cleanup is None:
             return
 
+        assert self.instance is not None
+        ctx = Context(self.instance)
+
         def run() -> None:
+            token = _current.set(ctx)
             try:
                 cleanup(None)
             except Exception as e:
                 print(f"monarch: __cleanup__ of {self.name!r} raised: {e!r}", file=sys.stderr)
+            finally:
+                _current.reset(token)
 
         thread = threading.Thread(target=run, name=f"monarch-cleanup-{self.name}", daemon=True)
         thread.start()
@@ -258,10 +264,14 @@ class HostedActor:
         await asyncio.get_running_loop().run_in_executor(None, self.driven.stop_owned, reason)
         cleanup = getattr(self.obj, "__cleanup__", None)
         if cleanup is not None:
+            assert self.instance is not None
+            token = _current.set(Context(self.instance))
             try:
                 await asyncio.wait_for(cleanup(None), CLEANUP_TIMEOUT)
             except Exception as e:  # TimeoutError included
                 print(f"monarch: __cleanup__ of {self.name!r} failed: {e!r}", file=sys.stderr)
+            finally:
+                _current.reset(token)
         self.ended = True
         self.driven.stopped(reason)
 
@@ -285,10 +295,13 @@ class HostedActor:
                 failure = MeshFailure(raw) if raw is not None else None
                 if failure is None or self.ended:
                     continue
+                token = _current.set(self._context(d))
                 try:
                     handled, error = self._supervise(failure), None
                 except BaseException as e:
                     handled, error = False, e
+                finally:
+                    _current.reset(token)
                 self._supervise_result(failure, handled, error, raw)
             elif kind == STOP:
                 self._stop_sync("stopped by its owner")
@@ -356,12 +369,15 @@ class HostedActor:
                 if raw is None or self.ended:
                     continue
                 failure = MeshFailure(raw)
+                token = _current.set(self._context(d))
                 try:
                     handled, error = self._supervise(failure), None
                     if inspect.isawaitable(handled):
                         handled = await handled
                 except BaseException as e:
                     handled, error = False, e
+                finally:
+                    _current.reset(token)
                 self._supervise_result(failure, handled, error, raw)
             elif kind == STOP:
                 await self._stop_async("stopped by its owner", tasks)
