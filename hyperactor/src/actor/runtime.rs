@@ -186,8 +186,8 @@ impl ActorCell {
     }
 
     /// The terminal phase without children (a driven actor has none): the mailbox is
-    /// closed, `leftovers` go back to their senders (DEL-1), the final status is
-    /// published and a failure is reported to the owner (SUP-1). Idempotent: only the
+    /// closed, the final status is published, `leftovers` go back to their senders
+    /// (DEL-1) and a failure is reported to the owner (SUP-1). Idempotent: only the
     /// first call of a cell counts.
     pub(crate) fn finish(
         &self,
@@ -203,19 +203,26 @@ impl ActorCell {
             Err((reason, _)) => format!("failed: {reason}"),
         };
         self.mailbox.close(&ended);
-        bounce_leftovers(proc, &self.id, &ended, leftovers);
-        match outcome {
-            Ok(()) => self.set_status(ActorStatus::Stopped),
+        // The final status first: whoever gets a leftover back and asks why finds the
+        // actor ended.
+        let event = match outcome {
+            Ok(()) => {
+                self.set_status(ActorStatus::Stopped);
+                None
+            }
             Err((reason, caused_by)) => {
                 self.set_status(ActorStatus::Failed(reason.clone()));
-                let event = SupervisionEvent {
+                Some(SupervisionEvent {
                     actor_id: self.id.clone(),
                     reason,
                     caused_by,
                     detail: None,
-                };
-                report(proc, self, event);
+                })
             }
+        };
+        bounce_leftovers(proc, &self.id, &ended, leftovers);
+        if let Some(event) = event {
+            report(proc, self, event);
         }
         true
     }

@@ -347,12 +347,15 @@ async fn drain_stderr(stderr: ChildStderr, control: Arc<ChildProc>) {
         match reader.read_until(b'\n', &mut line).await {
             Ok(0) | Err(_) => break,
             Ok(_) => {
-                eprintln!(
-                    "[{} {}] {}",
+                // One write per line: Rust's stderr is unbuffered, and a line written
+                // in pieces could be split by the host's own output in between.
+                let text = format!(
+                    "[{} {}] {}\n",
                     control.name,
                     control.rank,
                     String::from_utf8_lossy(&line).trim_end()
                 );
+                let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), text.as_bytes());
                 control.push_stderr(&line);
             }
         }
