@@ -397,14 +397,27 @@ impl Proc {
                 );
                 self.bounce(Undeliverable { envelope, reason });
             }
-            Err(e) => tracing::error!(proc = %self.inner.id, "returned frame is corrupt: {e}"),
+            Err(e) => {
+                if let Some(suppressed) = RETURN_FAILED.check() {
+                    tracing::error!(proc = %self.inner.id, suppressed, "returned frame is corrupt: {e}");
+                }
+            }
         }
     }
 
     /// Returns an undelivered message to its sender's `return_to` port (DEL-1).
     pub(crate) fn bounce(&self, undeliverable: Undeliverable) {
         let Some(return_to) = undeliverable.envelope.header.return_to.clone() else {
-            tracing::error!(proc = %self.inner.id, "dropping a returned message: {undeliverable}");
+            // Messages without a return address are fire-and-forget (replies,
+            // supervision events): dropping one whose receiver is gone is routine, so
+            // the log is at debug level, rate-limited with the count it suppressed.
+            if let Some(suppressed) = DROPPED.check() {
+                tracing::debug!(
+                    proc = %self.inner.id,
+                    suppressed,
+                    "dropping an undeliverable message without a return address: {undeliverable}"
+                );
+            }
             return;
         };
         let header = EnvelopeHeader {
@@ -415,10 +428,18 @@ impl Proc {
         };
         match Serialized::encode(&undeliverable) {
             Ok(payload) => self.post(Envelope { header, payload }),
-            Err(e) => tracing::error!(proc = %self.inner.id, "cannot return a message: {e}"),
+            Err(e) => {
+                if let Some(suppressed) = RETURN_FAILED.check() {
+                    tracing::error!(proc = %self.inner.id, suppressed, "cannot return a message: {e}");
+                }
+            }
         }
     }
 }
+
+/// Log limits of messages that cannot be returned (DEL-1), process-wide.
+static DROPPED: LogLimit = LogLimit::per_second();
+static RETURN_FAILED: LogLimit = LogLimit::per_second();
 
 impl std::fmt::Debug for Proc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -15,13 +15,15 @@ use std::sync::OnceLock;
 
 use bytes::Bytes;
 use hyperactor::actor::{DrivenActor, DrivenWork, Next};
+use hyperactor::channel::log_limit::LogLimit;
+use hyperactor::id::ActorId;
 use hyperactor::message::{handler_port_for_name, Envelope, SUPERVISION_PORT, UNDELIVERABLE_PORT};
 use hyperactor::SupervisionEvent;
 use hyperactor_mesh::agent::{ForeignSpawn, ProcAgent};
 use hyperactor_mesh::cast::codec::{ReplyTo, Route, ViewExtent};
 use hyperactor_mesh::cast::reply::ReplyItem;
 use hyperactor_mesh::shape::Extent;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
@@ -46,6 +48,15 @@ pub const SUPERVISE: u8 = 1;
 pub const STOP: u8 = 2;
 /// The actor has ended: nothing more comes.
 pub const ENDED: u8 = 3;
+/// A message the runtime dealt with already (a malformed one, logged and answered
+/// where it could be, or a returned reply): nothing to do.
+pub const SKIP: u8 = 4;
+
+/// Malformed messages addressed to Python actors: logged at most once a second per
+/// process, with the count of those not logged.
+static MALFORMED: LogLimit = LogLimit::per_second();
+/// Messages that came back to a Python actor: logged likewise.
+static RETURNED: LogLimit = LogLimit::per_second();
 
 fn extent(view: &ViewExtent) -> PyResult<Extent> {
     Extent::new(view.labels.clone(), view.sizes.clone())
@@ -75,7 +86,9 @@ impl PyDrivenActor {
         &self.actor
     }
 
-    fn delivery(&self, work: DrivenWork) -> PyResult<PyDelivery> {
+    /// The delivery of `work`. Never an error: whatever a peer sent, the actor's loop
+    /// goes on (a malformed message becomes a [`SKIP`], logged).
+    fn delivery(&self, work: DrivenWork) -> PyDelivery {
         let mut delivery = PyDelivery {
             kind: STOP,
             actor: self.actor.clone(),
@@ -83,47 +96,77 @@ impl PyDrivenActor {
             parts: Vec::new(),
             route: None,
             failure: None,
+            malformed: None,
         };
         let envelope: Envelope = match work {
-            DrivenWork::Stop => return Ok(delivery),
+            DrivenWork::Stop => return delivery,
             DrivenWork::Message(envelope) => envelope,
         };
+        delivery.kind = SKIP;
+        let sender = envelope.header.sender.clone();
         match envelope.header.dest.index() {
-            SUPERVISION_PORT => {
-                let event: SupervisionEvent = envelope
-                    .payload
-                    .decode()
-                    .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-                delivery.kind = SUPERVISE;
-                delivery.failure = Some(PyMeshFailure::from_event(event));
-            }
+            SUPERVISION_PORT => match envelope.payload.decode::<SupervisionEvent>() {
+                Ok(event) => {
+                    delivery.kind = SUPERVISE;
+                    delivery.failure = Some(PyMeshFailure::from_event(event));
+                }
+                Err(e) => self.malformed(&sender, &format!("a supervision event: {e}")),
+            },
             UNDELIVERABLE_PORT => {
                 // Python actors send replies that nobody returns; anything else that
                 // comes back is only logged.
-                tracing::warn!(actor = %self.actor.actor_id(), "a message it sent came back");
-                delivery.kind = CALL;
-                delivery.method = "__undeliverable__".into();
+                if let Some(suppressed) = RETURNED.check() {
+                    tracing::warn!(
+                        actor = %self.actor.actor_id(),
+                        suppressed,
+                        "a message it sent came back"
+                    );
+                }
             }
             _ => {
-                let route = envelope
-                    .header
-                    .extra
-                    .as_deref()
-                    .map(Route::decode)
-                    .transpose();
-                delivery.route = route.map_err(|e| PyValueError::new_err(e.to_string()))?;
-                let mut parts = envelope.payload.into_parts();
-                let method = if parts.is_empty() {
-                    Bytes::new()
-                } else {
-                    parts.remove(0)
+                let route = match envelope.header.extra.as_deref().map(Route::decode) {
+                    None => None,
+                    Some(Ok(route)) => Some(route),
+                    Some(Err(e)) => {
+                        self.malformed(&sender, &format!("a call whose route is malformed: {e}"));
+                        return delivery;
+                    }
                 };
-                delivery.kind = CALL;
-                delivery.method = String::from_utf8_lossy(&method).into_owned();
-                delivery.parts = parts;
+                let mut parts = envelope.payload.into_parts();
+                let method = match parts.is_empty() {
+                    true => Err("it has no parts".to_string()),
+                    false => String::from_utf8(parts.remove(0).to_vec())
+                        .map_err(|_| "its endpoint name is not UTF-8".to_string()),
+                };
+                delivery.route = route;
+                match method {
+                    Ok(method) => {
+                        delivery.kind = CALL;
+                        delivery.method = method;
+                        delivery.parts = parts;
+                    }
+                    Err(why) => {
+                        // Malformed, but it may say where to answer: Python tells the
+                        // caller why (an error, as the caller decodes it).
+                        self.malformed(&sender, &format!("a call: {why}"));
+                        delivery.kind = CALL;
+                        delivery.malformed = Some(why);
+                    }
+                }
             }
         }
-        Ok(delivery)
+        delivery
+    }
+
+    fn malformed(&self, sender: &ActorId, what: &str) {
+        if let Some(suppressed) = MALFORMED.check() {
+            tracing::warn!(
+                actor = %self.actor.actor_id(),
+                %sender,
+                suppressed,
+                "dropping a malformed message, {what}"
+            );
+        }
     }
 
     fn next_work(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<PyDelivery>> {
@@ -143,7 +186,7 @@ impl PyDrivenActor {
             other => other,
         };
         match next {
-            Next::Work(work) => self.delivery(work).map(Some),
+            Next::Work(work) => Ok(Some(self.delivery(work))),
             Next::Timeout => Ok(None),
             Next::Ended => Ok(Some(self.ended())),
         }
@@ -157,6 +200,7 @@ impl PyDrivenActor {
             parts: Vec::new(),
             route: None,
             failure: None,
+            malformed: None,
         }
     }
 }
@@ -225,7 +269,7 @@ impl PyDrivenActor {
     /// The next delivery if one is queued, else `None` (never blocks).
     fn try_next(&self) -> PyResult<Option<PyDelivery>> {
         match self.actor.try_next() {
-            Next::Work(work) => self.delivery(work).map(Some),
+            Next::Work(work) => Ok(Some(self.delivery(work))),
             Next::Timeout => Ok(None),
             Next::Ended => Ok(Some(self.ended())),
         }
@@ -240,7 +284,7 @@ impl PyDrivenActor {
             let convert: Convert = Box::new(move |py| {
                 let this = this.bind(py).get();
                 let delivery = match next {
-                    Next::Work(work) => this.delivery(work)?,
+                    Next::Work(work) => this.delivery(work),
                     Next::Timeout | Next::Ended => this.ended(),
                 };
                 Ok(Py::new(py, delivery)?.into_any())
@@ -311,6 +355,7 @@ pub struct PyDelivery {
     parts: Vec<Bytes>,
     route: Option<Route>,
     failure: Option<PyMeshFailure>,
+    malformed: Option<String>,
 }
 
 impl PyDelivery {
@@ -332,6 +377,12 @@ impl PyDelivery {
     #[getter]
     fn method(&self) -> &str {
         &self.method
+    }
+
+    /// Why the call cannot be decoded (it is answered with an error), or `None`.
+    #[getter]
+    fn malformed(&self) -> Option<&str> {
+        self.malformed.as_deref()
     }
 
     /// The payload's parts: the pickled arguments, then their out-of-band buffers.

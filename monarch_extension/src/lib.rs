@@ -80,6 +80,7 @@ pub fn find(py: Python<'_>, haystack: &[u8], needle: &[u8]) -> isize {
 /// Fails if adding an attribute to the module fails.
 #[pymodule]
 pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    init_logging();
     m.add("__version__", VERSION)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(find, m)?)?;
@@ -100,9 +101,44 @@ pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<call::PyPortHandle>()?;
     m.add_class::<supervision::PyMeshFailure>()?;
     shape::register(m)?;
+    // The codes that cross the boundary, defined once (here, from the Rust types).
+    use hyperactor_mesh::cast::reply::ReplyStatus;
+    m.add("REPLY_OK", ReplyStatus::Ok as u8)?;
+    m.add("REPLY_ERROR", ReplyStatus::Error as u8)?;
+    m.add("REPLY_FAILED", ReplyStatus::Failed as u8)?;
+    m.add("REPLY_STOPPED", ReplyStatus::Stopped as u8)?;
+    m.add("DELIVERY_CALL", actor::CALL)?;
+    m.add("DELIVERY_SUPERVISE", actor::SUPERVISE)?;
+    m.add("DELIVERY_STOP", actor::STOP)?;
+    m.add("DELIVERY_ENDED", actor::ENDED)?;
+    m.add("DELIVERY_SKIP", actor::SKIP)?;
+    m.add("PYTHON_MESSAGE_PORT", actor::py_message_port())?;
     m.add(
         "WouldBlockRuntime",
         m.py().get_type::<runtime::WouldBlockRuntime>(),
     )?;
     Ok(())
+}
+
+/// The environment variable that filters the runtime's log lines (the syntax of
+/// `tracing_subscriber`'s `EnvFilter`, e.g. `info` or `hyperactor=debug`); `RUST_LOG`
+/// when it is unset; warnings and errors by default.
+pub const LOG_ENV: &str = "MONARCH_LOG";
+
+/// Sends the runtime's log lines (warnings and errors unless [`LOG_ENV`] says
+/// otherwise) to this process's stderr, one line each. Nothing if the embedding
+/// program installed a subscriber of its own.
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = [LOG_ENV, "RUST_LOG"]
+        .iter()
+        .find_map(|var| std::env::var(var).ok().filter(|v| !v.trim().is_empty()))
+        .and_then(|spec| EnvFilter::try_new(spec).ok())
+        .unwrap_or_else(|| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false)
+        .try_init();
 }

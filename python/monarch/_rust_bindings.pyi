@@ -15,9 +15,19 @@ from collections.abc import (
     ValuesView,
 )
 from types import GenericAlias
-from typing import Any, Generic, Literal, TypedDict, TypeVar, final, type_check_only
+from typing import Any, Final, Generic, Literal, TypedDict, TypeVar, final, type_check_only
 
 __all__ = [
+    "DELIVERY_CALL",
+    "DELIVERY_ENDED",
+    "DELIVERY_SKIP",
+    "DELIVERY_STOP",
+    "DELIVERY_SUPERVISE",
+    "PYTHON_MESSAGE_PORT",
+    "REPLY_ERROR",
+    "REPLY_FAILED",
+    "REPLY_OK",
+    "REPLY_STOPPED",
     "ActorMeshHandle",
     "CallReplies",
     "Client",
@@ -71,6 +81,23 @@ def build_info() -> _BuildInfo:
 def find(haystack: bytes, needle: bytes) -> int:
     """The index of the first occurrence of ``needle`` in ``haystack``, or -1 (as
     ``bytes.find``, with a vectorized search)."""
+
+#: Reply statuses: the handler's value; its error (the actor lives on); the receiver
+#: cannot answer (failed, died, unreachable); it was stopped.
+REPLY_OK: Final[int]
+REPLY_ERROR: Final[int]
+REPLY_FAILED: Final[int]
+REPLY_STOPPED: Final[int]
+#: ``Delivery.kind`` values: a call; a failure of an owned mesh; a stop; the actor
+#: ended; nothing to do (a message the runtime dealt with already).
+DELIVERY_CALL: Final[int]
+DELIVERY_SUPERVISE: Final[int]
+DELIVERY_STOP: Final[int]
+DELIVERY_ENDED: Final[int]
+DELIVERY_SKIP: Final[int]
+#: The port of a Python actor that takes its calls (a message's parts: the endpoint's
+#: name, the pickled arguments, their out-of-band buffers).
+PYTHON_MESSAGE_PORT: Final[int]
 
 class WouldBlockRuntime(RuntimeError):
     """A blocking call (such as ``Future.get()``) was made on a thread of Monarch's tokio
@@ -306,6 +333,8 @@ class Delivery:
     def kind(self) -> int: ...
     @property
     def method(self) -> str: ...
+    @property
+    def malformed(self) -> str | None: ...
     @property
     def args(self) -> list[bytes]: ...
     @property

@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
-from conftest import Faults
 from monarch.actor import (
     Actor,
     ActorError,
@@ -33,6 +33,9 @@ from monarch.actor import (
     this_host,
     this_proc,
 )
+
+if TYPE_CHECKING:  # the actors' procs import this module too: no test-only imports
+    from conftest import Faults
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -192,7 +192,8 @@ impl Inner {
         };
         let owner = actor.owner.clone();
         drop(local);
-        tracing::warn!(agent = %self.id, "{}", failure.report());
+        // The actor's host reports it where it runs (Python prints it); the owner hears.
+        tracing::debug!(agent = %self.id, "{}", failure.report());
         self.report_to_owner(&owner, &failure);
     }
 
@@ -327,8 +328,10 @@ impl Inner {
             }
             return;
         }
+        // The agent's own messages come back when their proc is gone: routine while
+        // procs die, so only visible at debug level.
         if let Some(suppressed) = RETURNED.check() {
-            tracing::warn!(
+            tracing::debug!(
                 suppressed,
                 "agent {}: a message from {} to {dest} came back: {reason}",
                 self.id,

@@ -26,7 +26,14 @@ import sys
 import threading
 from typing import Any
 
-from monarch._rust_bindings import Delivery, DrivenActor
+from monarch._rust_bindings import (
+    DELIVERY_CALL,
+    DELIVERY_SKIP,
+    DELIVERY_STOP,
+    DELIVERY_SUPERVISE,
+    Delivery,
+    DrivenActor,
+)
 from monarch._src.actor import process
 from monarch._src.actor.actor import _class_info, _ClassInfo
 from monarch._src.actor.channel import Port
@@ -41,9 +48,6 @@ __all__ = ["CLEANUP_TIMEOUT", "HostedActor", "run_spawner"]
 
 #: How long ``__cleanup__`` may run when an actor stops.
 CLEANUP_TIMEOUT = 3.0
-
-#: ``Delivery.kind`` values (the runtime's).
-CALL, SUPERVISE, STOP, ENDED = 0, 1, 2, 3
 
 
 def run_spawner(state: process.ProcessState) -> None:
@@ -145,12 +149,18 @@ class HostedActor:
         if not self._init():
             return
         assert self.info is not None
-        if self.info.is_async:
-            import asyncio
+        try:
+            if self.info.is_async:
+                import asyncio
 
-            asyncio.run(self._run_async())
-        else:
-            self._run_sync()
+                asyncio.run(self._run_async())
+            else:
+                self._run_sync()
+        except BaseException as e:
+            # A bug of the host itself, not of an endpoint (those are handled where they
+            # run): the actor fails, so that its owner hears of it and calls to it are
+            # answered, rather than its thread ending in silence.
+            self.fail(f"its host loop raised:\n{format_exception(e)}")
 
     # --- calls ------------------------------------------------------------------------------------
 
@@ -158,15 +168,28 @@ class HostedActor:
         """The bound method and arguments of a call, or None if it was answered already."""
         method = d.method
         try:
+            malformed = d.malformed
+            if malformed is not None:
+                raise ValueError(f"actor {self.name!r} received a malformed message: {malformed}")
+            fn = self._endpoint(method)
             parts = d.args
             args, kwargs = loads(parts[0], parts[1:])
-            fn = getattr(self.obj, method)
         except Exception as e:  # cannot unpickle, or no such method: the caller hears
             d.reply(ERROR, [dumps(ActorError._from_local(e, f"before {method} ran")._to_wire())])
             return None
         if method in self._explicit:
             args = (Port(d.port()), *args)
         return fn, args, kwargs
+
+    def _endpoint(self, method: str) -> Any:
+        """The bound method a call names: an endpoint, or a public method (called with
+        ``as_endpoint``); never a private attribute that is not an endpoint."""
+        assert self.info is not None
+        if method in self.info.endpoints or not method.startswith("_"):
+            fn = getattr(self.obj, method, None)
+            if callable(fn):
+                return fn
+        raise AttributeError(f"{self.class_name} has no endpoint or method named {method!r}")
 
     def _answer(self, d: Delivery, result: Any) -> None:
         if d.method in self._explicit:
@@ -288,9 +311,9 @@ class HostedActor:
             if d is None:
                 continue
             kind = d.kind
-            if kind == CALL:
+            if kind == DELIVERY_CALL:
                 self._call_sync(d)
-            elif kind == SUPERVISE:
+            elif kind == DELIVERY_SUPERVISE:
                 raw = d.failure
                 failure = MeshFailure(raw) if raw is not None else None
                 if failure is None or self.ended:
@@ -303,8 +326,10 @@ class HostedActor:
                 finally:
                     _current.reset(token)
                 self._supervise_result(failure, handled, error, raw)
-            elif kind == STOP:
+            elif kind == DELIVERY_STOP:
                 self._stop_sync("stopped by its owner")
+            elif kind == DELIVERY_SKIP:
+                continue
             else:  # ENDED
                 return
             if self.stop_after_current is not None and not self.ended:
@@ -317,8 +342,6 @@ class HostedActor:
         return handler(failure)
 
     def _call_sync(self, d: Delivery) -> None:
-        if d.method == "__undeliverable__":
-            return
         begun = self._begin(d)
         if begun is None:
             return
@@ -343,9 +366,7 @@ class HostedActor:
             if d is None:
                 d = await driven.next_async()
             kind = d.kind
-            if kind == CALL:
-                if d.method == "__undeliverable__":
-                    continue
+            if kind == DELIVERY_CALL:
                 begun = self._begin(d)
                 if begun is None:
                     continue
@@ -364,7 +385,7 @@ class HostedActor:
                     await self._invoke(d, fn, args, kwargs)
                 finally:
                     _current.reset(token)
-            elif kind == SUPERVISE:
+            elif kind == DELIVERY_SUPERVISE:
                 raw = d.failure
                 if raw is None or self.ended:
                     continue
@@ -379,8 +400,10 @@ class HostedActor:
                 finally:
                     _current.reset(token)
                 self._supervise_result(failure, handled, error, raw)
-            elif kind == STOP:
+            elif kind == DELIVERY_STOP:
                 await self._stop_async("stopped by its owner", tasks)
+            elif kind == DELIVERY_SKIP:
+                continue
             else:  # ENDED
                 return
             if self.stop_after_current is not None and not self.ended:

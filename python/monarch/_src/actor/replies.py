@@ -19,7 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from monarch._rust_bindings import CallReplies, ReplyQueue
+from monarch._rust_bindings import (
+    REPLY_ERROR,
+    REPLY_FAILED,
+    REPLY_OK,
+    REPLY_STOPPED,
+    CallReplies,
+    ReplyQueue,
+)
 from monarch._rust_bindings import Future as RustFuture
 from monarch._src.actor.errors import ActorError, SupervisionError
 from monarch._src.actor.pickling import loads
@@ -30,7 +37,7 @@ __all__ = ["ERROR", "FAILED", "OK", "STOPPED", "CallFuture", "Failed", "RustWork
 R = TypeVar("R")
 
 #: Reply statuses (the runtime's).
-OK, ERROR, FAILED, STOPPED = 0, 1, 2, 3
+OK, ERROR, FAILED, STOPPED = REPLY_OK, REPLY_ERROR, REPLY_FAILED, REPLY_STOPPED
 
 Item = tuple[int, int, list[bytes]]
 
