@@ -82,6 +82,7 @@ pub use self::addr::ChannelTransport;
 pub use self::error::ChannelError;
 pub use self::error::SendError;
 pub use self::frame::max_frame_len;
+pub use self::frame::set_max_frame_len;
 pub use self::frame::Frame;
 pub use self::frame::FrameError;
 pub use self::frame::MAX_FRAME_LEN;

@@ -328,7 +328,7 @@ impl Drop for DirectPort {
 }
 
 fn undeliverable(envelope: Envelope, reason: String) -> Box<Undeliverable> {
-    Box::new(Undeliverable { envelope, reason })
+    Box::new(Undeliverable::new(envelope, reason))
 }
 
 fn closed_port(envelope: Envelope) -> Box<Undeliverable> {

@@ -211,6 +211,21 @@ pub struct Undeliverable {
     pub envelope: Envelope,
     /// Why, in words (names the destination).
     pub reason: String,
+    /// Whether the link to the destination's proc failed (so that proc may be gone);
+    /// false when the destination refused the message, or the message could not be
+    /// sent at all (too large for a frame).
+    pub link_failed: bool,
+}
+
+impl Undeliverable {
+    /// `envelope` was refused (not a link failure) for `reason`.
+    pub fn new(envelope: Envelope, reason: impl Into<String>) -> Self {
+        Self {
+            envelope,
+            reason: reason.into(),
+            link_failed: false,
+        }
+    }
 }
 
 impl std::fmt::Display for Undeliverable {

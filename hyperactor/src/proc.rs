@@ -383,7 +383,7 @@ impl Proc {
                     envelope.header.dest.actor(),
                     self.inner.id
                 );
-                self.bounce(Undeliverable { envelope, reason });
+                self.bounce(Undeliverable::new(envelope, reason));
             }
         }
     }
@@ -391,11 +391,22 @@ impl Proc {
     fn bounce_frame(&self, frame: Frame, error: &ChannelError) {
         match Envelope::from_frame(frame) {
             Ok(envelope) => {
-                let reason = format!(
-                    "link to {} failed: {error}",
-                    envelope.header.dest.actor().proc_id()
-                );
-                self.bounce(Undeliverable { envelope, reason });
+                // A frame error here is the sending side's own check (too large, too
+                // many parts): the link is fine.
+                let link_failed = !matches!(error, ChannelError::Frame { .. });
+                let reason = if link_failed {
+                    format!(
+                        "link to {} failed: {error}",
+                        envelope.header.dest.actor().proc_id()
+                    )
+                } else {
+                    format!("it cannot be sent: {error}")
+                };
+                self.bounce(Undeliverable {
+                    envelope,
+                    reason,
+                    link_failed,
+                });
             }
             Err(e) => {
                 if let Some(suppressed) = RETURN_FAILED.check() {

@@ -185,7 +185,27 @@ impl ActorMeshRef {
         )
     }
 
-    /// Casts `parts` to every actor of the view (see [`ProcAgent::cast`]).
+    /// Checks that a message with payload `parts` fits in a frame.
+    ///
+    /// # Errors
+    ///
+    /// [`MeshError::TooLarge`] if it is over [`crate::cast::max_message_len`].
+    pub fn check_message_len(&self, parts: &[Bytes]) -> Result<(), MeshError> {
+        let bytes: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let max = crate::cast::max_message_len();
+        if bytes > max {
+            return Err(MeshError::TooLarge {
+                mesh: self.core.info.name.clone(),
+                bytes,
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Casts `parts` to every actor of the view (see [`ProcAgent::cast`]); check their
+    /// size first with [`ActorMeshRef::check_message_len`] (a message over it is
+    /// answered as undeliverable).
     pub fn cast_parts(
         &self,
         agent: &ProcAgent,
@@ -384,8 +404,9 @@ impl<A: Actor> ActorMesh<A> {
     ///
     /// # Errors
     ///
-    /// [`MeshError::Message`] if `message` cannot be serialized, [`MeshError::NoAgent`]
-    /// if `cx`'s proc has no agent.
+    /// [`MeshError::Message`] if `message` cannot be serialized, [`MeshError::TooLarge`]
+    /// if it is over [`crate::cast::max_message_len`], [`MeshError::NoAgent`] if `cx`'s
+    /// proc has no agent.
     pub fn cast<M>(&self, cx: &impl SendContext, message: &M) -> Result<(), MeshError>
     where
         M: hyperactor::message::Message,
@@ -393,6 +414,7 @@ impl<A: Actor> ActorMesh<A> {
     {
         let agent = agent_of(cx)?;
         let parts = Serialized::encode(message)?.into_parts();
+        self.inner.check_message_len(&parts)?;
         let kind = CastKind::Message {
             port: handler_port::<M>(),
         };
@@ -424,6 +446,7 @@ impl<A: Actor> ActorMesh<A> {
     {
         let agent = agent_of(cx)?;
         let parts = Serialized::encode(message)?.into_parts();
+        self.inner.check_message_len(&parts)?;
         let n = self.len() as u32;
         let replies = CallReplies::open(&agent, 0..n);
         let kind = CastKind::Message {

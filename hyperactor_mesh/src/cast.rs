@@ -28,3 +28,13 @@ pub mod codec;
 pub mod order;
 pub mod reply;
 pub mod tree;
+
+/// Room kept in a frame for what a message carries besides its payload (envelope,
+/// route, cast header).
+pub const HEADER_ROOM: u64 = 64 << 10;
+
+/// The largest payload (the sum of its parts) a message to a mesh may have: the
+/// channel's [largest frame](hyperactor::channel::max_frame_len) less [`HEADER_ROOM`].
+pub fn max_message_len() -> u64 {
+    hyperactor::channel::max_frame_len().saturating_sub(HEADER_ROOM)
+}

@@ -225,6 +225,20 @@ pub enum MeshError {
         #[source]
         source: SpawnError,
     },
+    /// A message is larger than the largest message a channel carries.
+    #[error(
+        "a message of {bytes} bytes to actor mesh '{mesh}' is over the largest message \
+         size, {max} bytes: send less per message, or raise HYPERACTOR_CODEC_MAX_FRAME_LENGTH \
+         (the codec_max_frame_length config key) in every process"
+    )]
+    TooLarge {
+        /// The mesh's name.
+        mesh: String,
+        /// The message's payload size.
+        bytes: u64,
+        /// The largest payload a message may have ([`crate::cast::max_message_len`]).
+        max: u64,
+    },
     /// A value could not be serialized or deserialized.
     #[error(transparent)]
     Codec(#[from] CodecError),

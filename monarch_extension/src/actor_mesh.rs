@@ -226,6 +226,18 @@ impl PyActorMesh {
         let mut user = Vec::with_capacity(1 + parts.len().unwrap_or(1));
         user.push(Bytes::copy_from_slice(method.as_bytes()));
         user.extend(extract_parts(parts)?);
+        let bytes: u64 = user.iter().map(|p| p.len() as u64).sum();
+        let max = hyperactor_mesh::cast::max_message_len();
+        if bytes > max {
+            let too_large = hyperactor_mesh::MeshError::TooLarge {
+                mesh: this.inner.name.clone(),
+                bytes,
+                max,
+            };
+            return Err(PyValueError::new_err(format!(
+                "cannot call endpoint {method}: {too_large}"
+            )));
+        }
         // The indices a call expects: every rank of the view, or the chosen one.
         let n = count.unwrap_or(0);
         let (cast_mode, reply, out): (ReplyMode, Reply, Option<Py<PyAny>>) = match mode {

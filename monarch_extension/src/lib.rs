@@ -113,11 +113,31 @@ pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DELIVERY_ENDED", actor::ENDED)?;
     m.add("DELIVERY_SKIP", actor::SKIP)?;
     m.add("PYTHON_MESSAGE_PORT", actor::py_message_port())?;
+    m.add_function(wrap_pyfunction!(max_message_len, m)?)?;
+    m.add_function(wrap_pyfunction!(set_max_frame_len, m)?)?;
     m.add(
         "WouldBlockRuntime",
         m.py().get_type::<runtime::WouldBlockRuntime>(),
     )?;
     Ok(())
+}
+
+/// The largest payload (the sum of a message's parts, in bytes) a message may have in
+/// this process: the largest frame less room for the headers.
+#[pyfunction]
+fn max_message_len() -> u64 {
+    hyperactor_mesh::cast::max_message_len()
+}
+
+/// Sets the largest frame this process sends or accepts, in bytes (the
+/// `codec_max_frame_length` config key); only before the first message. Returns the
+/// largest frame in force (another value if it was fixed already).
+#[pyfunction]
+fn set_max_frame_len(len: u64) -> u64 {
+    match hyperactor::channel::set_max_frame_len(len) {
+        Ok(()) => len.max(1),
+        Err(in_force) => in_force,
+    }
 }
 
 /// The environment variable that filters the runtime's log lines (the syntax of

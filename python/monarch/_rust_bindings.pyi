@@ -52,6 +52,8 @@ __all__ = [
     "_prepare_exit",
     "build_info",
     "find",
+    "max_message_len",
+    "set_max_frame_len",
 ]
 
 _R_co = TypeVar("_R_co", covariant=True)
@@ -77,6 +79,15 @@ def build_info() -> _BuildInfo:
     ``"release"``), ``target`` (the Rust target triple) and ``rustc`` (the compiler
     version).
     """
+
+def max_message_len() -> int:
+    """The largest payload (the sum of a message's parts, in bytes) a message may have in
+    this process: the largest frame less room for the headers."""
+
+def set_max_frame_len(len: int) -> int:
+    """Set the largest frame this process sends or accepts, in bytes (the
+    ``codec_max_frame_length`` config key); only before the first message. Returns the
+    largest frame in force (another value if it was fixed already)."""
 
 def find(haystack: bytes, needle: bytes) -> int:
     """The index of the first occurrence of ``needle`` in ``haystack``, or -1 (as

@@ -465,9 +465,20 @@ def test_instance_stop_ends_the_actor_after_its_message(procs: ProcMesh, tmp_pat
         assert f.read() == "cleaned\n"  # __cleanup__ ran before the next call was refused
 
 
-def test_a_slow_sync_cleanup_does_not_hold_up_stop(procs: ProcMesh, tmp_path: object) -> None:
-    """__cleanup__ gets CLEANUP_TIMEOUT (3 s); one sleeping 600 s does not block stop."""
+def test_a_slow_sync_cleanup_does_not_hold_up_stop(
+    tmp_path: object, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """__cleanup__ gets the cleanup_timeout config key's time (3 s by default, the
+    client's value in its procs); one sleeping 600 s does not block stop."""
+    import monarch
+
     marker = os.path.join(str(tmp_path), "slow")
-    s = procs.slice(gpus=1).spawn("slow_cleanup", SelfStopper, marker, 600)
-    s.stop().get(timeout=30)  # would time out if stop waited for the cleanup
+    with monarch.configured(cleanup_timeout=0.25):
+        procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        s = procs.spawn("slow_cleanup", SelfStopper, marker, 600)
+        s.stop().get(timeout=30)  # would time out if stop waited for the cleanup
+    finally:
+        procs.stop().get(timeout=30)  # the proc's stderr is forwarded by then
     assert not os.path.exists(marker)
+    assert "did not finish within 0.25 s" in capfd.readouterr().err

@@ -243,7 +243,7 @@ fn bounce_leftovers(proc: &Proc, id: &ActorId, ended: &str, leftovers: Vec<Work>
     for work in leftovers {
         if let Work::Message(envelope) = work {
             let reason = format!("actor {id} {ended} before handling it");
-            proc.bounce(Undeliverable { envelope, reason });
+            proc.bounce(Undeliverable::new(envelope, reason));
         }
     }
 }
@@ -392,7 +392,7 @@ async fn handle_one<A: Actor>(
         port => {
             let Some((handler, type_name)) = binder.get(port) else {
                 let reason = format!("actor {} has no handler for port {port}", cx.cell.id);
-                cx.proc.bounce(Undeliverable { envelope, reason });
+                cx.proc.bounce(Undeliverable::new(envelope, reason));
                 return Ok(());
             };
             cx.set_extra(envelope.header.extra.clone());
@@ -408,7 +408,7 @@ async fn handle_one<A: Actor>(
                 Ok(future) => guard(&format!("handler for {type_name}"), future).await,
                 Err((envelope, error)) => {
                     let reason = format!("actor {} could not decode it: {error}", cx.cell.id);
-                    cx.proc.bounce(Undeliverable { envelope, reason });
+                    cx.proc.bounce(Undeliverable::new(envelope, reason));
                     Ok(())
                 }
             };
@@ -422,7 +422,7 @@ async fn handle_one<A: Actor>(
                     header,
                     payload: Serialized::from_parts(Vec::new()),
                 };
-                cx.proc.bounce(Undeliverable { envelope, reason });
+                cx.proc.bounce(Undeliverable::new(envelope, reason));
             }
             outcome
         }

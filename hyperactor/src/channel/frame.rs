@@ -91,8 +91,7 @@ const MAGIC: u32 = u32::from_le_bytes(*b"HYF1");
 /// a sender hands back a frame over its own maximum, and a receiver closes
 /// a connection that sends a frame over its own.
 pub fn max_frame_len() -> u64 {
-    static MAX: OnceLock<u64> = OnceLock::new();
-    *MAX.get_or_init(|| {
+    *MAX_FRAME.get_or_init(|| {
         let value = std::env::var_os(MAX_FRAME_LEN_ENV);
         match parse_max_frame_len(value.as_deref()) {
             Ok(max) => max,
@@ -105,6 +104,25 @@ pub fn max_frame_len() -> u64 {
             }
         }
     })
+}
+
+static MAX_FRAME: OnceLock<u64> = OnceLock::new();
+
+/// Sets [`max_frame_len`] for this process, in place of the environment
+/// variable: for embedders with a configuration of their own. Only before the
+/// first frame (or the first call of [`max_frame_len`]).
+///
+/// # Errors
+///
+/// The maximum in force, if it was already fixed at another value; `len` is
+/// then ignored.
+pub fn set_max_frame_len(len: u64) -> Result<(), u64> {
+    let len = len.max(1);
+    match MAX_FRAME.set(len) {
+        Ok(()) => Ok(()),
+        Err(_) if max_frame_len() == len => Ok(()),
+        Err(_) => Err(max_frame_len()),
+    }
 }
 
 /// The maximum frame length that `value` (of [`MAX_FRAME_LEN_ENV`]) sets:

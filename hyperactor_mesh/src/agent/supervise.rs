@@ -62,7 +62,7 @@ pub(super) fn start_tasks(inner: &Arc<Inner>) {
             let Some(returned) = returned else {
                 return;
             };
-            agent.on_returned(returned.envelope, &returned.reason);
+            agent.on_returned(returned.envelope, &returned.reason, returned.link_failed);
         }
     });
 }
@@ -285,8 +285,32 @@ impl Inner {
     }
 
     /// A message this agent (or an actor it delivered to) sent came back.
-    fn on_returned(self: &Arc<Self>, envelope: Envelope, reason: &str) {
+    fn on_returned(self: &Arc<Self>, envelope: Envelope, reason: &str, link_failed: bool) {
         let dest = envelope.header.dest.clone();
+        if dest.index() == CAST_PORT && dest.actor().name() == AGENT_NAME && !link_failed {
+            // Refused or never sent (too large): the proc is fine, the ranks of the
+            // chunk are answered at once.
+            let why = format!(
+                "a cast to proc {} was not delivered: {reason}",
+                dest.actor().proc_id()
+            );
+            if let Some(Ok(header)) = envelope
+                .payload
+                .into_parts()
+                .first()
+                .map(|p| CastHeader::decode(p))
+            {
+                if let (true, Some(to)) = (header.mode != ReplyMode::None, header.reply) {
+                    let items = header
+                        .entries
+                        .iter()
+                        .map(|e| ReplyItem::failed(e.index, &why))
+                        .collect();
+                    self.send_items(&to, items);
+                }
+            }
+            return;
+        }
         if dest.index() == CAST_PORT && dest.actor().name() == AGENT_NAME {
             // A cast frame: nobody in its chunk can be reached through that proc. It may
             // have died: its host's report, with the true cause, should reach the caller

@@ -33,6 +33,7 @@ from monarch._rust_bindings import (
     DELIVERY_SUPERVISE,
     Delivery,
     DrivenActor,
+    max_message_len,
 )
 from monarch._src.actor import process
 from monarch._src.actor.actor import _class_info, _ClassInfo
@@ -44,10 +45,15 @@ from monarch._src.actor.point import Point
 from monarch._src.actor.replies import ERROR, FAILED, OK
 from monarch._src.actor.supervision import MeshFailure
 
-__all__ = ["CLEANUP_TIMEOUT", "HostedActor", "run_spawner"]
+__all__ = ["HostedActor", "cleanup_timeout", "run_spawner"]
 
-#: How long ``__cleanup__`` may run when an actor stops.
-CLEANUP_TIMEOUT = 3.0
+
+def cleanup_timeout() -> float:
+    """How long ``__cleanup__`` may run when an actor stops, in seconds (the
+    ``cleanup_timeout`` config key, 3 s by default)."""
+    from monarch._src import config
+
+    return float(config.get("cleanup_timeout"))
 
 
 def run_spawner(state: process.ProcessState) -> None:
@@ -194,13 +200,21 @@ class HostedActor:
     def _answer(self, d: Delivery, result: Any) -> None:
         if d.method in self._explicit:
             return
+        problem: Exception | None = None
         try:
             parts = dumps_value(result)
-        except Exception as e:  # unpicklable result: tell the caller why
-            err = ActorError._from_local(
-                TypeError(f"the endpoint's return value cannot be pickled: {e}"),
-                "while sending the reply",
-            )
+        except Exception as e:
+            problem = TypeError(f"the endpoint's return value cannot be pickled: {e}")
+        else:
+            size = sum(len(p) for p in parts)
+            if size > max_message_len():
+                problem = ValueError(
+                    f"the endpoint's return value is {size} bytes pickled, over the largest "
+                    f"message size, {max_message_len()} bytes: return less, or raise the "
+                    "codec_max_frame_length config key in every process"
+                )
+        if problem is not None:  # tell the caller why
+            err = ActorError._from_local(problem, "while sending the reply")
             d.reply(ERROR, [dumps(err._to_wire())])
             return
         d.reply(OK, parts)
@@ -243,7 +257,7 @@ class HostedActor:
 
     def _cleanup_sync(self) -> None:
         """Run a sync ``__cleanup__(None)`` on a helper thread, bounded by
-        ``CLEANUP_TIMEOUT`` (a daemon, left behind if it overruns)."""
+        :func:`cleanup_timeout` (a daemon, left behind if it overruns)."""
         cleanup = getattr(self.obj, "__cleanup__", None)
         if cleanup is None:
             return
@@ -262,11 +276,12 @@ class HostedActor:
 
         thread = threading.Thread(target=run, name=f"monarch-cleanup-{self.name}", daemon=True)
         thread.start()
-        thread.join(CLEANUP_TIMEOUT)
+        limit = cleanup_timeout()
+        thread.join(limit)
         if thread.is_alive():
             print(
                 f"monarch: __cleanup__ of {self.name!r} did not finish within "
-                f"{CLEANUP_TIMEOUT} s; the actor stops without waiting for it",
+                f"{limit} s; the actor stops without waiting for it",
                 file=sys.stderr,
             )
 
@@ -290,7 +305,7 @@ class HostedActor:
             assert self.instance is not None
             token = _current.set(Context(self.instance))
             try:
-                await asyncio.wait_for(cleanup(None), CLEANUP_TIMEOUT)
+                await asyncio.wait_for(cleanup(None), cleanup_timeout())
             except Exception as e:  # TimeoutError included
                 print(f"monarch: __cleanup__ of {self.name!r} failed: {e!r}", file=sys.stderr)
             finally:

@@ -20,7 +20,7 @@ import base64
 import os
 import sys
 
-from monarch._rust_bindings import ProcAgent
+from monarch._rust_bindings import ProcAgent, set_max_frame_len
 from monarch._src import config
 from monarch._src.actor import process, supervision
 from monarch._src.actor.actor_host import run_spawner
@@ -35,8 +35,15 @@ def _seconds(key: str) -> float:
     return float(value)
 
 
+def _set_frame_limit() -> None:
+    """Give the runtime the config's largest frame, before its first message (spawned
+    procs get the client's config, and do the same)."""
+    set_max_frame_len(int(config.get("codec_max_frame_length")))
+
+
 def bootstrap_root() -> process.ProcessState:
     """Create the root client's state (registered with :mod:`process`)."""
+    _set_frame_limit()
     agent = ProcAgent.serve_root(
         "unix",
         ready_timeout=_seconds("host_spawn_ready_timeout"),
@@ -53,6 +60,7 @@ def bootstrap_root() -> process.ProcessState:
 def serve_child() -> None:
     """The life of a proc spawned by a host: see the module docs."""
     config.apply_snapshot_from_env()
+    _set_frame_limit()
     agent = ProcAgent.bootstrap("unix", stop_timeout=_seconds("stop_actor_timeout"))
     agent.fanout = config.cached("cast_fanout")
     state = process.ProcessState(agent, is_root=False)

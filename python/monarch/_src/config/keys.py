@@ -103,6 +103,8 @@ _ALL = [
             DURATION,
             30 * S,
             "How long a host waits for a spawned proc to report ready (0: forever).",
+            effect="How long the host waits for a proc it spawned to report ready before it "
+            "counts the spawn as failed; read when the client starts its runtime.",
         ),
         Key(
             "mesh_proc_spawn_max_idle",
@@ -167,6 +169,9 @@ _ALL = [
             DURATION,
             10 * S,
             "How long a proc mesh waits for an actor to stop.",
+            effect="How long stopping a mesh waits for each actor (its owned meshes, __cleanup__"
+            " and queued messages) before it is stopped anyway; read when a process "
+            "starts its runtime.",
         ),
         Key(
             "cleanup_timeout",
@@ -174,6 +179,8 @@ _ALL = [
             DURATION,
             3 * S,
             "How long an actor's cleanup callback may run (less than stop_actor_timeout).",
+            effect="How long an actor's __cleanup__ may run when it stops (longer: the actor "
+            "stops without waiting for it); read at each stop.",
         ),
         Key(
             "mesh_bootstrap_enable_pdeathsig",
@@ -228,6 +235,9 @@ _ALL = [
             USIZE,
             10 * 1024**3,
             "The largest serialized message, in bytes.",
+            effect="The largest frame (message) a process sends or accepts; read when a process "
+            "starts its runtime, and passed to the procs it spawns. Processes that talk "
+            "to each other need the same value.",
         ),
         Key(
             "message_delivery_timeout",
