@@ -365,7 +365,9 @@ async fn handle_one<A: Actor>(
 ) -> Result<(), Failure> {
     match envelope.header.dest.index() {
         UNDELIVERABLE_PORT => {
-            let message = decode_runtime::<Undeliverable>(&envelope)?;
+            let Some(message) = decode_runtime::<Undeliverable, A>(cx, &envelope) else {
+                return Ok(());
+            };
             guard(
                 "handle_undeliverable",
                 actor.handle_undeliverable(cx, message),
@@ -373,7 +375,9 @@ async fn handle_one<A: Actor>(
             .await
         }
         SUPERVISION_PORT => {
-            let event = decode_runtime::<SupervisionEvent>(&envelope)?;
+            let Some(event) = decode_runtime::<SupervisionEvent, A>(cx, &envelope) else {
+                return Ok(());
+            };
             let outcome = guard(
                 "handle_supervision_event",
                 actor.handle_supervision_event(cx, &event),
@@ -429,11 +433,29 @@ async fn handle_one<A: Actor>(
     }
 }
 
-fn decode_runtime<M: crate::message::Message>(envelope: &Envelope) -> Result<M, Failure> {
-    envelope
-        .payload
-        .decode()
-        .map_err(|e| Failure::new(format!("corrupt runtime message: {e}")))
+/// A runtime message (returned message, supervision event), or `None` if it does not
+/// decode: anyone can send to these ports, so a corrupt one is logged (rate-limited)
+/// and dropped; the actor goes on.
+fn decode_runtime<M: crate::message::Message, A: Actor>(
+    cx: &Context<A>,
+    envelope: &Envelope,
+) -> Option<M> {
+    static CORRUPT: crate::channel::log_limit::LogLimit =
+        crate::channel::log_limit::LogLimit::per_second();
+    match envelope.payload.decode() {
+        Ok(message) => Some(message),
+        Err(e) => {
+            if let Some(suppressed) = CORRUPT.check() {
+                tracing::warn!(
+                    actor = %cx.cell.id,
+                    sender = %envelope.header.sender,
+                    suppressed,
+                    "dropping a corrupt runtime message: {e}"
+                );
+            }
+            None
+        }
+    }
 }
 
 /// Runs `future`, turning an error or a panic into a [`Failure`] (ACT-3).
