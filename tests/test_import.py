@@ -2,6 +2,8 @@
 
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -27,3 +29,55 @@ def test_build_info_describes_the_build() -> None:
 def test_import_does_not_import_torch() -> None:
     code = "import sys, monarch; assert 'torch' not in sys.modules, 'monarch imported torch'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=50)
+
+
+def _module_imports(package_dir: Path, package: str) -> dict[str, set[str]]:
+    """For every module of ``package`` (a directory), the modules of the same package
+    it imports when it runs: at module level or inside functions (a cycle through a
+    function-local import still ties the modules together), but not under
+    ``if TYPE_CHECKING:`` (names for annotations only, never imported at run time)."""
+    import ast
+
+    def imports(node: ast.AST) -> Iterator[str]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                yield from (m for c in child.orelse for m in imports(c))
+                continue
+            if isinstance(child, ast.ImportFrom) and child.module:
+                if child.module.startswith(package + "."):
+                    yield child.module
+                elif child.module == package:
+                    yield from (f"{package}.{a.name}" for a in child.names)
+            elif isinstance(child, ast.Import):
+                yield from (a.name for a in child.names if a.name.startswith(package + "."))
+            yield from imports(child)
+
+    graph: dict[str, set[str]] = {}
+    for path in sorted(package_dir.glob("*.py")):
+        name = f"{package}.{path.stem}" if path.stem != "__init__" else package
+        tree = ast.parse(path.read_text(), str(path))
+        graph[name] = {d for d in imports(tree) if d != name}
+    return graph
+
+
+def test_the_actor_modules_import_each_other_without_cycles() -> None:
+    """monarch._src.actor is layered: each module imports only modules below it, so the
+    graph of its run-time imports has no cycle (a topological order exists)."""
+
+    import monarch._src.actor as pkg
+
+    package_dir = Path(pkg.__file__).parent
+    graph = _module_imports(package_dir, "monarch._src.actor")
+    assert len(graph) > 10, graph
+    # Kahn's algorithm: what is left once every module without remaining imports is
+    # peeled off lies on a cycle.
+    remaining = {m: {d for d in deps if d in graph} for m, deps in graph.items()}
+    while True:
+        leaves = [m for m, deps in remaining.items() if not deps]
+        if not leaves:
+            break
+        for m in leaves:
+            del remaining[m]
+        for deps in remaining.values():
+            deps.difference_update(leaves)
+    assert not remaining, f"import cycle among: {sorted(remaining)}"
