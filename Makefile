@@ -92,8 +92,9 @@ test-rust: | $(VENV_PYTHON) ## cargo test --workspace (unit, integration and doc
 test-python: $(REQ_STAMP) ## Run pytest (build the extension first: make install or build-dev)
 	timeout -k 30 $(TEST_PYTHON_LIMIT) $(VENV_PYTHON) -m pytest
 
-demo: install ## Install everything, run the ping-pong demos (Rust, Python) and the actor tour
+demo: install ## Install everything, run the demos: Rust ping-pong and native mesh, Python tour
 	$(CARGO) run --release -p hyperactor --example ping_pong
+	$(CARGO) run --release -p hyperactor_mesh --example mesh_demo
 	$(VENV_PYTHON) examples/ping_pong.py
 	$(VENV_PYTHON) examples/getting_started.py
 

@@ -1,4 +1,4 @@
-"""``monarch._rust_bindings.Future``: blocking ``get``, ``await`` and caching (API.md §1.4).
+"""``monarch._rust_bindings.Future``: blocking ``get``, ``await`` and caching.
 
 Pending futures come from ``PortReceiver.recv()`` on a port nobody has sent to yet; a
 test completes them by sending.

@@ -22,7 +22,7 @@ def test_all_is_complete(module: types.ModuleType) -> None:
 
 
 def test_actor_api_names_of_the_contract() -> None:
-    """The names of API.md §1.1 that this release provides."""
+    """The names of upstream Monarch's public API that this release provides."""
     for name in [
         "Actor", "ActorError", "Endpoint", "Extent", "Future", "HostMesh", "Point",
         "ProcMesh", "ValueMesh", "as_endpoint", "concurrent_endpoint", "context",

@@ -5,7 +5,7 @@
 //! [`BootstrapCommand`], one per rank, and returns a [`ProcHandle`] for each once every
 //! child has reported ready (see [`crate::bootstrap`]).
 //!
-//! How children are kept from outliving the host (DESIGN.md, "Supervision": no orphans):
+//! How children are kept from outliving the host (no orphans):
 //!
 //! - each child gets its **own process group**, so one signal reaches the child and
 //!   anything it started; [`ProcHandle::kill`], [`Host::shutdown`] and dropping the

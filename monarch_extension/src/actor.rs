@@ -388,7 +388,7 @@ impl PyDelivery {
     /// The payload's parts: the pickled arguments, then their out-of-band buffers.
     #[getter]
     fn args<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        crate::recv_bytes::parts_to_list(py, &self.parts)
+        crate::recv_bytes::payload_to_list(py, &self.parts)
     }
 
     /// The receiver's index in the view the message was sent to.

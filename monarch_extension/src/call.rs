@@ -27,7 +27,7 @@ use crate::sender::Sender;
 
 /// An item as Python sees it: `(index, status, [parts])`.
 pub(crate) fn item_to_py<'py>(py: Python<'py>, item: &ReplyItem) -> PyResult<Bound<'py, PyTuple>> {
-    let parts = crate::recv_bytes::parts_to_list(py, &item.parts)?;
+    let parts = crate::recv_bytes::payload_to_list(py, &item.parts)?;
     PyTuple::new(
         py,
         [

@@ -294,7 +294,7 @@ fn in_running_loop(py: Python<'_>) -> PyResult<bool> {
 const GET_IN_LOOP: &CStr = c"Future.get() called on a thread running an asyncio loop: it \
 blocks the loop until the result is ready. Use `await fut` in async code instead.";
 
-/// The result of work running on Monarch's runtime (API.md §1.4). See the
+/// The result of work running on Monarch's runtime. See the
 /// [module docs](self).
 #[pyclass(module = "monarch._rust_bindings", name = "Future", frozen, generic)]
 pub struct PyFuture {

@@ -115,6 +115,7 @@ pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PYTHON_MESSAGE_PORT", actor::py_message_port())?;
     m.add_function(wrap_pyfunction!(max_message_len, m)?)?;
     m.add_function(wrap_pyfunction!(set_max_frame_len, m)?)?;
+    m.add_function(wrap_pyfunction!(lend_bytearray, m)?)?;
     m.add(
         "WouldBlockRuntime",
         m.py().get_type::<runtime::WouldBlockRuntime>(),
@@ -138,6 +139,13 @@ fn set_max_frame_len(len: u64) -> u64 {
         Ok(()) => len.max(1),
         Err(in_force) => in_force,
     }
+}
+
+/// A `bytearray` of `len` bytes (contents arbitrary) to snapshot a writable buffer into
+/// before sending it as a message part: recycled when a free one of that length exists.
+#[pyfunction]
+fn lend_bytearray(py: Python<'_>, len: usize) -> Bound<'_, pyo3::types::PyByteArray> {
+    recv_bytes::lend_bytearray(py, len)
 }
 
 /// The environment variable that filters the runtime's log lines (the syntax of

@@ -12,7 +12,7 @@ use hyperactor::id::PortId;
 use hyperactor::message::Serialized;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::{PyByteArray, PyBytes, PyList};
 use tokio::sync::{watch, Mutex};
 
 use crate::future::{Convert, PyFuture};
@@ -41,14 +41,47 @@ fn part(b: &Bound<'_, PyBytes>) -> Bytes {
     }
 }
 
-/// `bytes` or a list of `bytes` as message parts (see [`part`]).
+/// A `bytearray` as a message part: a copy when small, else the object itself, which
+/// the message holds (the sender hands it over: it must not change it afterwards; the
+/// pickling module only passes `bytearray`s it snapshotted into).
+fn bytearray_part(b: &Bound<'_, PyByteArray>) -> Bytes {
+    let len = b.len();
+    if len < SHARE_PARTS_FROM {
+        // SAFETY: the GIL is held; the slice is copied before anything can resize it.
+        return Bytes::copy_from_slice(unsafe { b.as_bytes() });
+    }
+    // SAFETY: `b` is a live bytearray and the GIL is held.
+    let ptr = unsafe { pyo3::ffi::PyByteArray_AsString(b.as_ptr()) } as usize;
+    Bytes::from_owner(SharedByteArray {
+        ptr,
+        len,
+        _obj: b.clone().unbind(),
+    })
+}
+
+/// A `bytearray` shared by a message part: its storage, kept alive by the reference.
+struct SharedByteArray {
+    ptr: usize,
+    len: usize,
+    _obj: Py<PyByteArray>,
+}
+
+impl AsRef<[u8]> for SharedByteArray {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `_obj` keeps the bytearray alive, and nobody resizes it (its sender
+        // handed it over); `ptr` and `len` were read from it.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+
+/// `bytes` or a list of `bytes` (or `bytearray`s) as message parts (see [`part`]).
 pub(crate) fn extract_parts(parts: &Bound<'_, PyAny>) -> PyResult<Parts> {
     if let Ok(b) = parts.cast::<PyBytes>() {
         return Ok(vec![part(b)]);
     }
     let wrong = || {
         PyTypeError::new_err(format!(
-            "PortRef.send() takes bytes or a list of bytes, got {}",
+            "message parts are bytes or a list of bytes and bytearrays, got {}",
             parts
                 .get_type()
                 .name()
@@ -57,7 +90,15 @@ pub(crate) fn extract_parts(parts: &Bound<'_, PyAny>) -> PyResult<Parts> {
     };
     let list = parts.cast::<PyList>().map_err(|_| wrong())?;
     list.iter()
-        .map(|item| item.cast::<PyBytes>().map(|b| part(b)).map_err(|_| wrong()))
+        .map(|item| {
+            if let Ok(b) = item.cast::<PyBytes>() {
+                Ok(part(b))
+            } else if let Ok(b) = item.cast::<PyByteArray>() {
+                Ok(bytearray_part(b))
+            } else {
+                Err(wrong())
+            }
+        })
         .collect()
 }
 
@@ -177,7 +218,7 @@ async fn recv(state: Arc<ReceiverState>) -> PyResult<Convert> {
         })?.into_parts(),
     };
     Ok(Box::new(move |py: Python<'_>| {
-        let list = crate::recv_bytes::parts_to_list(py, &parts)?;
+        let list = crate::recv_bytes::payload_to_list(py, &parts)?;
         Ok(list.into_any().unbind())
     }))
 }

@@ -52,6 +52,7 @@ __all__ = [
     "_prepare_exit",
     "build_info",
     "find",
+    "lend_bytearray",
     "max_message_len",
     "set_max_frame_len",
 ]
@@ -89,6 +90,11 @@ def set_max_frame_len(len: int) -> int:
     ``codec_max_frame_length`` config key); only before the first message. Returns the
     largest frame in force (another value if it was fixed already)."""
 
+def lend_bytearray(len: int) -> bytearray:
+    """A ``bytearray`` of ``len`` bytes (contents arbitrary) to snapshot a writable buffer
+    into before sending it as a message part: recycled when a free one of that length
+    exists."""
+
 def find(haystack: bytes, needle: bytes) -> int:
     """The index of the first occurrence of ``needle`` in ``haystack``, or -1 (as
     ``bytes.find``, with a vectorized search)."""
@@ -117,7 +123,7 @@ class WouldBlockRuntime(RuntimeError):
 
 @final
 class Future(Generic[_R_co]):
-    """The result of work running on Monarch's tokio runtime (API.md section 1.4).
+    """The result of work running on Monarch's tokio runtime.
 
     Not user-constructible (``TypeError``). The work is lazy: it starts the first time
     someone waits. The result, or the exception, is cached: repeated waits return the
@@ -195,7 +201,7 @@ class PortRef:
     def from_string(port_id: str) -> PortRef:
         """Parse a port id (the ``str`` of a ``PortRef``); ``ValueError`` if malformed."""
 
-    def send(self, client: Client, parts: list[bytes] | bytes) -> None:
+    def send(self, client: Client, parts: Sequence[bytes | bytearray] | bytes) -> None:
         """Send one message, ``bytes`` or a list of ``bytes`` parts (kept apart on the
         wire), from ``client``. Never waits. ``TypeError`` for anything else."""
 
@@ -266,7 +272,7 @@ class ProcAgent:
         root: str | None,
         name: str,
         class_name: str,
-        parts: list[bytes] | bytes,
+        parts: Sequence[bytes | bytearray] | bytes,
     ) -> Future[ActorMeshHandle]:
         """The root process's singleton actor `name`, spawned on first request."""
 
@@ -357,7 +363,7 @@ class Delivery:
     def has_reply(self) -> bool: ...
     @property
     def failure(self) -> MeshFailure | None: ...
-    def reply(self, status: int, parts: list[bytes] | bytes) -> None: ...
+    def reply(self, status: int, parts: Sequence[bytes | bytearray] | bytes) -> None: ...
     def port(self) -> PortHandle | None: ...
 
 @final
@@ -395,7 +401,7 @@ class ProcMeshHandle:
         sender: Client | DrivenActor,
         name: str,
         class_name: str,
-        parts: list[bytes] | bytes,
+        parts: Sequence[bytes | bytearray] | bytes,
     ) -> ActorMeshHandle: ...
     def stop(self, sender: Client | DrivenActor, reason: str) -> Future[None]: ...
     def error(self) -> str | None: ...
@@ -418,7 +424,7 @@ class ActorMeshHandle:
         self,
         sender: Client | DrivenActor,
         method: str,
-        parts: list[bytes] | bytes,
+        parts: Sequence[bytes | bytearray] | bytes,
         mode: str,
         port: PortHandle | None = None,
         index: int | None = None,
@@ -456,7 +462,7 @@ class PortHandle:
     @property
     def index(self) -> int: ...
     def send(
-        self, sender: Client | DrivenActor, status: int, parts: list[bytes] | bytes
+        self, sender: Client | DrivenActor, status: int, parts: Sequence[bytes | bytearray] | bytes
     ) -> None: ...
     @staticmethod
     def _from_bytes(data: bytes) -> PortHandle: ...

@@ -63,7 +63,8 @@ def rss_kib(pid: int) -> int:
     "method, parts, expected",
     [
         ("ping", [b"not a pickle"], "UnpicklingError"),
-        ("ping", [], "IndexError"),
+        ("ping", [], "a payload of 0 parts is malformed"),
+        ("ping", [b"x", b"y"], "a payload of 2 parts is malformed"),
         ("ping", [pickling.dumps("not (args, kwargs)")], "ValueError"),
         ("_secret", [pickling.dumps(((), {}))], "no endpoint or method named '_secret'"),
         ("__init__", [pickling.dumps(((), {}))], "no endpoint or method named '__init__'"),

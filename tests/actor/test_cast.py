@@ -1,4 +1,4 @@
-"""Casting over a tree of procs (API.md §1.3, DESIGN.md "Meshes and casting"): every
+"""Casting over a tree of procs: every
 rank gets a cast exactly once at the depth the fan-out implies, call() replies are
 reduced per subtree, a cast followed by a direct send keeps its order, slices of slices
 reach the right ranks, and a rank whose proc is gone is reported, not waited for.

@@ -1,4 +1,4 @@
-"""Ports and channels (API.md §1.8): Channel.open/open_ranked, Port.send/exception,
+"""Ports and channels: Channel.open/open_ranked, Port.send/exception,
 PortReceiver.recv, send(), Accumulator, from sync and async code."""
 
 from __future__ import annotations

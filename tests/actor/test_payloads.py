@@ -55,15 +55,16 @@ def procs() -> Iterator[ProcMesh]:
 def test_the_parts_of_a_call_with_large_bytes() -> None:
     big, other = os.urandom(BIG), os.urandom(BIG + 1)
     parts = pickling.dumps_call((big, 1, b"small"), {"k": other})
-    assert parts[1] is big and parts[2] is other  # shared, not copied
+    assert parts[1] == b"rr"  # two read-only buffers
+    assert parts[2] is big and parts[3] is other  # shared, not copied
     assert len(parts[0]) < 1024
-    (a, n, s), kw = pickling.loads(parts[0], parts[1:])
+    (a, n, s), kw = pickling.loads_parts(parts)
     assert (a, n, s, kw) == (big, 1, b"small", {"k": other})
     # Below the threshold, or passed twice: in the pickle, as before.
     assert len(pickling.dumps_call((os.urandom(BIG - 1),), {})) == 1
     twice = pickling.dumps_call((big, big), {})
     assert len(twice) == 1
-    (x, y), _ = pickling.loads(twice[0])
+    (x, y), _ = pickling.loads_parts(twice)
     assert x is y and x == big
 
 
@@ -98,10 +99,10 @@ def test_large_bytes_through_a_cast_tree(procs: ProcMesh) -> None:
 def test_the_parts_of_a_large_bytes_value() -> None:
     big = os.urandom(BIG)
     parts = pickling.dumps_value(big)
-    assert len(parts) == 2 and parts[1] is big and len(parts[0]) < 1024
-    assert pickling.loads(parts[0], parts[1:]) == big
+    assert len(parts) == 3 and parts[1] == b"r" and parts[2] is big and len(parts[0]) < 1024
+    assert pickling.loads_parts(parts) == big
     assert len(pickling.dumps_value(b"small")) == 1
-    assert pickling.loads(pickling.dumps_value(b"small")[0]) == b"small"
+    assert pickling.loads_parts(pickling.dumps_value(b"small")) == b"small"
 
 
 def test_large_bytes_results_come_back_intact(procs: ProcMesh) -> None:

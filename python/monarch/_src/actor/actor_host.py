@@ -40,7 +40,7 @@ from monarch._src.actor.actor import _class_info, _ClassInfo
 from monarch._src.actor.channel import Port
 from monarch._src.actor.context import Context, Instance, _current
 from monarch._src.actor.errors import ActorError
-from monarch._src.actor.pickling import dumps, dumps_value, format_exception, loads
+from monarch._src.actor.pickling import dumps, dumps_value, format_exception, loads, loads_parts
 from monarch._src.actor.point import Point
 from monarch._src.actor.replies import ERROR, FAILED, OK
 from monarch._src.actor.supervision import MeshFailure
@@ -179,7 +179,7 @@ class HostedActor:
                 raise ValueError(f"actor {self.name!r} received a malformed message: {malformed}")
             fn = self._endpoint(method)
             parts = d.args
-            args, kwargs = loads(parts[0], parts[1:])
+            args, kwargs = loads_parts(parts)
         except Exception as e:  # cannot unpickle, or no such method: the caller hears
             d.reply(ERROR, [dumps(ActorError._from_local(e, f"before {method} ran")._to_wire())])
             return None

@@ -145,7 +145,7 @@ class ActorMesh(MeshTrait, Generic[A]):
     def _send(
         self,
         method: str,
-        payload: list[bytes],
+        payload: list[bytes | bytearray],
         mode: str,
         collect: Callable[[ValueMesh[Any]], Any] | None = None,
         port: PortHandle | None = None,
@@ -182,7 +182,7 @@ class ActorMesh(MeshTrait, Generic[A]):
 
         return Future(impl=CallFuture(out, self._shared.mesh, endpoint, finish))
 
-    def _stream(self, method: str, payload: list[bytes]) -> Iterator[Future[Any]]:
+    def _stream(self, method: str, payload: list[bytes | bytearray]) -> Iterator[Future[Any]]:
         error = self._stopped_error(method)
         if error is not None:
             return iter([Future(impl=Failed(error)) for _ in range(self._count)])

@@ -341,7 +341,7 @@ class Endpoint(Generic[P, R]):
     def _qualname(self) -> str:
         return f"{self._mesh._class_name}.{self._name}"
 
-    def _payload(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes]:
+    def _payload(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes | bytearray]:
         info = self._mesh._info
         ep = info.endpoints.get(self._name) if info is not None else None
         if ep is not None:

@@ -3,7 +3,7 @@
 A future is backed by an *implementation* with two methods, ``wait(timeout)`` (blocking;
 raises ``TimeoutError`` without cancelling anything) and ``async wait_async()``. The
 future caches the first outcome, so every later ``get``/``await`` returns the same value
-or re-raises the same exception object (API.md §1.4).
+or re-raises the same exception object.
 
 Implementations in this package: replies gathered from a reply queue
 (:mod:`monarch._src.actor.actor_mesh`), and :class:`CoroutineWork`, which runs a

@@ -6,45 +6,80 @@ of a reply, with the standard pickler when it can and cloudpickle otherwise (lam
 closures, and anything defined in ``__main__``, which names a different module in the
 receiving process).
 
-Large ``bytes`` travel out of band (pickle protocol 5): a top-level argument or a return
-value of at least :data:`OUT_OF_BAND_MIN` bytes becomes a message part of its own, never
-copied into the pickle (:func:`dumps_call`, :func:`dumps_value`); :func:`loads` with the
-parts after the pickle as its buffers gives back the ``bytes`` object received.
+Large buffers travel out of band (pickle protocol 5), as message parts of their own,
+never copied into the pickle: every buffer of at least :data:`OUT_OF_BAND_MIN` bytes
+that an object hands the pickler (NumPy arrays, CPU tensors through
+:func:`_reduce_tensor`), and top-level ``bytes`` arguments and return values of that
+size. A payload (:func:`dumps_parts`) is the pickle, then, if there are such buffers, a
+*kinds* part (one byte per buffer: ``r`` read-only, ``w`` writable) and the buffers:
+
+- a read-only ``bytes`` buffer is the object itself, shared, not copied;
+- a writable buffer (an array's memory) is snapshotted into a recycled ``bytearray``
+  (one memory copy into memory already mapped), so later changes to the array do not
+  reach the message; the message then shares the snapshot.
+
+The receiving side gets read-only buffers as ``bytes`` and writable ones as
+``bytearray`` objects (recycled too), so an array or tensor rebuilt on one is writable,
+as it would be from an in-band pickle, and shares its memory (:func:`loads_parts`).
 """
 
 from __future__ import annotations
 
+import copyreg
 import io
 import pickle
+import sys
+from collections import ChainMap
 from typing import Any
 
 from monarch._rust_bindings import find as _find
+from monarch._rust_bindings import lend_bytearray as _lend_bytearray
 
 __all__ = [
     "OUT_OF_BAND_MIN",
     "dumps",
     "dumps_call",
+    "dumps_parts",
     "dumps_value",
     "format_exception",
     "loads",
+    "loads_parts",
 ]
 
 _MAIN = b"__main__"
 #: Pickles at least this long are searched with the vectorized ``find``.
 _LARGE_PICKLE = 1 << 16
 
-#: Top-level call arguments and return values that are ``bytes`` of at least this size
-#: travel out of band; the extension shares, rather than copies, message parts from the
-#: same size on.
+#: Buffers of at least this size travel out of band; the extension shares, rather than
+#: copies, message parts from the same size on.
 OUT_OF_BAND_MIN = 64 << 10
 
+_READ_ONLY = ord("r")
+_WRITABLE = ord("w")
 
-def dumps(obj: Any, buffer_callback: Any = None) -> bytes:
+
+def dumps(obj: Any) -> bytes:
+    """Pickle ``obj`` in band (everything in one ``bytes``): see :func:`dumps_parts`
+    for payloads with out-of-band buffers."""
+    return _dumps(obj, None)
+
+
+def _dumps(obj: Any, oob: list[pickle.PickleBuffer] | None) -> bytes:
     """Pickle with the standard pickler when it can, cloudpickle otherwise: for what the
     standard pickler refuses (lambdas, closures) and for references into ``__main__``.
-    Both load with ``pickle.loads``."""
+    Both load with ``pickle.loads``. With ``oob``, buffers of at least
+    :data:`OUT_OF_BAND_MIN` bytes are appended to it instead of being pickled."""
+
+    def callback(buffer: pickle.PickleBuffer) -> bool:
+        if buffer.raw().nbytes < OUT_OF_BAND_MIN:
+            return True  # in band
+        assert oob is not None
+        oob.append(buffer)
+        return False
+
+    cb = callback if oob is not None else None
     try:
-        data = pickle.dumps(obj, protocol=5, buffer_callback=buffer_callback)
+        data = _pickle_with(pickle.Pickler, obj, cb)
     except (pickle.PicklingError, AttributeError, TypeError):
         pass
     else:
@@ -53,11 +88,53 @@ def dumps(obj: Any, buffer_callback: Any = None) -> bytes:
         # large ones: the vectorized search, ~10x faster.
         if (data.find(_MAIN) if len(data) < _LARGE_PICKLE else _find(data, _MAIN)) < 0:
             return data
+    if oob is not None:
+        oob.clear()  # the first attempt's buffers
     import cloudpickle
 
-    return cloudpickle.dumps(  # type: ignore[no-any-return]
-        obj, protocol=5, buffer_callback=buffer_callback
-    )
+    return _pickle_with(cloudpickle.Pickler, obj, cb)
+
+
+def _pickle_with(pickler: Any, obj: Any, callback: Any) -> bytes:
+    torch = sys.modules.get("torch")
+    if torch is None and pickler is pickle.Pickler:
+        return pickle.dumps(obj, protocol=5, buffer_callback=callback)
+    out = io.BytesIO()
+    p = pickler(out, protocol=5, buffer_callback=callback)
+    if torch is not None:
+        p.dispatch_table = ChainMap(
+            {torch.Tensor: _reduce_tensor},
+            getattr(p, "dispatch_table", copyreg.dispatch_table),
+        )
+    p.dump(obj)
+    return out.getvalue()
+
+
+def dumps_parts(obj: Any) -> list[bytes | bytearray]:
+    """The payload parts of ``obj``: its pickle; then, if it has buffers of at least
+    :data:`OUT_OF_BAND_MIN` bytes, the kinds part and the buffers (module docs)."""
+    oob: list[pickle.PickleBuffer] = []
+    data = _dumps(obj, oob)
+    if not oob:
+        return [data]
+    kinds = bytearray()
+    parts: list[bytes | bytearray] = [data, b""]
+    for buffer in oob:
+        raw = buffer.raw()
+        if raw.readonly:
+            kinds.append(_READ_ONLY)
+            owner = raw.obj
+            parts.append(
+                owner if type(owner) is bytes and len(owner) == raw.nbytes else raw.tobytes()
+            )
+        else:
+            kinds.append(_WRITABLE)
+            snapshot = _lend_bytearray(raw.nbytes)
+            memoryview(snapshot)[:] = raw
+            parts.append(snapshot)
+        raw.release()
+    parts[1] = bytes(kinds)
+    return parts
 
 
 def loads(data: bytes, buffers: Any = ()) -> Any:
@@ -65,10 +142,23 @@ def loads(data: bytes, buffers: Any = ()) -> Any:
     return pickle.loads(data, buffers=buffers)
 
 
-def dumps_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes]:
-    """The payload parts of a call: the pickle of ``(args, kwargs)``, then, out of band,
-    every top-level argument that is a ``bytes`` object of at least
-    :data:`OUT_OF_BAND_MIN` bytes (the objects themselves: shared, not copied)."""
+def loads_parts(parts: list[Any]) -> Any:
+    """Unpickle a payload made by :func:`dumps_parts` (as the extension delivers it:
+    read-only buffers as ``bytes``, writable ones as ``bytearray``)."""
+    if len(parts) == 1:
+        return pickle.loads(parts[0])
+    if len(parts) < 3 or len(parts[1]) != len(parts) - 2:
+        raise ValueError(
+            f"a payload of {len(parts)} parts is malformed: expected a pickle, then a "
+            "kinds part and one buffer per kind"
+        )
+    return pickle.loads(parts[0], buffers=parts[2:])
+
+
+def dumps_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes | bytearray]:
+    """The payload parts of a call: ``(args, kwargs)`` by :func:`dumps_parts`, where a
+    top-level argument that is a ``bytes`` object of at least :data:`OUT_OF_BAND_MIN`
+    bytes also travels out of band (the object itself: shared, not copied)."""
     big: dict[int, bytes] = {}
     seen_twice: set[int] = set()
     for v in (*args, *kwargs.values()):
@@ -81,31 +171,62 @@ def dumps_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes]:
     for key in seen_twice:
         del big[key]
     if not big:
-        return [dumps((args, kwargs))]
+        return dumps_parts((args, kwargs))
     wrapped = {key: pickle.PickleBuffer(v) for key, v in big.items()}
-    originals = {id(buffer): big[key] for key, buffer in wrapped.items()}
 
     def wrap(v: Any) -> Any:
         return wrapped.get(id(v), v) if type(v) is bytes else v
 
-    buffers: list[pickle.PickleBuffer] = []
-    data = dumps(
-        (tuple(wrap(a) for a in args), {k: wrap(v) for k, v in kwargs.items()}),
-        buffer_callback=buffers.append,
-    )
-    return [data, *(originals[id(buffer)] for buffer in buffers)]
+    return dumps_parts((tuple(wrap(a) for a in args), {k: wrap(v) for k, v in kwargs.items()}))
 
 
-def dumps_value(value: Any) -> list[bytes]:
-    """The parts of a reply's value: its pickle, and the value itself out of band when it
-    is a ``bytes`` object of at least :data:`OUT_OF_BAND_MIN` bytes."""
+def dumps_value(value: Any) -> list[bytes | bytearray]:
+    """The parts of a reply's value: :func:`dumps_parts`, where the value itself, when
+    it is a ``bytes`` object of at least :data:`OUT_OF_BAND_MIN` bytes, travels out of
+    band."""
     if type(value) is bytes and len(value) >= OUT_OF_BAND_MIN:
-        return [dumps(pickle.PickleBuffer(value), buffer_callback=_out_of_band), value]
-    return [dumps(value)]
+        return dumps_parts(pickle.PickleBuffer(value))
+    return dumps_parts(value)
 
 
-def _out_of_band(buffer: pickle.PickleBuffer) -> bool:
-    return False
+def _reduce_tensor(t: Any) -> Any:
+    """Reduce a CPU tensor of at least :data:`OUT_OF_BAND_MIN` bytes to its memory as
+    an out-of-band buffer (plus dtype, shape and ``requires_grad``); anything else the
+    way torch pickles it."""
+    import torch
+
+    plain = (
+        t.device.type == "cpu"
+        and t.layout == torch.strided
+        and not t.is_quantized
+        and not t.is_conj()
+        and not t.is_neg()
+        and not any(getattr(t, "names", None) or ())
+        and (t.is_leaf or not t.requires_grad)
+        and t.numel() * t.element_size() >= OUT_OF_BAND_MIN
+    )
+    if plain:
+        try:
+            data = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        except (RuntimeError, TypeError, ValueError):
+            pass  # no NumPy, or a dtype it cannot view: torch's own way
+        else:
+            dtype = str(t.dtype).removeprefix("torch.")
+            return (
+                _rebuild_tensor,
+                (pickle.PickleBuffer(data), dtype, tuple(t.shape), t.requires_grad),
+            )
+    return t.__reduce_ex__(5)
+
+
+def _rebuild_tensor(buffer: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool) -> Any:
+    """The tensor :func:`_reduce_tensor` sent, on the received buffer (sharing it)."""
+    import torch
+
+    t = torch.frombuffer(buffer, dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
 
 
 def format_exception(exc: BaseException) -> str:

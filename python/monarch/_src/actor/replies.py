@@ -29,7 +29,7 @@ from monarch._rust_bindings import (
 )
 from monarch._rust_bindings import Future as RustFuture
 from monarch._src.actor.errors import ActorError, SupervisionError
-from monarch._src.actor.pickling import loads
+from monarch._src.actor.pickling import loads_parts
 from monarch._src.actor.supervision import await_verdict
 
 __all__ = ["ERROR", "FAILED", "OK", "STOPPED", "CallFuture", "Failed", "RustWork", "StreamOne"]
@@ -67,7 +67,7 @@ def _unanswered(item: Item, mesh: MeshInfo, endpoint: str) -> SupervisionError:
 
 def _value(item: Item) -> Any:
     parts = item[2]
-    return loads(parts[0], parts[1:])
+    return loads_parts(parts)
 
 
 def decode(items: list[Item], mesh: MeshInfo, endpoint: str, raw: bool = False) -> list[Any]:
