@@ -85,6 +85,9 @@ use crate::supervision::{ActorStatus, SupervisionEvent};
 pub use driven::{DrivenActor, DrivenWork, Next};
 pub(crate) use runtime::{spawn_actor, ActorCell, Owner};
 pub(crate) use work_queue::WorkQueue;
+pub use work_queue::{
+    queue_high_water, DEFAULT_QUEUE_HIGH_WATER, MESSAGE_COST_OVERHEAD, QUEUE_HIGH_WATER_ENV,
+};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

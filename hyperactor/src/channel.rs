@@ -92,6 +92,7 @@ pub use self::inbox::DeliverFn;
 pub use self::socket_dir::remove_socket_files;
 pub use self::socket_dir::socket_dir;
 pub use self::socket_dir::MAX_SOCKET_DIR_LEN;
+pub use self::tx::any_link_over_budget;
 pub use self::tx::ChannelTx;
 pub use self::tx::ReturnFn;
 pub use self::tx::FRAME_COST_OVERHEAD;

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod actor;
+mod backpressure;
 pub mod channel;
 pub mod client;
 pub mod context;

@@ -54,7 +54,18 @@ impl WorkSink {
     fn send(&self, work: Work) -> Result<(), Work> {
         match self {
             WorkSink::Task(tx) => tx.send(work).map_err(|e| e.0),
-            WorkSink::Driven(queue) => queue.push(work),
+            WorkSink::Driven(queue) => {
+                let cost = match &work {
+                    Work::Message(envelope) => {
+                        envelope.payload.len() + crate::actor::MESSAGE_COST_OVERHEAD
+                    }
+                    Work::Stop => 0,
+                };
+                if queue.push_costed(work, cost)? {
+                    crate::backpressure::defer(Arc::clone(queue));
+                }
+                Ok(())
+            }
         }
     }
 

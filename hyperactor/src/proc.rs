@@ -351,6 +351,26 @@ impl Proc {
         (proc != &self.inner.id).then(|| self.link(proc.addr()))
     }
 
+    /// Resolves once every link of this proc is within its byte budget (or has
+    /// failed): a sender that posts many messages waits here to go at its receivers'
+    /// pace. Immediate when no link of the process is over budget.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn links_ready(&self) {
+        if !channel::any_link_over_budget() {
+            return;
+        }
+        let congested: Vec<ChannelTx> = lock(&self.inner.links)
+            .values()
+            .filter(|tx| tx.over_budget())
+            .cloned()
+            .collect();
+        for tx in congested {
+            tx.ready().await;
+        }
+    }
+
     fn link(&self, addr: &ChannelAddr) -> ChannelTx {
         let mut links = lock(&self.inner.links);
         if let Some(tx) = links.get(addr) {

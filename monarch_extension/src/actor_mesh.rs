@@ -222,6 +222,7 @@ impl PyActorMesh {
         let py = slf.py();
         let this = slf.get();
         let sender = Sender::extract(sender)?;
+        let pace_proc = hyperactor::SendContext::proc(&sender).clone();
         let agent = crate::agent::process_agent()?.clone();
         let mut user = Vec::with_capacity(1 + parts.len().unwrap_or(1));
         user.push(Bytes::copy_from_slice(method.as_bytes()));
@@ -324,6 +325,8 @@ impl PyActorMesh {
                 let _ = this.targets(agent, mesh);
             }
         }
+        drop(_guard);
+        crate::runtime::pace(py, &pace_proc)?;
         Ok(out)
     }
 

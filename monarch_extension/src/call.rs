@@ -266,9 +266,10 @@ impl PyPortHandle {
             status: self::status(status)?,
             parts: extract_parts(parts)?,
         };
-        let _guard = runtime()?.enter();
+        let guard = runtime()?.enter();
         self.post(&sender, item);
-        Ok(())
+        drop(guard);
+        crate::runtime::pace(sender_py(parts), sender.proc())
     }
 
     #[staticmethod]
@@ -294,4 +295,8 @@ impl PyPortHandle {
     fn __repr__(&self) -> String {
         format!("Port({}#{})", self.to.port, self.to.key)
     }
+}
+
+fn sender_py<'py>(any: &Bound<'py, PyAny>) -> Python<'py> {
+    any.py()
 }

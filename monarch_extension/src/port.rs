@@ -131,16 +131,17 @@ impl PyPortRef {
     }
 
     /// Sends one message (`bytes`, or a list of `bytes` parts) from `client`.
-    fn send(&self, client: &PyClient, parts: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn send(&self, py: Python<'_>, client: &PyClient, parts: &Bound<'_, PyAny>) -> PyResult<()> {
         let parts = extract_parts(parts)?;
         let port = hyperactor::PortRef::<Parts>::attest(self.port_id.clone());
         let client = Arc::clone(&client.client);
         // Sending only enqueues (the link's writer task does the I/O), so the GIL is
         // kept: releasing and retaking it would cost more than the send, and would let
         // other Python threads in mid-call.
-        let _guard = runtime()?.enter();
+        let guard = runtime()?.enter();
         port.send_serialized(&*client, Serialized::from_parts(parts));
-        Ok(())
+        drop(guard);
+        crate::runtime::pace(py, hyperactor::SendContext::proc(&*client))
     }
 
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {

@@ -98,6 +98,33 @@ where
     Ok(detach(py, || rt.block_on(fut)))
 }
 
+/// Backpressure for Python senders: after a message is posted, waits (without the
+/// GIL, interruptible by signals) while some link of `proc` is over its byte budget,
+/// so that a sender faster than its receivers goes at their pace instead of queueing
+/// without bound. Free when no link of the process is over budget (one atomic load);
+/// never waits on a runtime thread.
+pub fn pace(py: Python<'_>, proc: &hyperactor::Proc) -> PyResult<()> {
+    if !hyperactor::channel::any_link_over_budget() || check_may_block("").is_err() {
+        return Ok(());
+    }
+    let rt = runtime()?;
+    crate::call::block(py, None, |until| {
+        let proc = proc.clone();
+        rt.block_on(async move {
+            match until {
+                None => {
+                    proc.links_ready().await;
+                    Some(())
+                }
+                Some(until) => tokio::time::timeout_at(until.into(), proc.links_ready())
+                    .await
+                    .ok(),
+            }
+        })
+    })?;
+    Ok(())
+}
+
 /// Set once the interpreter starts exiting (see [`prepare_exit`]).
 static EXITING: AtomicBool = AtomicBool::new(false);
 /// The thread that called [`prepare_exit`]: the one finalizing the interpreter.

@@ -8,6 +8,12 @@
 //!   back; the items already queued stay readable until taken or drained.
 //! - WQ-3 (no lost wake-up): a reader that found the queue empty is woken by the next
 //!   push or by the close, whether it blocks a thread or awaits.
+//! - WQ-4 (bounded): items pushed with a cost ([`WorkQueue::push_costed`]) count
+//!   against the queue's *high water* mark ([`queue_high_water`]); a push that leaves
+//!   the queue over it says so, and [`WorkQueue::room`] waits until the queue is back
+//!   under half of it (or closed). The connection that delivered such a push stops
+//!   reading until then ([`crate::backpressure`]), so a slow reader slows its senders
+//!   down instead of growing the queue without bound.
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -27,8 +33,43 @@ pub(crate) enum Popped<T> {
 }
 
 struct State<T> {
-    items: VecDeque<T>,
+    items: VecDeque<(T, usize)>,
+    /// The sum of the queued items' costs.
+    cost: usize,
     closed: bool,
+}
+
+impl<T> State<T> {
+    fn pop_front(&mut self) -> Option<T> {
+        let (item, cost) = self.items.pop_front()?;
+        self.cost -= cost;
+        Some(item)
+    }
+}
+
+/// The environment variable that sets [`queue_high_water`], in bytes.
+pub const QUEUE_HIGH_WATER_ENV: &str = "HYPERACTOR_QUEUE_HIGH_WATER";
+
+/// The default of [`queue_high_water`]: 256 MiB.
+pub const DEFAULT_QUEUE_HIGH_WATER: usize = 256 << 20;
+
+/// The cost a queued message adds to its size (its envelope and bookkeeping), so that
+/// many small messages count too.
+pub const MESSAGE_COST_OVERHEAD: usize = 256;
+
+/// How many bytes of messages (each costing its payload plus
+/// [`MESSAGE_COST_OVERHEAD`]) a driven actor's queue holds before its senders are
+/// slowed down (WQ-4): `HYPERACTOR_QUEUE_HIGH_WATER` if set to a positive number,
+/// else [`DEFAULT_QUEUE_HIGH_WATER`]. Read once per process.
+pub fn queue_high_water() -> usize {
+    static HIGH: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *HIGH.get_or_init(|| {
+        std::env::var(QUEUE_HIGH_WATER_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|v| *v > 0)
+            .unwrap_or(DEFAULT_QUEUE_HIGH_WATER)
+    })
 }
 
 /// See the [module docs](self).
@@ -36,6 +77,9 @@ pub(crate) struct WorkQueue<T> {
     state: Mutex<State<T>>,
     ready: Condvar,
     notify: Notify,
+    /// Woken when the queue drops under half its high water mark, or closes.
+    room: Notify,
+    high_water: usize,
 }
 
 impl<T> std::fmt::Debug for WorkQueue<T> {
@@ -50,13 +94,20 @@ impl<T> std::fmt::Debug for WorkQueue<T> {
 
 impl<T> WorkQueue<T> {
     pub(crate) fn new() -> Self {
+        Self::with_high_water(queue_high_water())
+    }
+
+    pub(crate) fn with_high_water(high_water: usize) -> Self {
         Self {
             state: Mutex::new(State {
                 items: VecDeque::new(),
+                cost: 0,
                 closed: false,
             }),
             ready: Condvar::new(),
             notify: Notify::new(),
+            room: Notify::new(),
+            high_water,
         }
     }
 
@@ -66,23 +117,65 @@ impl<T> WorkQueue<T> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Appends `item`; hands it back if the queue is closed (WQ-2).
+    /// Appends `item` at no cost; hands it back if the queue is closed (WQ-2).
+    #[cfg(test)]
     pub(crate) fn push(&self, item: T) -> Result<(), T> {
+        self.push_costed(item, 0).map(|_| ())
+    }
+
+    /// Appends `item`, which costs `cost` (WQ-4); hands it back if the queue is closed
+    /// (WQ-2). Returns whether the queue is now over its high water mark.
+    pub(crate) fn push_costed(&self, item: T, cost: usize) -> Result<bool, T> {
         let mut state = self.lock();
         if state.closed {
             return Err(item);
         }
-        state.items.push_back(item);
+        state.items.push_back((item, cost));
+        state.cost += cost;
+        let over = state.cost > self.high_water;
         drop(state);
         self.ready.notify_one();
         self.notify.notify_one();
-        Ok(())
+        Ok(over)
+    }
+
+    /// Takes the front item, waking those waiting for room when the queue drops under
+    /// half its high water mark.
+    fn take_front(&self, state: &mut State<T>) -> Option<T> {
+        let before = state.cost;
+        let item = state.pop_front()?;
+        let low = self.high_water / 2;
+        if before > low && state.cost <= low {
+            self.room.notify_waiters();
+        }
+        Some(item)
+    }
+
+    /// Resolves once the queue holds at most half its high water mark, or is closed
+    /// (WQ-4).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub(crate) async fn room(&self) {
+        loop {
+            let notified = self.room.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let state = self.lock();
+                if state.closed || state.cost <= self.high_water / 2 {
+                    return;
+                }
+            }
+            notified.await;
+        }
     }
 
     /// The next item if one is queued.
     pub(crate) fn try_pop(&self) -> Popped<T> {
         let mut state = self.lock();
-        match state.items.pop_front() {
+        match self.take_front(&mut state) {
             Some(item) => Popped::Item(item),
             None if state.closed => Popped::Closed,
             None => Popped::Timeout,
@@ -94,7 +187,7 @@ impl<T> WorkQueue<T> {
     pub(crate) fn pop_blocking(&self, deadline: Option<Instant>) -> Popped<T> {
         let mut state = self.lock();
         loop {
-            if let Some(item) = state.items.pop_front() {
+            if let Some(item) = self.take_front(&mut state) {
                 return Popped::Item(item);
             }
             if state.closed {
@@ -138,6 +231,7 @@ impl<T> WorkQueue<T> {
     /// Closes the queue (WQ-2) and wakes every reader.
     pub(crate) fn close(&self) {
         self.lock().closed = true;
+        self.room.notify_waiters();
         self.ready.notify_all();
         self.notify.notify_waiters();
         // A reader between `enable` and `await` holds no permit from notify_waiters;
@@ -149,8 +243,10 @@ impl<T> WorkQueue<T> {
     pub(crate) fn drain(&self) -> Vec<T> {
         let mut state = self.lock();
         state.closed = true;
-        let items = state.items.drain(..).collect();
+        state.cost = 0;
+        let items = state.items.drain(..).map(|(item, _)| item).collect();
         drop(state);
+        self.room.notify_waiters();
         self.ready.notify_all();
         self.notify.notify_waiters();
         self.notify.notify_one();
@@ -169,6 +265,35 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[tokio::test]
+    async fn wq4_a_queue_over_its_mark_says_so_and_room_waits_for_half() {
+        let q = Arc::new(WorkQueue::with_high_water(100));
+        assert_eq!(q.push_costed(1, 60), Ok(false));
+        assert_eq!(q.push_costed(2, 60), Ok(true), "WQ-4: over the mark");
+        assert_eq!(q.push(3), Ok(()), "a free push adds nothing");
+        let room = tokio::spawn({
+            let q = Arc::clone(&q);
+            async move { q.room().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!room.is_finished(), "120 of 100: no room yet");
+        assert!(matches!(q.try_pop(), Popped::Item(1)));
+        // 60 left: still over half the mark.
+        tokio::task::yield_now().await;
+        assert!(!room.is_finished(), "60 > 50");
+        assert!(matches!(q.try_pop(), Popped::Item(2)));
+        tokio::time::timeout(Duration::from_secs(10), room)
+            .await
+            .expect("WQ-4: room once at most half the mark is queued")
+            .unwrap();
+        // A closed queue has room (nobody will drain it).
+        q.push_costed(4, 500).unwrap();
+        q.close();
+        tokio::time::timeout(Duration::from_secs(10), q.room())
+            .await
+            .expect("a closed queue has room");
+    }
 
     #[test]
     fn wq1_items_come_out_in_push_order() {

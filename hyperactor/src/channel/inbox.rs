@@ -68,7 +68,19 @@ impl Inbox {
                 if *direct.closed.borrow() {
                     return Err(delivery);
                 }
+                // Forget marks left by deliveries of other tasks that never waited (local
+                // sends): only this delivery's count.
+                drop(crate::backpressure::take());
                 (direct.deliver)(delivery.deliver());
+                // A queue the delivery filled over its mark: read nothing more from
+                // this connection until it has room (or the inbox closes).
+                if let Some(room) = crate::backpressure::take() {
+                    let mut closed = direct.closed.subscribe();
+                    tokio::select! {
+                        () = room => {}
+                        _ = closed.wait_for(|closed| *closed) => {}
+                    }
+                }
                 Ok(())
             }
         }

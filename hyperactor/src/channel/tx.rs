@@ -96,8 +96,23 @@ impl Budget {
     fn force(&self, cost: usize) {
         let mut debt = self.debt.lock().unwrap_or_else(PoisonError::into_inner);
         let taken = self.sem.forget_permits(cost);
+        if *debt == 0 && cost > taken {
+            LINKS_IN_DEBT.fetch_add(1, Ordering::AcqRel);
+        }
         *debt += cost - taken;
         self.outstanding.fetch_add(cost, Ordering::AcqRel);
+    }
+
+    fn in_debt(&self) -> bool {
+        *self.debt.lock().unwrap_or_else(PoisonError::into_inner) > 0
+    }
+
+    /// Resolves once the link is out of debt (or the budget is closed).
+    async fn out_of_debt(&self) {
+        if let Ok(permit) = self.sem.acquire_many(1).await {
+            // Only looked: permits are available only once the debt is paid.
+            drop(permit);
+        }
     }
 
     /// Gives back `cost` bytes of budget.
@@ -107,15 +122,33 @@ impl Budget {
         }
         let mut debt = self.debt.lock().unwrap_or_else(PoisonError::into_inner);
         let paid = (*debt).min(cost);
+        if paid > 0 && *debt == paid {
+            LINKS_IN_DEBT.fetch_sub(1, Ordering::AcqRel);
+        }
         *debt -= paid;
         self.sem.add_permits(cost - paid);
         self.outstanding.fetch_sub(cost, Ordering::AcqRel);
     }
 
-    /// Fails all current and future waiters.
+    /// Fails all current and future waiters; a failed link owes nothing.
     pub(crate) fn close(&self) {
+        let mut debt = self.debt.lock().unwrap_or_else(PoisonError::into_inner);
+        if *debt > 0 {
+            *debt = 0;
+            LINKS_IN_DEBT.fetch_sub(1, Ordering::AcqRel);
+        }
         self.sem.close();
     }
+}
+
+/// How many links of this process are in debt (over their budget after a `post`).
+static LINKS_IN_DEBT: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether some link of this process is over its budget ([`LINK_BUDGET_BYTES`]): its
+/// receiver is slower than its senders. Cheap (one atomic load): a sender that only
+/// posts checks it after posting, and waits ([`ChannelTx::ready`]) when it is true.
+pub fn any_link_over_budget() -> bool {
+    LINKS_IN_DEBT.load(Ordering::Acquire) > 0
 }
 
 /// Frames written (or being written) but not yet acknowledged, in sequence order.
@@ -363,6 +396,20 @@ impl ChannelTx {
             return Err(self.send_error(frame, None));
         }
         self.enqueue(Queued { frame, cost })
+    }
+
+    /// Whether the link is over its budget (posts overdrew it).
+    pub fn over_budget(&self) -> bool {
+        self.link.budget.in_debt()
+    }
+
+    /// Resolves once the link is back within its budget, or has failed: for senders
+    /// that [`post`](ChannelTx::post) and want to slow down to their receiver's pace.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn ready(&self) {
+        self.link.budget.out_of_debt().await;
     }
 
     /// Queues `frame` without waiting, even if that overdraws the budget.
