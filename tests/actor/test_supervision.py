@@ -198,9 +198,13 @@ def test_failing_init_reports_each_rank(procs: ProcMesh, faults: Faults) -> None
 def test_kill_fails_the_actor(procs: ProcMesh, faults: Faults) -> None:
     w = procs.spawn("killed", Worker)
     w.slice(gpus=1).kill_me.call_one().get(timeout=30)
-    assert "asked to" in faults.wait_for(1, "killed")[0].report()
-    with pytest.raises(SupervisionError):
-        w.slice(gpus=1).ok.call_one().get(timeout=30)
+    [failure] = faults.wait_for(1, "killed")
+    assert "asked to" in failure.report() and failure.rank == 1
+    # Through a view or not, calls name the failed actor by its rank in the mesh, the
+    # rank its MeshFailure names (its index in the one-rank view is 0).
+    for mesh in (w.slice(gpus=1), w):
+        with pytest.raises(SupervisionError, match=r"actor mesh 'killed' .* rank 1 cannot"):
+            mesh.ok.call().get(timeout=30)
 
 
 @pytest.mark.parametrize("how", ["sigkill", "os_exit", "segfault"])

@@ -110,7 +110,7 @@ class HostedActor:
         self.ended = True
         print(
             f"monarch: actor {self.name!r} rank {self.driven.rank} ({self.class_name}) on "
-            f"proc {self.driven.proc_id} failed: {reason}",
+            f"proc {self.driven.proc_id} failed: {reason.rstrip()}",
             file=sys.stderr,
             flush=True,
         )

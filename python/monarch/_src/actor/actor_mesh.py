@@ -180,7 +180,15 @@ class ActorMesh(MeshTrait, Generic[A]):
             def finish(values: list[Any]) -> Any:
                 return values[0]
 
-        return Future(impl=CallFuture(out, self._shared.mesh, endpoint, finish))
+        return Future(impl=CallFuture(out, self._view_info(), endpoint, finish))
+
+    def _view_info(self) -> MeshInfo:
+        """What this view's call errors name (ranks translated to the mesh's)."""
+        info: MeshInfo | None = self.__dict__.get("_info_cache")
+        if info is None:
+            info = self._shared.mesh.for_view(self._mesh_shape.ndslice)
+            self.__dict__["_info_cache"] = info
+        return info
 
     def _stream(self, method: str, payload: list[bytes | bytearray]) -> Iterator[Future[Any]]:
         error = self._stopped_error(method)
@@ -191,7 +199,7 @@ class ActorMesh(MeshTrait, Generic[A]):
         assert isinstance(queue, ReplyQueue)
         endpoint = f"{self._class_name}.{method}"
         return iter(
-            [Future(impl=StreamOne(queue, self._shared.mesh, endpoint)) for _ in range(self._count)]
+            [Future(impl=StreamOne(queue, self._view_info(), endpoint)) for _ in range(self._count)]
         )
 
     # --- lifecycle ------------------------------------------------------------------------------

@@ -46,21 +46,42 @@ class MeshInfo:
     """What a call's errors name: the mesh, its class, and whether the client owns it
     (then a failed rank waits for the hook's verdict)."""
 
-    __slots__ = ("class_name", "client_owned", "mesh_id", "name")
+    __slots__ = ("class_name", "client_owned", "mesh_id", "name", "ranks")
 
-    def __init__(self, name: str, class_name: str, mesh_id: int | None, client_owned: bool):
+    def __init__(
+        self,
+        name: str,
+        class_name: str,
+        mesh_id: int | None,
+        client_owned: bool,
+        ranks: Any = None,
+    ):
         self.name = name
         self.class_name = class_name
         self.mesh_id = mesh_id
         self.client_owned = client_owned
+        #: The view's slice: a reply's index in the view to the actor's rank in the mesh
+        #: (the rank a ``MeshFailure`` names); ``None``: the index is the rank.
+        self.ranks = ranks
+
+    def for_view(self, ranks: Any) -> MeshInfo:
+        """This mesh, seen through a view whose slice is ``ranks``."""
+        return MeshInfo(self.name, self.class_name, self.mesh_id, self.client_owned, ranks)
+
+    def rank(self, index: int) -> int:
+        """The mesh rank of the receiver at ``index`` in the view."""
+        try:
+            return int(self.ranks[index]) if self.ranks is not None else index
+        except (IndexError, TypeError, ValueError):
+            return index
 
 
 def _unanswered(item: Item, mesh: MeshInfo, endpoint: str) -> SupervisionError:
     index, _status, parts = item
     reason = parts[0].decode(errors="replace") if parts else "no reason given"
     return SupervisionError(
-        f"actor mesh {mesh.name!r} ({mesh.class_name}) rank {index} cannot handle "
-        f"{endpoint}: {reason}",
+        f"actor mesh {mesh.name!r} ({mesh.class_name}) rank {mesh.rank(index)} cannot "
+        f"handle {endpoint}: {reason}",
         endpoint,
     )
 
