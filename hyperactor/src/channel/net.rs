@@ -405,6 +405,19 @@ fn log_bad_connection(addr: &ChannelAddr, err: &FrameError) {
         FrameError::Truncated => (&TRUNCATED, "it ended in the middle of a frame"),
         FrameError::Io(_) => (&IO, "reading it failed"),
     };
+    // A peer that dies resets its connections: routine while procs stop or are
+    // killed, so only visible at debug level.
+    if let FrameError::Io(e) = err {
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::BrokenPipe
+        ) {
+            tracing::debug!(%addr, %err, "closing an incoming connection: {what}");
+            return;
+        }
+    }
     if let Some(suppressed) = limit.check() {
         tracing::warn!(
             %addr,
