@@ -108,6 +108,52 @@ fn rt_err(e: impl std::fmt::Display) -> PyErr {
 }
 
 impl PyActorMesh {
+    /// Casts a control message (`kind`: stop, probe) to the view once the mesh exists,
+    /// with replies reduced over the tree into the returned call (`all`: every rank's
+    /// reply is awaited even after a failure). If the mesh never came to be, the call
+    /// is answered with `missing(why)` instead.
+    fn control_cast(
+        &self,
+        py: Python<'_>,
+        sender: &Bound<'_, PyAny>,
+        count: u32,
+        all: bool,
+        kind: CastKind,
+        missing: impl FnOnce(String) -> Vec<ReplyItem> + Send + 'static,
+    ) -> PyResult<Py<PyCallReplies>> {
+        let sender = Sender::extract(sender)?;
+        let agent = crate::agent::process_agent()?.clone();
+        let call = match all {
+            true => CallReplies::open_all(&agent, 0..count),
+            false => CallReplies::open(&agent, 0..count),
+        };
+        let replies = PyCallReplies::new(call);
+        let shared = replies.shared();
+        let view_self = Self::new(Arc::clone(&self.inner), self.view.clone());
+        let stop = matches!(kind, CastKind::Stop { .. });
+        let _guard = runtime()?.enter();
+        self.with_mesh(move |mesh| {
+            let mesh = match mesh
+                .map_err(str::to_string)
+                .and_then(|m| view_self.viewed(m))
+            {
+                Ok(mesh) => mesh,
+                Err(why) => return shared.answer(missing(why)),
+            };
+            if stop {
+                agent.mark_stopped(mesh.info().id);
+            }
+            mesh.cast_parts(
+                &agent,
+                sender.actor_id(),
+                kind,
+                ReplyMode::Reduce,
+                Some(shared.reply_to().clone()),
+                Vec::new(),
+            );
+        });
+        Py::new(py, replies)
+    }
     pub(crate) fn new(inner: Arc<ActorMeshInner>, view: Option<Shape>) -> Self {
         Self {
             inner,
@@ -339,35 +385,15 @@ impl PyActorMesh {
         reason: String,
         count: u32,
     ) -> PyResult<Py<PyCallReplies>> {
-        let sender = Sender::extract(sender)?;
-        let agent = crate::agent::process_agent()?.clone();
-        let replies = PyCallReplies::new(CallReplies::open_all(&agent, 0..count));
-        let shared = replies.shared();
-        let view_self = Self::new(Arc::clone(&self.inner), self.view.clone());
-        let _guard = runtime()?.enter();
-        self.with_mesh(move |mesh| {
-            let mesh = match mesh
-                .map_err(str::to_string)
-                .and_then(|m| view_self.viewed(m))
-            {
-                Ok(mesh) => mesh,
-                Err(_) => {
-                    // Nothing to stop: the mesh never came to be.
-                    let items = (0..count).map(|i| ReplyItem::ok(i, Vec::new())).collect();
-                    return shared.answer(items);
-                }
-            };
-            agent.mark_stopped(mesh.info().id);
-            mesh.cast_parts(
-                &agent,
-                sender.actor_id(),
-                CastKind::Stop { reason },
-                ReplyMode::Reduce,
-                Some(shared.reply_to().clone()),
-                Vec::new(),
-            );
-        });
-        Py::new(py, replies)
+        // If the mesh never came to be, there is nothing to stop.
+        self.control_cast(
+            py,
+            sender,
+            count,
+            true,
+            CastKind::Stop { reason },
+            move |_| (0..count).map(|i| ReplyItem::ok(i, Vec::new())).collect(),
+        )
     }
 
     /// A call that completes once every actor of the view has started (ran its
@@ -378,37 +404,11 @@ impl PyActorMesh {
         sender: &Bound<'_, PyAny>,
         count: u32,
     ) -> PyResult<Py<PyCallReplies>> {
-        let sender = Sender::extract(sender)?;
-        let agent = crate::agent::process_agent()?.clone();
-        let replies = PyCallReplies::new(CallReplies::open(&agent, 0..count));
-        let shared = replies.shared();
-        let view_self = Self::new(Arc::clone(&self.inner), self.view.clone());
-        let _guard = runtime()?.enter();
-        self.with_mesh(move |mesh| {
-            let mesh = match mesh
-                .map_err(str::to_string)
-                .and_then(|m| view_self.viewed(m))
-            {
-                Ok(mesh) => mesh,
-                Err(why) => {
-                    let why = format!(
-                        "actor mesh {:?} does not exist: {why}",
-                        view_self.inner.name
-                    );
-                    let items = (0..count).map(|i| ReplyItem::failed(i, &why)).collect();
-                    return shared.answer(items);
-                }
-            };
-            mesh.cast_parts(
-                &agent,
-                sender.actor_id(),
-                CastKind::Probe,
-                ReplyMode::Reduce,
-                Some(shared.reply_to().clone()),
-                Vec::new(),
-            );
-        });
-        Py::new(py, replies)
+        let name = self.inner.name.clone();
+        self.control_cast(py, sender, count, false, CastKind::Probe, move |why| {
+            let why = format!("actor mesh {name:?} does not exist: {why}");
+            (0..count).map(|i| ReplyItem::failed(i, &why)).collect()
+        })
     }
 
     #[staticmethod]
