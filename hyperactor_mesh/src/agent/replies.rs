@@ -175,6 +175,14 @@ impl Inner {
         }
     }
 
+    /// Registers `sink` under a fresh key: where to send it items.
+    fn sink_address(&self, sink: Arc<dyn ReplySink>) -> ReplyTo {
+        ReplyTo {
+            port: self.reply_port(),
+            key: self.register(sink),
+        }
+    }
+
     fn register(&self, sink: Arc<dyn ReplySink>) -> u64 {
         let key = self.next_key();
         lock(&self.replies).insert(key, Slot::Sink(sink));
@@ -328,15 +336,11 @@ impl CallReplies {
             }),
             signal: Signal::new(),
         });
-        let key = agent
-            .inner
-            .register(Arc::clone(&inner) as Arc<dyn ReplySink>);
         Self {
             agent: Arc::downgrade(&agent.inner),
-            to: ReplyTo {
-                port: agent.inner.reply_port(),
-                key,
-            },
+            to: agent
+                .inner
+                .sink_address(Arc::clone(&inner) as Arc<dyn ReplySink>),
             inner,
         }
     }
@@ -451,15 +455,11 @@ impl ReplyQueue {
             items: Mutex::new((std::collections::VecDeque::new(), false)),
             signal: Signal::new(),
         });
-        let key = agent
-            .inner
-            .register(Arc::clone(&inner) as Arc<dyn ReplySink>);
         Self {
             agent: Arc::downgrade(&agent.inner),
-            to: ReplyTo {
-                port: agent.inner.reply_port(),
-                key,
-            },
+            to: agent
+                .inner
+                .sink_address(Arc::clone(&inner) as Arc<dyn ReplySink>),
             inner,
         }
     }

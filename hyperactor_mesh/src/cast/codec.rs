@@ -238,12 +238,7 @@ impl CastHeader {
     ///
     /// [`CodecError::Header`] if the part is not a cast header.
     pub fn decode(part: &[u8]) -> Result<Self, CodecError> {
-        bincode::DefaultOptions::new()
-            .with_fixint_encoding()
-            .allow_trailing_bytes()
-            .with_limit(part.len() as u64)
-            .deserialize(part)
-            .map_err(|e| CodecError::Header(e.to_string()))
+        decode_bounded(part).map_err(CodecError::Header)
     }
 }
 
@@ -278,16 +273,22 @@ impl Route {
     ///
     /// [`CodecError::Route`] if the bytes are not a route.
     pub fn decode(part: &[u8]) -> Result<Self, CodecError> {
-        bincode::DefaultOptions::new()
-            .with_fixint_encoding()
-            .allow_trailing_bytes()
-            .with_limit(part.len() as u64)
-            .deserialize(part)
-            .map_err(|e| CodecError::Route(e.to_string()))
+        decode_bounded(part).map_err(CodecError::Route)
     }
 }
 
 use bincode::Options as _;
+
+/// Decodes a bincode value from `part`, never allocating more than the part holds (a
+/// length field claiming more is an error).
+fn decode_bounded<T: serde::de::DeserializeOwned>(part: &[u8]) -> Result<T, String> {
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .allow_trailing_bytes()
+        .with_limit(part.len() as u64)
+        .deserialize(part)
+        .map_err(|e| e.to_string())
+}
 
 #[cfg(test)]
 mod tests {
