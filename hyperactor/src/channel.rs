@@ -55,6 +55,7 @@
 
 mod ack;
 mod addr;
+pub mod auth;
 pub mod buffer_pool;
 mod error;
 mod frame;
@@ -79,6 +80,7 @@ use self::inbox::Inbox;
 
 pub use self::addr::ChannelAddr;
 pub use self::addr::ChannelTransport;
+pub use self::addr::{advertised, primary_ip};
 pub use self::error::ChannelError;
 pub use self::error::SendError;
 pub use self::frame::max_frame_len;

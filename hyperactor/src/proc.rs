@@ -97,6 +97,32 @@ impl Proc {
     /// As [`Proc::serve`].
     pub async fn serve_at(addr: &ChannelAddr, name: &str) -> Result<Self, ProcError> {
         validate_name(name)?;
+        Self::serve_inner(addr, None, |addr| ProcId::unique(name, addr)).await
+    }
+
+    /// Starts a proc bound at `bind` whose id is exactly `uid` at the address peers
+    /// should dial: `advertise`, or the one [`channel::advertised`] derives from the
+    /// bound address (for a TCP proc bound to every interface, this machine's primary
+    /// IP, never a loopback address). A well-known uid lets peers that know only the
+    /// address (a worker's) compute the proc id.
+    ///
+    /// # Errors
+    ///
+    /// As [`Proc::serve`].
+    pub async fn serve_as(
+        bind: &ChannelAddr,
+        advertise: Option<&ChannelAddr>,
+        uid: &str,
+    ) -> Result<Self, ProcError> {
+        validate_name(uid)?;
+        Self::serve_inner(bind, advertise, |addr| ProcId::new(uid, addr)).await
+    }
+
+    async fn serve_inner(
+        addr: &ChannelAddr,
+        advertise: Option<&ChannelAddr>,
+        make_id: impl FnOnce(ChannelAddr) -> Result<ProcId, crate::error::IdError>,
+    ) -> Result<Self, ProcError> {
         // Frames are delivered by the connection tasks themselves (no router
         // hop); until the proc exists they are refused, so they go back to
         // their senders.
@@ -130,7 +156,7 @@ impl Proc {
             }
         });
         let server = channel::serve_with(addr, deliver).await?;
-        let id = ProcId::unique(name, server.addr().clone())?;
+        let id = make_id(channel::advertised(server.addr(), advertise))?;
         let (supervision_tx, supervision_rx) = mpsc::unbounded_channel();
         let inner = Arc::new(ProcInner {
             id,

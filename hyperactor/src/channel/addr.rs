@@ -118,6 +118,71 @@ impl ChannelAddr {
     }
 }
 
+/// The address to tell peers for an endpoint bound at `bound`: `advertise` when given
+/// (its port 0 replaced by the bound port); else, for a TCP endpoint bound to every
+/// interface (`0.0.0.0` or `::`), the bound port at this machine's
+/// [`primary_ip`] (never a loopback address, which would name the peer's own
+/// machine); else `bound` itself.
+pub fn advertised(bound: &ChannelAddr, advertise: Option<&ChannelAddr>) -> ChannelAddr {
+    match (bound, advertise) {
+        (ChannelAddr::Tcp(b), Some(ChannelAddr::Tcp(a))) if a.port() == 0 => {
+            ChannelAddr::Tcp(SocketAddr::new(a.ip(), b.port()))
+        }
+        (_, Some(a)) => a.clone(),
+        (ChannelAddr::Tcp(b), None) if b.ip().is_unspecified() => match primary_ip() {
+            Some(ip) => ChannelAddr::Tcp(SocketAddr::new(ip, b.port())),
+            None => ChannelAddr::Tcp(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), b.port())),
+        },
+        (b, None) => b.clone(),
+    }
+}
+
+/// This machine's main IP address for peers on other machines: the IPv4 address of
+/// the first interface that is up and is not a loopback (in the order the kernel lists
+/// them), else such an IPv6 address (not link-local), else `None`.
+pub fn primary_ip() -> Option<std::net::IpAddr> {
+    let mut v4 = None;
+    let mut v6 = None;
+    let mut addrs: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `addrs` with a list we free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut addrs) } != 0 {
+        return None;
+    }
+    let mut cur = addrs;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        let up = ifa.ifa_flags & (libc::IFF_UP as u32) != 0;
+        let loopback = ifa.ifa_flags & (libc::IFF_LOOPBACK as u32) != 0;
+        if !up || loopback || ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr is non-null and points to a sockaddr of the family it names.
+        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+        if family == libc::AF_INET && v4.is_none() {
+            // SAFETY: the family is AF_INET, so this is a sockaddr_in.
+            let sin = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            if !ip.is_loopback() && !ip.is_unspecified() {
+                v4 = Some(ip);
+            }
+        } else if family == libc::AF_INET6 && v6.is_none() {
+            // SAFETY: the family is AF_INET6, so this is a sockaddr_in6.
+            let sin6 = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in6>() };
+            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            let link_local = (ip.segments()[0] & 0xffc0) == 0xfe80;
+            if !ip.is_loopback() && !ip.is_unspecified() && !link_local {
+                v6 = Some(ip);
+            }
+        }
+    }
+    // SAFETY: `addrs` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(addrs) };
+    v4.map(std::net::IpAddr::V4)
+        .or(v6.map(std::net::IpAddr::V6))
+}
+
 /// A socket path in [`socket_dir`] unique to this process and call (pid,
 /// counter, clock), with a file name of about 25 bytes.
 fn unique_socket_path() -> PathBuf {

@@ -52,6 +52,7 @@ use tokio::task::JoinHandle;
 use super::ack::AckState;
 use super::ack::Delivery;
 use super::addr::ChannelAddr;
+use super::auth;
 use super::error::ChannelError;
 use super::frame;
 use super::frame::Frame;
@@ -221,6 +222,11 @@ pub(crate) trait Listener: Send + 'static {
     type Stream: Stream;
     /// Accepts the next connection. Cancel safe.
     fn next_conn(&mut self) -> impl Future<Output = io::Result<Self::Stream>> + Send;
+    /// Admits an accepted connection before any frame is read from it (TCP: the
+    /// [`auth`] handshake); an error says why the peer was rejected.
+    fn admit(stream: Self::Stream) -> impl Future<Output = Result<Self::Stream, String>> + Send {
+        async move { Ok(stream) }
+    }
 }
 
 impl Listener for TcpListener {
@@ -228,6 +234,15 @@ impl Listener for TcpListener {
     async fn next_conn(&mut self) -> io::Result<TcpStream> {
         let (stream, _) = self.accept().await?;
         stream.set_nodelay(true)?;
+        Ok(stream)
+    }
+    async fn admit(mut stream: TcpStream) -> Result<TcpStream, String> {
+        let peer = stream
+            .peer_addr()
+            .map_or_else(|_| "an unknown peer".to_string(), |a| a.to_string());
+        auth::accept(&mut stream, &auth::tcp_auth())
+            .await
+            .map_err(|reason| format!("rejected a TCP connection from {peer}: {reason}"))?;
         Ok(stream)
     }
 }
@@ -333,7 +348,18 @@ async fn accept_loop<L: Listener>(mut listener: L, frames: Inbox, addr: ChannelA
             () = frames.closed() => return,
             res = listener.next_conn() => match res {
                 Ok(stream) => {
-                    tokio::spawn(serve_conn(stream, frames.clone(), addr.clone()));
+                    let (frames, addr) = (frames.clone(), addr.clone());
+                    tokio::spawn(async move {
+                        match L::admit(stream).await {
+                            Ok(stream) => serve_conn(stream, frames, addr).await,
+                            Err(reason) => {
+                                static REJECTED: LogLimit = LogLimit::per_second();
+                                if let Some(suppressed) = REJECTED.check() {
+                                    tracing::warn!(%addr, suppressed, "{reason}");
+                                }
+                            }
+                        }
+                    });
                 }
                 Err(err) => {
                     static ACCEPT_FAILED: LogLimit = LogLimit::per_second();
@@ -520,10 +546,11 @@ pub(crate) async fn run_link<S: Stream>(
     link::drive(sink, acks, queue, link).await;
 }
 
-/// Connects a TCP stream with `TCP_NODELAY` set.
+/// Connects a TCP stream with `TCP_NODELAY` set, and authenticates it ([`auth`]).
 pub(crate) async fn connect_tcp(addr: std::net::SocketAddr) -> io::Result<TcpStream> {
-    let stream = TcpStream::connect(addr).await?;
+    let mut stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
+    auth::connect(&mut stream, &auth::tcp_auth()).await?;
     Ok(stream)
 }
 

@@ -1,0 +1,447 @@
+//! Authentication of TCP connections, before a single frame is decoded.
+//!
+//! Every TCP connection starts with a handshake; frames flow only once it succeeded.
+//! Unix sockets need none: they live in a directory only their user can open (see
+//! [`crate::channel::socket_dir`]).
+//!
+//! Two modes, chosen per process ([`set_cluster_secret`], [`set_trust_all`], or the
+//! environment, see below), and both ends must use the same one:
+//!
+//! - **cluster secret** (the default): both ends prove that they know the same secret
+//!   with a mutual challenge-response (HMAC-SHA256 over fresh 32-byte nonces from both
+//!   sides), so a peer that does not know it can neither send frames nor receive any.
+//!   The secret itself never crosses the wire. A process that was given no secret makes
+//!   a random one: its children (procs a host spawns) inherit it through
+//!   [`child_env`], so one machine works with no set-up; processes on other machines
+//!   need the same secret ([`CLUSTER_SECRET_ENV`]).
+//! - **trust all**: no proof, for networks where every peer is trusted. It must be
+//!   asked for explicitly and logs a warning.
+//!
+//! The handshake (all numbers little-endian, server speaks first):
+//!
+//! ```text
+//! server -> client: MAGIC (8) | mode (1) | nonce_s (32)
+//! client -> server: MAGIC (8) | mode (1) | nonce_c (32) | HMAC(k, "monarch-client" | nonce_s | nonce_c) (32)
+//! server -> client: HMAC(k, "monarch-server" | nonce_c | nonce_s) (32)
+//! ```
+//!
+//! where `k` is the SHA-256 of the secret, and the MACs are zeros in trust-all mode. A
+//! server that does not like what it reads (not the magic, another mode, a wrong MAC,
+//! nothing within [`HANDSHAKE_TIMEOUT`]) closes the connection and logs one line
+//! (rate-limited); it never reads further. The client checks the server's MAC too, so
+//! it never sends a frame to a peer that does not know the secret.
+//!
+//! Not protected: the traffic itself is neither encrypted nor integrity-checked after
+//! the handshake (someone who can inject packets into an established connection on the
+//! network path can still tamper with it).
+//!
+//! | environment variable | meaning |
+//! |---|---|
+//! | [`CLUSTER_SECRET_ENV`] (`MONARCH_CLUSTER_SECRET`) | the cluster secret (any non-empty string) |
+//! | [`CLUSTER_AUTH_ENV`] (`MONARCH_CLUSTER_AUTH`) | `trust_all` for trust-all mode |
+
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// The variable holding the cluster secret.
+pub const CLUSTER_SECRET_ENV: &str = "MONARCH_CLUSTER_SECRET";
+/// The variable that selects trust-all mode (value `trust_all`).
+pub const CLUSTER_AUTH_ENV: &str = "MONARCH_CLUSTER_AUTH";
+/// How long either side of a handshake waits for the other.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+const MAGIC: &[u8; 8] = b"MONARCH\x01";
+const MODE_TRUST_ALL: u8 = 0;
+const MODE_SECRET: u8 = 1;
+const NONCE: usize = 32;
+const MAC: usize = 32;
+
+/// How this process authenticates its TCP connections.
+#[derive(Clone)]
+pub enum TcpAuth {
+    /// Mutual challenge-response over a shared secret.
+    Secret(Arc<Secret>),
+    /// No authentication (explicit opt-in).
+    TrustAll,
+}
+
+impl std::fmt::Debug for TcpAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TcpAuth::Secret(_) => f.write_str("TcpAuth::Secret(..)"),
+            TcpAuth::TrustAll => f.write_str("TcpAuth::TrustAll"),
+        }
+    }
+}
+
+/// A cluster secret: its text (for children) and the key derived from it.
+pub struct Secret {
+    text: String,
+    key: [u8; 32],
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+impl Secret {
+    fn new(text: String) -> Self {
+        let key = Sha256::digest(text.as_bytes()).into();
+        Self { text, key }
+    }
+
+    fn mac(&self, label: &[u8], first: &[u8], second: &[u8]) -> [u8; MAC] {
+        // invariant: HMAC accepts keys of any length.
+        #[allow(clippy::expect_used)]
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(&self.key).expect("invariant: any key length works");
+        mac.update(label);
+        mac.update(first);
+        mac.update(second);
+        mac.finalize().into_bytes().into()
+    }
+
+    fn verify(&self, label: &[u8], first: &[u8], second: &[u8], tag: &[u8]) -> bool {
+        #[allow(clippy::expect_used)]
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(&self.key).expect("invariant: any key length works");
+        mac.update(label);
+        mac.update(first);
+        mac.update(second);
+        mac.verify_slice(tag).is_ok()
+    }
+}
+
+fn configured() -> &'static RwLock<Option<TcpAuth>> {
+    static AUTH: OnceLock<RwLock<Option<TcpAuth>>> = OnceLock::new();
+    AUTH.get_or_init(|| RwLock::new(None))
+}
+
+/// Uses `secret` for the TCP connections this process makes and accepts from now on.
+///
+/// # Errors
+///
+/// An error message if `secret` is empty.
+pub fn set_cluster_secret(secret: &str) -> Result<(), String> {
+    if secret.is_empty() {
+        return Err(format!(
+            "the cluster secret is empty; give a non-empty string (for example the \
+             output of `openssl rand -hex 32`) in {CLUSTER_SECRET_ENV}"
+        ));
+    }
+    *configured().write().unwrap_or_else(|e| e.into_inner()) =
+        Some(TcpAuth::Secret(Arc::new(Secret::new(secret.to_string()))));
+    Ok(())
+}
+
+/// Accepts and makes TCP connections without authentication from now on (logs a
+/// warning: anyone who can reach this process's TCP ports can send it messages).
+pub fn set_trust_all() {
+    tracing::warn!(
+        "TCP connections of this process are NOT authenticated (trust_all_connections): \
+         anyone who can reach its ports can send it messages and run code in it; set a \
+         cluster secret ({CLUSTER_SECRET_ENV}) instead where the network is shared"
+    );
+    *configured().write().unwrap_or_else(|e| e.into_inner()) = Some(TcpAuth::TrustAll);
+}
+
+/// The mode in force: the one set, else the environment's, else a random secret made
+/// once per process.
+pub fn tcp_auth() -> TcpAuth {
+    if let Some(auth) = configured()
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+    {
+        return auth;
+    }
+    let mut slot = configured().write().unwrap_or_else(|e| e.into_inner());
+    if let Some(auth) = slot.clone() {
+        return auth;
+    }
+    let auth = from_env().unwrap_or_else(|| TcpAuth::Secret(Arc::new(Secret::new(random_hex()))));
+    *slot = Some(auth.clone());
+    auth
+}
+
+fn from_env() -> Option<TcpAuth> {
+    if std::env::var(CLUSTER_AUTH_ENV).is_ok_and(|v| v == "trust_all") {
+        tracing::warn!(
+            "TCP connections of this process are NOT authenticated ({CLUSTER_AUTH_ENV}=trust_all)"
+        );
+        return Some(TcpAuth::TrustAll);
+    }
+    match std::env::var(CLUSTER_SECRET_ENV) {
+        Ok(text) if !text.is_empty() => Some(TcpAuth::Secret(Arc::new(Secret::new(text)))),
+        _ => None,
+    }
+}
+
+/// The environment that makes a child process use this process's mode and secret.
+pub fn child_env() -> Vec<(String, String)> {
+    match tcp_auth() {
+        TcpAuth::Secret(secret) => vec![(CLUSTER_SECRET_ENV.to_string(), secret.text.clone())],
+        TcpAuth::TrustAll => vec![(CLUSTER_AUTH_ENV.to_string(), "trust_all".to_string())],
+    }
+}
+
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut buf = [0u8; N];
+    let mut filled = 0;
+    while filled < N {
+        // SAFETY: the pointer and length describe the unfilled tail of `buf`.
+        let n = unsafe {
+            libc::getrandom(
+                buf[filled..].as_mut_ptr().cast::<libc::c_void>(),
+                N - filled,
+                0,
+            )
+        };
+        if n > 0 {
+            filled += n as usize;
+        } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            // invariant: getrandom only fails on ancient kernels; without entropy nothing
+            // here can be secure, so stop loudly.
+            #[allow(clippy::panic)]
+            {
+                panic!(
+                    "getrandom failed: {}; no secure random numbers",
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
+    }
+    buf
+}
+
+fn random_hex() -> String {
+    random_bytes::<32>()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn mode_of(auth: &TcpAuth) -> u8 {
+    match auth {
+        TcpAuth::Secret(_) => MODE_SECRET,
+        TcpAuth::TrustAll => MODE_TRUST_ALL,
+    }
+}
+
+fn mode_name(mode: u8) -> &'static str {
+    match mode {
+        MODE_SECRET => "a cluster secret",
+        MODE_TRUST_ALL => "no authentication (trust_all_connections)",
+        _ => "an unknown authentication mode",
+    }
+}
+
+/// Runs the server side of the handshake on an accepted connection.
+///
+/// # Errors
+///
+/// Why the peer was rejected, in words (the caller logs it and closes).
+pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    auth: &TcpAuth,
+) -> Result<(), String> {
+    let run = async {
+        let nonce_s: [u8; NONCE] = random_bytes();
+        let mut hello = Vec::with_capacity(8 + 1 + NONCE);
+        hello.extend_from_slice(MAGIC);
+        hello.push(mode_of(auth));
+        hello.extend_from_slice(&nonce_s);
+        stream
+            .write_all(&hello)
+            .await
+            .map_err(|e| format!("writing the handshake failed: {e}"))?;
+        let mut answer = [0u8; 8 + 1 + NONCE + MAC];
+        stream
+            .read_exact(&mut answer)
+            .await
+            .map_err(|e| format!("it did not complete the handshake: {e}"))?;
+        if &answer[..8] != MAGIC {
+            return Err("it is not a monarch peer (its first bytes are not a handshake)".into());
+        }
+        let mode = answer[8];
+        if mode != mode_of(auth) {
+            return Err(format!(
+                "it uses {} but this process requires {}",
+                mode_name(mode),
+                mode_name(mode_of(auth))
+            ));
+        }
+        let nonce_c = &answer[9..9 + NONCE];
+        let tag = &answer[9 + NONCE..];
+        let reply = match auth {
+            TcpAuth::Secret(secret) => {
+                if !secret.verify(b"monarch-client", &nonce_s, nonce_c, tag) {
+                    // Answer zeros so the client reports a failed authentication, not a
+                    // dropped connection.
+                    let _ = stream.write_all(&[0u8; MAC]).await;
+                    return Err("it does not know the cluster secret".into());
+                }
+                secret.mac(b"monarch-server", nonce_c, &nonce_s)
+            }
+            TcpAuth::TrustAll => [0u8; MAC],
+        };
+        stream
+            .write_all(&reply)
+            .await
+            .map_err(|e| format!("writing the handshake failed: {e}"))
+    };
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, run)
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "it did not complete the handshake within {HANDSHAKE_TIMEOUT:?}"
+            ))
+        })
+}
+
+/// Runs the client side of the handshake on a new connection.
+///
+/// # Errors
+///
+/// An `io::Error` saying why authentication failed.
+pub(crate) async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    auth: &TcpAuth,
+) -> std::io::Result<()> {
+    let denied = |reason: String| {
+        std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("authentication failed: {reason}"),
+        )
+    };
+    let run = async {
+        let mut hello = [0u8; 8 + 1 + NONCE];
+        stream.read_exact(&mut hello).await.map_err(|e| {
+            denied(format!(
+                "the peer closed the connection before its handshake ({e}); it may not \
+                 be a monarch process, or it refused this address"
+            ))
+        })?;
+        if &hello[..8] != MAGIC {
+            return Err(denied(
+                "the peer is not a monarch process (its first bytes are not a handshake)".into(),
+            ));
+        }
+        let mode = hello[8];
+        if mode != mode_of(auth) {
+            return Err(denied(format!(
+                "the peer requires {} but this process uses {}; give both the same \
+                 setting ({CLUSTER_SECRET_ENV}, or ca=\"trust_all_connections\" on both)",
+                mode_name(mode),
+                mode_name(mode_of(auth))
+            )));
+        }
+        let nonce_s = &hello[9..];
+        let nonce_c: [u8; NONCE] = random_bytes();
+        let tag = match auth {
+            TcpAuth::Secret(secret) => secret.mac(b"monarch-client", nonce_s, &nonce_c),
+            TcpAuth::TrustAll => [0u8; MAC],
+        };
+        let mut answer = Vec::with_capacity(8 + 1 + NONCE + MAC);
+        answer.extend_from_slice(MAGIC);
+        answer.push(mode_of(auth));
+        answer.extend_from_slice(&nonce_c);
+        answer.extend_from_slice(&tag);
+        stream.write_all(&answer).await?;
+        let mut reply = [0u8; MAC];
+        stream.read_exact(&mut reply).await.map_err(|e| {
+            denied(format!(
+                "the peer closed the connection during the handshake ({e})"
+            ))
+        })?;
+        if let TcpAuth::Secret(secret) = auth {
+            if !secret.verify(b"monarch-server", &nonce_c, nonce_s, &reply) {
+                return Err(denied(format!(
+                    "the peer does not share this process's cluster secret; give every \
+                     process of the cluster the same {CLUSTER_SECRET_ENV}"
+                )));
+            }
+        }
+        Ok(())
+    };
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, run)
+        .await
+        .unwrap_or_else(|_| {
+            Err(denied(format!(
+                "the peer did not complete the handshake within {HANDSHAKE_TIMEOUT:?}"
+            )))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret(text: &str) -> TcpAuth {
+        TcpAuth::Secret(Arc::new(Secret::new(text.into())))
+    }
+
+    async fn pair(server: TcpAuth, client: TcpAuth) -> (Result<(), String>, std::io::Result<()>) {
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        let s = tokio::spawn(async move { accept(&mut a, &server).await });
+        let c = connect(&mut b, &client).await;
+        drop(b);
+        (s.await.unwrap(), c)
+    }
+
+    #[tokio::test]
+    async fn same_secret_authenticates_both_ways() {
+        let (s, c) = pair(secret("k1"), secret("k1")).await;
+        assert_eq!(s, Ok(()));
+        assert!(c.is_ok(), "{c:?}");
+    }
+
+    #[tokio::test]
+    async fn a_different_secret_is_rejected_by_both_sides() {
+        let (s, c) = pair(secret("k1"), secret("k2")).await;
+        assert!(s.unwrap_err().contains("does not know the cluster secret"));
+        let err = c.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied);
+        assert!(err.to_string().contains("cluster secret"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn mixed_modes_are_rejected_with_a_reason() {
+        let (s, c) = pair(secret("k1"), TcpAuth::TrustAll).await;
+        assert!(s.is_err());
+        assert!(c
+            .unwrap_err()
+            .to_string()
+            .contains("requires a cluster secret"));
+        let (_, c) = pair(TcpAuth::TrustAll, TcpAuth::TrustAll).await;
+        assert!(c.is_ok());
+    }
+
+    #[tokio::test]
+    async fn garbage_is_rejected_before_anything_is_decoded() {
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        let server = tokio::spawn(async move { accept(&mut a, &secret("k")).await });
+        let mut hello = [0u8; 41];
+        b.read_exact(&mut hello).await.unwrap();
+        // A pickle, as an attacker would send to a worker port.
+        let mut pickle =
+            b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00cos\nsystem\n(S'id'\ntR.".to_vec();
+        pickle.resize(128, b'.');
+        b.write_all(&pickle).await.unwrap();
+        let err = server.await.unwrap().unwrap_err();
+        assert!(err.contains("not a monarch peer"), "{err}");
+    }
+
+    #[test]
+    fn child_env_carries_the_mode() {
+        let env = child_env();
+        assert_eq!(env.len(), 1);
+        assert!(env[0].0 == CLUSTER_SECRET_ENV || env[0].0 == CLUSTER_AUTH_ENV);
+    }
+}
