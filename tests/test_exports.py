@@ -6,9 +6,10 @@ import pytest
 
 import monarch
 import monarch.actor
+import monarch.job
 
 
-@pytest.mark.parametrize("module", [monarch, monarch.actor], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [monarch, monarch.actor, monarch.job], ids=lambda m: m.__name__)
 def test_all_is_complete(module: types.ModuleType) -> None:
     public = {
         name
