@@ -1,0 +1,182 @@
+"""Client programs for the multi-host tests, run in the client network namespace:
+``python client_script.py SCENARIO WORKER_ADDRESS...``.
+
+Each scenario prints one line ``RESULT <json>`` at the end (and ``READY`` when it
+waits for the test to do something to a host: it then reads one line from stdin).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+import monarch.actor
+from monarch.actor import (
+    Actor,
+    SupervisionError,
+    attach_to_workers,
+    current_rank,
+    enable_transport,
+    endpoint,
+)
+
+
+class Member(Actor):
+    def __init__(self) -> None:
+        self.log: list[int] = []
+
+    @endpoint
+    def where(self) -> dict[str, Any]:
+        from monarch._src.actor import process
+
+        return {
+            "rank": dict(current_rank()),
+            "proc": process.get().proc_id,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+        }
+
+    @endpoint
+    def record(self, i: int) -> None:
+        self.log.append(i)
+
+    @endpoint
+    def get_log(self) -> list[int]:
+        return self.log
+
+    @endpoint
+    def ping(self) -> int:
+        return os.getpid()
+
+
+class Spawner(Actor):
+    """Spawns actors on a proc mesh it is handed (from another host) and calls them."""
+
+    @endpoint
+    def spawn_on(self, procs: Any) -> list[int]:
+        members = procs.spawn("nested", Member)
+        return sorted(members.ping.call().get(timeout=60).values())
+
+
+def attach(workers: list[str]) -> Any:
+    enable_transport("tcp")
+    hosts = attach_to_workers(workers=workers, ca=None, name="cluster")
+    hosts.initialized.get(timeout=60)
+    return hosts
+
+
+def result(value: dict[str, Any]) -> None:
+    print("RESULT " + json.dumps(value), flush=True)
+
+
+def wait_for_test() -> None:
+    print("READY", flush=True)
+    sys.stdin.readline()
+
+
+def spawn_cast(workers: list[str]) -> None:
+    hosts = attach(workers)
+    procs = hosts.spawn_procs(per_host={"gpus": 2})
+    members = procs.spawn("members", Member)
+    where = members.where.call().get(timeout=120)
+    places = [v for _, v in where.items()]
+    # ORD-1 across hosts: broadcasts then a direct call see every message in order.
+    for i in range(50):
+        members.record.broadcast(i)
+    logs = members.get_log.call().get(timeout=60)
+    ordered = all(v == list(range(50)) for _, v in logs.items())
+    # A proc mesh handed to an actor on another host: it spawns there and calls.
+    spawner = procs.slice(hosts=0, gpus=0).spawn("spawner", Spawner)
+    nested = spawner.spawn_on.call_one(procs.slice(hosts=2)).get(timeout=120)
+    result(
+        {
+            "extent": dict(procs.extent.items()) if hasattr(procs, "extent") else None,
+            "sizes": dict(procs.sizes),
+            "places": places,
+            "ordered": ordered,
+            "nested": nested,
+            "client": monarch.actor.context().actor_instance.proc_id
+            if hasattr(monarch.actor.context().actor_instance, "proc_id")
+            else None,
+        }
+    )
+
+
+def failure(workers: list[str]) -> None:
+    """Spawn on every host, wait for the test to break host 2, then report what the
+    client saw: the failure, how long it took, and that the other hosts still work."""
+    failures: list[str] = []
+    monarch.actor.unhandled_fault_hook = lambda f: failures.append(str(f))
+    hosts = attach(workers)
+    procs = hosts.spawn_procs(per_host={"gpus": 2})
+    members = procs.spawn("members", Member)
+    members.ping.call().get(timeout=120)
+    wait_for_test()
+    broken_at = time.monotonic()
+    deadline = broken_at + 30
+    while not failures and time.monotonic() < deadline:
+        time.sleep(0.01)
+    detected = time.monotonic() - broken_at if failures else None
+    error = None
+    try:
+        members.slice(hosts=2).ping.call().get(timeout=30)
+    except SupervisionError as e:
+        error = str(e)
+    except Exception as e:  # reported, and the test fails on it
+        error = f"unexpected {type(e).__name__}: {e}"
+    healthy = sorted(members.slice(hosts=0).ping.call().get(timeout=30).values())
+    healthy += sorted(members.slice(hosts=1).ping.call().get(timeout=30).values())
+    result(
+        {
+            "detected_s": detected,
+            "failures": failures[:3],
+            "error": error,
+            "healthy": len(healthy),
+        }
+    )
+    wait_for_test()
+    # The broken host back (or a new worker there): new procs work on it.
+    again = hosts.slice(hosts=2).spawn_procs(per_host={"gpus": 1}, name="again")
+    pids = again.spawn("again", Member).ping.call().get(timeout=60)
+    result({"again": len(list(pids.values()))})
+
+
+def hold(workers: list[str]) -> None:
+    """Spawn procs, report their pids, and wait to be killed."""
+    hosts = attach(workers)
+    procs = hosts.spawn_procs(per_host={"gpus": 2})
+    pids = procs.spawn("members", Member).ping.call().get(timeout=120)
+    result({"pids": sorted(pids.values())})
+    while True:
+        time.sleep(1)
+
+
+def wrong_credentials(workers: list[str]) -> None:
+    enable_transport("tcp")
+    hosts = attach_to_workers(workers=workers, ca=None)
+    error = None
+    try:
+        hosts.initialized.get(timeout=60)
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    spawn_error = None
+    try:
+        hosts.spawn_procs(per_host={"gpus": 1}).initialized.get(timeout=60)
+    except Exception as e:
+        spawn_error = f"{type(e).__name__}: {e}"
+    result({"error": error, "spawn_error": spawn_error})
+
+
+SCENARIOS = {
+    "spawn_cast": spawn_cast,
+    "failure": failure,
+    "hold": hold,
+    "wrong_credentials": wrong_credentials,
+}
+
+if __name__ == "__main__":
+    SCENARIOS[sys.argv[1]](sys.argv[2:])
