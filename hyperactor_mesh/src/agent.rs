@@ -40,6 +40,7 @@
 mod cast_in;
 mod cast_out;
 mod control;
+pub mod liveness;
 mod local;
 mod replies;
 mod supervise;
@@ -58,6 +59,7 @@ use serde::de::DeserializeOwned;
 
 pub use cast_out::{CastOutcome, CastTarget};
 pub use control::{Control, ProcInfo, SpawnProcsRequest};
+pub use liveness::Liveness;
 pub use local::{ForeignSpawn, ForeignSpawner, Registry};
 pub use replies::{CallReplies, ReplyQueue, ReplySink, Waited};
 
@@ -112,6 +114,7 @@ pub struct AgentOptions {
     host: Option<Host>,
     stop_timeout: Option<Duration>,
     spawned_by: Option<ProcId>,
+    liveness: Liveness,
 }
 
 impl std::fmt::Debug for AgentOptions {
@@ -122,6 +125,7 @@ impl std::fmt::Debug for AgentOptions {
             .field("host", &self.host)
             .field("stop_timeout", &self.stop_timeout)
             .field("spawned_by", &self.spawned_by)
+            .field("liveness", &self.liveness)
             .finish()
     }
 }
@@ -170,6 +174,14 @@ impl AgentOptions {
     #[must_use]
     pub fn stop_timeout(mut self, timeout: Duration) -> Self {
         self.stop_timeout = Some(timeout);
+        self
+    }
+
+    /// The timing of heartbeats to hosts and of leases on clients' procs (see
+    /// [`liveness`]).
+    #[must_use]
+    pub fn liveness(mut self, liveness: Liveness) -> Self {
+        self.liveness = liveness;
         self
     }
 }
@@ -226,6 +238,10 @@ pub(crate) struct Inner {
     /// Procs this agent watches at their hosts, and each proc's host.
     watched: Mutex<HashSet<ProcId>>,
     hosts: Mutex<HashMap<ProcId, ProcId>>,
+    liveness: Liveness,
+    /// Hosts this agent monitors, and when each last answered a heartbeat.
+    monitored: Mutex<HashSet<ProcId>>,
+    host_acks: Mutex<HashMap<ProcId, std::time::Instant>>,
     registry: Registry,
     foreign: Option<Arc<dyn ForeignSpawner>>,
     host: Option<Arc<control::HostService>>,
@@ -315,6 +331,9 @@ impl ProcAgent {
             owned: Mutex::default(),
             watched: Mutex::default(),
             hosts: Mutex::default(),
+            liveness: options.liveness,
+            monitored: Mutex::default(),
+            host_acks: Mutex::default(),
             registry: options.registry,
             foreign: options.foreign,
             host,
@@ -326,6 +345,7 @@ impl ProcAgent {
         supervise::start_tasks(&inner);
         if let Some(host) = &inner.host {
             host.start(&inner);
+            host.start_leases(inner.liveness.lease);
         }
         registered.retain(|_, w| w.strong_count() > 0);
         registered.insert(proc_id, Arc::downgrade(&inner));
@@ -484,6 +504,42 @@ impl ProcAgent {
     pub async fn shutdown_host(&self, timeout: Duration) {
         if let Some(host) = &self.inner.host {
             host.shutdown(timeout).await;
+        }
+    }
+
+    /// Monitors `host` (a host agent's proc) with heartbeats, so that its loss fails
+    /// the procs of it this agent knows of (see [`liveness`]). Idempotent.
+    pub fn monitor_host(&self, host: &ProcId) {
+        self.inner.monitor_host(host);
+    }
+
+    /// Sends one heartbeat to the agent of `proc` and waits for its answer: `Ok` once
+    /// it answered, or why it cannot be reached (its connection failed: refused,
+    /// authentication failed, ...) or `timeout` passed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn probe(&self, proc: &ProcId, timeout: Duration) -> Result<(), String> {
+        let (port, receiver) = self.inner.client.open_once_port::<Control>();
+        self.inner.send_control(
+            proc,
+            &Control::Heartbeat {
+                from: port.port_id().clone(),
+            },
+        );
+        let remote = proc != self.inner.proc.proc_id();
+        let failed = async {
+            if remote {
+                self.inner.proc.link_failed(proc).await
+            } else {
+                std::future::pending().await
+            }
+        };
+        tokio::select! {
+            answer = receiver.recv() => answer.map(|_| ()).map_err(|e| e.to_string()),
+            error = failed => Err(error.to_string()),
+            () = tokio::time::sleep(timeout) => Err(format!("no answer within {timeout:?}")),
         }
     }
 

@@ -217,6 +217,34 @@ impl BootInfo {
             })
     }
 
+    /// Serves this child's proc where its host's peers can reach it: over Unix when the
+    /// host serves over Unix; over TCP at the host's advertised IP (port chosen by the
+    /// system) when the host serves over TCP, so the procs of a remote host are reached
+    /// directly, never through the host agent.
+    ///
+    /// # Errors
+    ///
+    /// [`BootstrapError::Serve`] if the proc cannot be served.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: nothing stays served.
+    pub async fn serve_near_host(&self) -> Result<Proc, BootstrapError> {
+        let addr = match self.report.actor().proc_id().addr() {
+            hyperactor::ChannelAddr::Tcp(host) => {
+                hyperactor::ChannelAddr::Tcp(std::net::SocketAddr::new(host.ip(), 0))
+            }
+            other => hyperactor::ChannelAddr::any(other.transport()),
+        };
+        Proc::serve_at(&addr, &format!("{}-{}", self.name, self.rank))
+            .await
+            .map_err(|source| BootstrapError::Serve {
+                name: self.name.clone(),
+                rank: self.rank,
+                source,
+            })
+    }
+
     /// Sends [`ProcReady`] for `proc` to the host's report port. Call it once the proc's
     /// actors are spawned (BOOT-1).
     ///

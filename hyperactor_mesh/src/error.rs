@@ -261,6 +261,14 @@ pub enum MeshError {
         /// What was expected.
         reason: String,
     },
+    /// A worker or transport address is invalid.
+    #[error("invalid address {input:?}: {reason}")]
+    InvalidAddress {
+        /// The address given.
+        input: String,
+        /// What is wrong, and what is expected.
+        reason: String,
+    },
     /// Only the owner of a mesh (the actor that spawned it) can do this.
     #[error(
         "{what} is a reference (received, or a view of another process's mesh); only its \

@@ -97,6 +97,34 @@ impl Host {
         Self::new(Proc::serve(transport, "host").await?)
     }
 
+    /// A host whose proc is bound at `bind` and reached at `advertise` (or the address
+    /// [`hyperactor::channel::advertised`] derives: never a loopback address for a TCP
+    /// proc bound to every interface).
+    ///
+    /// # Errors
+    ///
+    /// As [`Host::serve`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: nothing stays served.
+    pub async fn serve_at(
+        bind: &hyperactor::ChannelAddr,
+        advertise: Option<&hyperactor::ChannelAddr>,
+    ) -> Result<Self, HostError> {
+        let proc = match bind {
+            // A fresh Unix address keeps the unique uid of `serve`.
+            hyperactor::ChannelAddr::Unix(_) if advertise.is_none() => {
+                Proc::serve_at(bind, "host").await?
+            }
+            _ => {
+                let uid = format!("host-{}", std::process::id());
+                Proc::serve_as(bind, advertise, &uid).await?
+            }
+        };
+        Self::new(proc)
+    }
+
     /// A host that receives its children's reports on `proc`.
     ///
     /// # Errors

@@ -158,14 +158,27 @@ impl HostMesh {
                 mesh: info.clone(),
                 reply: port.port_id().clone(),
             };
+            agent.monitor_host(host);
             send_control(&agent, host, &Control::SpawnProcs(request));
+            // A host that cannot be reached (refused, failed authentication, lost)
+            // fails the spawn at once, with the reason.
+            let link = (host != agent.proc().proc_id()).then(|| agent.proc().link_failed(host));
             async move {
+                let link = async move {
+                    match link {
+                        Some(failed) => failed.await,
+                        None => std::future::pending().await,
+                    }
+                };
                 let limit = crate::host::DEFAULT_READY_TIMEOUT + SPAWN_ANSWER_SLACK;
-                match tokio::time::timeout(limit, receiver.recv()).await {
-                    Ok(Ok(Ok(procs))) => Ok(procs),
-                    Ok(Ok(Err(reason))) => Err(reason),
-                    Ok(Err(e)) => Err(format!("the host's answer was lost: {e}")),
-                    Err(_) => Err(format!("no answer within {limit:?}")),
+                tokio::select! {
+                    answer = tokio::time::timeout(limit, receiver.recv()) => match answer {
+                        Ok(Ok(Ok(procs))) => Ok(procs),
+                        Ok(Ok(Err(reason))) => Err(reason),
+                        Ok(Err(e)) => Err(format!("the host's answer was lost: {e}")),
+                        Err(_) => Err(format!("no answer within {limit:?}")),
+                    },
+                    error = link => Err(format!("it cannot be reached: {error}")),
                 }
             }
         });

@@ -14,6 +14,7 @@ pub mod supervision;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod value_mesh;
+pub mod worker;
 
 pub use actor_mesh::{reply, reply_error, route, ActorMesh, ActorMeshRef, Request};
 pub use agent::{AgentOptions, ProcAgent};

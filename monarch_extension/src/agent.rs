@@ -13,9 +13,10 @@ use std::time::Duration;
 
 use hyperactor::actor::DrivenActor;
 use hyperactor::{ChannelTransport, SendContext};
-use hyperactor_mesh::agent::{AgentOptions, ForeignSpawn, ForeignSpawner, ProcAgent};
+use hyperactor_mesh::agent::{AgentOptions, ForeignSpawn, ForeignSpawner, Liveness, ProcAgent};
 use hyperactor_mesh::bootstrap::BootInfo;
 use hyperactor_mesh::host::Host;
+use hyperactor_mesh::worker::{WorkerAddress, WORKER_UID};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -54,6 +55,38 @@ fn transport(name: &str) -> PyResult<ChannelTransport> {
             "a proc serves over \"unix\" or \"tcp\", not {other:?}"
         ))),
     }
+}
+
+/// Where the root proc serves: `"unix"`, `"tcp"` (every interface, advertising this
+/// machine's primary IP), `"tcp-localhost"` (127.0.0.1) or an address
+/// (`tcp://IP:PORT`, `ADVERTISE@BIND`).
+fn root_address(
+    spec: &str,
+) -> PyResult<(hyperactor::ChannelAddr, Option<hyperactor::ChannelAddr>)> {
+    use hyperactor::ChannelAddr;
+    use std::net::{Ipv4Addr, SocketAddr};
+    Ok(match spec {
+        "unix" | "ipc" => (ChannelAddr::any(ChannelTransport::Unix), None),
+        "tcp" => (
+            ChannelAddr::Tcp(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0)),
+            None,
+        ),
+        "tcp-localhost" => (ChannelAddr::any(ChannelTransport::Tcp), None),
+        other => {
+            let address =
+                WorkerAddress::parse(other).map_err(|e| PyValueError::new_err(e.to_string()))?;
+            (address.bind, address.advertise)
+        }
+    })
+}
+
+/// Heartbeat timing from seconds.
+fn liveness(interval: f64, timeout: f64, lease: f64) -> PyResult<Liveness> {
+    Ok(Liveness {
+        interval: duration("heartbeat_interval", interval)?.max(Duration::from_millis(1)),
+        timeout: duration("heartbeat_timeout", timeout)?,
+        lease: duration("client_lease", lease)?,
+    })
 }
 
 fn duration(what: &str, seconds: f64) -> PyResult<Duration> {
@@ -132,40 +165,125 @@ impl PyProcAgent {
 impl PyProcAgent {
     /// Serves the root client's proc on `transport`, with a host agent that spawns and
     /// reaps this machine's procs (waiting `ready_timeout` seconds for each spawn).
+    /// `transport` is `"unix"`, `"tcp"` (every interface, advertising this machine's
+    /// primary IP), `"tcp-localhost"`, or an address (`tcp://IP:PORT`,
+    /// `ADVERTISE@BIND`).
     #[staticmethod]
-    #[pyo3(signature = (transport = "unix", ready_timeout = 30.0, stop_timeout = 10.0))]
+    #[pyo3(signature = (
+        transport = "unix",
+        ready_timeout = 30.0,
+        stop_timeout = 10.0,
+        heartbeat_interval = 0.25,
+        heartbeat_timeout = 2.0,
+        client_lease = 10.0,
+    ))]
     fn serve_root(
         py: Python<'_>,
         transport: &str,
         ready_timeout: f64,
         stop_timeout: f64,
+        heartbeat_interval: f64,
+        heartbeat_timeout: f64,
+        client_lease: f64,
     ) -> PyResult<Self> {
-        let transport = self::transport(transport)?;
+        let (bind, advertise) = root_address(transport)?;
         let ready = duration("ready_timeout", ready_timeout)?;
         let stop = duration("stop_timeout", stop_timeout)?;
-        let host = block_on(py, "ProcAgent.serve_root()", Host::serve(transport))?
+        let liveness = liveness(heartbeat_interval, heartbeat_timeout, client_lease)?;
+        let host = block_on(py, "ProcAgent.serve_root()", async move {
+            Host::serve_at(&bind, advertise.as_ref()).await
+        })?
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
+        .with_ready_timeout(ready);
+        let proc = host.proc().clone();
+        let options = AgentOptions::default()
+            .host(host)
+            .stop_timeout(stop)
+            .liveness(liveness);
+        Self::build(py, proc, options, None)
+    }
+
+    /// Serves a worker (a host agent for clients on other machines) at `address`
+    /// (`tcp://HOST:PORT`, `ipc://PATH`, `ADVERTISE@BIND`).
+    #[staticmethod]
+    #[pyo3(signature = (
+        address,
+        ready_timeout = 30.0,
+        stop_timeout = 10.0,
+        heartbeat_interval = 0.25,
+        heartbeat_timeout = 2.0,
+        client_lease = 10.0,
+    ))]
+    fn serve_worker(
+        py: Python<'_>,
+        address: &str,
+        ready_timeout: f64,
+        stop_timeout: f64,
+        heartbeat_interval: f64,
+        heartbeat_timeout: f64,
+        client_lease: f64,
+    ) -> PyResult<Self> {
+        let address =
+            WorkerAddress::parse(address).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let ready = duration("ready_timeout", ready_timeout)?;
+        let stop = duration("stop_timeout", stop_timeout)?;
+        let liveness = liveness(heartbeat_interval, heartbeat_timeout, client_lease)?;
+        let proc = block_on(py, "ProcAgent.serve_worker()", async move {
+            hyperactor::Proc::serve_as(&address.bind, address.advertise.as_ref(), WORKER_UID)
+                .await
+                .map_err(|e| format!("cannot serve a worker at {}: {e}", address.bind))
+        })?
+        .map_err(PyRuntimeError::new_err)?;
+        let host = Host::new(proc.clone())
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
             .with_ready_timeout(ready);
-        let proc = host.proc().clone();
-        let options = AgentOptions::default().host(host).stop_timeout(stop);
+        let options = AgentOptions::default()
+            .host(host)
+            .stop_timeout(stop)
+            .liveness(liveness);
         Self::build(py, proc, options, None)
     }
 
     /// Serves this proc, started by a host agent (whose variables are in the
     /// environment); call `report_ready` once the process is ready to serve.
+    /// `transport` `"auto"` serves like the host (Unix for a Unix host, TCP at the
+    /// host's IP for a TCP host).
     #[staticmethod]
-    #[pyo3(signature = (transport = "unix", stop_timeout = 10.0))]
-    fn bootstrap(py: Python<'_>, transport: &str, stop_timeout: f64) -> PyResult<Self> {
-        let transport = self::transport(transport)?;
+    #[pyo3(signature = (
+        transport = "auto",
+        stop_timeout = 10.0,
+        heartbeat_interval = 0.25,
+        heartbeat_timeout = 2.0,
+        client_lease = 10.0,
+    ))]
+    fn bootstrap(
+        py: Python<'_>,
+        transport: &str,
+        stop_timeout: f64,
+        heartbeat_interval: f64,
+        heartbeat_timeout: f64,
+        client_lease: f64,
+    ) -> PyResult<Self> {
+        let transport = match transport {
+            "auto" => None,
+            other => Some(self::transport(other)?),
+        };
         let stop = duration("stop_timeout", stop_timeout)?;
+        let liveness = liveness(heartbeat_interval, heartbeat_timeout, client_lease)?;
         let info = BootInfo::from_env().map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
         let serving = info.clone();
         let proc = block_on(py, "ProcAgent.bootstrap()", async move {
-            serving.serve(transport).await
+            match transport {
+                Some(transport) => serving.serve(transport).await,
+                None => serving.serve_near_host().await,
+            }
         })?
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
         let host = info.report.actor().proc_id().clone();
-        let options = AgentOptions::default().spawned_by(host).stop_timeout(stop);
+        let options = AgentOptions::default()
+            .spawned_by(host)
+            .stop_timeout(stop)
+            .liveness(liveness);
         Self::build(py, proc, options, Some(info))
     }
 
@@ -356,4 +474,38 @@ impl PyProcAgent {
     fn __repr__(&self) -> String {
         format!("ProcAgent({})", self.agent.id())
     }
+}
+
+/// Uses `secret` to authenticate this process's TCP connections from now on.
+#[pyfunction]
+pub fn set_cluster_secret(secret: &str) -> PyResult<()> {
+    hyperactor::channel::auth::set_cluster_secret(secret).map_err(PyValueError::new_err)
+}
+
+/// Accepts and makes TCP connections without authentication from now on (logs a
+/// warning).
+#[pyfunction]
+pub fn set_trust_all_connections() {
+    hyperactor::channel::auth::set_trust_all();
+}
+
+/// The environment a process needs to use this process's TCP authentication (its
+/// cluster secret, or trust-all mode).
+#[pyfunction]
+pub fn cluster_auth_env() -> Vec<(String, String)> {
+    hyperactor::channel::auth::child_env()
+}
+
+/// The proc id (printed) of the worker whose address is `address` (its advertised
+/// part, for `ADVERTISE@BIND`).
+#[pyfunction]
+pub fn worker_proc_id(address: &str) -> PyResult<String> {
+    let addr = WorkerAddress::dial(address).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(hyperactor_mesh::worker::worker_proc_id(&addr).to_string())
+}
+
+/// This machine's primary IP address (see `hyperactor::channel::primary_ip`), if any.
+#[pyfunction]
+pub fn primary_ip() -> Option<String> {
+    hyperactor::channel::primary_ip().map(|ip| ip.to_string())
 }

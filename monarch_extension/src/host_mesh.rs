@@ -23,7 +23,82 @@ use crate::shape::PyExtent;
 #[derive(Debug, Clone)]
 pub struct PyHostMesh {
     mesh: HostMesh,
+    /// For hosts attached by address: the first contact, shared by `probe` and
+    /// `spawn_procs` (which waits for it).
+    attach: Option<Arc<Attach>>,
 }
+
+/// The first contact with attached workers (see `PyHostMesh::attached`).
+#[derive(Debug)]
+struct Attach {
+    /// How users named each host (its worker address), by rank.
+    names: Vec<String>,
+    /// How long to keep trying each host.
+    timeout: std::time::Duration,
+    done: tokio::sync::OnceCell<Result<(), String>>,
+}
+
+impl Attach {
+    /// Waits until every host answered a heartbeat (retrying hosts that refuse
+    /// connections, which may still be starting, until the timeout); each is then
+    /// monitored. Runs once; later calls get the same outcome.
+    async fn wait(&self, hosts: &[hyperactor::ProcId]) -> Result<(), String> {
+        self.done
+            .get_or_init(|| async {
+                let agent = crate::agent::process_agent()
+                    .map_err(|e| e.to_string())?
+                    .clone();
+                let deadline = tokio::time::Instant::now() + self.timeout;
+                let reach = |host: hyperactor::ProcId| {
+                    let agent = agent.clone();
+                    async move {
+                        loop {
+                            let left =
+                                deadline.saturating_duration_since(tokio::time::Instant::now());
+                            match agent.probe(&host, left).await {
+                                Ok(()) => return Ok(()),
+                                // Refused or not there yet: the worker may be starting.
+                                Err(reason)
+                                    if !reason.contains("authentication")
+                                        && tokio::time::Instant::now() + ATTACH_RETRY
+                                            < deadline =>
+                                {
+                                    tracing::debug!("worker {host} not reachable yet: {reason}");
+                                    tokio::time::sleep(ATTACH_RETRY).await;
+                                }
+                                Err(reason) => return Err(reason),
+                            }
+                        }
+                    }
+                };
+                let answers = futures::future::join_all(hosts.iter().cloned().map(reach)).await;
+                for (rank, (host, answer)) in hosts.iter().zip(answers).enumerate() {
+                    let name = self
+                        .names
+                        .get(rank)
+                        .cloned()
+                        .unwrap_or_else(|| host.to_string());
+                    if let Err(reason) = answer {
+                        return Err(format!(
+                            "cannot reach worker {name} (host rank {rank}, {host}) within \
+                             {:?}: {reason}; check that the worker runs, that its address is \
+                             reachable from this machine (and this machine's from it), and \
+                             that both use the same credentials (cluster secret, or \
+                             ca=\"trust_all_connections\" on both)",
+                            self.timeout
+                        ));
+                    }
+                    agent.monitor_host(host);
+                }
+                Ok(())
+            })
+            .await
+            .clone()
+    }
+}
+
+/// The pause between attempts to reach a worker that refused.
+const ATTACH_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl PyHostMesh {
     /// This machine's host as `agent` sees it: its own host, or the host that spawned it.
@@ -43,6 +118,7 @@ impl PyHostMesh {
         };
         Ok(Self {
             mesh: mesh.map_err(|e| PyRuntimeError::new_err(e.to_string()))?,
+            attach: None,
         })
     }
 }
@@ -75,7 +151,14 @@ impl PyHostMesh {
         let hosts = self.mesh.clone();
         let per_host = per_host.extent().clone();
         let pending = Arc::clone(&inner);
+        let attach = self.attach.clone();
         runtime()?.spawn(async move {
+            if let Some(attach) = attach {
+                if let Err(e) = attach.wait(hosts.hosts()).await {
+                    pending.deferred().resolve(Err(e));
+                    return;
+                }
+            }
             let result = hosts
                 .spawn_procs(&sender, &name, &per_host, &command)
                 .await
@@ -85,11 +168,83 @@ impl PyHostMesh {
         Ok(PyProcMesh::new(inner, None))
     }
 
+    /// The workers at `addresses` (`tcp://HOST:PORT`, `ipc://PATH`), as a mesh laid out
+    /// along `extent`. Returns at once; the first contact happens in the background
+    /// (see `probe`), each worker given `timeout` seconds.
+    #[staticmethod]
+    fn attached(
+        addresses: Vec<String>,
+        extent: PyRef<'_, PyExtent>,
+        timeout: f64,
+    ) -> PyResult<Self> {
+        let timeout = std::time::Duration::try_from_secs_f64(timeout)
+            .map_err(|_| PyValueError::new_err(format!("timeout must be >= 0, got {timeout}")))?;
+        let hosts = addresses
+            .iter()
+            .map(|a| {
+                hyperactor_mesh::worker::WorkerAddress::dial(a)
+                    .map(|addr| hyperactor_mesh::worker::worker_proc_id(&addr))
+                    .map_err(|e| PyValueError::new_err(e.to_string()))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let mesh = HostMesh::new(hosts, extent.extent().clone())
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Self {
+            mesh,
+            attach: Some(Arc::new(Attach {
+                names: addresses,
+                timeout,
+                done: tokio::sync::OnceCell::new(),
+            })),
+        })
+    }
+
+    /// The hosts' agents' proc ids (printed), by rank.
+    fn hosts(&self) -> Vec<String> {
+        self.mesh.hosts().iter().map(ToString::to_string).collect()
+    }
+
+    /// The hosts at the ranks of `shape` (global ranks of this mesh), along its extent.
+    fn view(&self, shape: PyRef<'_, crate::shape::PyShape>) -> PyResult<Self> {
+        let shape = shape.shape();
+        let all = self.mesh.hosts();
+        let hosts = shape
+            .iter()
+            .map(|r| {
+                all.get(r).cloned().ok_or_else(|| {
+                    PyValueError::new_err(format!("host rank {r} is not in {}", self.mesh.extent()))
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let mesh = HostMesh::new(hosts, shape.extent())
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Self {
+            mesh,
+            attach: self.attach.clone(),
+        })
+    }
+
+    /// A future that completes (with True) once every host answered (for attached
+    /// workers: see `attached`), or fails naming the first host that could not be
+    /// reached and why.
+    fn probe(&self) -> crate::future::PyFuture {
+        let attach = self.attach.clone();
+        let hosts = self.mesh.hosts().to_vec();
+        crate::future::PyFuture::from_work("HostMesh.initialized", async move {
+            if let Some(attach) = attach {
+                attach.wait(&hosts).await.map_err(PyRuntimeError::new_err)?;
+            }
+            let convert: crate::future::Convert =
+                Box::new(|py| Ok(true.into_pyobject(py)?.to_owned().into_any().unbind()));
+            Ok(convert)
+        })
+    }
+
     #[staticmethod]
     fn _from_bytes(data: &[u8]) -> PyResult<Self> {
         let mesh: HostMesh = bincode::deserialize(data)
             .map_err(|e| PyValueError::new_err(format!("not a pickled host mesh: {e}")))?;
-        Ok(Self { mesh })
+        Ok(Self { mesh, attach: None })
     }
 
     fn __reduce__<'py>(

@@ -114,6 +114,11 @@ pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DELIVERY_SKIP", actor::SKIP)?;
     m.add("PYTHON_MESSAGE_PORT", actor::py_message_port())?;
     m.add_function(wrap_pyfunction!(max_message_len, m)?)?;
+    m.add_function(wrap_pyfunction!(agent::set_cluster_secret, m)?)?;
+    m.add_function(wrap_pyfunction!(agent::set_trust_all_connections, m)?)?;
+    m.add_function(wrap_pyfunction!(agent::cluster_auth_env, m)?)?;
+    m.add_function(wrap_pyfunction!(agent::worker_proc_id, m)?)?;
+    m.add_function(wrap_pyfunction!(agent::primary_ip, m)?)?;
     m.add_function(wrap_pyfunction!(set_max_frame_len, m)?)?;
     m.add_function(wrap_pyfunction!(lend_bytearray, m)?)?;
     m.add(

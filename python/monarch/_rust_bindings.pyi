@@ -90,6 +90,21 @@ def set_max_frame_len(len: int) -> int:
     ``codec_max_frame_length`` config key); only before the first message. Returns the
     largest frame in force (another value if it was fixed already)."""
 
+def set_cluster_secret(secret: str) -> None:
+    """Authenticate this process's TCP connections with ``secret`` from now on."""
+
+def set_trust_all_connections() -> None:
+    """Accept and make TCP connections without authentication (logs a warning)."""
+
+def cluster_auth_env() -> list[tuple[str, str]]:
+    """The environment that makes a process use this process's TCP authentication."""
+
+def worker_proc_id(address: str) -> str:
+    """The proc id of the worker at ``address``."""
+
+def primary_ip() -> str | None:
+    """This machine's primary IP address (never a loopback address), if any."""
+
 def lend_bytearray(len: int) -> bytearray:
     """A ``bytearray`` of ``len`` bytes (contents arbitrary) to snapshot a writable buffer
     into before sending it as a message part: recycled when a free one of that length
@@ -231,15 +246,33 @@ class ProcAgent:
 
     @staticmethod
     def serve_root(
-        transport: Literal["unix", "tcp"] = "unix",
+        transport: str = "unix",
         ready_timeout: float = 30.0,
         stop_timeout: float = 10.0,
+        heartbeat_interval: float = 0.25,
+        heartbeat_timeout: float = 2.0,
+        client_lease: float = 10.0,
     ) -> ProcAgent:
         """Serve the root client's proc, with this machine's host agent."""
 
     @staticmethod
+    def serve_worker(
+        address: str,
+        ready_timeout: float = 30.0,
+        stop_timeout: float = 10.0,
+        heartbeat_interval: float = 0.25,
+        heartbeat_timeout: float = 2.0,
+        client_lease: float = 10.0,
+    ) -> ProcAgent:
+        """Serve a worker (a host agent for clients on other machines) at ``address``."""
+
+    @staticmethod
     def bootstrap(
-        transport: Literal["unix", "tcp"] = "unix", stop_timeout: float = 10.0
+        transport: str = "auto",
+        stop_timeout: float = 10.0,
+        heartbeat_interval: float = 0.25,
+        heartbeat_timeout: float = 2.0,
+        client_lease: float = 10.0,
     ) -> ProcAgent:
         """Serve this proc, started by a host agent."""
 
@@ -380,6 +413,12 @@ class HostMeshHandle:
         args: list[str],
         env: list[tuple[str, str]],
     ) -> ProcMeshHandle: ...
+    @staticmethod
+    def attached(addresses: list[str], extent: Extent, timeout: float) -> HostMeshHandle:
+        """The workers at ``addresses``; first contact in the background."""
+    def hosts(self) -> list[str]: ...
+    def view(self, shape: Shape) -> HostMeshHandle: ...
+    def probe(self) -> Future[bool]: ...
     @staticmethod
     def _from_bytes(data: bytes) -> HostMeshHandle: ...
     def __reduce__(self) -> tuple[Any, tuple[bytes]]: ...

@@ -586,8 +586,8 @@ def test_host_mesh_stop_shutdown_and_async_with() -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         "stopped True",
-        "view: shutdown() is only for the HostMesh that owns its hosts (this_host()); "
-        "this one is a slice or a received reference",
+        "view: shutdown() is only for the HostMesh that owns its hosts (this_host(), or "
+        "the mesh attach_to_workers returned); this one is a slice or a received reference",
         "in with 1",
         "after: HostMesh has already been shut down",
     ]

@@ -178,7 +178,7 @@ impl Inner {
     }
 
     /// Asks the hosts of `targets` (once per proc) to report their procs' deaths here.
-    pub(super) fn watch_targets(&self, targets: &[CastTarget]) {
+    pub(super) fn watch_targets(self: &Arc<Self>, targets: &[CastTarget]) {
         let mut new: Vec<(ProcId, ProcId)> = Vec::new();
         {
             let mut watched = lock(&self.watched);
@@ -209,6 +209,7 @@ impl Inner {
                 .map(|(_, p)| p.clone())
                 .collect();
             at += procs.len();
+            self.monitor_host(&host);
             self.send_control(
                 &host,
                 &super::Control::WatchProcs {

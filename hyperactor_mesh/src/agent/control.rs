@@ -69,6 +69,24 @@ pub enum Control {
         /// Why.
         reason: String,
     },
+    /// A heartbeat from the agent whose control port is `from` (see
+    /// [`super::liveness`]): any agent answers with [`Control::HeartbeatAck`]; a host
+    /// agent also renews the lease of `from`'s proc on the procs it owns there.
+    Heartbeat {
+        /// The sender's control port.
+        from: PortId,
+    },
+    /// The answer to a [`Control::Heartbeat`], from the agent of `proc`.
+    HeartbeatAck {
+        /// The answering agent's proc.
+        proc: ProcId,
+    },
+    /// Tells a proc that its host was given up for lost: it exits at once, so that
+    /// nothing of a lost host keeps running unseen.
+    Abandon {
+        /// Why.
+        reason: String,
+    },
 }
 
 /// A request to spawn `count` procs named `name` running `command`, owned by `owner`.
@@ -116,18 +134,21 @@ impl ProcInfo {
 static BAD_CONTROL: LogLimit = LogLimit::per_second();
 
 #[derive(Default)]
-struct HostState {
-    handles: HashMap<ProcId, ProcHandle>,
+pub(super) struct HostState {
+    /// Procs that own procs here without being procs of this host (remote clients),
+    /// and when their agent's last heartbeat arrived (see [`super::liveness`]).
+    pub(super) leases: HashMap<ProcId, std::time::Instant>,
+    pub(super) handles: HashMap<ProcId, ProcHandle>,
     subscribers: HashMap<ProcId, HashSet<PortId>>,
-    owners: HashMap<ProcId, ActorId>,
-    expected: HashSet<ProcId>,
+    pub(super) owners: HashMap<ProcId, ActorId>,
+    pub(super) expected: HashSet<ProcId>,
     dead: HashMap<ProcId, ProcDeath>,
 }
 
 /// The host side of an agent that has a [`Host`].
 pub(super) struct HostService {
     host: Host,
-    state: Mutex<HostState>,
+    pub(super) state: Mutex<HostState>,
 }
 
 impl HostService {
@@ -198,7 +219,7 @@ impl Inner {
         self.send_control_to(control_port(proc), control);
     }
 
-    fn send_control_to(&self, port: PortId, control: &Control) {
+    pub(super) fn send_control_to(&self, port: PortId, control: &Control) {
         match Serialized::encode(control) {
             Ok(payload) => self.post(&self.id, port, None, payload.into_parts()),
             Err(e) => tracing::error!(agent = %self.id, "cannot encode {control:?}: {e}"),
@@ -223,6 +244,11 @@ impl Inner {
         };
         let control = match control {
             Control::ProcDied(death) => return self.on_proc_died(death),
+            Control::Heartbeat { from } => return self.on_heartbeat(from),
+            Control::HeartbeatAck { proc } => return self.on_heartbeat_ack(&proc),
+            Control::Abandon { reason } => {
+                return self.on_abandon(&reason, &envelope.header.sender)
+            }
             Control::Singleton {
                 name,
                 class,
@@ -280,7 +306,11 @@ impl Inner {
                     }
                 }
             }
-            Control::ProcDied(_) | Control::Singleton { .. } => {}
+            Control::ProcDied(_)
+            | Control::Singleton { .. }
+            | Control::Heartbeat { .. }
+            | Control::HeartbeatAck { .. }
+            | Control::Abandon { .. } => {}
         }
     }
 
@@ -307,6 +337,7 @@ impl Inner {
     }
 
     fn host_spawn(self: &Arc<Self>, host: Arc<HostService>, request: SpawnProcsRequest) {
+        host.renew_lease(request.owner.proc_id(), self.proc.proc_id());
         let agent = Arc::clone(self);
         tokio::spawn(async move {
             let spawned = host

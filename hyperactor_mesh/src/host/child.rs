@@ -210,6 +210,7 @@ pub(crate) async fn start(
     command
         .args(&cmd.args)
         .envs(cmd.env.iter().map(|(k, v)| (k, v)))
+        .envs(hyperactor::channel::auth::child_env())
         .envs(info.to_env())
         .stdin(Stdio::piped())
         .stdout(Stdio::inherit())

@@ -27,6 +27,15 @@ from monarch._src.actor.runtime import shutdown as _shutdown
 from monarch._src.actor.supervision import MeshFailure
 from monarch._src.actor.supervision import unhandled_fault_hook as _default_fault_hook
 from monarch._src.actor.value_mesh import ValueMesh
+from monarch._src.actor.workers import (
+    BootstrapCommand,
+    ChannelTransport,
+    attach_to_workers,
+    default_bootstrap_cmd,
+    enable_transport,
+    hosts_from_config,
+    run_worker_loop_forever,
+)
 
 #: Called with each failure that reaches the client unhandled; assign your own function
 #: to decide (returning normally handles the failure). The default exits non-zero.
@@ -49,7 +58,9 @@ __all__ = [
     "Actor",
     "ActorError",
     "ActorMesh",
+    "BootstrapCommand",
     "Channel",
+    "ChannelTransport",
     "Context",
     "Endpoint",
     "Extent",
@@ -64,13 +75,18 @@ __all__ = [
     "SupervisionError",
     "ValueMesh",
     "as_endpoint",
+    "attach_to_workers",
     "concurrent_endpoint",
     "context",
     "current_actor_name",
     "current_rank",
     "current_size",
+    "default_bootstrap_cmd",
+    "enable_transport",
     "endpoint",
     "get_or_spawn_controller",
+    "hosts_from_config",
+    "run_worker_loop_forever",
     "send",
     "shutdown_context",
     "this_host",

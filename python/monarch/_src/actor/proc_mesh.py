@@ -186,12 +186,24 @@ def child_environment(bootstrap: Callable[[], Any] | None) -> dict[str, str]:
 
 
 class HostMesh(MeshTrait):
-    """A mesh of hosts; ``this_host()`` is the caller's machine (0-dimensional)."""
+    """A mesh of hosts: ``this_host()`` is the caller's machine (0-dimensional);
+    ``attach_to_workers`` gives workers on other machines (``{"hosts": N}``)."""
 
-    def __init__(self, handle: HostMeshHandle, shape: Shape, *, owned: bool = False) -> None:
+    def __init__(
+        self,
+        handle: HostMeshHandle,
+        shape: Shape,
+        *,
+        owned: bool = False,
+        attached: bool = False,
+        python_executable: str | None = None,
+    ) -> None:
         self._handle = handle
         self._hm_shape = shape
         self._owned = owned
+        self._attached = attached
+        self._python = python_executable
+        self._name: str | None = None
         self._shut_down = False
         self._spawned: list[ProcMesh] = []
 
@@ -200,13 +212,38 @@ class HostMesh(MeshTrait):
         return self._hm_shape
 
     def _new_with_shape(self, shape: Shape) -> HostMesh:
-        return HostMesh(self._handle, shape)  # a view: not the owner
+        # A view: not the owner; it spawns on the hosts of its ranks only.
+        view = HostMesh(
+            self._handle.view(shape),
+            shape.extent.region,
+            attached=self._attached,
+            python_executable=self._python,
+        )
+        view._name = self._name
+        return view
+
+    def with_python_executable(self, path: str) -> HostMesh:
+        """The same hosts, starting procs with the Python interpreter at ``path`` (on
+        the hosts) instead of this one."""
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"with_python_executable: expected a path, got {path!r}")
+        mesh = HostMesh(
+            self._handle,
+            self._hm_shape,
+            owned=self._owned,
+            attached=self._attached,
+            python_executable=path,
+        )
+        mesh._name = self._name
+        mesh._spawned = self._spawned
+        return mesh
 
     def _stop_procs(self, why: str, shut_down: bool) -> Future[None]:
         if not self._owned:
             raise RuntimeError(
-                f"{why}() is only for the HostMesh that owns its hosts (this_host()); this "
-                "one is a slice or a received reference"
+                f"{why}() is only for the HostMesh that owns its hosts (this_host(), or "
+                "the mesh attach_to_workers returned); this one is a slice or a received "
+                "reference"
             )
         spawned = self._spawned
 
@@ -223,7 +260,7 @@ class HostMesh(MeshTrait):
 
     def shutdown(self) -> Future[None]:
         """Stop every proc spawned on these hosts; later spawns raise ``RuntimeError``.
-        Lazy: runs when waited for."""
+        Lazy: runs when waited for. Workers keep serving (end them with their job)."""
         return self._stop_procs("shutdown", True)
 
     def stop(self) -> Future[None]:
@@ -251,14 +288,25 @@ class HostMesh(MeshTrait):
         name = "anon" if name is None else name
         _validate_spawn(per_host, list(self._hm_shape.labels), name, proc_bind, bootstrap)
         env = child_environment(bootstrap)
+        program = self._python or sys.executable
+        args = ["-m", "monarch._src.actor.bootstrap"]
+        if bootstrap_command is not None:
+            if callable(bootstrap_command):
+                raise NotImplementedError(
+                    "spawn_procs: a per-point bootstrap_command function is not supported; "
+                    "give one BootstrapCommand"
+                )
+            program = bootstrap_command.program
+            args = list(bootstrap_command.args)
+            env.update(bootstrap_command.env)
         labels = list(self._hm_shape.labels) + list(per_host)
         sizes = list(self._hm_shape.ndslice.sizes) + list(per_host.values())
         handle = self._handle.spawn_procs(
             sender(),
             name,
             _Extent(list(per_host), list(per_host.values())),
-            sys.executable,
-            ["-m", "monarch._src.actor.bootstrap"],
+            program,
+            args,
             list(env.items()),
         )
         procs = ProcMesh(handle, _Extent(labels, sizes).region, self)
@@ -267,7 +315,11 @@ class HostMesh(MeshTrait):
 
     @property
     def initialized(self) -> Future[bool]:
-        return Future(impl=Done(True))
+        """Completes (with True) once every host answered; for workers attached by
+        address, fails naming the worker that cannot be reached and why."""
+        if not self._attached:
+            return Future(impl=Done(True))
+        return Future(impl=RustWork(self._handle.probe(), bool))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (HostMesh, (self._handle, self._hm_shape))

@@ -53,6 +53,10 @@ class ProcessState:
         self.root_proc: str | None = None
 
 
+#: What the root proc serves on, when ``enable_transport`` chose it (else the config's
+#: ``default_transport``).
+transport_override: str | None = None
+
 #: The exit status the program must end with, once set (an unhandled failure); read by
 #: ``monarch``'s last exit hook.
 exit_status: int | None = None

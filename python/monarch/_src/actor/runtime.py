@@ -27,7 +27,7 @@ from monarch._src.actor.actor_host import run_spawner
 from monarch._src.actor.pickling import loads
 from monarch._src.actor.proc_mesh import BOOTSTRAP_FN_ENV, ROOT_PROC_ENV
 
-__all__ = ["bootstrap_root", "serve_child", "shutdown"]
+__all__ = ["bootstrap_root", "liveness", "serve_child", "shutdown"]
 
 
 def _seconds(key: str) -> float:
@@ -41,13 +41,23 @@ def _set_frame_limit() -> None:
     set_max_frame_len(int(config.get("codec_max_frame_length")))
 
 
+def liveness() -> dict[str, float]:
+    """The heartbeat and lease settings of the config, for the agent."""
+    return {
+        "heartbeat_interval": _seconds("host_heartbeat_interval"),
+        "heartbeat_timeout": _seconds("host_heartbeat_timeout"),
+        "client_lease": _seconds("host_client_lease"),
+    }
+
+
 def bootstrap_root() -> process.ProcessState:
     """Create the root client's state (registered with :mod:`process`)."""
     _set_frame_limit()
     agent = ProcAgent.serve_root(
-        "unix",
+        process.transport_override or str(config.get("default_transport")),
         ready_timeout=_seconds("host_spawn_ready_timeout"),
         stop_timeout=_seconds("stop_actor_timeout"),
+        **liveness(),
     )
     agent.fanout = config.cached("cast_fanout")
     state = process.ProcessState(agent, is_root=True)
@@ -61,7 +71,7 @@ def serve_child() -> None:
     """The life of a proc spawned by a host: see the module docs."""
     config.apply_snapshot_from_env()
     _set_frame_limit()
-    agent = ProcAgent.bootstrap("unix", stop_timeout=_seconds("stop_actor_timeout"))
+    agent = ProcAgent.bootstrap("auto", stop_timeout=_seconds("stop_actor_timeout"), **liveness())
     agent.fanout = config.cached("cast_fanout")
     state = process.ProcessState(agent, is_root=False)
     state.root_proc = os.environ.get(ROOT_PROC_ENV)

@@ -88,6 +88,39 @@ _ALL = [
             "unix",
             "The channel transport procs and actors communicate over: a transport name "
             "or an explicit address.",
+            effect="What the client's proc serves on (set it with enable_transport() before "
+            "any other monarch call): 'unix' (this machine only), 'tcp' (every interface, "
+            "advertising this machine's primary IP, for workers on other machines), or an "
+            "address 'tcp://IP:PORT' / 'ADVERTISE@BIND'. Spawned procs serve like their "
+            "host.",
+        ),
+        Key(
+            "host_heartbeat_interval",
+            "MONARCH_HOST_HEARTBEAT_INTERVAL",
+            DURATION,
+            250 * MS,
+            "How often a process sends a heartbeat to each host whose procs it uses.",
+            effect="How often a process sends a heartbeat to each host whose procs it uses "
+            "(never to itself).",
+        ),
+        Key(
+            "host_heartbeat_timeout",
+            "MONARCH_HOST_HEARTBEAT_TIMEOUT",
+            DURATION,
+            2 * S,
+            "How long a host may leave heartbeats unanswered before it counts as lost.",
+            effect="How long a host may leave heartbeats unanswered before it counts as "
+            "lost and its procs as failed (a cut network, a frozen worker). A killed "
+            "worker is found at once: its connections are refused.",
+        ),
+        Key(
+            "host_client_lease",
+            "MONARCH_HOST_CLIENT_LEASE",
+            DURATION,
+            10 * S,
+            "How long a worker keeps the procs of a client that stopped sending heartbeats.",
+            effect="How long a worker keeps the procs of a client on another machine that "
+            "sent no heartbeat (it died or was cut off) before it kills them.",
         ),
         Key(
             "max_cast_dimension_size",
@@ -488,6 +521,8 @@ _ALL += [
             10 * S,
             "How long attaching to running hosts waits for them to take the client's "
             "config (best effort).",
+            effect="How long attach_to_workers(...).initialized waits for each worker to "
+            "answer before it fails naming the worker.",
         ),
         Key(
             "mesh_admin_resolve_actor_timeout",

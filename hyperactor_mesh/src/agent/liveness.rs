@@ -1,0 +1,265 @@
+//! Host liveness: heartbeats between an agent and the hosts of the procs it uses, and
+//! leases on the procs a host spawned for a client on another machine.
+//!
+//! An agent that casts to procs of a host, or spawned procs there, **monitors** that
+//! host (never its own proc): every [`Liveness::interval`] it sends the host agent a
+//! [`Control::Heartbeat`], which the host answers with [`Control::HeartbeatAck`]. The
+//! host is given up for lost when
+//!
+//! - no answer came for [`Liveness::timeout`] (a host whose network was cut, or whose
+//!   agent is frozen: TCP connections go silent, they are not reset), or
+//! - the connection to it failed and a new one failed too before any answer (a host
+//!   agent that was killed: its socket refuses connections at once).
+//!
+//! Then every proc of that host this agent knows of is recorded dead ("its host ... was
+//! lost: ..."), as if its host had reported it: calls waiting on it fail at once and the
+//! owners of meshes on it get a failure (LIVE-1). Each of those procs is also told to
+//! exit ([`Control::Abandon`]), so that a proc of a frozen host does not keep running
+//! unseen; a host that comes back is monitored afresh when used again.
+//!
+//! On the host side, a heartbeat renews the **lease** of the sender's proc. When a proc
+//! that owns procs of this host, but is not one of them (a client on another machine),
+//! sends no heartbeat for [`Liveness::lease`], the host kills the procs it owns there
+//! (LIVE-2): a client that dies or is cut off leaves no orphans behind, and the host
+//! serves the next client.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use hyperactor::{PortId, ProcId};
+
+use super::control::HostService;
+use super::{lock, Control, Inner};
+use crate::supervision::{ProcDeath, ProcEnd};
+
+/// Default [`Liveness::interval`].
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(250);
+/// Default [`Liveness::timeout`].
+pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default [`Liveness::lease`].
+pub const DEFAULT_CLIENT_LEASE: Duration = Duration::from_secs(10);
+
+/// The timing of heartbeats and leases (see the [module docs](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Liveness {
+    /// How often an agent sends a heartbeat to each host it monitors.
+    pub interval: Duration,
+    /// How long a host may leave heartbeats unanswered before it is lost.
+    pub timeout: Duration,
+    /// How long a host keeps the procs of a client that sends no heartbeat.
+    pub lease: Duration,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Self {
+            interval: DEFAULT_HEARTBEAT_INTERVAL,
+            timeout: DEFAULT_HEARTBEAT_TIMEOUT,
+            lease: DEFAULT_CLIENT_LEASE,
+        }
+    }
+}
+
+impl Inner {
+    /// Starts monitoring `host` (once; never this agent's own proc).
+    pub(super) fn monitor_host(self: &Arc<Self>, host: &ProcId) {
+        if host == self.proc.proc_id() {
+            return;
+        }
+        if !lock(&self.monitored).insert(host.clone()) {
+            return;
+        }
+        lock(&self.host_acks).insert(host.clone(), Instant::now());
+        tokio::spawn(monitor(Arc::downgrade(self), host.clone()));
+    }
+
+    fn send_heartbeat(&self, host: &ProcId) {
+        self.send_control(
+            host,
+            &Control::Heartbeat {
+                from: self.id.port_id(super::CONTROL_PORT),
+            },
+        );
+    }
+
+    pub(super) fn on_heartbeat(&self, from: PortId) {
+        if let Some(host) = &self.host {
+            host.renew_lease(from.actor().proc_id(), self.proc.proc_id());
+        }
+        self.send_control_to(
+            from,
+            &Control::HeartbeatAck {
+                proc: self.proc.proc_id().clone(),
+            },
+        );
+    }
+
+    pub(super) fn on_heartbeat_ack(&self, proc: &ProcId) {
+        if let Some(at) = lock(&self.host_acks).get_mut(proc) {
+            *at = Instant::now();
+        }
+    }
+
+    pub(super) fn on_abandon(&self, reason: &str, from: &hyperactor::ActorId) {
+        if self.spawned_by.is_none() {
+            tracing::warn!(agent = %self.id, "ignoring a request from {from} to exit: this proc has no host");
+            return;
+        }
+        tracing::error!(agent = %self.id, "exiting: {reason} (as {from} said)");
+        // SAFETY: _exit ends the process at once, which is the point: its host is gone
+        // and nothing of it may keep running.
+        unsafe { libc::_exit(75) };
+    }
+
+    /// `host` is lost: every proc of it that this agent knows of is dead (LIVE-1).
+    fn host_lost(self: &Arc<Self>, host: &ProcId, reason: &str) {
+        lock(&self.monitored).remove(host);
+        lock(&self.host_acks).remove(host);
+        let mut procs: Vec<(ProcId, u32)> = lock(&self.hosts)
+            .iter()
+            .filter(|(_, h)| *h == host)
+            .map(|(p, _)| (p.clone(), 0))
+            .collect();
+        for owned in lock(&self.owned).values() {
+            for (target, pid) in &owned.ranks {
+                if target.host.as_ref() == Some(host) {
+                    procs.push((target.proc.clone(), pid.unwrap_or(0)));
+                }
+            }
+        }
+        procs.sort();
+        procs.dedup_by(|a, b| a.0 == b.0);
+        tracing::warn!(agent = %self.id, "host {host} is lost ({reason}); {} of its procs are failed", procs.len());
+        let why = format!("its host {host} was lost: {reason}");
+        for (proc, pid) in procs {
+            if lock(&self.dead).get(&proc).is_some_and(|d| d.confirmed) {
+                continue;
+            }
+            self.send_control(
+                &proc,
+                &Control::Abandon {
+                    reason: why.clone(),
+                },
+            );
+            self.on_proc_died(ProcDeath {
+                proc_id: proc,
+                pid,
+                end: ProcEnd::Lost {
+                    reason: why.clone(),
+                },
+                expected: false,
+            });
+        }
+    }
+}
+
+/// The monitor of one host (see the [module docs](self)).
+async fn monitor(weak: Weak<Inner>, host: ProcId) {
+    let (proc, liveness) = match weak.upgrade() {
+        Some(inner) => (inner.proc.clone(), inner.liveness),
+        None => return,
+    };
+    let mut ticker = tokio::time::interval(liveness.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // When the connection failed, and the last answer seen then.
+    let mut broken: Option<Instant> = None;
+    loop {
+        let failed = tokio::select! {
+            _ = ticker.tick() => None,
+            error = proc.link_failed(&host) => Some(error),
+        };
+        let Some(inner) = weak.upgrade() else { return };
+        if !lock(&inner.monitored).contains(&host) {
+            return;
+        }
+        let last_ack = lock(&inner.host_acks).get(&host).copied();
+        let Some(last_ack) = last_ack else { return };
+        if let Some(error) = failed {
+            match broken {
+                // A second failure with no answer since the first: it is gone.
+                Some(at) if last_ack <= at => {
+                    return inner.host_lost(&host, &format!("its connection failed: {error}"));
+                }
+                _ => {
+                    broken = Some(Instant::now());
+                    inner.send_heartbeat(&host);
+                    continue;
+                }
+            }
+        }
+        if last_ack.elapsed() > liveness.timeout {
+            return inner.host_lost(
+                &host,
+                &format!(
+                    "it answered no heartbeat for {:?} (its network may be cut, or its \
+                     agent frozen)",
+                    liveness.timeout
+                ),
+            );
+        }
+        inner.send_heartbeat(&host);
+    }
+}
+
+impl HostService {
+    /// `client` (a proc) showed it is alive; if it is not one of this host's procs and
+    /// owns procs here, its lease starts or is renewed.
+    pub(super) fn renew_lease(&self, client: &ProcId, host: &ProcId) {
+        if client == host {
+            return;
+        }
+        let mut state = lock(&self.state);
+        if state.handles.contains_key(client) {
+            return;
+        }
+        state.leases.insert(client.clone(), Instant::now());
+    }
+
+    /// Starts the task that kills the procs of clients whose lease ran out (LIVE-2).
+    pub(super) fn start_leases(self: &Arc<Self>, lease: Duration) {
+        let service = Arc::downgrade(self);
+        let period = (lease / 4).clamp(Duration::from_millis(20), Duration::from_secs(1));
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(period);
+            loop {
+                ticker.tick().await;
+                let Some(service) = service.upgrade() else {
+                    return;
+                };
+                let doomed = {
+                    let mut state = lock(&service.state);
+                    let expired: Vec<ProcId> = state
+                        .leases
+                        .iter()
+                        .filter(|(_, at)| at.elapsed() > lease)
+                        .map(|(p, _)| p.clone())
+                        .collect();
+                    let mut doomed = Vec::new();
+                    for client in expired {
+                        state.leases.remove(&client);
+                        for (proc, owner) in &state.owners {
+                            if owner.proc_id() == &client {
+                                if let Some(handle) = state.handles.get(proc) {
+                                    doomed.push((client.clone(), handle.clone()));
+                                }
+                            }
+                        }
+                    }
+                    doomed
+                };
+                for (client, handle) in doomed {
+                    let reason = format!(
+                        "its owner's proc {client} sent no heartbeat for {lease:?} (the \
+                         client went away)"
+                    );
+                    if handle.kill_lost(reason) {
+                        tracing::warn!(
+                            "killed proc {} of client {client}: its lease ran out",
+                            handle.proc_id()
+                        );
+                    }
+                }
+            }
+        });
+    }
+}

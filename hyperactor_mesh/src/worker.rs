@@ -1,0 +1,364 @@
+//! Workers: host agents started on their own (one per machine, by hand or by a
+//! scheduler) that spawn procs for clients which attach to them over the network.
+//!
+//! A worker serves a proc whose uid is [`WORKER_UID`] at a well-known address, so a
+//! client that knows only the address computes the worker's proc id
+//! ([`worker_proc_id`]) and sends it spawn requests directly; nothing is exchanged
+//! first. The worker's agent is a host agent (see [`crate::host`]); the procs it spawns
+//! serve at the worker's advertised IP ([`crate::bootstrap::BootInfo::serve_near_host`])
+//! and are reached directly by the client and by one another.
+//!
+//! Clients keep their procs alive with heartbeats: a client that goes away loses its
+//! procs when its lease runs out, and the worker serves the next client (see
+//! [`crate::agent::liveness`]). TCP connections are authenticated before any frame is
+//! read ([`hyperactor::channel::auth`]).
+//!
+//! Addresses ([`parse_url`]): `tcp://HOST:PORT` (HOST a name, an IPv4 address or an
+//! `[IPv6]` address), `ipc://PATH` (a Unix socket, for workers on the client's machine),
+//! or this crate's own forms `tcp:IP:PORT` and `unix:PATH`. A worker address may be
+//! `ADVERTISE@BIND`: bind one address, tell peers another.
+//!
+//! ```no_run
+//! use hyperactor_mesh::agent::AgentOptions;
+//! use hyperactor_mesh::worker::{serve_worker, worker_proc_id, WorkerAddress};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let address = WorkerAddress::parse("tcp://0.0.0.0:26600")?;
+//! let agent = serve_worker(&address, AgentOptions::default(), std::time::Duration::from_secs(30)).await?;
+//! // Clients reach it as:
+//! println!("{}", worker_proc_id(agent.proc().proc_id().addr()));
+//! # Ok(())
+//! # }
+//! ```
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hyperactor::{ChannelAddr, Proc, ProcId};
+
+use crate::agent::{AgentOptions, ProcAgent};
+use crate::error::MeshError;
+use crate::host::Host;
+
+/// The uid of every worker's proc.
+pub const WORKER_UID: &str = "worker";
+
+/// The proc id of the worker serving at `addr` (its advertised address).
+// invariant: WORKER_UID is a valid name.
+#[allow(clippy::expect_used)]
+pub fn worker_proc_id(addr: &ChannelAddr) -> ProcId {
+    ProcId::new(WORKER_UID, addr.clone()).expect("invariant: WORKER_UID is a valid name")
+}
+
+fn bad(input: &str, reason: impl std::fmt::Display) -> MeshError {
+    MeshError::InvalidAddress {
+        input: input.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Parses one address (see the [module docs](self)), resolving a host name.
+///
+/// # Errors
+///
+/// [`MeshError::InvalidAddress`] saying what is wrong and what is expected.
+pub fn parse_url(input: &str) -> Result<ChannelAddr, MeshError> {
+    let text = input.trim();
+    if let Some(path) = text
+        .strip_prefix("ipc://")
+        .or_else(|| text.strip_prefix("unix:"))
+    {
+        if path.is_empty() {
+            return Err(bad(input, "the socket path is empty"));
+        }
+        return Ok(ChannelAddr::Unix(PathBuf::from(path)));
+    }
+    let hostport = if let Some(rest) = text.strip_prefix("tcp://") {
+        rest
+    } else if let Some(rest) = text.strip_prefix("tcp:") {
+        rest
+    } else if text.starts_with("metatls://") || text.starts_with("tls://") {
+        return Err(bad(
+            input,
+            "TLS transports are not supported yet; use tcp:// (connections are \
+             authenticated with the cluster secret)",
+        ));
+    } else {
+        return Err(bad(
+            input,
+            "expected tcp://HOST:PORT or ipc://PATH (optionally ADVERTISE@BIND)",
+        ));
+    };
+    let (host, port) = hostport
+        .rsplit_once(':')
+        .ok_or_else(|| bad(input, "the port is missing (tcp://HOST:PORT)"))?;
+    if host == "*" {
+        return Err(bad(
+            input,
+            "tcp://* is not accepted: give the address to bind (tcp://0.0.0.0:PORT binds \
+             every interface and advertises this machine's primary IP)",
+        ));
+    }
+    let port: u16 = port
+        .parse()
+        .map_err(|e| bad(input, format!("the port {port:?} is not a number: {e}")))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(ChannelAddr::Tcp(SocketAddr::new(ip, port)));
+    }
+    let resolved: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| bad(input, format!("cannot resolve host name {host:?}: {e}")))?
+        .collect();
+    let pick = resolved
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(resolved.first())
+        .ok_or_else(|| bad(input, format!("host name {host:?} resolves to no address")))?;
+    Ok(ChannelAddr::Tcp(*pick))
+}
+
+/// Where a worker binds, and what it tells peers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerAddress {
+    /// The address bound.
+    pub bind: ChannelAddr,
+    /// The address peers dial, when it differs from `bind`.
+    pub advertise: Option<ChannelAddr>,
+}
+
+impl WorkerAddress {
+    /// Parses `ADDRESS` or `ADVERTISE@BIND` (see the [module docs](self)). A host name
+    /// that resolves to a loopback address (as many machines map their own name to
+    /// 127.0.1.1) binds every interface and advertises this machine's primary IP
+    /// instead, since a loopback address names each peer's own machine.
+    ///
+    /// # Errors
+    ///
+    /// [`MeshError::InvalidAddress`] for an address that does not parse or resolve.
+    pub fn parse(input: &str) -> Result<Self, MeshError> {
+        let (advertise, bind) = match input.split_once('@') {
+            Some((advertise, bind)) => (Some(parse_url(advertise)?), parse_url(bind)?),
+            None => (None, parse_url(input)?),
+        };
+        if advertise.is_none() {
+            if let ChannelAddr::Tcp(sock) = &bind {
+                let named = !input.contains("127.")
+                    && !input.contains("localhost")
+                    && !input.contains("[::1]");
+                if sock.ip().is_loopback() && named {
+                    let any = SocketAddr::new(IpAddr::from([0, 0, 0, 0]), sock.port());
+                    tracing::warn!(
+                        "worker address {input:?} resolves to the loopback address {}, which \
+                         other machines cannot reach: binding {any} and advertising this \
+                         machine's primary IP",
+                        sock.ip()
+                    );
+                    return Ok(Self {
+                        bind: ChannelAddr::Tcp(any),
+                        advertise: None,
+                    });
+                }
+            }
+        }
+        Ok(Self { bind, advertise })
+    }
+
+    /// The address clients dial for a worker given as `input` (its advertised part).
+    ///
+    /// # Errors
+    ///
+    /// As [`WorkerAddress::parse`].
+    pub fn dial(input: &str) -> Result<ChannelAddr, MeshError> {
+        let advertised = input.split_once('@').map_or(input, |(a, _)| a);
+        parse_url(advertised)
+    }
+}
+
+/// Serves a worker at `address`: its proc (uid [`WORKER_UID`]) and host agent, which
+/// waits `ready_timeout` for each spawn's procs to report ready.
+///
+/// # Errors
+///
+/// [`MeshError::SpawnProcs`] if the address cannot be served (in use, not an address
+/// of this machine, ...), naming it; as [`ProcAgent::new`].
+///
+/// # Cancel safety
+///
+/// Cancel safe: nothing stays served.
+pub async fn serve_worker(
+    address: &WorkerAddress,
+    options: AgentOptions,
+    ready_timeout: Duration,
+) -> Result<ProcAgent, MeshError> {
+    let proc = Proc::serve_as(&address.bind, address.advertise.as_ref(), WORKER_UID)
+        .await
+        .map_err(|e| MeshError::SpawnProcs {
+            name: WORKER_UID.to_string(),
+            reason: format!("cannot serve a worker at {}: {e}", address.bind),
+        })?;
+    let host = Host::new(proc.clone())
+        .map_err(|e| MeshError::SpawnProcs {
+            name: WORKER_UID.to_string(),
+            reason: e.to_string(),
+        })?
+        .with_ready_timeout(ready_timeout);
+    ProcAgent::new(proc, options.host(host))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_to_channel_addresses() {
+        assert_eq!(
+            parse_url("tcp://10.0.0.2:26600").unwrap().to_string(),
+            "tcp:10.0.0.2:26600"
+        );
+        assert_eq!(
+            parse_url("tcp://[::1]:7").unwrap().to_string(),
+            "tcp:[::1]:7"
+        );
+        assert_eq!(
+            parse_url("ipc:///tmp/w.sock").unwrap().to_string(),
+            "unix:/tmp/w.sock"
+        );
+        assert_eq!(
+            parse_url("tcp:127.0.0.1:9").unwrap().to_string(),
+            "tcp:127.0.0.1:9"
+        );
+        assert!(matches!(
+            parse_url("tcp://localhost:9").unwrap(),
+            ChannelAddr::Tcp(a) if a.port() == 9
+        ));
+    }
+
+    #[test]
+    fn bad_urls_say_what_is_expected() {
+        for (input, needle) in [
+            ("tcp://*:9", "tcp://* is not accepted"),
+            ("tcp://10.0.0.1", "port is missing"),
+            ("tcp://10.0.0.1:x", "not a number"),
+            ("http://x:1", "expected tcp://"),
+            ("metatls://x:1", "not supported"),
+            ("ipc://", "empty"),
+            ("tcp://no-such-host.invalid:1", "cannot resolve"),
+        ] {
+            let err = parse_url(input).unwrap_err().to_string();
+            assert!(err.contains(needle), "{input}: {err}");
+            assert!(err.contains(input), "{input}: {err}");
+        }
+    }
+
+    #[test]
+    fn advertise_at_bind_splits() {
+        let a = WorkerAddress::parse("tcp://10.1.2.3:5@tcp://0.0.0.0:5").unwrap();
+        assert_eq!(a.bind.to_string(), "tcp:0.0.0.0:5");
+        assert_eq!(a.advertise.unwrap().to_string(), "tcp:10.1.2.3:5");
+        assert_eq!(
+            WorkerAddress::dial("tcp://10.1.2.3:5@tcp://0.0.0.0:5")
+                .unwrap()
+                .to_string(),
+            "tcp:10.1.2.3:5"
+        );
+        let local = WorkerAddress::parse("tcp://127.0.0.1:5").unwrap();
+        assert_eq!(local.bind.to_string(), "tcp:127.0.0.1:5");
+    }
+
+    #[tokio::test]
+    async fn a_worker_is_reached_by_its_well_known_id() {
+        let address = WorkerAddress::parse("tcp://127.0.0.1:0").unwrap();
+        let worker = serve_worker(&address, AgentOptions::default(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let id = worker_proc_id(worker.proc().proc_id().addr());
+        assert_eq!(&id, worker.proc().proc_id());
+        let client = ProcAgent::serve(
+            hyperactor::ChannelTransport::Unix,
+            "client",
+            AgentOptions::default(),
+        )
+        .await
+        .unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            client.probe(&id, Duration::from_secs(5)),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        // A worker nobody serves: refused at once, with the reason.
+        let gone = worker_proc_id(&"tcp:127.0.0.1:1".parse().unwrap());
+        let err = tokio::time::timeout(
+            Duration::from_secs(10),
+            client.probe(&gone, Duration::from_secs(5)),
+        )
+        .await
+        .unwrap()
+        .unwrap_err();
+        assert!(err.contains("refused") || err.contains("connect"), "{err}");
+    }
+
+    /// LIVE-1: a worker that goes away fails the procs of it that a client knows of,
+    /// naming the host.
+    #[tokio::test]
+    async fn a_lost_worker_fails_its_procs() {
+        let address = WorkerAddress::parse("tcp://127.0.0.1:0").unwrap();
+        let worker = serve_worker(&address, AgentOptions::default(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let host = worker.proc().proc_id().clone();
+        let liveness = crate::agent::Liveness {
+            interval: Duration::from_millis(20),
+            timeout: Duration::from_millis(500),
+            lease: Duration::from_secs(10),
+        };
+        let client = ProcAgent::serve(
+            hyperactor::ChannelTransport::Unix,
+            "client",
+            AgentOptions::default().liveness(liveness),
+        )
+        .await
+        .unwrap();
+        let proc: ProcId = "p-1@tcp:127.0.0.1:1".parse().unwrap();
+        let info = crate::cast::codec::MeshInfo {
+            id: 7,
+            name: "procs".into(),
+            class: "proc".into(),
+        };
+        let owner = client.client().actor_id().clone();
+        client.register_owned_procs(
+            info,
+            owner,
+            &[crate::agent::ProcInfo {
+                rank: 0,
+                proc_id: proc.clone(),
+                pid: 0,
+                host: Some(host.clone()),
+            }],
+        );
+        client.probe(&host, Duration::from_secs(5)).await.unwrap();
+        client.monitor_host(&host);
+        assert!(client.death_of(&proc).is_none());
+        worker.proc().stop(Duration::from_secs(1)).await;
+        drop(worker);
+        let death = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Some(death) = client.death_of(&proc) {
+                    return death;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the lost worker's proc was not failed");
+        let text = death.to_string();
+        assert!(
+            text.contains("was lost") && text.contains(&host.to_string()),
+            "{text}"
+        );
+    }
+}

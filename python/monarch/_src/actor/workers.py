@@ -1,0 +1,308 @@
+"""Many hosts: worker agents, attaching a client to them, and this process's transport.
+
+A **worker** (:func:`run_worker_loop_forever`, or the ``monarch worker`` command) is a
+host agent started on its own on each machine. A client attaches to workers by their
+addresses (:func:`attach_to_workers`) and gets a :class:`HostMesh` with extent
+``{"hosts": N}``; ``spawn_procs`` then starts procs on every worker, which the client and
+the procs reach directly over TCP. A client that goes away loses its procs once its
+lease runs out (config ``host_client_lease``), and the worker waits for the next one.
+
+TCP connections are authenticated before any message is read: with a cluster secret
+(``MONARCH_CLUSTER_SECRET``, the same on every machine) or, explicitly and with a
+warning, not at all (``ca="trust_all_connections"``). See docs/security.md and
+docs/hosts.md.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+from monarch._rust_bindings import (
+    Extent,
+    HostMeshHandle,
+    ProcAgent,
+    set_cluster_secret,
+    set_trust_all_connections,
+)
+from monarch._src import config
+from monarch._src.actor import process
+from monarch._src.actor.future import Future
+from monarch._src.actor.proc_mesh import HostMesh
+
+__all__ = [
+    "TRUST_ALL",
+    "BootstrapCommand",
+    "ChannelTransport",
+    "attach_to_workers",
+    "default_bootstrap_cmd",
+    "enable_transport",
+    "hosts_from_config",
+    "run_worker_loop_forever",
+    "worker_command",
+]
+
+#: The ``ca`` value that turns authentication off (explicitly; logs a warning).
+TRUST_ALL = "trust_all_connections"
+#: What a worker prints (with its address) once it accepts connections.
+READY_LINE = "monarch worker ready at"
+
+
+class ChannelTransport(enum.Enum):
+    """The transports :func:`enable_transport` accepts (upstream Monarch's names)."""
+
+    Unix = "unix"
+    TcpWithLocalhost = "tcp-localhost"
+    TcpWithHostname = "tcp"
+    MetaTlsWithHostname = "metatls-hostname"
+    MetaTlsWithIpV6 = "metatls-ipv6"
+    Tls = "tls"
+    Local = "local"
+
+
+_SHORTCUTS = {"ipc": "unix", "unix": "unix", "tcp": "tcp", "tcp-localhost": "tcp-localhost"}
+_UNSUPPORTED = ("metatls", "metatls-hostname", "metatls-ipv6", "tls", "local")
+
+
+def _transport_spec(transport: object) -> str:
+    if isinstance(transport, ChannelTransport):
+        spec = transport.value
+    elif isinstance(transport, str):
+        spec = transport.strip()
+    else:
+        raise TypeError(
+            f"enable_transport: expected a ChannelTransport, a name ('tcp', 'ipc') or an "
+            f"address ('tcp://10.0.0.1:26600'), got {type(transport).__name__}"
+        )
+    lowered = spec.lower()
+    if lowered in _SHORTCUTS:
+        return _SHORTCUTS[lowered]
+    if lowered in _UNSUPPORTED or lowered.startswith(("metatls://", "tls://")):
+        raise NotImplementedError(
+            f"enable_transport({transport!r}): TLS and in-process transports are not "
+            "supported; use 'tcp' (TCP connections are authenticated with the cluster "
+            "secret, see docs/security.md) or 'ipc' (this machine only)"
+        )
+    if lowered.startswith(("tcp://", "tcp:", "ipc://", "unix:")):
+        return spec
+    raise ValueError(
+        f"enable_transport({transport!r}): expected 'tcp', 'ipc', a ChannelTransport, or "
+        "an address such as 'tcp://10.0.0.1:26600' (or 'ADVERTISE@BIND')"
+    )
+
+
+def _serving_transport(proc_id: str) -> str:
+    addr = proc_id.split("@", 1)[1] if "@" in proc_id else proc_id
+    return addr.split(":", 1)[0]
+
+
+def enable_transport(transport: ChannelTransport | str) -> None:
+    """Choose what this process serves on; call it before any other monarch call.
+
+    ``"tcp"`` (or ``ChannelTransport.TcpWithHostname``) serves on every interface and
+    tells peers this machine's primary IP (never a loopback address), for workers on
+    other machines; ``"tcp://IP:PORT"`` (or ``"ADVERTISE@BIND"``) gives the address;
+    ``"ipc"`` (``ChannelTransport.Unix``, the default) serves on this machine only.
+    Enabling the transport already in use is a no-op; another one after monarch
+    started raises ``RuntimeError``.
+    """
+    spec = _transport_spec(transport)
+    state = process.peek()
+    if state is not None:
+        serving = _serving_transport(state.proc_id)
+        wanted = "unix" if spec == "unix" else "tcp"
+        if spec.startswith(("ipc://", "unix:")):
+            wanted = "unix"
+        if serving == wanted and spec in ("unix", "tcp", "tcp-localhost"):
+            return
+        raise RuntimeError(
+            f"enable_transport({transport!r}) must come before any other monarch call: "
+            f"this process already serves at {state.proc_id}; call it first thing in "
+            "your program"
+        )
+    config.configure(default_transport="tcp" if spec == "tcp-localhost" else spec)
+    process.transport_override = spec
+
+
+def _set_credentials(who: str, ca: object, private_key: object) -> None:
+    """Apply the ``ca`` / ``private_key`` arguments of the worker API."""
+    if ca == TRUST_ALL:
+        set_trust_all_connections()
+        return
+    if ca is None:
+        secret = os.environ.get("MONARCH_CLUSTER_SECRET")
+        if secret:
+            set_cluster_secret(secret)
+        return
+    if isinstance(ca, str):
+        raise NotImplementedError(
+            f"{who}(ca={ca!r}): certificate authorities (mutual TLS) are not supported "
+            "yet; authenticate with a cluster secret instead (set MONARCH_CLUSTER_SECRET "
+            "to the same value on every machine and pass ca=None), or pass "
+            f"ca={TRUST_ALL!r} on a trusted network"
+        )
+    raise TypeError(f"{who}: ca must be {TRUST_ALL!r}, None or a path, got {ca!r}")
+
+
+def run_worker_loop_forever(
+    *, address: str, ca: str | None, private_key: str | None = None
+) -> NoReturn:
+    """Serve as this machine's worker at ``address`` until terminated.
+
+    ``address`` is ``tcp://HOST:PORT`` (``tcp://0.0.0.0:PORT`` binds every interface and
+    advertises this machine's primary IP), ``ADVERTISE@BIND``, or ``ipc://PATH``.
+    ``ca="trust_all_connections"`` accepts every TCP connection (logs a warning);
+    ``ca=None`` requires the cluster secret in ``MONARCH_CLUSTER_SECRET`` for TCP.
+    Prints ``monarch worker ready at <address>`` once it accepts connections. Spawns and
+    reaps procs for whichever client attaches; SIGTERM or SIGINT stops its procs and
+    ends it.
+    """
+    if not isinstance(address, str) or not address:
+        raise ValueError(f"run_worker_loop_forever: address must be a string, got {address!r}")
+    if process.peek() is not None:
+        raise RuntimeError(
+            "run_worker_loop_forever() must be the first monarch call of its process "
+            "(this process already runs monarch)"
+        )
+    _set_credentials("run_worker_loop_forever", ca, private_key)
+    if ca is None and address.startswith("tcp") and not os.environ.get("MONARCH_CLUSTER_SECRET"):
+        raise ValueError(
+            "run_worker_loop_forever: a TCP worker needs credentials: set "
+            "MONARCH_CLUSTER_SECRET (the same on the client and every worker), or pass "
+            f"ca={TRUST_ALL!r} on a trusted network"
+        )
+    from monarch._src.actor import runtime
+    from monarch._src.actor.actor_host import run_spawner
+
+    seconds = runtime._seconds
+    agent = ProcAgent.serve_worker(
+        address,
+        ready_timeout=seconds("host_spawn_ready_timeout"),
+        stop_timeout=seconds("stop_actor_timeout"),
+        **runtime.liveness(),
+    )
+    state = process.ProcessState(agent, is_root=False)
+    process.set_state(state)
+    run_spawner(state)
+    served = agent.proc_id.split("@", 1)[1]
+    print(f"{READY_LINE} {served}", flush=True)
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        pass
+    agent.close_spawns()
+    agent.shutdown_host(seconds("stop_actor_timeout"))
+    ProcAgent.remove_socket_files()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _resolve(worker: str | Future[str]) -> str:
+    if isinstance(worker, Future):
+        worker = worker.get()
+    if not isinstance(worker, str):
+        raise TypeError(f"attach_to_workers: a worker address must be a string, got {worker!r}")
+    return worker
+
+
+def _is_remote_tcp(address: str) -> bool:
+    lowered = address.split("@", 1)[0].lower()
+    if not lowered.startswith("tcp"):
+        return False
+    return not any(local in lowered for local in ("127.", "localhost", "[::1]"))
+
+
+def attach_to_workers(
+    *,
+    workers: Sequence[str | Future[str]],
+    ca: str | None,
+    private_key: str | None = None,
+    name: str | None = None,
+) -> HostMesh:
+    """A host mesh of the running workers at ``workers`` (extent ``{"hosts": N}``).
+
+    Returns at once; ``await mesh.initialized`` (or ``.get()``) waits until every worker
+    answered, and fails naming the worker that could not be reached and why (each is
+    retried while it refuses, up to the config's ``mesh_attach_config_timeout``).
+    ``spawn_procs`` waits for the same first contact. Credentials as for
+    :func:`run_worker_loop_forever`. If monarch has not started in this process yet and
+    a worker is on another machine, this process serves over TCP
+    (see :func:`enable_transport`).
+    """
+    if isinstance(workers, str) or not isinstance(workers, Sequence):
+        raise TypeError(
+            "attach_to_workers: workers must be a list of addresses such as "
+            f"['tcp://10.0.0.2:26600'], got {workers!r}"
+        )
+    if not workers:
+        raise ValueError("attach_to_workers: workers is empty; give at least one address")
+    _set_credentials("attach_to_workers", ca, private_key)
+    addresses = [_resolve(w) for w in workers]
+    remote = [a for a in addresses if _is_remote_tcp(a)]
+    state = process.peek()
+    if remote and state is None and process.transport_override is None:
+        enable_transport("tcp")
+    elif remote and state is not None and _serving_transport(state.proc_id) == "unix":
+        raise RuntimeError(
+            f"attach_to_workers: worker {remote[0]} is on another machine, but this "
+            f"process serves over Unix sockets ({state.proc_id}), which it cannot reach; "
+            "call enable_transport('tcp') before any other monarch call"
+        )
+    process.get()  # start monarch (with the transport chosen) before the first contact
+    timeout = float(config.get("mesh_attach_config_timeout"))
+    extent = Extent(["hosts"], [len(addresses)])
+    handle = HostMeshHandle.attached(addresses, extent, timeout)
+    mesh = HostMesh(handle, extent.region, owned=True, attached=True)
+    mesh._name = name
+    return mesh
+
+
+@dataclass
+class BootstrapCommand:
+    """How a host starts each proc: ``program`` run with ``args`` (``arg0`` as its
+    name) and ``env`` added to the host's environment."""
+
+    program: str
+    arg0: str | None = None
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def with_env(self, env: dict[str, str]) -> BootstrapCommand:
+        """The same command with ``env`` added (later values win)."""
+        return BootstrapCommand(self.program, self.arg0, list(self.args), {**self.env, **env})
+
+
+def default_bootstrap_cmd() -> BootstrapCommand:
+    """The command hosts run for each proc: this interpreter running monarch's proc
+    entry point."""
+    return BootstrapCommand(
+        program=sys.executable,
+        arg0=sys.executable,
+        args=["-m", "monarch._src.actor.bootstrap"],
+        env={},
+    )
+
+
+def worker_command(address: str, python: str | None = None) -> list[str]:
+    """The command line that starts a worker serving at ``address``."""
+    return [python or sys.executable, "-m", "monarch.tools.cli", "worker", "--address", address]
+
+
+def hosts_from_config(name: str = "hosts") -> HostMesh:
+    """Two worker processes on this machine, attached as a 2-host mesh (extent
+    ``{"hosts": 2}``): a stand-in for a real cluster, for trying multi-host code on
+    one machine (a :class:`monarch.job.ProcessJob`). The workers end with this
+    process."""
+    from monarch._src.job.job import ProcessJob
+
+    mesh: HostMesh = getattr(ProcessJob({name: 2}).state(cached_path=None), name)
+    return mesh

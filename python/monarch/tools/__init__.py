@@ -1,0 +1,1 @@
+"""Command-line tools: ``monarch`` (see :mod:`monarch.tools.cli`)."""

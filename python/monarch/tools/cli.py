@@ -1,0 +1,57 @@
+"""The ``monarch`` command.
+
+``monarch worker --address tcp://0.0.0.0:26600`` runs this machine's worker (see
+:func:`monarch.actor.run_worker_loop_forever`) until terminated. Credentials: the
+cluster secret in ``MONARCH_CLUSTER_SECRET`` (the same on the client and every worker),
+or ``--trust-all-connections`` on a trusted network (logged as a warning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="monarch", description="Monarch command-line tools.")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+    worker = verbs.add_parser(
+        "worker",
+        help="run this machine's worker agent",
+        description="Serve as this machine's worker: spawn and reap procs for the client "
+        "that attaches (attach_to_workers). Runs until SIGTERM or SIGINT.",
+    )
+    worker.add_argument(
+        "--address",
+        required=True,
+        help="where to serve: tcp://HOST:PORT (tcp://0.0.0.0:PORT for every interface), "
+        "ADVERTISE@BIND, or ipc://PATH",
+    )
+    worker.add_argument(
+        "--trust-all-connections",
+        action="store_true",
+        help="accept TCP connections without authentication (trusted networks only)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``monarch`` command with ``argv`` (default: the process's arguments)."""
+    args = _parser().parse_args(argv)
+    if args.verb == "worker":
+        sys.path.insert(0, os.getcwd())
+        from monarch._src.actor.workers import TRUST_ALL, run_worker_loop_forever
+
+        try:
+            run_worker_loop_forever(
+                address=args.address, ca=TRUST_ALL if args.trust_all_connections else None
+            )
+        except (ValueError, NotImplementedError, RuntimeError) as e:
+            print(f"monarch worker: {e}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
