@@ -31,7 +31,7 @@ PY_LINT_PATHS := $(wildcard python tests examples benches)
 .DEFAULT_GOAL := help
 
 .PHONY: help install build-dev build-prod format lint lint-rust lint-python stubtest \
-	typecheck test test-rust test-python demo bench bench-peers docs all clean distclean
+	typecheck test test-rust test-python demo bench bench-peers bench-multihost docs all clean distclean
 
 help: ## Show this list of targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' \
@@ -134,6 +134,10 @@ bench: install ## Release build; hyperactor messaging bench; ours vs upstream Mo
 	$(CARGO) bench -p hyperactor --bench proc_messaging
 	-$(MAKE) --no-print-directory -k bench-peers
 	$(VENV_PYTHON) benches/compare.py $(BENCH_ARGS)
+	-$(VENV_PYTHON) benches/multihost_bench.py
+
+bench-multihost: install ## Multi-host bench over network-namespace hosts (needs root)
+	$(VENV_PYTHON) benches/multihost_bench.py
 
 docs: | $(VENV_PYTHON) ## Build the Rust API docs into target/doc
 	$(CARGO) doc --workspace --no-deps

@@ -150,6 +150,7 @@ fn raw_unix_rtt() -> anyhow::Result<Duration> {
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path)?;
     let mut child = std::process::Command::new(std::env::current_exe()?)
+        .envs(hyperactor::channel::auth::child_env())
         .args(["--child", "raw", &path.to_string_lossy()])
         .spawn()?;
     let (mut stream, _) = listener.accept()?;
@@ -165,6 +166,7 @@ fn raw_tcp_rtt() -> anyhow::Result<Duration> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?.to_string();
     let mut child = std::process::Command::new(std::env::current_exe()?)
+        .envs(hyperactor::channel::auth::child_env())
         .args(["--child", "raw-tcp", &addr])
         .spawn()?;
     let (mut stream, _) = listener.accept()?;
@@ -186,6 +188,7 @@ async fn raw_async_unix_rtt() -> anyhow::Result<Duration> {
     let _ = std::fs::remove_file(&path);
     let listener = tokio::net::UnixListener::bind(&path)?;
     let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .envs(hyperactor::channel::auth::child_env())
         .args(["--child", "raw-async", &path.to_string_lossy()])
         .kill_on_drop(true)
         .spawn()?;
@@ -214,6 +217,7 @@ struct Peer {
 async fn start_peer(client: &Client, transport: ChannelTransport) -> anyhow::Result<Peer> {
     let (report, mut reports) = client.open_port::<ActorRef<Sink>>();
     let child = tokio::process::Command::new(std::env::current_exe()?)
+        .envs(hyperactor::channel::auth::child_env())
         .args([
             "--child",
             &transport.to_string(),

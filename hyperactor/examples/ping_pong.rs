@@ -152,6 +152,7 @@ async fn main() -> anyhow::Result<()> {
 
     let (report, mut reports) = client.open_port::<ActorRef<Ponger>>();
     let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .envs(hyperactor::channel::auth::child_env())
         .args([
             "--pong",
             &transport.to_string(),

@@ -80,6 +80,7 @@ async fn start_child(
 ) -> (tokio::process::Child, ActorRef<Peer>) {
     let (report, mut rx) = client.open_port::<ActorRef<Peer>>();
     let child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .envs(hyperactor::channel::auth::child_env())
         .args(["--ignored", "--exact", "child_proc_main", "--nocapture"])
         .env(REPORT_ENV, report.port_id().to_string())
         .env(TRANSPORT_ENV, transport.to_string())

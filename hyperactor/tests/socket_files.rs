@@ -106,6 +106,7 @@ fn child_main() {
 /// Runs the child in `mode` and returns the socket path it printed.
 async fn run_child(mode: &str) -> PathBuf {
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .envs(hyperactor::channel::auth::child_env())
         .args(["--ignored", "--exact", "child_main", "--nocapture"])
         .env(CHILD_ENV, mode)
         .stdout(Stdio::piped())

@@ -329,7 +329,7 @@ mod tests {
             name: "procs".into(),
             class: "proc".into(),
         };
-        let owner = client.client().actor_id().clone();
+        let owner = hyperactor::SendContext::actor_id(client.client()).clone();
         client.register_owned_procs(
             info,
             owner,

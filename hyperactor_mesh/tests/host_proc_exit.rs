@@ -192,6 +192,7 @@ async fn a_killed_host_takes_its_procs_along() {
     let client = proc.client("test").unwrap();
     let (report, mut pids) = client.open_port::<u32>();
     let mut host = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .envs(hyperactor::channel::auth::child_env())
         .args([
             "--ignored",
             "--exact",

@@ -13,9 +13,9 @@
 //!
 //! Then every proc of that host this agent knows of is recorded dead ("its host ... was
 //! lost: ..."), as if its host had reported it: calls waiting on it fail at once and the
-//! owners of meshes on it get a failure (LIVE-1). Each of those procs is also told to
-//! exit ([`Control::Abandon`]), so that a proc of a frozen host does not keep running
-//! unseen; a host that comes back is monitored afresh when used again.
+//! owners of meshes on it get a failure (LIVE-1). The procs this agent owns there are
+//! also told to exit ([`Control::Abandon`]), so that a proc of a frozen host does not
+//! keep running unseen; a host that comes back is monitored afresh when used again.
 //!
 //! On the host side, a heartbeat renews the **lease** of the sender's proc. When a proc
 //! that owns procs of this host, but is not one of them (a client on another machine),
@@ -115,32 +115,35 @@ impl Inner {
     fn host_lost(self: &Arc<Self>, host: &ProcId, reason: &str) {
         lock(&self.monitored).remove(host);
         lock(&self.host_acks).remove(host);
-        let mut procs: Vec<(ProcId, u32)> = lock(&self.hosts)
-            .iter()
-            .filter(|(_, h)| *h == host)
-            .map(|(p, _)| (p.clone(), 0))
-            .collect();
+        // (proc, pid, owned here): only an owner tells its procs to exit.
+        let mut procs: Vec<(ProcId, u32, bool)> = Vec::new();
         for owned in lock(&self.owned).values() {
             for (target, pid) in &owned.ranks {
                 if target.host.as_ref() == Some(host) {
-                    procs.push((target.proc.clone(), pid.unwrap_or(0)));
+                    procs.push((target.proc.clone(), pid.unwrap_or(0), true));
                 }
             }
         }
-        procs.sort();
+        procs.extend(
+            lock(&self.hosts)
+                .iter()
+                .filter(|(_, h)| *h == host)
+                .map(|(p, _)| (p.clone(), 0, false)),
+        );
+        procs.sort_by(|a, b| a.0.cmp(&b.0).then(b.2.cmp(&a.2)));
         procs.dedup_by(|a, b| a.0 == b.0);
         tracing::warn!(agent = %self.id, "host {host} is lost ({reason}); {} of its procs are failed", procs.len());
         let why = format!("its host {host} was lost: {reason}");
-        for (proc, pid) in procs {
+        for (proc, pid, owned) in procs {
             if lock(&self.dead).get(&proc).is_some_and(|d| d.confirmed) {
                 continue;
             }
-            self.send_control(
-                &proc,
-                &Control::Abandon {
+            if owned {
+                let abandon = Control::Abandon {
                     reason: why.clone(),
-                },
-            );
+                };
+                self.send_control(&proc, &abandon);
+            }
             self.on_proc_died(ProcDeath {
                 proc_id: proc,
                 pid,
