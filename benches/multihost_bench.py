@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,8 +79,7 @@ for what in ("kill", "cut"):
     victim = 2 if what == "kill" else 0
     failures.clear()
     print("BREAK " + what + " " + str(victim), flush=True)
-    sys.stdin.readline()
-    t0 = time.monotonic()
+    t0 = float(sys.stdin.readline().split()[1])  # when the driver broke the host
     deadline = t0 + 30
     while not failures and time.monotonic() < deadline:
         time.sleep(0.001)
@@ -130,11 +130,12 @@ def main() -> int:
             for line in client.stdout:
                 if line.startswith("BREAK "):
                     _, what, victim = line.split()
+                    broken_at = time.monotonic()  # one clock for every namespace
                     if what == "kill":
                         workers[int(victim)].send_signal(signal.SIGKILL)
                     else:
                         cluster.hosts[int(victim)].cut()
-                    client.stdin.write("go\n")
+                    client.stdin.write(f"go {broken_at}\n")
                     client.stdin.flush()
                 elif line.startswith("RESULT "):
                     result = json.loads(line[len("RESULT ") :])
