@@ -51,10 +51,15 @@ __all__ = [
     "__version__",
     "_prepare_exit",
     "build_info",
+    "cluster_auth_env",
     "find",
     "lend_bytearray",
     "max_message_len",
+    "primary_ip",
+    "set_cluster_secret",
     "set_max_frame_len",
+    "set_trust_all_connections",
+    "worker_proc_id",
 ]
 
 _R_co = TypeVar("_R_co", covariant=True)
