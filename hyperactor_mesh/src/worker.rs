@@ -177,13 +177,40 @@ impl WorkerAddress {
     }
 }
 
-/// Serves a worker at `address`: its proc (uid [`WORKER_UID`]) and host agent, which
-/// waits `ready_timeout` for each spawn's procs to report ready.
+/// Serves a worker's proc (uid [`WORKER_UID`]) at `address` and its host, which waits
+/// `ready_timeout` for each spawn's procs to report ready. [`serve_worker`] adds the
+/// agent; bindings that set up their agent themselves start here.
 ///
 /// # Errors
 ///
 /// [`MeshError::SpawnProcs`] if the address cannot be served (in use, not an address
-/// of this machine, ...), naming it; as [`ProcAgent::new`].
+/// of this machine, ...), naming it.
+///
+/// # Cancel safety
+///
+/// Cancel safe: nothing stays served.
+pub async fn worker_host(
+    address: &WorkerAddress,
+    ready_timeout: Duration,
+) -> Result<Host, MeshError> {
+    let failed = |reason: String| MeshError::SpawnProcs {
+        name: WORKER_UID.to_string(),
+        reason,
+    };
+    let proc = Proc::serve_as(&address.bind, address.advertise.as_ref(), WORKER_UID)
+        .await
+        .map_err(|e| failed(format!("cannot serve a worker at {}: {e}", address.bind)))?;
+    Ok(Host::new(proc)
+        .map_err(|e| failed(e.to_string()))?
+        .with_ready_timeout(ready_timeout))
+}
+
+/// Serves a worker at `address`: its proc (uid [`WORKER_UID`]), host and host agent
+/// (see [`worker_host`]).
+///
+/// # Errors
+///
+/// As [`worker_host`] and [`ProcAgent::new`].
 ///
 /// # Cancel safety
 ///
@@ -193,19 +220,8 @@ pub async fn serve_worker(
     options: AgentOptions,
     ready_timeout: Duration,
 ) -> Result<ProcAgent, MeshError> {
-    let proc = Proc::serve_as(&address.bind, address.advertise.as_ref(), WORKER_UID)
-        .await
-        .map_err(|e| MeshError::SpawnProcs {
-            name: WORKER_UID.to_string(),
-            reason: format!("cannot serve a worker at {}: {e}", address.bind),
-        })?;
-    let host = Host::new(proc.clone())
-        .map_err(|e| MeshError::SpawnProcs {
-            name: WORKER_UID.to_string(),
-            reason: e.to_string(),
-        })?
-        .with_ready_timeout(ready_timeout);
-    ProcAgent::new(proc, options.host(host))
+    let host = worker_host(address, ready_timeout).await?;
+    ProcAgent::new(host.proc().clone(), options.host(host))
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use hyperactor::{ChannelTransport, SendContext};
 use hyperactor_mesh::agent::{AgentOptions, ForeignSpawn, ForeignSpawner, Liveness, ProcAgent};
 use hyperactor_mesh::bootstrap::BootInfo;
 use hyperactor_mesh::host::Host;
-use hyperactor_mesh::worker::{WorkerAddress, WORKER_UID};
+use hyperactor_mesh::worker::WorkerAddress;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -155,6 +155,21 @@ impl PyProcAgent {
         })
     }
 
+    /// The host agent of `host`'s proc.
+    fn host_agent(
+        py: Python<'_>,
+        host: Host,
+        stop: Duration,
+        liveness: Liveness,
+    ) -> PyResult<Self> {
+        let proc = host.proc().clone();
+        let options = AgentOptions::default()
+            .host(host)
+            .stop_timeout(stop)
+            .liveness(liveness);
+        Self::build(py, proc, options, None)
+    }
+
     /// The agent.
     pub fn agent(&self) -> &ProcAgent {
         &self.agent
@@ -195,12 +210,7 @@ impl PyProcAgent {
         })?
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
         .with_ready_timeout(ready);
-        let proc = host.proc().clone();
-        let options = AgentOptions::default()
-            .host(host)
-            .stop_timeout(stop)
-            .liveness(liveness);
-        Self::build(py, proc, options, None)
+        Self::host_agent(py, host, stop, liveness)
     }
 
     /// Serves a worker (a host agent for clients on other machines) at `address`
@@ -228,20 +238,11 @@ impl PyProcAgent {
         let ready = duration("ready_timeout", ready_timeout)?;
         let stop = duration("stop_timeout", stop_timeout)?;
         let liveness = liveness(heartbeat_interval, heartbeat_timeout, client_lease)?;
-        let proc = block_on(py, "ProcAgent.serve_worker()", async move {
-            hyperactor::Proc::serve_as(&address.bind, address.advertise.as_ref(), WORKER_UID)
-                .await
-                .map_err(|e| format!("cannot serve a worker at {}: {e}", address.bind))
+        let host = block_on(py, "ProcAgent.serve_worker()", async move {
+            hyperactor_mesh::worker::worker_host(&address, ready).await
         })?
-        .map_err(PyRuntimeError::new_err)?;
-        let host = Host::new(proc.clone())
-            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
-            .with_ready_timeout(ready);
-        let options = AgentOptions::default()
-            .host(host)
-            .stop_timeout(stop)
-            .liveness(liveness);
-        Self::build(py, proc, options, None)
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        Self::host_agent(py, host, stop, liveness)
     }
 
     /// Serves this proc, started by a host agent (whose variables are in the

@@ -92,18 +92,7 @@ def spawn_cast(workers: list[str]) -> None:
     # A proc mesh handed to an actor on another host: it spawns there and calls.
     spawner = procs.slice(hosts=0, gpus=0).spawn("spawner", Spawner)
     nested = spawner.spawn_on.call_one(procs.slice(hosts=2)).get(timeout=120)
-    result(
-        {
-            "extent": dict(procs.extent.items()) if hasattr(procs, "extent") else None,
-            "sizes": dict(procs.sizes),
-            "places": places,
-            "ordered": ordered,
-            "nested": nested,
-            "client": monarch.actor.context().actor_instance.proc_id
-            if hasattr(monarch.actor.context().actor_instance, "proc_id")
-            else None,
-        }
-    )
+    result({"sizes": dict(procs.sizes), "places": places, "ordered": ordered, "nested": nested})
 
 
 def failure(workers: list[str]) -> None:

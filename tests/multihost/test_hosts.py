@@ -216,7 +216,7 @@ def _break_and_check(
     client.go()
     r = client.result()
     assert r["failures"], r
-    assert cluster.hosts[2].ip in r["failures"][0] or "host" in r["failures"][0], r
+    assert f"worker@tcp:{cluster.hosts[2].ip}:{PORT}" in r["failures"][0], r
     assert r["error"] is not None and "unexpected" not in r["error"], r
     assert r["healthy"] == 4, r
     return r, client

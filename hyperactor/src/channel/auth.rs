@@ -96,7 +96,7 @@ impl Secret {
         Self { text, key }
     }
 
-    fn mac(&self, label: &[u8], first: &[u8], second: &[u8]) -> [u8; MAC] {
+    fn hmac(&self, label: &[u8], first: &[u8], second: &[u8]) -> Hmac<Sha256> {
         // invariant: HMAC accepts keys of any length.
         #[allow(clippy::expect_used)]
         let mut mac =
@@ -104,17 +104,19 @@ impl Secret {
         mac.update(label);
         mac.update(first);
         mac.update(second);
-        mac.finalize().into_bytes().into()
+        mac
     }
 
+    fn mac(&self, label: &[u8], first: &[u8], second: &[u8]) -> [u8; MAC] {
+        self.hmac(label, first, second)
+            .finalize()
+            .into_bytes()
+            .into()
+    }
+
+    /// Constant-time comparison of `tag` with the MAC of the inputs.
     fn verify(&self, label: &[u8], first: &[u8], second: &[u8], tag: &[u8]) -> bool {
-        #[allow(clippy::expect_used)]
-        let mut mac =
-            Hmac::<Sha256>::new_from_slice(&self.key).expect("invariant: any key length works");
-        mac.update(label);
-        mac.update(first);
-        mac.update(second);
-        mac.verify_slice(tag).is_ok()
+        self.hmac(label, first, second).verify_slice(tag).is_ok()
     }
 }
 

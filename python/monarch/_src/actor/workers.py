@@ -28,7 +28,6 @@ from monarch._rust_bindings import (
     Extent,
     HostMeshHandle,
     ProcAgent,
-    set_cluster_secret,
     set_trust_all_connections,
 )
 from monarch._src import config
@@ -115,11 +114,10 @@ def enable_transport(transport: ChannelTransport | str) -> None:
     spec = _transport_spec(transport)
     state = process.peek()
     if state is not None:
-        serving = _serving_transport(state.proc_id)
-        wanted = "unix" if spec == "unix" else "tcp"
-        if spec.startswith(("ipc://", "unix:")):
-            wanted = "unix"
-        if serving == wanted and spec in ("unix", "tcp", "tcp-localhost"):
+        # Re-enabling the transport in use is a no-op; an explicit address never is.
+        if spec in ("unix", "tcp", "tcp-localhost") and _serving_transport(
+            state.proc_id
+        ) == spec.removesuffix("-localhost"):
             return
         raise RuntimeError(
             f"enable_transport({transport!r}) must come before any other monarch call: "
@@ -136,10 +134,7 @@ def _set_credentials(who: str, ca: object, private_key: object) -> None:
         set_trust_all_connections()
         return
     if ca is None:
-        secret = os.environ.get("MONARCH_CLUSTER_SECRET")
-        if secret:
-            set_cluster_secret(secret)
-        return
+        return  # the runtime reads MONARCH_CLUSTER_SECRET itself
     if isinstance(ca, str):
         raise NotImplementedError(
             f"{who}(ca={ca!r}): certificate authorities (mutual TLS) are not supported "
