@@ -78,6 +78,12 @@ pub struct BootstrapCommand {
     /// Environment variables set for it, on top of the host's own environment. The
     /// host's bootstrap variables (see the [module docs](self)) are set last and win.
     pub env: Vec<(String, String)>,
+    /// Arguments that make `program` a fork server for these procs, if it can be one:
+    /// the host then starts `program` with these arguments once and forks every proc
+    /// from it instead of starting `program args...` per proc (see
+    /// [`crate::host`]). `None` starts every proc with `exec`.
+    #[serde(default)]
+    pub fork_server: Option<Vec<String>>,
 }
 
 impl BootstrapCommand {
@@ -87,7 +93,20 @@ impl BootstrapCommand {
             program: program.into(),
             args: Vec::new(),
             env: Vec::new(),
+            fork_server: None,
         }
+    }
+
+    /// The same command, forking its procs from `program` started with `args` (a fork
+    /// server, see [`BootstrapCommand::fork_server`]).
+    #[must_use]
+    pub fn with_fork_server<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.fork_server = Some(args.into_iter().map(Into::into).collect());
+        self
     }
 
     /// The same command with `args` appended to its arguments.

@@ -45,9 +45,11 @@
 
 mod child;
 pub mod proc_handle;
+mod template;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use hyperactor::error::RecvError;
@@ -59,6 +61,8 @@ use crate::bootstrap::{BootInfo, BootstrapCommand, ProcReady};
 use crate::error::HostError;
 use child::{lock, ChildProc};
 pub use proc_handle::{ProcExit, ProcHandle, ProcStatus};
+pub use template::FORK_SERVER_FD_ENV;
+use template::{Template, TemplateKey};
 
 /// How long [`Host::spawn_procs`] waits for every child to report ready, unless set with
 /// [`Host::with_ready_timeout`].
@@ -80,6 +84,9 @@ pub struct Host {
     exits_tx: mpsc::UnboundedSender<ProcExit>,
     exits_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<ProcExit>>,
     shut_down: AtomicBool,
+    /// The fork servers running, by the commands they serve. The procs a template
+    /// forked (and a spawn using it) hold it; it exits when the last of them is gone.
+    templates: tokio::sync::Mutex<HashMap<TemplateKey, Weak<Template>>>,
 }
 
 impl Host {
@@ -150,6 +157,7 @@ impl Host {
             exits_tx,
             exits_rx: tokio::sync::Mutex::new(exits_rx),
             shut_down: AtomicBool::new(false),
+            templates: tokio::sync::Mutex::new(HashMap::new()),
         })
     }
 
@@ -216,6 +224,7 @@ impl Host {
         let (report, mut reports) = self.client.open_port::<ProcReady>();
         let (exited_tx, mut exited_rx) = mpsc::unbounded_channel();
         let mut batch = Batch(Vec::with_capacity(count));
+        let mut template = self.template(cmd).await;
         for rank in 0..count {
             let info = BootInfo {
                 name: name.to_string(),
@@ -223,6 +232,23 @@ impl Host {
                 count,
                 report: report.port_id().clone(),
             };
+            if let Some(forker) = &template {
+                match child::start_forked(forker, cmd, &info, exited_tx.clone()).await {
+                    Ok(child) => {
+                        batch.0.push(child);
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            host = %host,
+                            "the fork server of {} cannot start proc {name} rank {rank} \
+                             ({e}); starting the remaining procs with exec",
+                            cmd.program.display()
+                        );
+                        template = None;
+                    }
+                }
+            }
             let child = child::start(cmd, &info, exited_tx.clone())
                 .await
                 .map_err(|source| HostError::Spawn {
@@ -281,6 +307,34 @@ impl Host {
             .collect();
         lock(&self.procs).extend(handles.iter().cloned());
         Ok(handles)
+    }
+
+    /// The running fork server for `cmd`, started if needed; `None` if `cmd` has none
+    /// or it cannot be started (then procs start with `exec`).
+    async fn template(&self, cmd: &BootstrapCommand) -> Option<Arc<Template>> {
+        let key = TemplateKey::of(cmd)?;
+        let mut templates = self.templates.lock().await;
+        templates.retain(|_, t| t.strong_count() > 0);
+        if let Some(template) = templates.get(&key).and_then(Weak::upgrade) {
+            if template.is_alive() {
+                return Some(template);
+            }
+        }
+        match Template::start(cmd).await {
+            Ok(template) => {
+                let template = Arc::new(template);
+                templates.insert(key, Arc::downgrade(&template));
+                Some(template)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    host = %self.proc.proc_id(),
+                    "cannot start the fork server {}: {e}; starting procs with exec",
+                    cmd.program.display()
+                );
+                None
+            }
+        }
     }
 
     /// Kills `child` if the host's link to it fails while it still runs: a proc the

@@ -83,7 +83,8 @@ impl Attach {
                             "cannot reach worker {name} (host rank {rank}, {host}) within \
                              {:?}: {reason}; check that the worker runs, that its address is \
                              reachable from this machine (and this machine's from it), and \
-                             that both use the same credentials (cluster secret, or \
+                             that both use the same credentials (certificates of the \
+                             same CA, the same cluster secret, or \
                              ca=\"trust_all_connections\" on both)",
                             self.timeout
                         ));
@@ -131,8 +132,10 @@ impl PyHostMesh {
     }
 
     /// Starts `prod(per_host)` procs named `name` on every host, each running
-    /// `program args...` with `env` added, owned by `sender`. Returns at once.
-    #[pyo3(signature = (sender, name, per_host, program, args, env))]
+    /// `program args...` with `env` added, owned by `sender`, forked from `program
+    /// fork_server...` when that is given. Returns at once.
+    #[pyo3(signature = (sender, name, per_host, program, args, env, fork_server=None))]
+    #[allow(clippy::too_many_arguments)]
     fn spawn_procs(
         &self,
         sender: &Bound<'_, PyAny>,
@@ -141,9 +144,11 @@ impl PyHostMesh {
         program: String,
         args: Vec<String>,
         env: Vec<(String, String)>,
+        fork_server: Option<Vec<String>>,
     ) -> PyResult<PyProcMesh> {
         let sender = Sender::extract(sender)?;
         let mut command = BootstrapCommand::new(program).with_args(args);
+        command.fork_server = fork_server;
         for (k, v) in env {
             command = command.with_env(k, v);
         }

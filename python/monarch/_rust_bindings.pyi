@@ -417,6 +417,7 @@ class HostMeshHandle:
         program: str,
         args: list[str],
         env: list[tuple[str, str]],
+        fork_server: list[str] | None = None,
     ) -> ProcMeshHandle: ...
     @staticmethod
     def attached(addresses: list[str], extent: Extent, timeout: float) -> HostMeshHandle:

@@ -21,12 +21,15 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use hyperactor::ProcId;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{ChildStderr, ChildStdin, Command};
+use std::os::fd::OwnedFd;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::Command;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::bootstrap::{BootInfo, BootstrapCommand};
 use crate::host::proc_handle::{ProcExit, ProcStatus};
+use crate::host::template::{self, Template};
 
 /// The most stderr lines kept per child.
 const STDERR_TAIL_LINES: usize = 20;
@@ -66,7 +69,8 @@ pub(crate) struct ChildProc {
     pub(crate) pid: u32,
     state: Mutex<State>,
     status: watch::Sender<ProcStatus>,
-    stdin: Mutex<Option<ChildStdin>>,
+    /// The write end of the child's stdin pipe, held open until the proc should stop.
+    stdin: Mutex<Option<OwnedFd>>,
     stderr_tail: Mutex<VecDeque<String>>,
     stderr_done: watch::Sender<bool>,
 }
@@ -223,22 +227,9 @@ pub(crate) async fn start(
     let pid = child
         .id()
         .ok_or_else(|| io::Error::other("the child was reaped before its pid was read"))?;
-    let stdin = child.stdin.take();
+    let stdin = child.stdin.take().map(|s| s.into_owned_fd()).transpose()?;
     let stderr = child.stderr.take();
-    let control = Arc::new(ChildProc {
-        name: info.name.clone(),
-        rank: info.rank,
-        pid,
-        state: Mutex::new(State {
-            lost: None,
-            exited: false,
-            route: Route::Spawning(spawning),
-        }),
-        status: watch::channel(ProcStatus::Running).0,
-        stdin: Mutex::new(stdin),
-        stderr_tail: Mutex::new(VecDeque::new()),
-        stderr_done: watch::channel(false).0,
-    });
+    let control = ChildProc::new(info, pid, stdin, spawning);
     tokio::spawn(reap(child, Arc::clone(&control)));
     match stderr {
         Some(stderr) => {
@@ -251,9 +242,74 @@ pub(crate) async fn start(
     Ok(control)
 }
 
+/// Like [`start`], but forks the process from `template` (see [`template`]): the same
+/// environment, process group, stdin and stderr pipes as [`start`] gives.
+///
+/// # Errors
+///
+/// When the pipes cannot be made or the template cannot fork (the caller may then
+/// [`start`] the process instead).
+///
+/// # Cancel safety
+///
+/// Not cancel safe: a child forked after cancellation runs until the template is
+/// dropped.
+pub(crate) async fn start_forked(
+    template: &Arc<Template>,
+    cmd: &BootstrapCommand,
+    info: &BootInfo,
+    spawning: mpsc::UnboundedSender<usize>,
+) -> io::Result<Arc<ChildProc>> {
+    let (stdin_read, stdin_write) = template::pipe()?;
+    let (stderr_read, stderr_write) = template::pipe()?;
+    let mut env: Vec<(String, String)> = cmd.env.clone();
+    env.extend(hyperactor::channel::auth::child_env());
+    env.extend(info.to_env());
+    let forked = template.spawn(&env, &stdin_read, &stderr_write).await?;
+    drop((stdin_read, stderr_write));
+    let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_read)?;
+    let control = ChildProc::new(info, forked.pid, Some(stdin_write), spawning);
+    let reaper = Arc::clone(&control);
+    let template = Arc::clone(template);
+    tokio::spawn(async move {
+        let status = forked.exit.await.unwrap_or_else(|_| ProcStatus::Lost {
+            reason: "the fork server dropped its exit report".to_string(),
+        });
+        tracing::debug!(proc = %reaper.name, rank = reaper.rank, pid = reaper.pid, "{status}");
+        reaper.set_exited(status);
+        template.release(reaper.pid);
+    });
+    tokio::spawn(drain_stderr(stderr, Arc::clone(&control)));
+    Ok(control)
+}
+
+impl ChildProc {
+    fn new(
+        info: &BootInfo,
+        pid: u32,
+        stdin: Option<OwnedFd>,
+        spawning: mpsc::UnboundedSender<usize>,
+    ) -> Arc<Self> {
+        Arc::new(ChildProc {
+            name: info.name.clone(),
+            rank: info.rank,
+            pid,
+            state: Mutex::new(State {
+                lost: None,
+                exited: false,
+                route: Route::Spawning(spawning),
+            }),
+            status: watch::channel(ProcStatus::Running).0,
+            stdin: Mutex::new(stdin),
+            stderr_tail: Mutex::new(VecDeque::new()),
+            stderr_done: watch::channel(false).0,
+        })
+    }
+}
+
 /// Sets `PR_SET_PDEATHSIG` to `SIGKILL` in the child, between fork and exec.
 #[cfg(target_os = "linux")]
-fn set_parent_death_signal(command: &mut Command) {
+pub(crate) fn set_parent_death_signal(command: &mut Command) {
     // SAFETY: getpid has no preconditions.
     let host_pid = unsafe { libc::getpid() };
     let set = move || -> io::Result<()> {
@@ -287,13 +343,15 @@ fn set_parent_death_signal(command: &mut Command) {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn set_parent_death_signal(_command: &mut Command) {}
+pub(crate) fn set_parent_death_signal(_command: &mut Command) {}
 
 type Job = Box<dyn FnOnce() + Send>;
 
 /// Runs `command.spawn()` on the spawner thread (see the module docs), inside the
 /// caller's runtime so the child is registered with its child watcher.
-async fn spawn_on_spawner_thread(mut command: Command) -> io::Result<tokio::process::Child> {
+pub(crate) async fn spawn_on_spawner_thread(
+    mut command: Command,
+) -> io::Result<tokio::process::Child> {
     static SPAWNER: OnceLock<Option<std_mpsc::Sender<Job>>> = OnceLock::new();
     let spawner = SPAWNER.get_or_init(|| {
         let (tx, rx) = std_mpsc::channel::<Job>();
@@ -340,7 +398,7 @@ async fn reap(mut child: tokio::process::Child, control: Arc<ChildProc>) {
 }
 
 /// Forwards the child's stderr to the host's, prefixed, keeping a tail of it.
-async fn drain_stderr(stderr: ChildStderr, control: Arc<ChildProc>) {
+async fn drain_stderr(stderr: impl AsyncRead + Unpin, control: Arc<ChildProc>) {
     let mut reader = BufReader::new(stderr);
     let mut line = Vec::new();
     loop {

@@ -31,6 +31,11 @@ from monarch._src.actor.pickling import dumps
 from monarch._src.actor.replies import RustWork
 from monarch._src.actor.shape import MeshTrait, Shape
 
+# How a host starts a proc by default, and how it starts that entry point's fork
+# server (a template interpreter every proc is forked from).
+_BOOTSTRAP_ARGS = ["-m", "monarch._src.actor.bootstrap"]
+_FORK_SERVER_ARGS = ["-m", "monarch._src.actor.forkserver"]
+
 __all__ = ["BOOTSTRAP_FN_ENV", "ROOT_PROC_ENV", "HostMesh", "ProcMesh", "this_host", "this_proc"]
 
 A = TypeVar("A", bound=Actor)
@@ -289,7 +294,7 @@ class HostMesh(MeshTrait):
         _validate_spawn(per_host, list(self._hm_shape.labels), name, proc_bind, bootstrap)
         env = child_environment(bootstrap)
         program = self._python or sys.executable
-        args = ["-m", "monarch._src.actor.bootstrap"]
+        args = list(_BOOTSTRAP_ARGS)
         if bootstrap_command is not None:
             if callable(bootstrap_command):
                 raise NotImplementedError(
@@ -299,6 +304,12 @@ class HostMesh(MeshTrait):
             program = bootstrap_command.program
             args = list(bootstrap_command.args)
             env.update(bootstrap_command.env)
+        # The default entry point can be forked from a template interpreter.
+        fork_server = (
+            list(_FORK_SERVER_ARGS)
+            if args == _BOOTSTRAP_ARGS and config.cached("spawn_fork_server")
+            else None
+        )
         labels = list(self._hm_shape.labels) + list(per_host)
         sizes = list(self._hm_shape.ndslice.sizes) + list(per_host.values())
         handle = self._handle.spawn_procs(
@@ -308,6 +319,7 @@ class HostMesh(MeshTrait):
             program,
             args,
             list(env.items()),
+            fork_server,
         )
         procs = ProcMesh(handle, _Extent(labels, sizes).region, self)
         self._spawned.append(procs)

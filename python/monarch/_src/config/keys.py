@@ -123,6 +123,18 @@ _ALL = [
             "sent no heartbeat (it died or was cut off) before it kills them.",
         ),
         Key(
+            "spawn_fork_server",
+            "MONARCH_SPAWN_FORK_SERVER",
+            BOOL,
+            True,
+            "Whether hosts fork procs from a template process instead of starting a "
+            "fresh interpreter for each.",
+            effect="When true, each host starts one template interpreter that has already "
+            "imported monarch and forks every proc of the default bootstrap command from "
+            "it (a spawn of many procs then takes a fraction of the time); false starts a "
+            "fresh interpreter per proc. A custom bootstrap_command always starts fresh.",
+        ),
+        Key(
             "max_cast_dimension_size",
             "HYPERACTOR_MESH_MAX_CAST_DIMENSION_SIZE",
             USIZE,
