@@ -83,6 +83,10 @@ pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The default fan-out of casts sent from this process.
 pub const DEFAULT_FANOUT: usize = 16;
 
+/// How much longer than the procs' stop timeout [`ProcAgent::end_host`] waits for the
+/// worker's answer.
+const END_HOST_SLACK: Duration = Duration::from_secs(2);
+
 /// The id of the agent of `proc`.
 // invariant: AGENT_NAME is a valid actor name, so `actor_id` cannot fail.
 #[allow(clippy::expect_used)]
@@ -115,7 +119,12 @@ pub struct AgentOptions {
     stop_timeout: Option<Duration>,
     spawned_by: Option<ProcId>,
     liveness: Liveness,
+    on_end: Option<EndHook>,
 }
+
+/// What a worker does when a client ends it ([`ProcAgent::end_host`]), after its procs
+/// are reaped; called with the client's reason.
+pub type EndHook = Arc<dyn Fn(&str) + Send + Sync>;
 
 impl std::fmt::Debug for AgentOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -126,6 +135,7 @@ impl std::fmt::Debug for AgentOptions {
             .field("stop_timeout", &self.stop_timeout)
             .field("spawned_by", &self.spawned_by)
             .field("liveness", &self.liveness)
+            .field("on_end", &self.on_end.is_some())
             .finish()
     }
 }
@@ -184,6 +194,15 @@ impl AgentOptions {
         self.liveness = liveness;
         self
     }
+
+    /// Makes this host agent a worker that clients may end ([`ProcAgent::end_host`]):
+    /// after stopping every proc of its host it calls `on_end` (which typically makes
+    /// the worker process exit). Without it, requests to end the host are refused.
+    #[must_use]
+    pub fn on_end(mut self, on_end: EndHook) -> Self {
+        self.on_end = Some(on_end);
+        self
+    }
 }
 
 /// The agent of this process's proc: see the [module docs](self). Clones share it.
@@ -239,6 +258,8 @@ pub(crate) struct Inner {
     watched: Mutex<HashSet<ProcId>>,
     hosts: Mutex<HashMap<ProcId, ProcId>>,
     liveness: Liveness,
+    /// What ending this worker does; `None` if this agent is not a worker's.
+    on_end: Option<EndHook>,
     /// Hosts this agent monitors, and when each last answered a heartbeat.
     monitored: Mutex<HashSet<ProcId>>,
     host_acks: Mutex<HashMap<ProcId, std::time::Instant>>,
@@ -332,6 +353,7 @@ impl ProcAgent {
             watched: Mutex::default(),
             hosts: Mutex::default(),
             liveness: options.liveness,
+            on_end: options.on_end,
             monitored: Mutex::default(),
             host_acks: Mutex::default(),
             registry: options.registry,
@@ -540,6 +562,52 @@ impl ProcAgent {
             answer = receiver.recv() => answer.map(|_| ()).map_err(|e| e.to_string()),
             error = failed => Err(error.to_string()),
             () = tokio::time::sleep(timeout) => Err(format!("no answer within {timeout:?}")),
+        }
+    }
+
+    /// Asks the worker `host` to stop all its procs (each gets `timeout`) and end
+    /// ([`Control::EndHost`]); returns once it answered, its link failed, or `timeout`
+    /// plus a little slack passed. The host is no longer monitored: its end is not a
+    /// failure.
+    ///
+    /// # Errors
+    ///
+    /// Why the host did not confirm: it is not a worker, cannot be reached, or did not
+    /// answer in time.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; the request stays sent.
+    pub async fn end_host(
+        &self,
+        host: &ProcId,
+        reason: &str,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        lock(&self.inner.monitored).remove(host);
+        lock(&self.inner.host_acks).remove(host);
+        let (port, receiver) = self.inner.client.open_once_port::<Result<(), String>>();
+        self.inner.send_control(
+            host,
+            &Control::EndHost {
+                reason: reason.to_string(),
+                timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                reply: port.port_id().clone(),
+            },
+        );
+        let remote = host != self.inner.proc.proc_id();
+        let failed = async {
+            if remote {
+                self.inner.proc.link_failed(host).await
+            } else {
+                std::future::pending().await
+            }
+        };
+        let limit = timeout + END_HOST_SLACK;
+        tokio::select! {
+            answer = receiver.recv() => answer.map_err(|e| e.to_string())?,
+            error = failed => Err(format!("it cannot be reached: {error}")),
+            () = tokio::time::sleep(limit) => Err(format!("no answer within {limit:?}")),
         }
     }
 

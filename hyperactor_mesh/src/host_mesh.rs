@@ -101,6 +101,32 @@ impl HostMesh {
         &self.extent
     }
 
+    /// Ends every host of this mesh that is a worker ([`ProcAgent::end_host`]): each
+    /// stops all its procs (each gets `timeout`) and exits. Waits for all hosts at once,
+    /// never longer than `timeout` plus a little slack; returns, per host in order,
+    /// whether it confirmed.
+    ///
+    /// # Errors
+    ///
+    /// [`MeshError`] if `cx` has no agent; per-host failures are in the result.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; the requests stay sent.
+    pub async fn end_hosts(
+        &self,
+        cx: &impl SendContext,
+        reason: &str,
+        timeout: Duration,
+    ) -> Result<Vec<(ProcId, Result<(), String>)>, MeshError> {
+        let agent = agent_of(cx)?;
+        let ends = self.hosts.iter().map(|host| {
+            let agent = agent.clone();
+            async move { (host.clone(), agent.end_host(host, reason, timeout).await) }
+        });
+        Ok(futures::future::join_all(ends).await)
+    }
+
     /// Spawns `per_host.num_ranks()` procs named `name` on every host, each running
     /// `command`, owned by `cx`'s actor; returns them as a proc mesh of extent
     /// `hosts + per_host` once all reported ready.

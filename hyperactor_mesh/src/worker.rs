@@ -377,4 +377,62 @@ mod tests {
             "{text}"
         );
     }
+
+    /// A client ends a worker: its end hook runs (after its procs were stopped) and the
+    /// client is answered; a host agent that is not a worker refuses, naming itself.
+    #[tokio::test]
+    async fn a_client_ends_a_worker_and_a_plain_host_refuses() {
+        let address = WorkerAddress::parse("tcp://127.0.0.1:0").unwrap();
+        let (ended_tx, ended_rx) = std::sync::mpsc::channel::<String>();
+        let ended_tx = std::sync::Mutex::new(ended_tx);
+        let on_end: crate::agent::EndHook = std::sync::Arc::new(move |reason: &str| {
+            let _ = ended_tx.lock().unwrap().send(reason.to_string());
+        });
+        let worker = serve_worker(
+            &address,
+            AgentOptions::default().on_end(on_end),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        let host = worker.proc().proc_id().clone();
+        let client = ProcAgent::serve(
+            hyperactor::ChannelTransport::Unix,
+            "client",
+            AgentOptions::default(),
+        )
+        .await
+        .unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            client.end_host(&host, "test over", Duration::from_secs(1)),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            ended_rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+            "test over"
+        );
+
+        let plain = serve_worker(
+            &WorkerAddress::parse("tcp://127.0.0.1:0").unwrap(),
+            AgentOptions::default(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        let plain_host = plain.proc().proc_id().clone();
+        let err = tokio::time::timeout(
+            Duration::from_secs(10),
+            client.end_host(&plain_host, "test over", Duration::from_secs(1)),
+        )
+        .await
+        .unwrap()
+        .unwrap_err();
+        assert!(
+            err.contains("is not a worker") && err.contains(&plain_host.to_string()),
+            "{err}"
+        );
+    }
 }

@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use hyperactor::actor::DrivenActor;
 use hyperactor::{ChannelTransport, SendContext};
-use hyperactor_mesh::agent::{AgentOptions, ForeignSpawn, ForeignSpawner, Liveness, ProcAgent};
+use hyperactor_mesh::agent::{
+    AgentOptions, EndHook, ForeignSpawn, ForeignSpawner, Liveness, ProcAgent,
+};
 use hyperactor_mesh::bootstrap::BootInfo;
 use hyperactor_mesh::host::Host;
 use hyperactor_mesh::worker::WorkerAddress;
@@ -89,7 +91,7 @@ fn liveness(interval: f64, timeout: f64, lease: f64) -> PyResult<Liveness> {
     })
 }
 
-fn duration(what: &str, seconds: f64) -> PyResult<Duration> {
+pub(crate) fn duration(what: &str, seconds: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(seconds).map_err(|_| {
         PyValueError::new_err(format!(
             "{what} must be a finite number of seconds >= 0, got {seconds}"
@@ -161,12 +163,16 @@ impl PyProcAgent {
         host: Host,
         stop: Duration,
         liveness: Liveness,
+        on_end: Option<EndHook>,
     ) -> PyResult<Self> {
         let proc = host.proc().clone();
-        let options = AgentOptions::default()
+        let mut options = AgentOptions::default()
             .host(host)
             .stop_timeout(stop)
             .liveness(liveness);
+        if let Some(on_end) = on_end {
+            options = options.on_end(on_end);
+        }
         Self::build(py, proc, options, None)
     }
 
@@ -210,7 +216,7 @@ impl PyProcAgent {
         })?
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
         .with_ready_timeout(ready);
-        Self::host_agent(py, host, stop, liveness)
+        Self::host_agent(py, host, stop, liveness, None)
     }
 
     /// Serves a worker (a host agent for clients on other machines) at `address`
@@ -242,7 +248,16 @@ impl PyProcAgent {
             hyperactor_mesh::worker::worker_host(&address, ready).await
         })?
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-        Self::host_agent(py, host, stop, liveness)
+        // A client ended this worker (its procs are reaped): stop the process the way
+        // an operator would, so its worker loop exits cleanly.
+        let on_end: EndHook = Arc::new(|reason: &str| {
+            tracing::info!("worker ended by its client: {reason}");
+            // SAFETY: raise(2) has no memory-safety preconditions.
+            unsafe {
+                libc::raise(libc::SIGTERM);
+            }
+        });
+        Self::host_agent(py, host, stop, liveness, Some(on_end))
     }
 
     /// Serves this proc, started by a host agent (whose variables are in the

@@ -173,6 +173,36 @@ impl PyHostMesh {
         Ok(PyProcMesh::new(inner, None))
     }
 
+    /// Ends the workers of this mesh (each stops its procs, `timeout` seconds each, and
+    /// exits); resolves to the failures, as `"host: reason"` strings (empty when every
+    /// worker confirmed). Never waits on a dead host longer than `timeout` plus 2 s.
+    fn end_workers(
+        &self,
+        sender: &Bound<'_, PyAny>,
+        reason: String,
+        timeout: f64,
+    ) -> PyResult<crate::future::PyFuture> {
+        let sender = Sender::extract(sender)?;
+        let timeout = crate::agent::duration("timeout", timeout)?;
+        let mesh = self.mesh.clone();
+        Ok(crate::future::PyFuture::from_work(
+            "HostMesh.shutdown",
+            async move {
+                let results = mesh
+                    .end_hosts(&sender, &reason, timeout)
+                    .await
+                    .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+                let failures: Vec<String> = results
+                    .into_iter()
+                    .filter_map(|(host, r)| r.err().map(|e| format!("{host}: {e}")))
+                    .collect();
+                let convert: crate::future::Convert =
+                    Box::new(move |py| Ok(failures.into_pyobject(py)?.into_any().unbind()));
+                Ok(convert)
+            },
+        ))
+    }
+
     /// The workers at `addresses` (`tcp://HOST:PORT`, `ipc://PATH`), as a mesh laid out
     /// along `extent`. Returns at once; the first contact happens in the background
     /// (see `probe`), each worker given `timeout` seconds.

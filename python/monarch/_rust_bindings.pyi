@@ -419,6 +419,10 @@ class HostMeshHandle:
         env: list[tuple[str, str]],
         fork_server: list[str] | None = None,
     ) -> ProcMeshHandle: ...
+    def end_workers(
+        self, sender: Client | DrivenActor, reason: str, timeout: float
+    ) -> Future[list[str]]:
+        """End the workers (each stops its procs and exits); resolves to the failures."""
     @staticmethod
     def attached(addresses: list[str], extent: Extent, timeout: float) -> HostMeshHandle:
         """The workers at ``addresses``; first contact in the background."""

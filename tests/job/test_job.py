@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -626,6 +627,39 @@ def test_process_job_end_to_end_lost_worker() -> None:
         job_impl._children[victim.pid].wait(timeout=30)
         with pytest.raises(RuntimeError, match="lost connection to worker processes"):
             job.state(cached_path=None)
+    finally:
+        job.kill()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("record_faults")
+def test_shutdown_ends_the_workers_and_is_bounded_by_a_dead_one() -> None:
+    """HostMesh.shutdown() of an attached mesh stops its procs and ends every worker
+    (they exit 0); a worker that was SIGKILLed before does not hold shutdown up."""
+    job = ProcessJob({"hosts": 3})
+    try:
+        hosts = job.state(cached_path=None).hosts
+        workers = _workers(job)
+        procs = hosts.spawn_procs(per_host={"gpus": 2})
+        values = procs.spawn("ended", Where).where.call().get(timeout=60).values()
+        proc_pids = [pid for _, pid in values]
+        assert len(proc_pids) == 6
+        dead = workers[2]
+        os.killpg(dead.pid, signal.SIGKILL)
+        job_impl._children[dead.pid].wait(timeout=30)
+        procs.stop().get(timeout=30)
+        start = time.monotonic()
+        hosts.shutdown().get(timeout=60)
+        took = time.monotonic() - start
+        codes = [job_impl._children[w.pid].wait(timeout=30) for w in workers[:2]]
+        assert codes == [0, 0], f"workers ended by shutdown exit 0, got {codes}"
+        assert not any(_alive(pid) for pid in proc_pids)
+        # The dead worker's link fails at once: nothing waits out a timeout for it.
+        assert took < 10, f"shutdown took {took:.1f} s with one worker dead"
+        with pytest.raises(RuntimeError, match="shut down"):
+            hosts.spawn_procs(per_host={"gpus": 1})
+        with pytest.raises(RuntimeError, match="only for the HostMesh that owns"):
+            hosts.slice(hosts=0).shutdown()
     finally:
         job.kill()
 

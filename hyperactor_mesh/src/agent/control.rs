@@ -87,6 +87,19 @@ pub enum Control {
         /// Why.
         reason: String,
     },
+    /// Asks a worker's host agent to stop every proc of its host (each gets
+    /// `timeout_ms`, then is killed) and then end its worker (see
+    /// [`super::AgentOptions::on_end`]). The answer, a `Result<(), String>`, goes to
+    /// `reply` once the procs are reaped, before the worker ends; a host that is not a
+    /// worker answers with an error and keeps running.
+    EndHost {
+        /// Why.
+        reason: String,
+        /// How long each proc gets to stop.
+        timeout_ms: u64,
+        /// Where the answer goes.
+        reply: PortId,
+    },
 }
 
 /// A request to spawn `count` procs named `name` running `command`, owned by `owner`.
@@ -297,6 +310,11 @@ impl Inner {
                 timeout_ms,
                 reply,
             } => self.host_stop(host, procs, reason, timeout_ms, reply),
+            Control::EndHost {
+                reason,
+                timeout_ms,
+                reply,
+            } => self.host_end(host, reason, timeout_ms, reply, &envelope.header.sender),
             Control::Unreachable { proc, reason } => {
                 let handle = lock(&host.state).handles.get(&proc).cloned();
                 if let Some(handle) = handle {
@@ -371,6 +389,43 @@ impl Inner {
             if let Err(e) = reply.send(&agent.client, result) {
                 tracing::error!(agent = %agent.id, "cannot answer a spawn request: {e}");
             }
+        });
+    }
+
+    fn host_end(
+        self: &Arc<Self>,
+        host: Arc<HostService>,
+        reason: String,
+        timeout_ms: u64,
+        reply: PortId,
+        from: &hyperactor::ActorId,
+    ) {
+        let answer = PortRef::<Result<(), String>>::attest(reply);
+        let Some(on_end) = self.on_end.clone() else {
+            tracing::warn!(agent = %self.id, "ignoring a request from {from} to end this host: it is not a worker");
+            let refusal = format!(
+                "host {} is not a worker (it runs inside its client's process) and cannot be \
+                 ended; stop its procs instead",
+                self.proc.proc_id()
+            );
+            let _ = answer.send(&self.client, Err(refusal));
+            return;
+        };
+        let handles: Vec<ProcHandle> = {
+            let mut state = lock(&host.state);
+            let handles: Vec<ProcHandle> = state.handles.values().cloned().collect();
+            for h in &handles {
+                state.expected.insert(h.proc_id().clone());
+            }
+            handles
+        };
+        tracing::info!(agent = %self.id, "ending this worker, as {from} asked ({reason}): stopping {} procs", handles.len());
+        let agent = Arc::clone(self);
+        tokio::spawn(async move {
+            let timeout = Duration::from_millis(timeout_ms);
+            futures::future::join_all(handles.iter().map(|h| h.stop(timeout))).await;
+            let _ = answer.send(&agent.client, Ok(()));
+            on_end(&reason);
         });
     }
 

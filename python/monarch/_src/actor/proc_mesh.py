@@ -210,6 +210,7 @@ class HostMesh(MeshTrait):
         self._python = python_executable
         self._name: str | None = None
         self._shut_down = False
+        self._workers_ended = False
         self._spawned: list[ProcMesh] = []
 
     @property
@@ -251,6 +252,8 @@ class HostMesh(MeshTrait):
                 "reference"
             )
         spawned = self._spawned
+        end_workers = shut_down and self._attached and not self._workers_ended
+        handle = self._handle
 
         async def stop() -> None:
             if shut_down:
@@ -258,14 +261,28 @@ class HostMesh(MeshTrait):
             for procs in list(spawned):
                 await procs.stop(f"host mesh {why}")
             spawned.clear()
+            if end_workers:
+                self._workers_ended = True
+                timeout = config.get("stop_actor_timeout")
+                failures: list[str] = await handle.end_workers(
+                    sender(), "the client shut its host mesh down", timeout
+                )
+                for failure in failures:
+                    print(
+                        f"monarch: HostMesh.shutdown: a worker did not confirm its end "
+                        f"({failure}); it may have been gone already",
+                        file=sys.stderr,
+                    )
 
         from monarch._src.actor.future import coroutine_future
 
         return coroutine_future(stop)
 
     def shutdown(self) -> Future[None]:
-        """Stop every proc spawned on these hosts; later spawns raise ``RuntimeError``.
-        Lazy: runs when waited for. Workers keep serving (end them with their job)."""
+        """Stop every proc spawned on these hosts, and end the workers of a mesh from
+        ``attach_to_workers`` (each stops its procs and exits; one that is gone already
+        costs at most ``stop_actor_timeout`` plus 2 s). Later spawns raise
+        ``RuntimeError``. Lazy: runs when waited for."""
         return self._stop_procs("shutdown", True)
 
     def stop(self) -> Future[None]:
