@@ -69,6 +69,8 @@ mod socket_dir;
 mod tests;
 #[cfg(test)]
 mod tests_codec;
+#[cfg(test)]
+mod tests_tls;
 mod tx;
 
 use std::fmt;
@@ -161,7 +163,7 @@ async fn bind(addr: &ChannelAddr, inbox: Inbox) -> Result<(ChannelAddr, Guard), 
             (addr, Guard::Net(guard))
         }
         ChannelAddr::Tcp(sockaddr) => {
-            let (addr, guard) = net::serve_tcp(*sockaddr, inbox).await?;
+            let (addr, guard) = net::serve_tcp(*sockaddr, inbox, None).await?;
             (addr, Guard::Net(guard))
         }
     })
@@ -206,6 +208,16 @@ impl fmt::Debug for ChannelServer {
 /// the error. Outside a Tokio runtime the link fails at once with
 /// [`ChannelError::NoRuntime`].
 pub fn dial(addr: &ChannelAddr, on_return: ReturnFn) -> ChannelTx {
+    dial_with_auth(addr, on_return, None)
+}
+
+/// As [`dial`], authenticating a TCP link with `auth` (`None`: the process's mode,
+/// [`auth::tcp_auth`], when the link connects).
+pub(crate) fn dial_with_auth(
+    addr: &ChannelAddr,
+    on_return: ReturnFn,
+    auth: Option<auth::TcpAuth>,
+) -> ChannelTx {
     let (tx, link, queue) = ChannelTx::new(addr, on_return);
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         let error = ChannelError::NoRuntime { addr: addr.clone() };
@@ -223,11 +235,27 @@ pub fn dial(addr: &ChannelAddr, on_return: ReturnFn) -> ChannelTx {
                 net::run_link(connect, queue, link).await;
             }
             ChannelAddr::Tcp(sockaddr) => {
-                net::run_link(net::connect_tcp(sockaddr), queue, link).await;
+                let auth = auth.unwrap_or_else(auth::tcp_auth);
+                net::tcp::run_tcp_link(sockaddr, auth, queue, link).await;
             }
         }
     });
     tx
+}
+
+/// As [`serve`] for a TCP address, authenticating connections with `auth`.
+#[cfg(test)]
+pub(crate) async fn serve_tcp_with_auth(
+    addr: std::net::SocketAddr,
+    auth: auth::TcpAuth,
+) -> Result<ChannelRx, ChannelError> {
+    let (queue, frames) = mpsc::channel(RX_QUEUE_FRAMES);
+    let (addr, guard) = net::serve_tcp(addr, Inbox::Queue(queue), Some(auth)).await?;
+    Ok(ChannelRx {
+        addr,
+        frames,
+        _guard: Guard::Net(guard),
+    })
 }
 
 /// Releases what a [`ChannelRx`] holds when it drops.

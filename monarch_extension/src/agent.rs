@@ -505,8 +505,26 @@ pub fn set_trust_all_connections() {
     hyperactor::channel::auth::set_trust_all();
 }
 
+/// Uses mutual TLS for this process's TCP connections from now on: `ca` is the PEM file
+/// of the cluster's CA certificate(s), `private_key` the PEM file of this node's private
+/// key, followed by its certificate chain unless `cert` names a file of its own.
+#[pyfunction]
+#[pyo3(signature = (ca, private_key, cert = None))]
+pub fn set_tls_credentials(
+    ca: std::path::PathBuf,
+    private_key: std::path::PathBuf,
+    cert: Option<std::path::PathBuf>,
+) -> PyResult<()> {
+    let files = hyperactor::channel::auth::TlsFiles {
+        ca,
+        cert,
+        key: private_key,
+    };
+    hyperactor::channel::auth::set_tls(&files).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// The environment a process needs to use this process's TCP authentication (its
-/// cluster secret, or trust-all mode).
+/// TLS files, cluster secret, or trust-all mode).
 #[pyfunction]
 pub fn cluster_auth_env() -> Vec<(String, String)> {
     hyperactor::channel::auth::child_env()

@@ -116,6 +116,7 @@ pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(max_message_len, m)?)?;
     m.add_function(wrap_pyfunction!(agent::set_cluster_secret, m)?)?;
     m.add_function(wrap_pyfunction!(agent::set_trust_all_connections, m)?)?;
+    m.add_function(wrap_pyfunction!(agent::set_tls_credentials, m)?)?;
     m.add_function(wrap_pyfunction!(agent::cluster_auth_env, m)?)?;
     m.add_function(wrap_pyfunction!(agent::worker_proc_id, m)?)?;
     m.add_function(wrap_pyfunction!(agent::primary_ip, m)?)?;

@@ -58,6 +58,7 @@ __all__ = [
     "primary_ip",
     "set_cluster_secret",
     "set_max_frame_len",
+    "set_tls_credentials",
     "set_trust_all_connections",
     "worker_proc_id",
 ]
@@ -100,6 +101,12 @@ def set_cluster_secret(secret: str) -> None:
 
 def set_trust_all_connections() -> None:
     """Accept and make TCP connections without authentication (logs a warning)."""
+
+def set_tls_credentials(ca: str, private_key: str, cert: str | None = None) -> None:
+    """Authenticate (and encrypt) this process's TCP connections with mutual TLS from now
+    on: ``ca`` is the PEM file of the cluster's CA certificate(s), ``private_key`` the PEM
+    file of this node's private key, followed by its certificate chain unless ``cert``
+    names a file of its own. Raises ``ValueError`` naming the file that cannot be used."""
 
 def cluster_auth_env() -> list[tuple[str, str]]:
     """The environment that makes a process use this process's TCP authentication."""

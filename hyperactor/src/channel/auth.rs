@@ -4,9 +4,14 @@
 //! Unix sockets need none: they live in a directory only their user can open (see
 //! [`crate::channel::socket_dir`]).
 //!
-//! Two modes, chosen per process ([`set_cluster_secret`], [`set_trust_all`], or the
-//! environment, see below), and both ends must use the same one:
+//! Three modes, chosen per process ([`set_tls`], [`set_cluster_secret`],
+//! [`set_trust_all`], or the environment, see below), and both ends must use the same
+//! one:
 //!
+//! - **mutual TLS** (when a CA and a key are given): both ends present a certificate
+//!   signed by the cluster's CA, and the connection is a TLS 1.3 session (rustls), so
+//!   frames are also encrypted and integrity-checked. See [`tls`] for what is verified
+//!   (the chain to the CA, not the peer's name).
 //! - **cluster secret** (the default): both ends prove that they know the same secret
 //!   with a mutual challenge-response (HMAC-SHA256 over fresh 32-byte nonces from both
 //!   sides), so a peer that does not know it can neither send frames nor receive any.
@@ -25,20 +30,36 @@
 //! server -> client: HMAC(k, "monarch-server" | nonce_c | nonce_s) (32)
 //! ```
 //!
-//! where `k` is the SHA-256 of the secret, and the MACs are zeros in trust-all mode. A
-//! server that does not like what it reads (not the magic, another mode, a wrong MAC,
-//! nothing within [`HANDSHAKE_TIMEOUT`]) closes the connection and logs one line
-//! (rate-limited); it never reads further. The client checks the server's MAC too, so
-//! it never sends a frame to a peer that does not know the secret.
+//! where `k` is the SHA-256 of the secret, and the MACs are zeros in trust-all mode. In
+//! TLS mode the server's first message is the same (mode 2, zeros for the nonce, so
+//! that a peer of another mode reads a whole one and reports the mismatch), then comes
+//! a TLS handshake (see [`tls`]). A server that does not like what it reads (not the
+//! magic, another mode, a wrong MAC or certificate, nothing within
+//! [`HANDSHAKE_TIMEOUT`]) closes the connection and logs one line (rate-limited); it
+//! never reads further. The client checks the server's MAC (or certificate) too, so it
+//! never sends a frame to a peer that does not know the secret.
 //!
-//! Not protected: the traffic itself is neither encrypted nor integrity-checked after
-//! the handshake (someone who can inject packets into an established connection on the
-//! network path can still tamper with it).
+//! Not protected with a cluster secret: the traffic itself is neither encrypted nor
+//! integrity-checked after the handshake (someone who can inject packets into an
+//! established connection on the network path can still tamper with it). Mutual TLS
+//! protects it.
 //!
 //! | environment variable | meaning |
 //! |---|---|
+//! | [`TLS_CA_ENV`] (`MONARCH_TLS_CA`) | mutual TLS: the PEM file of the cluster's CA certificate(s) |
+//! | [`TLS_KEY_ENV`] (`MONARCH_TLS_KEY`) | mutual TLS: the PEM file of this node's private key, and its certificate chain unless [`TLS_CERT_ENV`] is set |
+//! | [`TLS_CERT_ENV`] (`MONARCH_TLS_CERT`) | mutual TLS, optional: the PEM file of this node's certificate chain |
 //! | [`CLUSTER_SECRET_ENV`] (`MONARCH_CLUSTER_SECRET`) | the cluster secret (any non-empty string) |
 //! | [`CLUSTER_AUTH_ENV`] (`MONARCH_CLUSTER_AUTH`) | `trust_all` for trust-all mode |
+//!
+//! An empty variable counts as unset. `MONARCH_TLS_CA` wins over the others (and a
+//! process whose TLS files cannot be loaded logs why and makes a random secret, so its
+//! connections fail rather than fall back to a weaker mode); then `trust_all`; then the
+//! secret.
+
+pub mod tls;
+
+pub use self::tls::{TlsConfig, TlsError, TlsFiles, TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV};
 
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
@@ -57,8 +78,11 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const MAGIC: &[u8; 8] = b"MONARCH\x01";
 const MODE_TRUST_ALL: u8 = 0;
 const MODE_SECRET: u8 = 1;
+const MODE_TLS: u8 = 2;
 const NONCE: usize = 32;
 const MAC: usize = 32;
+/// The length of the server's first message.
+const HELLO: usize = 8 + 1 + NONCE;
 
 /// How this process authenticates its TCP connections.
 #[derive(Clone)]
@@ -67,6 +91,8 @@ pub enum TcpAuth {
     Secret(Arc<Secret>),
     /// No authentication (explicit opt-in).
     TrustAll,
+    /// Mutual TLS with certificates signed by the cluster's CA.
+    Tls(Arc<TlsConfig>),
 }
 
 impl std::fmt::Debug for TcpAuth {
@@ -74,7 +100,17 @@ impl std::fmt::Debug for TcpAuth {
         match self {
             TcpAuth::Secret(_) => f.write_str("TcpAuth::Secret(..)"),
             TcpAuth::TrustAll => f.write_str("TcpAuth::TrustAll"),
+            TcpAuth::Tls(_) => f.write_str("TcpAuth::Tls(..)"),
         }
+    }
+}
+
+impl TcpAuth {
+    /// The cluster-secret mode with `text` as the secret, without making it this
+    /// process's mode.
+    #[cfg(test)]
+    pub(crate) fn secret(text: &str) -> TcpAuth {
+        TcpAuth::Secret(Arc::new(Secret::new(text.into())))
     }
 }
 
@@ -153,6 +189,20 @@ pub fn set_trust_all() {
     *configured().write().unwrap_or_else(|e| e.into_inner()) = Some(TcpAuth::TrustAll);
 }
 
+/// Uses mutual TLS with the credentials in `files` for the TCP connections this process
+/// makes and accepts from now on (see [`tls`]); its children inherit the file paths
+/// ([`child_env`]).
+///
+/// # Errors
+///
+/// A [`TlsError`] naming the file that cannot be read or used, and how to fix it; the
+/// mode in force is then unchanged.
+pub fn set_tls(files: &TlsFiles) -> Result<(), TlsError> {
+    let config = TlsConfig::load(files)?;
+    *configured().write().unwrap_or_else(|e| e.into_inner()) = Some(TcpAuth::Tls(Arc::new(config)));
+    Ok(())
+}
+
 /// The mode in force: the one set, else the environment's, else a random secret made
 /// once per process.
 pub fn tcp_auth() -> TcpAuth {
@@ -173,6 +223,23 @@ pub fn tcp_auth() -> TcpAuth {
 }
 
 fn from_env() -> Option<TcpAuth> {
+    match TlsFiles::from_env() {
+        Ok(None) => {}
+        Ok(Some(files)) => match TlsConfig::load(&files) {
+            Ok(config) => return Some(TcpAuth::Tls(Arc::new(config))),
+            Err(err) => {
+                tracing::error!(
+                    "{TLS_CA_ENV} is set but the TLS credentials cannot be used: {err}; this \
+                     process's TCP connections will fail"
+                );
+                return None;
+            }
+        },
+        Err(err) => {
+            tracing::error!("{err}; this process's TCP connections will fail");
+            return None;
+        }
+    }
     if std::env::var(CLUSTER_AUTH_ENV).is_ok_and(|v| v == "trust_all") {
         tracing::warn!(
             "TCP connections of this process are NOT authenticated ({CLUSTER_AUTH_ENV}=trust_all)"
@@ -185,12 +252,40 @@ fn from_env() -> Option<TcpAuth> {
     }
 }
 
-/// The environment that makes a child process use this process's mode and secret.
+/// The environment that makes a child process use this process's mode and credentials.
+///
+/// It names every variable of the table in the [module docs](self), the ones of other
+/// modes empty (unset), so that what the child inherits from this process's own
+/// environment cannot select another mode.
 pub fn child_env() -> Vec<(String, String)> {
+    let mut secret = String::new();
+    let mut mode = String::new();
+    let (mut ca, mut cert, mut key) = (String::new(), String::new(), String::new());
     match tcp_auth() {
-        TcpAuth::Secret(secret) => vec![(CLUSTER_SECRET_ENV.to_string(), secret.text.clone())],
-        TcpAuth::TrustAll => vec![(CLUSTER_AUTH_ENV.to_string(), "trust_all".to_string())],
+        TcpAuth::Secret(s) => secret.clone_from(&s.text),
+        TcpAuth::TrustAll => mode = "trust_all".to_string(),
+        TcpAuth::Tls(config) => {
+            // A configuration made in memory (tests) has no files to hand down: the
+            // child then makes a random secret and cannot connect, which is safe.
+            if let Some(files) = config.files() {
+                ca = files.ca.display().to_string();
+                key = files.key.display().to_string();
+                if let Some(path) = &files.cert {
+                    cert = path.display().to_string();
+                }
+            }
+        }
     }
+    [
+        (CLUSTER_SECRET_ENV, secret),
+        (CLUSTER_AUTH_ENV, mode),
+        (TLS_CA_ENV, ca),
+        (TLS_CERT_ENV, cert),
+        (TLS_KEY_ENV, key),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_string(), value))
+    .collect()
 }
 
 fn random_bytes<const N: usize>() -> [u8; N] {
@@ -233,18 +328,50 @@ fn mode_of(auth: &TcpAuth) -> u8 {
     match auth {
         TcpAuth::Secret(_) => MODE_SECRET,
         TcpAuth::TrustAll => MODE_TRUST_ALL,
+        TcpAuth::Tls(_) => MODE_TLS,
     }
+}
+
+/// The server's first message: [`MAGIC`], the mode, and a nonce (zeros in TLS mode).
+fn hello(mode: u8, nonce: &[u8; NONCE]) -> [u8; HELLO] {
+    let mut hello = [0u8; HELLO];
+    hello[..8].copy_from_slice(MAGIC);
+    hello[8] = mode;
+    hello[9..].copy_from_slice(nonce);
+    hello
+}
+
+/// Why a server's first message is not acceptable to a client of `auth`'s mode, or
+/// `None` if it is.
+fn hello_mismatch(hello: &[u8; HELLO], auth: &TcpAuth) -> Option<String> {
+    if &hello[..8] != MAGIC {
+        return Some(
+            "the peer is not a monarch process (its first bytes are not a handshake)".into(),
+        );
+    }
+    let mode = hello[8];
+    (mode != mode_of(auth)).then(|| {
+        format!(
+            "the peer requires {} but this process uses {}; give both the same setting: \
+             mutual TLS (ca= and private_key=, or {TLS_CA_ENV} and {TLS_KEY_ENV}), a \
+             cluster secret ({CLUSTER_SECRET_ENV}), or ca=\"trust_all_connections\"",
+            mode_name(mode),
+            mode_name(mode_of(auth))
+        )
+    })
 }
 
 fn mode_name(mode: u8) -> &'static str {
     match mode {
         MODE_SECRET => "a cluster secret",
         MODE_TRUST_ALL => "no authentication (trust_all_connections)",
+        MODE_TLS => "mutual TLS",
         _ => "an unknown authentication mode",
     }
 }
 
-/// Runs the server side of the handshake on an accepted connection.
+/// Runs the server side of the handshake on an accepted connection, in the cluster
+/// secret and trust-all modes ([`tls::accept`] runs the TLS one).
 ///
 /// # Errors
 ///
@@ -253,21 +380,25 @@ pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     auth: &TcpAuth,
 ) -> Result<(), String> {
+    let secret = match auth {
+        TcpAuth::Secret(secret) => Some(secret),
+        TcpAuth::TrustAll => None,
+        TcpAuth::Tls(_) => return Err("mutual TLS is accepted by tls::accept".into()),
+    };
     let run = async {
         let nonce_s: [u8; NONCE] = random_bytes();
-        let mut hello = Vec::with_capacity(8 + 1 + NONCE);
-        hello.extend_from_slice(MAGIC);
-        hello.push(mode_of(auth));
-        hello.extend_from_slice(&nonce_s);
         stream
-            .write_all(&hello)
+            .write_all(&hello(mode_of(auth), &nonce_s))
             .await
             .map_err(|e| format!("writing the handshake failed: {e}"))?;
-        let mut answer = [0u8; 8 + 1 + NONCE + MAC];
-        stream
-            .read_exact(&mut answer)
-            .await
-            .map_err(|e| format!("it did not complete the handshake: {e}"))?;
+        let mut answer = [0u8; HELLO + MAC];
+        stream.read_exact(&mut answer).await.map_err(|e| {
+            format!(
+                "it did not complete the handshake ({e}); it may use another \
+                 authentication mode than {}",
+                mode_name(mode_of(auth))
+            )
+        })?;
         if &answer[..8] != MAGIC {
             return Err("it is not a monarch peer (its first bytes are not a handshake)".into());
         }
@@ -279,10 +410,10 @@ pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 mode_name(mode_of(auth))
             ));
         }
-        let nonce_c = &answer[9..9 + NONCE];
-        let tag = &answer[9 + NONCE..];
-        let reply = match auth {
-            TcpAuth::Secret(secret) => {
+        let nonce_c = &answer[9..HELLO];
+        let tag = &answer[HELLO..];
+        let reply = match secret {
+            Some(secret) => {
                 if !secret.verify(b"monarch-client", &nonce_s, nonce_c, tag) {
                     // Answer zeros so the client reports a failed authentication, not a
                     // dropped connection.
@@ -291,7 +422,7 @@ pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 }
                 secret.mac(b"monarch-server", nonce_c, &nonce_s)
             }
-            TcpAuth::TrustAll => [0u8; MAC],
+            None => [0u8; MAC],
         };
         stream
             .write_all(&reply)
@@ -307,11 +438,12 @@ pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         })
 }
 
-/// Runs the client side of the handshake on a new connection.
+/// Runs the client side of the handshake on a new connection, in the cluster secret
+/// and trust-all modes ([`tls::connect`] runs the TLS one).
 ///
 /// # Errors
 ///
-/// An `io::Error` saying why authentication failed.
+/// An `io::Error` (`PermissionDenied`) saying why authentication failed.
 pub(crate) async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     auth: &TcpAuth,
@@ -322,35 +454,29 @@ pub(crate) async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
             format!("authentication failed: {reason}"),
         )
     };
+    let secret = match auth {
+        TcpAuth::Secret(secret) => Some(secret),
+        TcpAuth::TrustAll => None,
+        TcpAuth::Tls(_) => return Err(denied("mutual TLS is dialed by tls::connect".into())),
+    };
     let run = async {
-        let mut hello = [0u8; 8 + 1 + NONCE];
+        let mut hello = [0u8; HELLO];
         stream.read_exact(&mut hello).await.map_err(|e| {
             denied(format!(
                 "the peer closed the connection before its handshake ({e}); it may not \
                  be a monarch process, or it refused this address"
             ))
         })?;
-        if &hello[..8] != MAGIC {
-            return Err(denied(
-                "the peer is not a monarch process (its first bytes are not a handshake)".into(),
-            ));
-        }
-        let mode = hello[8];
-        if mode != mode_of(auth) {
-            return Err(denied(format!(
-                "the peer requires {} but this process uses {}; give both the same \
-                 setting ({CLUSTER_SECRET_ENV}, or ca=\"trust_all_connections\" on both)",
-                mode_name(mode),
-                mode_name(mode_of(auth))
-            )));
+        if let Some(reason) = hello_mismatch(&hello, auth) {
+            return Err(denied(reason));
         }
         let nonce_s = &hello[9..];
         let nonce_c: [u8; NONCE] = random_bytes();
-        let tag = match auth {
-            TcpAuth::Secret(secret) => secret.mac(b"monarch-client", nonce_s, &nonce_c),
-            TcpAuth::TrustAll => [0u8; MAC],
+        let tag = match secret {
+            Some(secret) => secret.mac(b"monarch-client", nonce_s, &nonce_c),
+            None => [0u8; MAC],
         };
-        let mut answer = Vec::with_capacity(8 + 1 + NONCE + MAC);
+        let mut answer = Vec::with_capacity(HELLO + MAC);
         answer.extend_from_slice(MAGIC);
         answer.push(mode_of(auth));
         answer.extend_from_slice(&nonce_c);
@@ -362,7 +488,7 @@ pub(crate) async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
                 "the peer closed the connection during the handshake ({e})"
             ))
         })?;
-        if let TcpAuth::Secret(secret) = auth {
+        if let Some(secret) = secret {
             if !secret.verify(b"monarch-server", &nonce_c, nonce_s, &reply) {
                 return Err(denied(format!(
                     "the peer does not share this process's cluster secret; give every \
@@ -441,9 +567,27 @@ mod tests {
     }
 
     #[test]
-    fn child_env_carries_the_mode() {
+    fn child_env_carries_the_mode_and_clears_the_others() {
         let env = child_env();
-        assert_eq!(env.len(), 1);
-        assert!(env[0].0 == CLUSTER_SECRET_ENV || env[0].0 == CLUSTER_AUTH_ENV);
+        let names: Vec<&str> = env.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                CLUSTER_SECRET_ENV,
+                CLUSTER_AUTH_ENV,
+                TLS_CA_ENV,
+                TLS_CERT_ENV,
+                TLS_KEY_ENV
+            ]
+        );
+        // Exactly one mode is selected: a secret or trust_all (no test sets TLS
+        // process-wide), the TLS variables empty.
+        let set: Vec<&str> = env
+            .iter()
+            .filter(|(_, value)| !value.is_empty())
+            .map(|(name, _)| name.as_str())
+            .collect();
+        assert_eq!(set.len(), 1, "{env:?}");
+        assert!(set[0] == CLUSTER_SECRET_ENV || set[0] == CLUSTER_AUTH_ENV);
     }
 }

@@ -18,6 +18,12 @@
 //! side and discards input until the sender closes, so the sender returns
 //! exactly the undelivered frames.
 //!
+//! TCP connections are authenticated first ([`tcp`], [`auth`]). With a
+//! cluster secret or none, frames then flow on the raw socket as above; with
+//! mutual TLS they flow through the TLS session, on both sides (the accepted
+//! [`tcp::TcpConn`], and a link of its own on the dialing side, [`tls`],
+//! without direct writes).
+//!
 //! ```
 //! # async fn example() {
 //! use hyperactor::channel::{serve, ChannelAddr, ChannelTransport};
@@ -52,7 +58,6 @@ use tokio::task::JoinHandle;
 use super::ack::AckState;
 use super::ack::Delivery;
 use super::addr::ChannelAddr;
-use super::auth;
 use super::error::ChannelError;
 use super::frame;
 use super::frame::Frame;
@@ -67,6 +72,9 @@ use super::socket_dir;
 use super::tx::DirectWrite;
 use super::tx::LinkShared;
 use super::tx::Queued;
+
+pub(crate) mod tcp;
+mod tls;
 
 /// Capacity of the buffered reader for frames (small things are read
 /// through it; large parts bypass it).
@@ -218,39 +226,31 @@ impl AckReader {
 
 /// A bound listener of [`Stream`]s.
 pub(crate) trait Listener: Send + 'static {
-    /// The accepted stream type.
+    /// The accepted connection type.
+    type Accepted: Send + 'static;
+    /// The admitted connection type, that frames are read from.
     type Stream: Stream;
     /// Accepts the next connection. Cancel safe.
-    fn next_conn(&mut self) -> impl Future<Output = io::Result<Self::Stream>> + Send;
+    fn next_conn(&mut self) -> impl Future<Output = io::Result<Self::Accepted>> + Send;
     /// Admits an accepted connection before any frame is read from it (TCP: the
-    /// [`auth`] handshake); an error says why the peer was rejected.
-    fn admit(stream: Self::Stream) -> impl Future<Output = Result<Self::Stream, String>> + Send {
-        async move { Ok(stream) }
-    }
-}
-
-impl Listener for TcpListener {
-    type Stream = TcpStream;
-    async fn next_conn(&mut self) -> io::Result<TcpStream> {
-        let (stream, _) = self.accept().await?;
-        stream.set_nodelay(true)?;
-        Ok(stream)
-    }
-    async fn admit(mut stream: TcpStream) -> Result<TcpStream, String> {
-        let peer = stream
-            .peer_addr()
-            .map_or_else(|_| "an unknown peer".to_string(), |a| a.to_string());
-        auth::accept(&mut stream, &auth::tcp_auth())
-            .await
-            .map_err(|reason| format!("rejected a TCP connection from {peer}: {reason}"))?;
-        Ok(stream)
-    }
+    /// [`auth`](super::auth) handshake); an error says why the peer was rejected.
+    fn admit(
+        &self,
+        conn: Self::Accepted,
+    ) -> impl Future<Output = Result<Self::Stream, String>> + Send + 'static;
 }
 
 impl Listener for UnixListener {
+    type Accepted = UnixStream;
     type Stream = UnixStream;
     async fn next_conn(&mut self) -> io::Result<UnixStream> {
         Ok(self.accept().await?.0)
+    }
+    fn admit(
+        &self,
+        stream: UnixStream,
+    ) -> impl Future<Output = Result<UnixStream, String>> + Send + 'static {
+        std::future::ready(Ok(stream))
     }
 }
 
@@ -272,13 +272,16 @@ impl Drop for NetGuard {
     }
 }
 
-/// Binds a TCP listener at `addr` and starts accepting into `frames`.
+/// Binds a TCP listener at `addr` and starts accepting into `frames`, authenticating
+/// connections with `auth` (`None`: the process's mode,
+/// [`tcp_auth`](super::auth::tcp_auth), at each connection).
 ///
 /// # Errors
 /// [`ChannelError::Bind`] if binding fails.
 pub(crate) async fn serve_tcp(
     addr: std::net::SocketAddr,
     frames: Inbox,
+    auth: Option<super::auth::TcpAuth>,
 ) -> Result<(ChannelAddr, NetGuard), ChannelError> {
     let bind_err = |err| ChannelError::Bind {
         addr: ChannelAddr::Tcp(addr),
@@ -286,6 +289,7 @@ pub(crate) async fn serve_tcp(
     };
     let listener = TcpListener::bind(addr).await.map_err(bind_err)?;
     let bound = ChannelAddr::Tcp(listener.local_addr().map_err(bind_err)?);
+    let listener = tcp::TcpServe::new(listener, auth);
     let accept = tokio::spawn(accept_loop(listener, frames, bound.clone()));
     Ok((
         bound,
@@ -349,8 +353,9 @@ async fn accept_loop<L: Listener>(mut listener: L, frames: Inbox, addr: ChannelA
             res = listener.next_conn() => match res {
                 Ok(stream) => {
                     let (frames, addr) = (frames.clone(), addr.clone());
+                    let admit = listener.admit(stream);
                     tokio::spawn(async move {
-                        match L::admit(stream).await {
+                        match admit.await {
                             Ok(stream) => serve_conn(stream, frames, addr).await,
                             Err(reason) => {
                                 static REJECTED: LogLimit = LogLimit::per_second();
@@ -486,7 +491,13 @@ async fn write_acks<W: AsyncWrite + Unpin>(write: &mut W, frames: &Inbox, ack: &
     loop {
         tokio::select! {
             next = ack.next() => {
-                if write.write_all(&next.to_le_bytes()).await.is_err() {
+                // The flush is free on a socket; a TLS session needs it to send the
+                // record now.
+                let written = async {
+                    write.write_all(&next.to_le_bytes()).await?;
+                    write.flush().await
+                };
+                if written.await.is_err() {
                     return;
                 }
                 sent = next;
@@ -498,6 +509,7 @@ async fn write_acks<W: AsyncWrite + Unpin>(write: &mut W, frames: &Inbox, ack: &
     if last > sent && write.write_all(&last.to_le_bytes()).await.is_err() {
         return;
     }
+    // Shutting down flushes first.
     let _ = write.shutdown().await;
 }
 
@@ -544,14 +556,6 @@ pub(crate) async fn run_link<S: Stream>(
         addr: link.addr.clone(),
     };
     link::drive(sink, acks, queue, link).await;
-}
-
-/// Connects a TCP stream with `TCP_NODELAY` set, and authenticates it ([`auth`]).
-pub(crate) async fn connect_tcp(addr: std::net::SocketAddr) -> io::Result<TcpStream> {
-    let mut stream = TcpStream::connect(addr).await?;
-    stream.set_nodelay(true)?;
-    auth::connect(&mut stream, &auth::tcp_auth()).await?;
-    Ok(stream)
 }
 
 /// The dialing side's writer: shares the socket with senders' direct writes (see

@@ -1,9 +1,11 @@
 """The ``monarch`` command.
 
 ``monarch worker --address tcp://0.0.0.0:26600`` runs this machine's worker (see
-:func:`monarch.actor.run_worker_loop_forever`) until terminated. Credentials: the
-cluster secret in ``MONARCH_CLUSTER_SECRET`` (the same on the client and every worker),
-or ``--trust-all-connections`` on a trusted network (logged as a warning).
+:func:`monarch.actor.run_worker_loop_forever`) until terminated. Credentials: mutual TLS
+with ``--ca ca.pem --private-key node.pem`` (or ``MONARCH_TLS_CA`` and
+``MONARCH_TLS_KEY``), the cluster secret in ``MONARCH_CLUSTER_SECRET`` (the same on the
+client and every worker), or ``--trust-all-connections`` on a trusted network (logged as
+a warning).
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ def _parser() -> argparse.ArgumentParser:
         "ADVERTISE@BIND, or ipc://PATH",
     )
     worker.add_argument(
+        "--ca",
+        help="mutual TLS: the PEM file of the cluster's CA certificate (with --private-key)",
+    )
+    worker.add_argument(
+        "--private-key",
+        help="mutual TLS: the PEM file of this machine's private key followed by its "
+        "certificate, signed by the CA of --ca",
+    )
+    worker.add_argument(
         "--trust-all-connections",
         action="store_true",
         help="accept TCP connections without authentication (trusted networks only)",
@@ -43,11 +54,16 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
         from monarch._src.actor.workers import TRUST_ALL, run_worker_loop_forever
 
+        if args.trust_all_connections and args.ca is not None:
+            print("monarch worker: give --ca or --trust-all-connections, not both", file=sys.stderr)
+            return 2
         try:
             run_worker_loop_forever(
-                address=args.address, ca=TRUST_ALL if args.trust_all_connections else None
+                address=args.address,
+                ca=TRUST_ALL if args.trust_all_connections else args.ca,
+                private_key=args.private_key,
             )
-        except (ValueError, NotImplementedError, RuntimeError) as e:
+        except (ValueError, NotImplementedError, RuntimeError, OSError) as e:
             print(f"monarch worker: {e}", file=sys.stderr)
             return 2
     return 0

@@ -7,10 +7,11 @@ addresses (:func:`attach_to_workers`) and gets a :class:`HostMesh` with extent
 the procs reach directly over TCP. A client that goes away loses its procs once its
 lease runs out (config ``host_client_lease``), and the worker waits for the next one.
 
-TCP connections are authenticated before any message is read: with a cluster secret
-(``MONARCH_CLUSTER_SECRET``, the same on every machine) or, explicitly and with a
-warning, not at all (``ca="trust_all_connections"``). See docs/security.md and
-docs/hosts.md.
+TCP connections are authenticated before any message is read: with mutual TLS
+(``ca=`` and ``private_key=``, PEM files of the cluster's CA and of this node's key and
+certificate), with a cluster secret (``MONARCH_CLUSTER_SECRET``, the same on every
+machine) or, explicitly and with a warning, not at all (``ca="trust_all_connections"``).
+See docs/security.md and docs/hosts.md.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from monarch._rust_bindings import (
     Extent,
     HostMeshHandle,
     ProcAgent,
+    set_tls_credentials,
     set_trust_all_connections,
 )
 from monarch._src import config
@@ -85,8 +87,10 @@ def _transport_spec(transport: object) -> str:
     if lowered in _UNSUPPORTED or lowered.startswith(("metatls://", "tls://")):
         raise NotImplementedError(
             f"enable_transport({transport!r}): TLS and in-process transports are not "
-            "supported; use 'tcp' (TCP connections are authenticated with the cluster "
-            "secret, see docs/security.md) or 'ipc' (this machine only)"
+            "transports of their own here; use 'tcp' (or 'ipc', this machine only): TCP "
+            "connections are mutual TLS when ca= and private_key= are given to "
+            "attach_to_workers / run_worker_loop_forever, and otherwise authenticated with "
+            "the cluster secret (see docs/security.md)"
         )
     if lowered.startswith(("tcp://", "tcp:", "ipc://", "unix:")):
         return spec
@@ -134,14 +138,33 @@ def _set_credentials(who: str, ca: object, private_key: object) -> None:
         set_trust_all_connections()
         return
     if ca is None:
-        return  # the runtime reads MONARCH_CLUSTER_SECRET itself
-    if isinstance(ca, str):
-        raise NotImplementedError(
-            f"{who}(ca={ca!r}): certificate authorities (mutual TLS) are not supported "
-            "yet; authenticate with a cluster secret instead (set MONARCH_CLUSTER_SECRET "
-            "to the same value on every machine and pass ca=None), or pass "
-            f"ca={TRUST_ALL!r} on a trusted network"
-        )
+        if private_key is not None:
+            raise ValueError(
+                f"{who}(ca=None, private_key={private_key!r}): a private key needs the "
+                "cluster's CA too; pass ca='/path/to/ca.pem' with it"
+            )
+        return  # the runtime reads MONARCH_TLS_CA or MONARCH_CLUSTER_SECRET itself
+    if isinstance(ca, (str, os.PathLike)):
+        if private_key is None:
+            raise ValueError(
+                f"{who}(ca={ca!r}): mutual TLS needs private_key= too: the PEM file of "
+                "this node's private key followed by its certificate (signed by that CA); "
+                f"for example {who}(..., ca='ca.pem', private_key='node.pem')"
+            )
+        if not isinstance(private_key, (str, os.PathLike)):
+            raise TypeError(f"{who}: private_key must be a path, got {private_key!r}")
+        paths = {"ca": os.fspath(ca), "private_key": os.fspath(private_key)}
+        for arg, path in paths.items():
+            if not os.path.isfile(path):
+                raise FileNotFoundError(
+                    f"{who}({arg}={path!r}): no such file; give the path of a PEM file "
+                    "(see docs/security.md for how to make one)"
+                )
+        try:
+            set_tls_credentials(paths["ca"], paths["private_key"])
+        except ValueError as e:
+            raise ValueError(f"{who}: {e}") from None
+        return
     raise TypeError(f"{who}: ca must be {TRUST_ALL!r}, None or a path, got {ca!r}")
 
 
@@ -152,8 +175,11 @@ def run_worker_loop_forever(
 
     ``address`` is ``tcp://HOST:PORT`` (``tcp://0.0.0.0:PORT`` binds every interface and
     advertises this machine's primary IP), ``ADVERTISE@BIND``, or ``ipc://PATH``.
+    ``ca="/path/ca.pem", private_key="/path/node.pem"`` makes every TCP connection mutual
+    TLS (the CA's certificate, and this node's key followed by its certificate, in PEM);
     ``ca="trust_all_connections"`` accepts every TCP connection (logs a warning);
-    ``ca=None`` requires the cluster secret in ``MONARCH_CLUSTER_SECRET`` for TCP.
+    ``ca=None`` requires ``MONARCH_TLS_CA`` and ``MONARCH_TLS_KEY``, or the cluster secret
+    in ``MONARCH_CLUSTER_SECRET``, for TCP.
     Prints ``monarch worker ready at <address>`` once it accepts connections. Spawns and
     reaps procs for whichever client attaches; SIGTERM or SIGINT stops its procs and
     ends it.
@@ -166,11 +192,16 @@ def run_worker_loop_forever(
             "(this process already runs monarch)"
         )
     _set_credentials("run_worker_loop_forever", ca, private_key)
-    if ca is None and address.startswith("tcp") and not os.environ.get("MONARCH_CLUSTER_SECRET"):
+    if (
+        ca is None
+        and address.startswith("tcp")
+        and not os.environ.get("MONARCH_CLUSTER_SECRET")
+        and not os.environ.get("MONARCH_TLS_CA")
+    ):
         raise ValueError(
-            "run_worker_loop_forever: a TCP worker needs credentials: set "
-            "MONARCH_CLUSTER_SECRET (the same on the client and every worker), or pass "
-            f"ca={TRUST_ALL!r} on a trusted network"
+            "run_worker_loop_forever: a TCP worker needs credentials: pass ca= and "
+            "private_key= (PEM files, mutual TLS), set MONARCH_CLUSTER_SECRET (the same on "
+            f"the client and every worker), or pass ca={TRUST_ALL!r} on a trusted network"
         )
     from monarch._src.actor import runtime
     from monarch._src.actor.actor_host import run_spawner
