@@ -12,7 +12,8 @@ MATURIN := $(VENV)/bin/maturin
 
 # Python packages the venv needs to build, test and lint. Changing this list changes the
 # stamp file name, so the next `make install` installs again; otherwise pip is skipped.
-PY_REQUIREMENTS := maturin>=1.9.4,<2 pytest pytest-timeout ruff mypy cloudpickle matplotlib torch
+PY_REQUIREMENTS := maturin>=1.9.4,<2 pytest pytest-timeout ruff mypy cloudpickle matplotlib torch \
+	nbclient ipykernel nbformat pexpect
 REQ_HASH := $(shell printf '%s' '$(PY_REQUIREMENTS)' | sha256sum | cut -c1-16)
 REQ_STAMP := $(VENV)/.requirements-$(REQ_HASH)
 
@@ -92,11 +93,12 @@ test-rust: | $(VENV_PYTHON) ## cargo test --workspace (unit, integration and doc
 test-python: $(REQ_STAMP) ## Run pytest (build the extension first: make install or build-dev)
 	timeout -k 30 $(TEST_PYTHON_LIMIT) $(VENV_PYTHON) -m pytest
 
-demo: install ## Install everything, run the demos: Rust ping-pong and native mesh, Python tour
+demo: install ## Install everything, run the demos: Rust ping-pong and native mesh, Python tour, DDP
 	$(CARGO) run --release -p hyperactor --example ping_pong
 	$(CARGO) run --release -p hyperactor_mesh --example mesh_demo
 	$(VENV_PYTHON) examples/ping_pong.py
 	$(VENV_PYTHON) examples/getting_started.py
+	$(VENV_PYTHON) examples/ddp_spmd.py
 
 # `make bench` compares this project with upstream Monarch (PyPI `torchmonarch`) and Ray,
 # each installed once into a venv of its own under $(BENCH_DIR) (ignored by git). The
@@ -114,6 +116,8 @@ BENCH_UPSTREAM_STAMP := $(BENCH_UPSTREAM_VENV)/.installed-$(shell printf '%s' '$
 BENCH_RAY_STAMP := $(BENCH_RAY_VENV)/.installed-$(shell printf '%s' '$(BENCH_RAY_REQ)' | sha256sum | cut -c1-16)
 # Arguments for benches/compare.py, e.g. BENCH_ARGS="--reps 5" or "--impls ours,ray".
 BENCH_ARGS ?=
+# Arguments for benches/multihost_bench.py, e.g. BENCH_MULTIHOST_ARGS="--reps 3".
+BENCH_MULTIHOST_ARGS ?=
 
 $(BENCH_UPSTREAM_STAMP):
 	rm -rf $(BENCH_UPSTREAM_VENV)
@@ -134,10 +138,12 @@ bench: install ## Release build; hyperactor messaging bench; ours vs upstream Mo
 	$(CARGO) bench -p hyperactor --bench proc_messaging
 	-$(MAKE) --no-print-directory -k bench-peers
 	$(VENV_PYTHON) benches/compare.py $(BENCH_ARGS)
-	-$(VENV_PYTHON) benches/multihost_bench.py
+	-$(VENV_PYTHON) benches/multihost_bench.py $(BENCH_MULTIHOST_ARGS)
+	$(VENV_PYTHON) benches/log_bench.py
 
-bench-multihost: install ## Multi-host bench over network-namespace hosts (needs root)
-	$(VENV_PYTHON) benches/multihost_bench.py
+bench-multihost: install ## Multi-host bench, ours vs upstream, over network-namespace hosts (root)
+	-$(MAKE) --no-print-directory -k bench-peers
+	$(VENV_PYTHON) benches/multihost_bench.py $(BENCH_MULTIHOST_ARGS)
 
 docs: | $(VENV_PYTHON) ## Build the Rust API docs into target/doc
 	$(CARGO) doc --workspace --no-deps

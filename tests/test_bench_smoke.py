@@ -127,3 +127,19 @@ def test_growth_line_compares_each_implementation_with_the_floor() -> None:
     assert "Ray" not in line.split("floor")[0]  # no 64-actor value: left out
     assert "bare fan-out floor 4.0x" in line  # the median of 4.5x and 3.5x
     assert compare.growth_text(impls, {"ours": agg(), "ray": agg()}) is None
+
+
+@pytest.mark.timeout(120)
+def test_log_bench_quick(tmp_path: Path) -> None:
+    out = tmp_path / "log.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCHES / "log_bench.py"), "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "log line latency: median" in proc.stdout, proc.stdout
+    result = json.loads(out.read_text())
+    assert result["latency"]["samples"] == 50
+    assert result["load"]["lines_per_s_received"] > 0

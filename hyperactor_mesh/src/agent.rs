@@ -10,7 +10,8 @@
 //!   messages back in order (ORD-1) and executes them on the target actor of this proc:
 //!   deliver a message, spawn the actor, stop it, or report when it has started;
 //! - the **control port** ([`control_port`]) receives control messages: proc deaths
-//!   from host agents, and, when the agent has a host, requests to spawn, watch and stop
+//!   and the output of the procs this process spawned from host agents (see
+//!   [`output`]), and, when the agent has a host, requests to spawn, watch and stop
 //!   procs;
 //! - the **reply port** ([`reply_port`]) receives replies, keyed: to a reducer of a cast
 //!   this agent relays, or to a collector of a call made from this process.
@@ -42,6 +43,7 @@ mod cast_out;
 mod control;
 pub mod liveness;
 mod local;
+pub mod output;
 mod replies;
 mod supervise;
 
@@ -61,6 +63,7 @@ pub use cast_out::{CastOutcome, CastTarget};
 pub use control::{Control, ProcInfo, SpawnProcsRequest};
 pub use liveness::Liveness;
 pub use local::{ForeignSpawn, ForeignSpawner, Registry};
+pub use output::OutputSink;
 pub use replies::{CallReplies, ReplyQueue, ReplySink, Waited};
 
 use crate::cast::codec::MeshInfo;
@@ -271,6 +274,8 @@ pub(crate) struct Inner {
     singletons: Mutex<HashMap<String, crate::actor_mesh::ActorMeshRef>>,
     /// Who owns the singletons spawned at another process's request.
     singleton_owner: Mutex<Option<ActorId>>,
+    /// Where the output of the procs spawned from this process goes.
+    output_sink: Mutex<Option<OutputSink>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -362,6 +367,7 @@ impl ProcAgent {
             spawned_by: options.spawned_by,
             singletons: Mutex::default(),
             singleton_owner: Mutex::default(),
+            output_sink: Mutex::default(),
         });
         Inner::open_ports(&inner)?;
         supervise::start_tasks(&inner);

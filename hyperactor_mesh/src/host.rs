@@ -17,6 +17,11 @@
 //!   proc or dies, and [`crate::bootstrap::serve_until_stopped`] exits on that (BOOT-2) —
 //!   the portable fallback where no parent-death signal exists.
 //!
+//! Each child's **stdout and stderr** are pipes the host reads to their end: every byte
+//! goes to the child's log file, and every line either onto the host's event stream
+//! ([`Host::next_event`], for a spawn that forwards its output to its owner) or,
+//! prefixed `[name rank] `, to the host's own stdout or stderr (see [`crate::output`]).
+//!
 //! Invariants:
 //!
 //! - HOST-1 (all or nothing): `spawn_procs` returns handles for every rank, or an error
@@ -43,6 +48,7 @@
 //! # }
 //! ```
 
+mod capture;
 mod child;
 pub mod proc_handle;
 mod template;
@@ -59,7 +65,9 @@ use tokio::sync::mpsc;
 
 use crate::bootstrap::{BootInfo, BootstrapCommand, ProcReady};
 use crate::error::HostError;
-use child::{lock, ChildProc};
+use crate::output::OutputOptions;
+pub use capture::{HostEvent, ProcOutput};
+use child::{lock, ChildProc, OutputSetup};
 pub use proc_handle::{ProcExit, ProcHandle, ProcStatus};
 pub use template::FORK_SERVER_FD_ENV;
 use template::{Template, TemplateKey};
@@ -75,14 +83,21 @@ const STDERR_CLOSE_LIMIT: Duration = Duration::from_secs(1);
 /// as lost (see [`Host::watch_link`]).
 pub const LOST_GRACE: Duration = Duration::from_millis(200);
 
+/// How long the host waits, after it reaped a proc, for the proc's output pipes to be
+/// read to their end before it publishes the exit (LOG-2): they close at once unless a
+/// descendant that left the proc's process group holds them.
+pub const PIPE_DRAIN_LIMIT: Duration = Duration::from_millis(500);
+
 /// The host agent: see the [module docs](self).
 pub struct Host {
     proc: Proc,
     client: Client,
     ready_timeout: Duration,
     procs: Mutex<Vec<ProcHandle>>,
-    exits_tx: mpsc::UnboundedSender<ProcExit>,
-    exits_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<ProcExit>>,
+    events_tx: mpsc::UnboundedSender<HostEvent>,
+    events_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<HostEvent>>,
+    /// Where the procs' log files go (`None`: nowhere).
+    log_dir: Option<std::path::PathBuf>,
     shut_down: AtomicBool,
     /// The fork servers running, by the commands they serve. The procs a template
     /// forked (and a spawn using it) hold it; it exits when the last of them is gone.
@@ -148,14 +163,15 @@ impl Host {
             host: proc.proc_id().clone(),
             source,
         })?;
-        let (exits_tx, exits_rx) = mpsc::unbounded_channel();
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
         Ok(Self {
             proc,
             client,
             ready_timeout: DEFAULT_READY_TIMEOUT,
             procs: Mutex::new(Vec::new()),
-            exits_tx,
-            exits_rx: tokio::sync::Mutex::new(exits_rx),
+            events_tx,
+            events_rx: tokio::sync::Mutex::new(events_rx),
+            log_dir: Some(crate::output::files::default_dir()),
             shut_down: AtomicBool::new(false),
             templates: tokio::sync::Mutex::new(HashMap::new()),
         })
@@ -166,6 +182,19 @@ impl Host {
     pub fn with_ready_timeout(mut self, timeout: Duration) -> Self {
         self.ready_timeout = timeout;
         self
+    }
+
+    /// The same host, writing its procs' log files to `dir` (`None`: no log files)
+    /// instead of [`crate::output::files::default_dir`].
+    #[must_use]
+    pub fn with_log_dir(mut self, dir: Option<std::path::PathBuf>) -> Self {
+        self.log_dir = dir;
+        self
+    }
+
+    /// Where the procs' log files go, if anywhere.
+    pub fn log_dir(&self) -> Option<&std::path::Path> {
+        self.log_dir.as_deref()
     }
 
     /// The host's proc.
@@ -185,7 +214,29 @@ impl Host {
 
     /// Starts `count` procs named `name`, ranks `0..count`, each running `cmd`, and
     /// waits until all of them reported ready (HOST-1). The processes are started
-    /// without waiting for one another, then boot concurrently.
+    /// without waiting for one another, then boot concurrently. Their output is printed
+    /// by the host and kept in log files ([`OutputOptions::default`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Host::spawn_procs_with`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: cancelling kills the children started so far.
+    pub async fn spawn_procs(
+        &self,
+        name: &str,
+        count: usize,
+        cmd: &BootstrapCommand,
+    ) -> Result<Vec<ProcHandle>, HostError> {
+        self.spawn_procs_with(name, count, cmd, OutputOptions::default())
+            .await
+    }
+
+    /// Like [`Host::spawn_procs`], with the procs' output handled as `output` says: with
+    /// [`OutputOptions::forward_to`] set, their lines come on the host's event stream
+    /// ([`Host::next_event`]) instead of being printed.
     ///
     /// # Errors
     ///
@@ -203,11 +254,12 @@ impl Host {
     /// # Cancel safety
     ///
     /// Cancel safe: cancelling kills the children started so far.
-    pub async fn spawn_procs(
+    pub async fn spawn_procs_with(
         &self,
         name: &str,
         count: usize,
         cmd: &BootstrapCommand,
+        output: OutputOptions,
     ) -> Result<Vec<ProcHandle>, HostError> {
         let host = self.proc.proc_id();
         if self.shut_down.load(Ordering::SeqCst) {
@@ -224,6 +276,11 @@ impl Host {
         let (report, mut reports) = self.client.open_port::<ProcReady>();
         let (exited_tx, mut exited_rx) = mpsc::unbounded_channel();
         let mut batch = Batch(Vec::with_capacity(count));
+        let output = OutputSetup {
+            options: Arc::new(output),
+            events: self.events_tx.clone(),
+            log_dir: self.log_dir.clone(),
+        };
         let mut template = self.template(cmd).await;
         for rank in 0..count {
             let info = BootInfo {
@@ -233,7 +290,7 @@ impl Host {
                 report: report.port_id().clone(),
             };
             if let Some(forker) = &template {
-                match child::start_forked(forker, cmd, &info, exited_tx.clone()).await {
+                match child::start_forked(forker, cmd, &info, exited_tx.clone(), &output).await {
                     Ok(child) => {
                         batch.0.push(child);
                         continue;
@@ -249,7 +306,7 @@ impl Host {
                     }
                 }
             }
-            let child = child::start(cmd, &info, exited_tx.clone())
+            let child = child::start(cmd, &info, exited_tx.clone(), &output)
                 .await
                 .map_err(|source| HostError::Spawn {
                     host: host.clone(),
@@ -300,7 +357,7 @@ impl Host {
             .into_iter()
             .zip(ready.into_iter().flatten())
             .map(|(child, proc_id)| {
-                child.promote(proc_id.clone(), self.exits_tx.clone());
+                child.promote(proc_id.clone(), self.events_tx.clone());
                 self.watch_link(&proc_id, &child);
                 ProcHandle::new(proc_id, child)
             })
@@ -372,18 +429,40 @@ impl Host {
         }
     }
 
+    /// The next event of this host: output of a proc whose spawn forwards it, or the
+    /// exit of a proc (HOST-2), in the order they happened; a proc's exit comes after
+    /// its last lines (LOG-2). Waits for ever if nothing happens.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: an event is taken from the stream only when this returns.
+    pub async fn next_event(&self) -> HostEvent {
+        let mut rx = self.events_rx.lock().await;
+        match rx.recv().await {
+            Some(event) => event,
+            // The host holds a sender, so the stream never ends.
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The next event if one is there already (and no other caller is taking events).
+    pub fn try_next_event(&self) -> Option<HostEvent> {
+        self.events_rx.try_lock().ok()?.try_recv().ok()
+    }
+
     /// The next exit of a proc of this host, in the order the host reaped them (HOST-2).
+    /// Forwarded output met on the way is printed on the host's stdout and stderr.
     /// Waits for ever if no proc exits.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: an exit is taken from the stream only when this returns.
     pub async fn next_exit(&self) -> ProcExit {
-        let mut rx = self.exits_rx.lock().await;
-        match rx.recv().await {
-            Some(exit) => exit,
-            // The host holds a sender, so the stream never ends.
-            None => std::future::pending().await,
+        loop {
+            match self.next_event().await {
+                HostEvent::Exit(exit) => return exit,
+                HostEvent::Output(output) => output.into_batch().write_to_terminal(),
+            }
         }
     }
 

@@ -5,6 +5,7 @@
 //! bootstrap command and returns a [`ProcMesh`] whose extent is the hosts' extent
 //! followed by `per_host`. The procs are owned by the calling actor: they stop when it
 //! stops (with the other meshes it owns), and their host kills them if its proc dies.
+//! Their output is forwarded to the calling actor's process (see [`crate::output`]).
 //!
 //! ```no_run
 //! use hyperactor::ChannelTransport;
@@ -37,6 +38,7 @@ use crate::agent::{Control, ProcAgent, ProcInfo, SpawnProcsRequest};
 use crate::bootstrap::BootstrapCommand;
 use crate::cast::codec::MeshInfo;
 use crate::error::MeshError;
+use crate::output::{OutputConfig, OutputOptions};
 use crate::proc_mesh::ProcMesh;
 use crate::shape::Extent;
 
@@ -129,13 +131,12 @@ impl HostMesh {
 
     /// Spawns `per_host.num_ranks()` procs named `name` on every host, each running
     /// `command`, owned by `cx`'s actor; returns them as a proc mesh of extent
-    /// `hosts + per_host` once all reported ready.
+    /// `hosts + per_host` once all reported ready. Their output is forwarded to this
+    /// process and kept in log files ([`OutputConfig::default`]).
     ///
     /// # Errors
     ///
-    /// [`MeshError::InvalidName`] if a `per_host` dimension is also a host dimension;
-    /// [`MeshError::SpawnProcs`] naming the host and why (a proc exited before it was
-    /// ready, the host is unreachable, ...): procs spawned on other hosts are stopped.
+    /// As [`HostMesh::spawn_procs_with`].
     ///
     /// # Cancel safety
     ///
@@ -147,6 +148,30 @@ impl HostMesh {
         name: &str,
         per_host: &Extent,
         command: &BootstrapCommand,
+    ) -> Result<ProcMesh, MeshError> {
+        self.spawn_procs_with(cx, name, per_host, command, OutputConfig::default())
+            .await
+    }
+
+    /// Like [`HostMesh::spawn_procs`], with the procs' output handled as `output` says.
+    ///
+    /// # Errors
+    ///
+    /// [`MeshError::InvalidName`] if a `per_host` dimension is also a host dimension;
+    /// [`MeshError::SpawnProcs`] naming the host and why (a proc exited before it was
+    /// ready, the host is unreachable, ...): procs spawned on other hosts are stopped.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: procs spawned before cancellation keep running until their owner
+    /// stops.
+    pub async fn spawn_procs_with(
+        &self,
+        cx: &impl SendContext,
+        name: &str,
+        per_host: &Extent,
+        command: &BootstrapCommand,
+        output: OutputConfig,
     ) -> Result<ProcMesh, MeshError> {
         if let Some(clash) = per_host.labels().iter().find(|l| self.extent.contains(l)) {
             return Err(MeshError::InvalidName {
@@ -172,7 +197,10 @@ impl HostMesh {
             class: "proc".to_string(),
         };
         let count = per_host.num_ranks();
-        let asks = self.hosts.iter().map(|host| {
+        let forward_to = output
+            .forward
+            .then(|| crate::agent::control_port(agent.proc().proc_id()));
+        let asks = self.hosts.iter().enumerate().map(|(index, host)| {
             let (port, receiver) = cx
                 .mailbox()
                 .open_once_port::<Result<Vec<ProcInfo>, String>>();
@@ -183,9 +211,15 @@ impl HostMesh {
                 owner: cx.actor_id().clone(),
                 mesh: info.clone(),
                 reply: port.port_id().clone(),
+                output: OutputOptions {
+                    forward_to: forward_to.clone(),
+                    mesh_id: info.id,
+                    rank_base: index * count,
+                    files: output.files,
+                },
             };
             agent.monitor_host(host);
-            send_control(&agent, host, &Control::SpawnProcs(request));
+            send_control(&agent, host, &Control::SpawnProcs(Box::new(request)));
             // A host that cannot be reached (refused, failed authentication, lost)
             // fails the spawn at once, with the reason.
             let link = (host != agent.proc().proc_id()).then(|| agent.proc().link_failed(host));

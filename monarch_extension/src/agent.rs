@@ -91,6 +91,14 @@ fn liveness(interval: f64, timeout: f64, lease: f64) -> PyResult<Liveness> {
     })
 }
 
+/// `host` writing its procs' log files to `dir`, when given (else to its default).
+fn with_log_dir(host: Host, dir: Option<std::path::PathBuf>) -> Host {
+    match dir {
+        Some(dir) => host.with_log_dir(Some(dir)),
+        None => host,
+    }
+}
+
 pub(crate) fn duration(what: &str, seconds: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(seconds).map_err(|_| {
         PyValueError::new_err(format!(
@@ -188,7 +196,8 @@ impl PyProcAgent {
     /// reaps this machine's procs (waiting `ready_timeout` seconds for each spawn).
     /// `transport` is `"unix"`, `"tcp"` (every interface, advertising this machine's
     /// primary IP), `"tcp-localhost"`, or an address (`tcp://IP:PORT`,
-    /// `ADVERTISE@BIND`).
+    /// `ADVERTISE@BIND`). The procs' log files go to `log_dir` (default: a per-user
+    /// folder under the temporary directory).
     #[staticmethod]
     #[pyo3(signature = (
         transport = "unix",
@@ -197,7 +206,9 @@ impl PyProcAgent {
         heartbeat_interval = 0.25,
         heartbeat_timeout = 2.0,
         client_lease = 10.0,
+        log_dir = None,
     ))]
+    #[allow(clippy::too_many_arguments)]
     fn serve_root(
         py: Python<'_>,
         transport: &str,
@@ -206,6 +217,7 @@ impl PyProcAgent {
         heartbeat_interval: f64,
         heartbeat_timeout: f64,
         client_lease: f64,
+        log_dir: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let (bind, advertise) = root_address(transport)?;
         let ready = duration("ready_timeout", ready_timeout)?;
@@ -216,11 +228,13 @@ impl PyProcAgent {
         })?
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
         .with_ready_timeout(ready);
+        let host = with_log_dir(host, log_dir);
         Self::host_agent(py, host, stop, liveness, None)
     }
 
     /// Serves a worker (a host agent for clients on other machines) at `address`
-    /// (`tcp://HOST:PORT`, `ipc://PATH`, `ADVERTISE@BIND`).
+    /// (`tcp://HOST:PORT`, `ipc://PATH`, `ADVERTISE@BIND`). The procs' log files go to
+    /// `log_dir` (default: a per-user folder under the temporary directory).
     #[staticmethod]
     #[pyo3(signature = (
         address,
@@ -229,7 +243,9 @@ impl PyProcAgent {
         heartbeat_interval = 0.25,
         heartbeat_timeout = 2.0,
         client_lease = 10.0,
+        log_dir = None,
     ))]
+    #[allow(clippy::too_many_arguments)]
     fn serve_worker(
         py: Python<'_>,
         address: &str,
@@ -238,6 +254,7 @@ impl PyProcAgent {
         heartbeat_interval: f64,
         heartbeat_timeout: f64,
         client_lease: f64,
+        log_dir: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let address =
             WorkerAddress::parse(address).map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -248,6 +265,7 @@ impl PyProcAgent {
             hyperactor_mesh::worker::worker_host(&address, ready).await
         })?
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        let host = with_log_dir(host, log_dir);
         // A client ended this worker (its procs are reaped): stop the process the way
         // an operator would, so its worker loop exits cleanly.
         let on_end: EndHook = Arc::new(|reason: &str| {
@@ -322,6 +340,14 @@ impl PyProcAgent {
             "ProcAgent.wait_for_stop()",
             hyperactor_mesh::bootstrap::wait_for_stop(),
         )
+    }
+
+    /// Where this host agent's host writes its procs' log files (`None`: no host, or
+    /// no log files).
+    #[getter]
+    fn log_dir(&self) -> Option<String> {
+        let host = self.agent.host()?;
+        host.log_dir().map(|d| d.display().to_string())
     }
 
     /// The agent's proc id, printed.

@@ -133,8 +133,13 @@ impl PyHostMesh {
 
     /// Starts `prod(per_host)` procs named `name` on every host, each running
     /// `program args...` with `env` added, owned by `sender`, forked from `program
-    /// fork_server...` when that is given. Returns at once.
-    #[pyo3(signature = (sender, name, per_host, program, args, env, fork_server=None))]
+    /// fork_server...` when that is given. Returns at once. Their output is forwarded
+    /// to this process unless `forward_output` is false (each host prints it), and
+    /// written to a log file per proc on its host when `log_files` is set.
+    #[pyo3(signature = (
+        sender, name, per_host, program, args, env, fork_server=None, forward_output=true,
+        log_files=true,
+    ))]
     #[allow(clippy::too_many_arguments)]
     fn spawn_procs(
         &self,
@@ -145,6 +150,8 @@ impl PyHostMesh {
         args: Vec<String>,
         env: Vec<(String, String)>,
         fork_server: Option<Vec<String>>,
+        forward_output: bool,
+        log_files: bool,
     ) -> PyResult<PyProcMesh> {
         let sender = Sender::extract(sender)?;
         let mut command = BootstrapCommand::new(program).with_args(args);
@@ -164,8 +171,12 @@ impl PyHostMesh {
                     return;
                 }
             }
+            let output = hyperactor_mesh::output::OutputConfig {
+                forward: forward_output,
+                files: log_files,
+            };
             let result = hosts
-                .spawn_procs(&sender, &name, &per_host, &command)
+                .spawn_procs_with(&sender, &name, &per_host, &command, output)
                 .await
                 .map_err(|e| e.to_string());
             pending.deferred().resolve(result);

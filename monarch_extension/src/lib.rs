@@ -9,6 +9,7 @@ pub mod agent;
 pub mod call;
 pub mod future;
 pub mod host_mesh;
+pub mod output;
 pub mod port;
 pub mod proc;
 pub mod proc_mesh;
@@ -100,6 +101,7 @@ pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<call::PyReplyQueue>()?;
     m.add_class::<call::PyPortHandle>()?;
     m.add_class::<supervision::PyMeshFailure>()?;
+    m.add_class::<output::PyOutputReceiver>()?;
     shape::register(m)?;
     // The codes that cross the boundary, defined once (here, from the Rust types).
     use hyperactor_mesh::cast::reply::ReplyStatus;

@@ -123,6 +123,16 @@ impl PyProcMesh {
         &self.inner.name
     }
 
+    /// The proc mesh's id, once its procs are ready (`None` before, or if they failed
+    /// to start); views share it.
+    #[getter]
+    fn mesh_id(&self) -> Option<u64> {
+        match self.inner.deferred.get() {
+            Some(Ok(mesh)) => Some(mesh.info().id),
+            _ => None,
+        }
+    }
+
     /// The same procs through `shape` (in the mesh's global ranks).
     fn view(&self, shape: PyRef<'_, PyShape>) -> Self {
         Self {

@@ -37,6 +37,7 @@ __all__ = [
     "Future",
     "HostMeshHandle",
     "MeshFailure",
+    "OutputReceiver",
     "Point",
     "PortHandle",
     "PortReceiver",
@@ -264,8 +265,10 @@ class ProcAgent:
         heartbeat_interval: float = 0.25,
         heartbeat_timeout: float = 2.0,
         client_lease: float = 10.0,
+        log_dir: str | None = None,
     ) -> ProcAgent:
-        """Serve the root client's proc, with this machine's host agent."""
+        """Serve the root client's proc, with this machine's host agent; procs' log
+        files go to ``log_dir`` (default: a per-user folder under the temp dir)."""
 
     @staticmethod
     def serve_worker(
@@ -275,8 +278,11 @@ class ProcAgent:
         heartbeat_interval: float = 0.25,
         heartbeat_timeout: float = 2.0,
         client_lease: float = 10.0,
+        log_dir: str | None = None,
     ) -> ProcAgent:
-        """Serve a worker (a host agent for clients on other machines) at ``address``."""
+        """Serve a worker (a host agent for clients on other machines) at ``address``;
+        procs' log files go to ``log_dir`` (default: a per-user folder under the temp
+        dir)."""
 
     @staticmethod
     def bootstrap(
@@ -294,6 +300,9 @@ class ProcAgent:
     def wait_for_stop(self) -> None:
         """Block until the host asks this proc to stop."""
 
+    @property
+    def log_dir(self) -> str | None:
+        """Where this host agent's host writes its procs' log files."""
     @property
     def proc_id(self) -> str:
         """The agent's proc id, printed."""
@@ -425,7 +434,11 @@ class HostMeshHandle:
         args: list[str],
         env: list[tuple[str, str]],
         fork_server: list[str] | None = None,
-    ) -> ProcMeshHandle: ...
+        forward_output: bool = True,
+        log_files: bool = True,
+    ) -> ProcMeshHandle:
+        """Start the procs; their output comes to this process unless
+        ``forward_output`` is false, and goes to per-proc log files with ``log_files``."""
     def end_workers(
         self, sender: Client | DrivenActor, reason: str, timeout: float
     ) -> Future[list[str]]:
@@ -446,6 +459,9 @@ class ProcMeshHandle:
 
     @property
     def name(self) -> str: ...
+    @property
+    def mesh_id(self) -> int | None:
+        """The proc mesh's id once its procs are ready, else ``None``."""
     def view(self, shape: Shape) -> ProcMeshHandle: ...
     def wait_ready(self, timeout: float | None = None) -> None: ...
     def is_ready(self) -> bool: ...
@@ -523,6 +539,25 @@ class PortHandle:
     @staticmethod
     def _from_bytes(data: bytes) -> PortHandle: ...
     def __reduce__(self) -> tuple[Any, tuple[bytes]]: ...
+
+@final
+class OutputReceiver:
+    """The client's queue of its procs' output (monarch_extension/src/output.rs)."""
+
+    @staticmethod
+    def install(prefix: bool = True) -> OutputReceiver:
+        """Make this process's agent queue its procs' output instead of printing it."""
+    def next(self, timeout: float | None = None) -> list[tuple[bool, str]] | None:
+        """For the writer thread: ``(is_stderr, text)`` runs to write (the previous ones
+        count as written); ``[]`` after ``timeout``; ``None`` once closed."""
+    def set_mode(self, mesh_id: int, stream: bool, aggregate_window: float | None = None) -> None:
+        """How the output of proc mesh ``mesh_id`` is shown."""
+    def mode(self, mesh_id: int) -> tuple[bool, float | None]:
+        """``(stream, aggregate_window)`` of proc mesh ``mesh_id``."""
+    def flush(self, timeout: float = 1.0, host: bool = True) -> bool:
+        """Wait until the writer wrote what was queued; False on timeout."""
+    def close(self) -> None:
+        """Make the writer's ``next()`` return ``None``."""
 
 @final
 class MeshFailure:

@@ -186,11 +186,16 @@ def test_a_sigkilled_client_leaves_no_template_and_no_forked_proc() -> None:
         line = client.stdout.readline()
         pids = [int(p) for p in line.split()]
         assert len(pids) == 4, f"expected 3 procs and their template, got {line!r}"
+        # The forked proc's stderr is a pipe its host reads: the line reaches the
+        # client's stderr, prefixed (forwarded, so possibly after the reply).
+        stderr = ""
+        while "[orphans 0] forked proc" not in stderr:
+            got = client.stderr.readline()
+            assert got, f"the client's stderr ended without the proc's line: {stderr}"
+            stderr += got
         client.kill()
         client.wait(timeout=10)
         _wait_until(lambda: not any(_running(p) for p in pids), 5, "all die with the client")
-        stderr = client.stderr.read()
-        assert "[orphans 0] forked proc" in stderr, stderr
     finally:
         client.kill()
         client.wait(timeout=10)

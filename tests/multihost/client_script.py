@@ -62,6 +62,34 @@ class Spawner(Actor):
         return sorted(members.ping.call().get(timeout=60).values())
 
 
+class Talker(Actor):
+    @endpoint
+    def say(self) -> None:
+        rank = current_rank().rank
+        print(f"stdout of rank {rank} on {socket.gethostname()}")
+        print(f"stderr of rank {rank}", file=sys.stderr)
+
+    @endpoint
+    def die(self) -> None:
+        print("last words", flush=True)
+        os._exit(3)
+
+
+class Tee:
+    """A ``sys.stdout`` that keeps what was written."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.text: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.text.append(text)
+        return int(self.inner.write(text))
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+
 def attach(workers: list[str]) -> Any:
     enable_transport("tcp")
     hosts = attach_to_workers(workers=workers, ca=None, name="cluster")
@@ -160,7 +188,28 @@ def wrong_credentials(workers: list[str]) -> None:
     result({"error": error, "spawn_error": spawn_error})
 
 
+def output(workers: list[str]) -> None:
+    """Procs on every host print; the one on host 2 then dies. Report what the client
+    wrote in all, and what it had written when the failure reached the fault hook."""
+    tee = Tee(sys.stdout)
+    sys.stdout = tee
+    before_failure: list[str] = []
+    monarch.actor.unhandled_fault_hook = lambda f: before_failure.append("".join(tee.text))
+    hosts = attach(workers)
+    procs = hosts.spawn_procs(per_host={"gpus": 1}, name="talk")
+    talkers = procs.spawn("t", Talker)
+    talkers.say.call().get(timeout=120)
+    talkers.slice(hosts=2).die.broadcast()
+    deadline = time.monotonic() + 30
+    while not before_failure and time.monotonic() < deadline:
+        time.sleep(0.01)
+    procs.stop().get(timeout=60)
+    sys.stdout = tee.inner
+    result({"all": "".join(tee.text), "before_failure": before_failure[:1]})
+
+
 SCENARIOS = {
+    "output": output,
     "spawn_cast": spawn_cast,
     "failure": failure,
     "hold": hold,

@@ -199,6 +199,23 @@ def test_spawn_cast_gather_order_and_nested_spawn_across_hosts(
     assert len(r["nested"]) == 2
 
 
+@pytest.mark.timeout(240)
+def test_procs_output_reaches_the_client_across_hosts(
+    netns_cluster: Cluster, healthy: list[Worker]
+) -> None:
+    """docs/logging.md: each worker sends its procs' lines to the client over TCP,
+    with mesh-wide ranks; a dying proc's last words come before its failure (LOG-2)."""
+    client = Client(netns_cluster, "output", _addresses(healthy))
+    r = client.result()
+    client.finish()
+    lines = r["all"].splitlines()
+    for rank in range(3):
+        said = f"[talk {rank}] stdout of rank {rank} on "
+        assert any(line.startswith(said) for line in lines), r["all"]
+    assert r["before_failure"], "the failure reached the fault hook"
+    assert "[talk 2] last words" in r["before_failure"][0], r
+
+
 def _break_and_check(
     cluster: Cluster, workers: list[Worker], breaker: str
 ) -> tuple[dict[str, Any], Client]:

@@ -74,15 +74,16 @@ def extract(markdown: str) -> str:
 
 
 def write_snippets(guides: list[Path], outdir: Path) -> dict[Path, Path]:
-    """Write each guide's code to ``outdir/<stem>.py``; a map from written file to
-    guide. Guides without Python code are left out."""
+    """Write each guide's code to ``outdir/doc_<stem>.py`` (the prefix keeps a guide
+    named like a module it imports, ``logging.md``, from shadowing it); a map from
+    written file to guide. Guides without Python code are left out."""
     outdir.mkdir(parents=True, exist_ok=True)
     written: dict[Path, Path] = {}
     for guide in guides:
         code = extract(guide.read_text())
         if not code.strip():
             continue
-        target = outdir / f"{guide.stem}.py"
+        target = outdir / f"doc_{guide.stem}.py"
         if target in written:
             raise SystemExit(f"two guides named {guide.stem!r}: {written[target]} and {guide}")
         target.write_text(code)

@@ -4,7 +4,9 @@
 //! A host agent tells every agent that watches a proc ([`Control::WatchProcs`]) when
 //! that proc dies ([`Control::ProcDied`]), whoever asked: the owners of meshes on it and
 //! the processes with calls to it. It also kills the procs owned by an actor whose own
-//! proc died, so nothing outlives its owner (no orphans).
+//! proc died, so nothing outlives its owner (no orphans). It forwards the output of the
+//! procs it spawned to their owners ([`Control::Output`], see [`super::output`]), ahead
+//! of their death reports.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -17,7 +19,8 @@ use serde::{Deserialize, Serialize};
 use super::{control_port, lock, CastTarget, Inner};
 use crate::bootstrap::BootstrapCommand;
 use crate::cast::codec::MeshInfo;
-use crate::host::{Host, ProcHandle};
+use crate::host::{Host, ProcExit, ProcHandle};
+use crate::output::{OutputBatch, OutputOptions};
 use crate::supervision::{ProcDeath, ProcEnd};
 use hyperactor::channel::log_limit::LogLimit;
 
@@ -36,7 +39,7 @@ pub enum Control {
         subscriber: PortId,
     },
     /// Asks a host agent to spawn procs.
-    SpawnProcs(SpawnProcsRequest),
+    SpawnProcs(Box<SpawnProcsRequest>),
     /// Asks a host agent to stop procs (each gets `timeout_ms`, then is killed); their
     /// deaths are then expected, not failures.
     StopProcs {
@@ -100,6 +103,9 @@ pub enum Control {
         /// Where the answer goes.
         reply: PortId,
     },
+    /// Lines written by procs spawned for the receiving agent's process (from their
+    /// host agent; see [`crate::output`]).
+    Output(OutputBatch),
 }
 
 /// A request to spawn `count` procs named `name` running `command`, owned by `owner`.
@@ -118,6 +124,8 @@ pub struct SpawnProcsRequest {
     pub mesh: MeshInfo,
     /// Where the result goes.
     pub reply: PortId,
+    /// How the host handles their output.
+    pub output: OutputOptions,
 }
 
 /// A proc of a proc mesh: what casting to it and supervising it take.
@@ -162,13 +170,19 @@ pub(super) struct HostState {
 pub(super) struct HostService {
     host: Host,
     pub(super) state: Mutex<HostState>,
+    /// Requests to flush the output of the host's procs (see [`super::output`]).
+    pub(super) flush_requests: tokio::sync::mpsc::UnboundedSender<tokio::sync::oneshot::Sender<()>>,
+    flushes: Mutex<Option<super::output::FlushRequests>>,
 }
 
 impl HostService {
     pub(super) fn new(host: Host) -> Self {
+        let (flush_requests, flushes) = tokio::sync::mpsc::unbounded_channel();
         Self {
             host,
             state: Mutex::default(),
+            flush_requests,
+            flushes: Mutex::new(Some(flushes)),
         }
     }
 
@@ -184,45 +198,53 @@ impl HostService {
             state.expected.extend(procs);
         }
         self.host.shutdown(timeout).await;
+        // The procs' last lines go out before this returns.
+        self.flush_output().await;
     }
 
-    /// Starts the task that turns each reaped proc into death reports.
+    /// Starts the task that forwards the host's output and turns each reaped proc into
+    /// death reports (see [`super::output`]).
     pub(super) fn start(self: &Arc<Self>, agent: &Arc<Inner>) {
+        let Some(flushes) = lock(&self.flushes).take() else {
+            return;
+        };
         let service = Arc::clone(self);
-        let agent = Arc::downgrade(agent);
-        tokio::spawn(async move {
-            loop {
-                let exit = service.host.next_exit().await;
-                let Some(agent) = agent.upgrade() else { return };
-                let (death, subscribers, orphans) = {
-                    let mut state = lock(&service.state);
-                    let death = ProcDeath {
-                        proc_id: exit.proc_id.clone(),
-                        pid: exit.pid,
-                        end: ProcEnd::from_status(&exit.status),
-                        expected: state.expected.contains(&exit.proc_id),
-                    };
-                    state.dead.insert(exit.proc_id.clone(), death.clone());
-                    state.handles.remove(&exit.proc_id);
-                    let subscribers = state.subscribers.remove(&exit.proc_id).unwrap_or_default();
-                    // No orphans: procs owned by actors of the dead proc go too.
-                    let orphans: Vec<ProcHandle> = state
-                        .owners
-                        .iter()
-                        .filter(|(_, owner)| owner.proc_id() == &exit.proc_id)
-                        .filter_map(|(proc, _)| state.handles.get(proc).cloned())
-                        .collect();
-                    (death, subscribers, orphans)
-                };
-                for orphan in orphans {
-                    orphan.kill_lost(format!("its owner's proc {} {}", death.proc_id, death.end));
-                }
-                let notice = Control::ProcDied(death);
-                for subscriber in subscribers {
-                    agent.send_control_to(subscriber, &notice);
-                }
-            }
-        });
+        tokio::spawn(super::output::run_host_events(
+            service,
+            Arc::downgrade(agent),
+            flushes,
+        ));
+    }
+
+    /// A proc of the host exited (its output was sent before): report its death.
+    pub(super) fn on_exit(&self, agent: &Inner, exit: ProcExit) {
+        let (death, subscribers, orphans) = {
+            let mut state = lock(&self.state);
+            let death = ProcDeath {
+                proc_id: exit.proc_id.clone(),
+                pid: exit.pid,
+                end: ProcEnd::from_status(&exit.status),
+                expected: state.expected.contains(&exit.proc_id),
+            };
+            state.dead.insert(exit.proc_id.clone(), death.clone());
+            state.handles.remove(&exit.proc_id);
+            let subscribers = state.subscribers.remove(&exit.proc_id).unwrap_or_default();
+            // No orphans: procs owned by actors of the dead proc go too.
+            let orphans: Vec<ProcHandle> = state
+                .owners
+                .iter()
+                .filter(|(_, owner)| owner.proc_id() == &exit.proc_id)
+                .filter_map(|(proc, _)| state.handles.get(proc).cloned())
+                .collect();
+            (death, subscribers, orphans)
+        };
+        for orphan in orphans {
+            orphan.kill_lost(format!("its owner's proc {} {}", death.proc_id, death.end));
+        }
+        let notice = Control::ProcDied(death);
+        for subscriber in subscribers {
+            agent.send_control_to(subscriber, &notice);
+        }
     }
 }
 
@@ -257,6 +279,7 @@ impl Inner {
         };
         let control = match control {
             Control::ProcDied(death) => return self.on_proc_died(death),
+            Control::Output(batch) => return self.on_output(batch),
             Control::Heartbeat { from } => return self.on_heartbeat(from),
             Control::HeartbeatAck { proc } => return self.on_heartbeat_ack(&proc),
             Control::Abandon { reason } => {
@@ -303,7 +326,7 @@ impl Inner {
                     self.send_control_to(subscriber.clone(), &Control::ProcDied(death));
                 }
             }
-            Control::SpawnProcs(request) => self.host_spawn(host, request),
+            Control::SpawnProcs(request) => self.host_spawn(host, *request),
             Control::StopProcs {
                 procs,
                 reason,
@@ -325,6 +348,7 @@ impl Inner {
                 }
             }
             Control::ProcDied(_)
+            | Control::Output(_)
             | Control::Singleton { .. }
             | Control::Heartbeat { .. }
             | Control::HeartbeatAck { .. }
@@ -360,7 +384,12 @@ impl Inner {
         tokio::spawn(async move {
             let spawned = host
                 .host
-                .spawn_procs(&request.name, request.count, &request.command)
+                .spawn_procs_with(
+                    &request.name,
+                    request.count,
+                    &request.command,
+                    request.output.clone(),
+                )
                 .await;
             let result: Result<Vec<ProcInfo>, String> = match spawned {
                 Ok(handles) => {
@@ -424,6 +453,8 @@ impl Inner {
         tokio::spawn(async move {
             let timeout = Duration::from_millis(timeout_ms);
             futures::future::join_all(handles.iter().map(|h| h.stop(timeout))).await;
+            // The procs' last lines go out before the answer.
+            host.flush_output().await;
             let _ = answer.send(&agent.client, Ok(()));
             on_end(&reason);
         });
@@ -452,6 +483,8 @@ impl Inner {
             tracing::debug!(agent = %agent.id, "stopping {} procs: {reason}", handles.len());
             let timeout = Duration::from_millis(timeout_ms);
             futures::future::join_all(handles.iter().map(|h| h.stop(timeout))).await;
+            // The procs' last lines go out before the answer.
+            host.flush_output().await;
             if let Some(reply) = reply {
                 let _ = PortRef::<()>::attest(reply).send(&agent.client, ());
             }

@@ -6,9 +6,14 @@
 //!   the child, not the process; forking from a thread that lives as long as the process
 //!   makes it fire exactly when the host process dies, not when some runtime worker or
 //!   blocking-pool thread retires.
+//! - **Output.** The child's stdout and stderr are pipes the host reads to their end
+//!   (see [`super::capture`]); its stdin is a pipe the host holds (the stop request).
 //! - **Reap.** A task per child awaits `Child::wait` (woken by the runtime's child
-//!   watcher, not by polling), then publishes the status on a watch channel and to the
-//!   child's route: the spawn that is still waiting for it, or the host's exit stream.
+//!   watcher, not by polling), marks the child exited, waits until its output pipes are
+//!   read to the end (at most [`super::PIPE_DRAIN_LIMIT`]: a descendant that left the
+//!   child's process group may hold them open), then publishes the status on a watch
+//!   channel and to the child's route: the spawn that is still waiting for it, or the
+//!   host's event stream, after the child's last lines (LOG-2).
 //! - **Kill.** `SIGKILL` to the whole process group (and the leader), sent under the state
 //!   lock only while the leader is unreaped, so the pid cannot have been reused. After
 //!   the leader is reaped, its group is killed once more to take any grandchildren with
@@ -16,6 +21,7 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -23,13 +29,15 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use hyperactor::ProcId;
 use std::os::fd::OwnedFd;
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::io::AsyncRead;
 use tokio::process::Command;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::bootstrap::{BootInfo, BootstrapCommand};
+use crate::host::capture::{self, Capture, HostEvent};
 use crate::host::proc_handle::{ProcExit, ProcStatus};
 use crate::host::template::{self, Template};
+use crate::output::{OutputOptions, OutputStream};
 
 /// The most stderr lines kept per child.
 const STDERR_TAIL_LINES: usize = 20;
@@ -45,23 +53,34 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 enum Route {
     /// To the `spawn_procs` call still waiting for it to report ready: its rank.
     Spawning(mpsc::UnboundedSender<usize>),
-    /// To the host's exit stream.
+    /// To the host's event stream.
     Host {
         proc_id: ProcId,
-        events: mpsc::UnboundedSender<ProcExit>,
+        events: mpsc::UnboundedSender<HostEvent>,
     },
+}
+
+/// Where the output of a spawn's children goes (see [`super::capture`]).
+#[derive(Debug, Clone)]
+pub(crate) struct OutputSetup {
+    pub(crate) options: Arc<OutputOptions>,
+    pub(crate) events: mpsc::UnboundedSender<HostEvent>,
+    /// Where log files go; `None`: no log files.
+    pub(crate) log_dir: Option<PathBuf>,
 }
 
 #[derive(Debug)]
 struct State {
     /// Set (under this lock) as soon as the leader is reaped.
     exited: bool,
+    /// Set once the exit is published (after the output pipes closed).
+    published: bool,
     route: Route,
     /// Why the host killed a running child it could no longer reach, if it did.
     lost: Option<String>,
 }
 
-/// One child process, shared by its reaper task, its stderr task and its handles.
+/// One child process, shared by its reaper task, its output tasks and its handles.
 #[derive(Debug)]
 pub(crate) struct ChildProc {
     pub(crate) name: String,
@@ -72,7 +91,8 @@ pub(crate) struct ChildProc {
     /// The write end of the child's stdin pipe, held open until the proc should stop.
     stdin: Mutex<Option<OwnedFd>>,
     stderr_tail: Mutex<VecDeque<String>>,
-    stderr_done: watch::Sender<bool>,
+    /// How many of its output pipes are still open.
+    pipes_open: watch::Sender<u8>,
 }
 
 impl ChildProc {
@@ -123,18 +143,28 @@ impl ChildProc {
     /// Waits until the child's stderr is closed (bounded by `limit`), then returns its
     /// tail. A grandchild holding stderr open makes this wait out the limit.
     pub(crate) async fn stderr_tail_at_close(&self, limit: std::time::Duration) -> String {
-        let mut done = self.stderr_done.subscribe();
-        let _ = tokio::time::timeout(limit, done.wait_for(|d| *d)).await;
+        self.wait_pipes_closed(limit).await;
         self.stderr_tail()
     }
 
-    /// Reports this child's exit to the host's stream from now on. If it already
-    /// exited, reports that at once.
-    pub(crate) fn promote(&self, proc_id: ProcId, events: mpsc::UnboundedSender<ProcExit>) {
+    /// Waits (at most `limit`) until both output pipes are read to their end.
+    async fn wait_pipes_closed(&self, limit: std::time::Duration) {
+        let mut open = self.pipes_open.subscribe();
+        let _ = tokio::time::timeout(limit, open.wait_for(|n| *n == 0)).await;
+    }
+
+    /// Called by a drain task when its pipe closed.
+    pub(crate) fn pipe_closed(&self) {
+        self.pipes_open.send_modify(|n| *n = n.saturating_sub(1));
+    }
+
+    /// Reports this child's exit to the host's stream from now on. If its exit was
+    /// already published, reports it at once.
+    pub(crate) fn promote(&self, proc_id: ProcId, events: mpsc::UnboundedSender<HostEvent>) {
         let mut state = lock(&self.state);
-        if state.exited {
+        if state.published {
             remove_socket_file(&proc_id);
-            let _ = events.send(self.exit_event(&proc_id));
+            let _ = events.send(HostEvent::Exit(self.exit_event(&proc_id)));
         }
         state.route = Route::Host { proc_id, events };
     }
@@ -149,12 +179,18 @@ impl ChildProc {
         }
     }
 
-    /// Called by the reaper once the leader is reaped.
-    fn set_exited(&self, status: ProcStatus) {
+    /// Called by the reaper once the leader is reaped: marks it exited, waits
+    /// (bounded) for its output to be read to the end, then publishes the exit (LOG-2).
+    async fn finish(&self, status: ProcStatus) {
+        {
+            let mut state = lock(&self.state);
+            // Take any grandchildren left in the group along (they may hold the pipes).
+            kill_group(self.pid);
+            state.exited = true;
+        }
+        self.wait_pipes_closed(super::PIPE_DRAIN_LIMIT).await;
         let mut state = lock(&self.state);
-        // Take any grandchildren left in the group along.
-        kill_group(self.pid);
-        state.exited = true;
+        state.published = true;
         let status = match state.lost.take() {
             Some(reason) => ProcStatus::Lost { reason },
             None => status,
@@ -167,18 +203,53 @@ impl ChildProc {
             }
             Route::Host { proc_id, events } => {
                 remove_socket_file(proc_id);
-                let _ = events.send(self.exit_event(proc_id));
+                let _ = events.send(HostEvent::Exit(self.exit_event(proc_id)));
             }
         }
     }
 
-    fn push_stderr(&self, line: &[u8]) {
-        let line = String::from_utf8_lossy(&line[..line.len().min(STDERR_LINE_BYTES)]);
+    /// Keeps `line` (of stderr) in the tail.
+    pub(crate) fn push_stderr(&self, line: &str) {
+        let mut end = line.len().min(STDERR_LINE_BYTES);
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
         let mut tail = lock(&self.stderr_tail);
         if tail.len() == STDERR_TAIL_LINES {
             tail.pop_front();
         }
-        tail.push_back(line.trim_end().to_string());
+        tail.push_back(line[..end].trim_end().to_string());
+    }
+
+    /// Starts the tasks that read the child's output pipes.
+    fn capture(
+        self: &Arc<Self>,
+        output: &OutputSetup,
+        stdout: Option<impl AsyncRead + Unpin + Send + 'static>,
+        stderr: Option<impl AsyncRead + Unpin + Send + 'static>,
+    ) {
+        let capture = Arc::new(Capture::new(
+            &self.name,
+            self.rank,
+            self.pid,
+            Arc::clone(&output.options),
+            output.events.clone(),
+            output.log_dir.as_deref(),
+        ));
+        let open = u8::from(stdout.is_some()) + u8::from(stderr.is_some());
+        self.pipes_open.send_replace(open);
+        if let Some(pipe) = stdout {
+            let (capture, child) = (Arc::clone(&capture), Arc::clone(self));
+            tokio::spawn(capture::drain(pipe, OutputStream::Stdout, capture, child));
+        }
+        if let Some(pipe) = stderr {
+            tokio::spawn(capture::drain(
+                pipe,
+                OutputStream::Stderr,
+                capture,
+                Arc::clone(self),
+            ));
+        }
     }
 }
 
@@ -196,7 +267,7 @@ fn kill_group(pid: u32) {
 }
 
 /// Starts the process of proc `info.rank`, reporting its exit to `spawning` until it is
-/// promoted.
+/// promoted, its output going as `output` says.
 ///
 /// # Errors
 ///
@@ -209,6 +280,7 @@ pub(crate) async fn start(
     cmd: &BootstrapCommand,
     info: &BootInfo,
     spawning: mpsc::UnboundedSender<usize>,
+    output: &OutputSetup,
 ) -> io::Result<Arc<ChildProc>> {
     let mut command = Command::new(&cmd.program);
     command
@@ -217,7 +289,7 @@ pub(crate) async fn start(
         .envs(hyperactor::channel::auth::child_env())
         .envs(info.to_env())
         .stdin(Stdio::piped())
-        .stdout(Stdio::inherit())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .process_group(0);
@@ -228,22 +300,15 @@ pub(crate) async fn start(
         .id()
         .ok_or_else(|| io::Error::other("the child was reaped before its pid was read"))?;
     let stdin = child.stdin.take().map(|s| s.into_owned_fd()).transpose()?;
-    let stderr = child.stderr.take();
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     let control = ChildProc::new(info, pid, stdin, spawning);
+    control.capture(output, stdout, stderr);
     tokio::spawn(reap(child, Arc::clone(&control)));
-    match stderr {
-        Some(stderr) => {
-            tokio::spawn(drain_stderr(stderr, Arc::clone(&control)));
-        }
-        None => {
-            control.stderr_done.send_replace(true);
-        }
-    }
     Ok(control)
 }
 
 /// Like [`start`], but forks the process from `template` (see [`template`]): the same
-/// environment, process group, stdin and stderr pipes as [`start`] gives.
+/// environment, process group, stdin, stdout and stderr pipes as [`start`] gives.
 ///
 /// # Errors
 ///
@@ -259,16 +324,22 @@ pub(crate) async fn start_forked(
     cmd: &BootstrapCommand,
     info: &BootInfo,
     spawning: mpsc::UnboundedSender<usize>,
+    output: &OutputSetup,
 ) -> io::Result<Arc<ChildProc>> {
     let (stdin_read, stdin_write) = template::pipe()?;
+    let (stdout_read, stdout_write) = template::pipe()?;
     let (stderr_read, stderr_write) = template::pipe()?;
     let mut env: Vec<(String, String)> = cmd.env.clone();
     env.extend(hyperactor::channel::auth::child_env());
     env.extend(info.to_env());
-    let forked = template.spawn(&env, &stdin_read, &stderr_write).await?;
-    drop((stdin_read, stderr_write));
+    let forked = template
+        .spawn(&env, [&stdin_read, &stdout_write, &stderr_write])
+        .await?;
+    drop((stdin_read, stdout_write, stderr_write));
+    let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_read)?;
     let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_read)?;
     let control = ChildProc::new(info, forked.pid, Some(stdin_write), spawning);
+    control.capture(output, Some(stdout), Some(stderr));
     let reaper = Arc::clone(&control);
     let template = Arc::clone(template);
     tokio::spawn(async move {
@@ -276,10 +347,9 @@ pub(crate) async fn start_forked(
             reason: "the fork server dropped its exit report".to_string(),
         });
         tracing::debug!(proc = %reaper.name, rank = reaper.rank, pid = reaper.pid, "{status}");
-        reaper.set_exited(status);
+        reaper.finish(status).await;
         template.release(reaper.pid);
     });
-    tokio::spawn(drain_stderr(stderr, Arc::clone(&control)));
     Ok(control)
 }
 
@@ -297,12 +367,13 @@ impl ChildProc {
             state: Mutex::new(State {
                 lost: None,
                 exited: false,
+                published: false,
                 route: Route::Spawning(spawning),
             }),
             status: watch::channel(ProcStatus::Running).0,
             stdin: Mutex::new(stdin),
             stderr_tail: Mutex::new(VecDeque::new()),
-            stderr_done: watch::channel(false).0,
+            pipes_open: watch::channel(0).0,
         })
     }
 }
@@ -394,32 +465,7 @@ async fn reap(mut child: tokio::process::Child, control: Arc<ChildProc>) {
         },
     };
     tracing::debug!(proc = %control.name, rank = control.rank, pid = control.pid, "{status}");
-    control.set_exited(status);
-}
-
-/// Forwards the child's stderr to the host's, prefixed, keeping a tail of it.
-async fn drain_stderr(stderr: impl AsyncRead + Unpin, control: Arc<ChildProc>) {
-    let mut reader = BufReader::new(stderr);
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        match reader.read_until(b'\n', &mut line).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {
-                // One write per line: Rust's stderr is unbuffered, and a line written
-                // in pieces could be split by the host's own output in between.
-                let text = format!(
-                    "[{} {}] {}\n",
-                    control.name,
-                    control.rank,
-                    String::from_utf8_lossy(&line).trim_end()
-                );
-                let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), text.as_bytes());
-                control.push_stderr(&line);
-            }
-        }
-    }
-    control.stderr_done.send_replace(true);
+    control.finish(status).await;
 }
 
 /// Removes the Unix socket file of a proc that has exited: a proc that is killed

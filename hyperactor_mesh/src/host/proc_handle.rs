@@ -6,10 +6,12 @@
 //!
 //! Invariants:
 //!
-//! - HOST-2 (prompt exit): a proc's exit is published as soon as the host reaps it — on
-//!   the handle's status watch ([`ProcHandle::watch`], [`ProcHandle::wait`]) and as one
-//!   [`ProcExit`] on the host's exit stream ([`crate::host::Host::next_exit`]) — driven
-//!   by the child's exit itself, never by polling.
+//! - HOST-2 (prompt exit): a proc's exit is published as soon as the host reaps it and
+//!   has read its output pipes to their end (at most
+//!   [`crate::host::PIPE_DRAIN_LIMIT`] later, LOG-2) — on the handle's status watch
+//!   ([`ProcHandle::watch`], [`ProcHandle::wait`]) and as one [`ProcExit`] on the host's
+//!   event stream ([`crate::host::Host::next_event`], [`crate::host::Host::next_exit`])
+//!   — driven by the child's exit itself, never by polling.
 
 use std::fmt;
 use std::process::ExitStatus;
@@ -61,7 +63,7 @@ impl fmt::Display for ProcStatus {
     }
 }
 
-/// The exit of a proc, as published on the host's exit stream (HOST-2).
+/// The exit of a proc, as published on the host's event stream (HOST-2).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcExit {
     /// The proc name given to `spawn_procs`.

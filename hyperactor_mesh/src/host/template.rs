@@ -10,7 +10,7 @@
 //!
 //! | from | message | meaning |
 //! |---|---|---|
-//! | host | `S<id>` `\0` `K=V` `\0` ... + two fds | fork a child with these variables set on top of the template's environment, the first fd as its stdin and the second as its stderr |
+//! | host | `S<id>` `\0` `K=V` `\0` ... + three fds | fork a child with these variables set on top of the template's environment, the fds as its stdin, stdout and stderr |
 //! | template | `P<id> <pid>` | forked: the child of request `id` is `pid` |
 //! | template | `F<id> <reason>` | the fork failed |
 //! | template | `X<pid> <status>` | `pid` exited with the raw wait status `status`; it is **not reaped yet** |
@@ -28,8 +28,8 @@
 //!   template that exits fails the children it forked (reported as lost) and the host
 //!   starts a new one at the next spawn.
 //! - TPL-3 (same child either way): a forked child gets a fresh process group, its own
-//!   stdin and stderr pipes from the host and the same bootstrap variables as a child
-//!   started with `exec`; only the interpreter start is shared.
+//!   stdin, stdout and stderr pipes from the host and the same bootstrap variables as a
+//!   child started with `exec`; only the interpreter start is shared.
 
 use std::collections::HashMap;
 use std::io;
@@ -230,8 +230,8 @@ impl Template {
         lock(&self.shared.pending).closed.is_none()
     }
 
-    /// Forks a child with `env` set, `stdin` as its standard input and `stderr` as its
-    /// standard error.
+    /// Forks a child with `env` set and `stdio` as its standard input, output and
+    /// error.
     ///
     /// # Errors
     ///
@@ -245,8 +245,7 @@ impl Template {
     pub(crate) async fn spawn(
         &self,
         env: &[(String, String)],
-        stdin: &OwnedFd,
-        stderr: &OwnedFd,
+        stdio: [&OwnedFd; 3],
     ) -> io::Result<Forked> {
         let (answer_tx, answer_rx) = oneshot::channel();
         let (exit_tx, exit_rx) = oneshot::channel();
@@ -270,10 +269,7 @@ impl Template {
             message.push(b'=');
             message.extend_from_slice(v.as_bytes());
         }
-        if let Err(e) = self
-            .send(&message, &[stdin.as_raw_fd(), stderr.as_raw_fd()])
-            .await
-        {
+        if let Err(e) = self.send(&message, &stdio.map(|fd| fd.as_raw_fd())).await {
             let mut pending = lock(&self.shared.pending);
             pending.spawns.remove(&id);
             pending.exits_by_id.remove(&id);

@@ -5,6 +5,7 @@ lives in ``monarch._src.actor``.
 """
 
 from collections.abc import Callable as _Callable
+from typing import Any as _Any
 
 from monarch._src.actor.actor import Actor
 from monarch._src.actor.actor_mesh import ActorMesh, get_or_spawn_controller
@@ -17,6 +18,7 @@ from monarch._src.actor.context import (
     current_rank,
     current_size,
 )
+from monarch._src.actor.debugger.controller import debug_controller
 from monarch._src.actor.endpoint import Endpoint, as_endpoint, concurrent_endpoint, endpoint
 from monarch._src.actor.errors import ActorError, SupervisionError
 from monarch._src.actor.extent import Extent
@@ -40,6 +42,16 @@ from monarch._src.actor.workers import (
 #: Called with each failure that reaches the client unhandled; assign your own function
 #: to decide (returning normally handles the failure). The default exits non-zero.
 unhandled_fault_hook: _Callable[[MeshFailure], object] = _default_fault_hook
+
+
+def __getattr__(name: str) -> _Any:
+    # The deprecated spellings of earlier releases, given on request but not exported
+    # (see monarch._src.actor.legacy).
+    if name == "proc_mesh":
+        from monarch._src.actor.legacy import proc_mesh
+
+        return proc_mesh
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def shutdown_context() -> Future[None]:
@@ -81,6 +93,7 @@ __all__ = [
     "current_actor_name",
     "current_rank",
     "current_size",
+    "debug_controller",
     "default_bootstrap_cmd",
     "enable_transport",
     "endpoint",

@@ -6,6 +6,10 @@ with ``--ca ca.pem --private-key node.pem`` (or ``MONARCH_TLS_CA`` and
 ``MONARCH_TLS_KEY``), the cluster secret in ``MONARCH_CLUSTER_SECRET`` (the same on the
 client and every worker), or ``--trust-all-connections`` on a trusted network (logged as
 a warning).
+
+``monarch debug [--host H] [--port P]`` attaches a terminal to the pdb sessions of a
+running monarch client's actors (``breakpoint()`` in an endpoint); see
+``docs/debugging.md``.
 """
 
 from __future__ import annotations
@@ -44,12 +48,33 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="accept TCP connections without authentication (trusted networks only)",
     )
+    debug = verbs.add_parser(
+        "debug",
+        help="drive the pdb sessions of actors paused at breakpoint()",
+        description="Connect to the debug server of a running monarch client (started by "
+        "the first breakpoint() of one of its actors) and drive its actors' pdb sessions "
+        "at the monarch_dbg> prompt: list, attach <actor> <rank>, cast <actor> <ranks> "
+        "<pdb command>, continue, quit, help.",
+    )
+    debug.add_argument(
+        "--host",
+        help="the client's host (default: $MONARCH_DEBUG_SERVER_HOST, else localhost)",
+    )
+    debug.add_argument(
+        "--port",
+        type=int,
+        help="the debug server's port (default: $MONARCH_DEBUG_SERVER_PORT, else 27000)",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``monarch`` command with ``argv`` (default: the process's arguments)."""
     args = _parser().parse_args(argv)
+    if args.verb == "debug":
+        from monarch._src.actor.debugger.cli import run
+
+        return run(args.host, args.port)
     if args.verb == "worker":
         sys.path.insert(0, os.getcwd())
         from monarch._src.actor.workers import TRUST_ALL, run_worker_loop_forever

@@ -24,6 +24,7 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from monarch._rust_bindings import (
@@ -45,7 +46,12 @@ from monarch._src.actor.point import Point
 from monarch._src.actor.replies import ERROR, FAILED, OK
 from monarch._src.actor.supervision import MeshFailure
 
-__all__ = ["HostedActor", "cleanup_timeout", "run_spawner"]
+__all__ = ["HostedActor", "after_call_hook", "cleanup_timeout", "run_spawner"]
+
+#: Called on the actor's thread right after each endpoint call, with what the call
+#: raised (or ``None``), before the reply is sent. Procs set it to the remote
+#: debugger's ``end_of_call`` (post-mortem; see ``monarch._src.actor.debugger``).
+after_call_hook: Callable[[BaseException | None], None] | None = None
 
 
 def cleanup_timeout() -> float:
@@ -354,6 +360,10 @@ class HostedActor:
         handler = getattr(self.obj, "__supervise__", None)
         if handler is None:
             return None
+        # LOG-2: the failed procs' last lines, which arrived first, are written first.
+        from monarch._src.actor import logs
+
+        logs.flush()
         return handler(failure)
 
     def _call_sync(self, d: Delivery) -> None:
@@ -365,8 +375,12 @@ class HostedActor:
         try:
             result = fn(*args, **kwargs)
         except BaseException as e:
+            if after_call_hook is not None:
+                after_call_hook(e)
             self._failure(d, e)
         else:
+            if after_call_hook is not None:
+                after_call_hook(None)
             self._answer(d, result)
         finally:
             _current.reset(token)
@@ -432,6 +446,10 @@ class HostedActor:
             if inspect.isawaitable(result):
                 result = await result
         except BaseException as e:
+            if after_call_hook is not None:
+                after_call_hook(e)
             self._failure(d, e)
         else:
+            if after_call_hook is not None:
+                after_call_hook(None)
             self._answer(d, result)

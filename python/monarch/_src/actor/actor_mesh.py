@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from monarch._rust_bindings import ActorMeshHandle, CallReplies, PortHandle, ReplyQueue
@@ -37,6 +38,13 @@ if TYPE_CHECKING:
 __all__ = ["ActorMesh", "get_or_spawn_controller", "spawn_actor_mesh"]
 
 A = TypeVar("A", bound=Actor)
+
+#: What ``await procs.spawn(...)`` warns (the spelling of earlier releases).
+DEPRECATED_AWAIT_SPAWN = (
+    "awaiting the actor mesh spawn returns is deprecated: spawn does not block and "
+    "returns a usable mesh, e.g. `actors = procs.spawn('name', MyActor)`; to wait until "
+    "every actor ran __init__, `await actors.initialized`"
+)
 
 
 _fanout: list[int] = []
@@ -213,6 +221,18 @@ class ActorMesh(MeshTrait, Generic[A]):
         return Future(
             impl=CallFuture(replies, self._shared.mesh, "initialized", lambda _: None, raw=True)
         )
+
+    def __await__(self) -> Generator[Any, None, ActorMesh[A]]:
+        """``await mesh`` (the old, blocking ``await procs.spawn(...)``): waits until
+        every actor ran ``__init__``, then gives the mesh itself. Deprecated: ``spawn``
+        returns a usable mesh at once; ``await mesh.initialized`` waits for ``__init__``.
+        """
+        warnings.warn(DEPRECATED_AWAIT_SPAWN, DeprecationWarning, stacklevel=2)
+        return self._ready().__await__()
+
+    async def _ready(self) -> ActorMesh[A]:
+        await self.initialized
+        return self
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop every actor of this view after the messages already sent to it; later

@@ -5,15 +5,15 @@ proc does not pay for starting an interpreter and importing monarch (about 80 ms
 CPU each). The host talks to it over a Unix ``SOCK_SEQPACKET`` socket whose descriptor
 is in ``MONARCH_FORK_SERVER_FD``; the protocol and its invariants are documented with
 the host (``hyperactor_mesh::host``'s template module). In short: ``S`` requests fork
-a child with the given variables and stdin/stderr descriptors; the server answers
-``P`` (forked) or ``F`` (failed), reports ``X`` when a child exits *without reaping
-it*, and reaps it when the host answers ``R``.
+a child with the given variables and three descriptors (its stdin, stdout and stderr);
+the server answers ``P`` (forked) or ``F`` (failed), reports ``X`` when a child exits
+*without reaping it*, and reaps it when the host answers ``R``.
 
 The server stays single-threaded and never starts monarch's runtime, so a fork copies
 no threads or sockets. A forked child makes itself a process group leader, asks for
-``SIGKILL`` when the server dies, takes its stdin and stderr from the descriptors the
-host sent, sets the variables, and runs the same entry point as
-``python -m monarch._src.actor.bootstrap``.
+``SIGKILL`` when the server dies, takes its stdin, stdout and stderr from the
+descriptors the host sent (pipes the host reads: see ``docs/logging.md``), sets the
+variables, and runs the same entry point as ``python -m monarch._src.actor.bootstrap``.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class _Server:
                 self.report_exits()
             if self.sock.fileno() in ready:
                 try:
-                    data, fds, _, _ = socket.recv_fds(self.sock, _MAX_MESSAGE, 2)
+                    data, fds, _, _ = socket.recv_fds(self.sock, _MAX_MESSAGE, 3)
                 except OSError:
                     data, fds = b"", []
                 if not data:
@@ -111,10 +111,10 @@ class _Server:
     def fork(self, body: bytes, fds: list[int]) -> None:
         fields = body.split(b"\0")
         request = fields[0].decode()
-        if len(fds) != 2:
+        if len(fds) != 3:
             for fd in fds:
                 os.close(fd)
-            self.send(f"F{request} expected 2 descriptors (stdin, stderr), got {len(fds)}")
+            self.send(f"F{request} expected 3 descriptors (stdin, stdout, stderr), got {len(fds)}")
             return
         env = {}
         for field in fields[1:]:
@@ -151,11 +151,11 @@ class _Server:
             self.sock.close()
             os.close(self.wake_r)
             os.close(self.wake_w)
-            stdin, stderr = fds
-            os.dup2(stdin, 0)
-            os.dup2(stderr, 2)
-            os.close(stdin)
-            os.close(stderr)
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            for fd in fds:
+                if fd > 2:
+                    os.close(fd)
             os.environ.update(env)
             runtime.serve_child()
             code = 0

@@ -12,17 +12,19 @@ they stop when it stops, and die with it.
 from __future__ import annotations
 
 import base64
+import logging
 import math
 import os
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 from monarch._rust_bindings import Extent as _Extent
 from monarch._rust_bindings import HostMeshHandle, ProcMeshHandle
 from monarch._src import config
 from monarch._src.actor import context as _context
-from monarch._src.actor import process
+from monarch._src.actor import cuda_devices, logs, process
 from monarch._src.actor.actor import Actor
 from monarch._src.actor.actor_mesh import spawn_actor_mesh
 from monarch._src.actor.context import sender
@@ -44,6 +46,13 @@ A = TypeVar("A", bound=Actor)
 ROOT_PROC_ENV = "MONARCH_ROOT_PROC"
 #: The variable giving a spawned proc the function to run before any actor.
 BOOTSTRAP_FN_ENV = "MONARCH_BOOTSTRAP_FN"
+
+#: What ``await proc_mesh`` warns (the spelling of earlier releases).
+DEPRECATED_AWAIT_PROCS = (
+    "awaiting a ProcMesh is deprecated: spawn_procs returns a usable mesh at once, e.g. "
+    "`procs = this_host().spawn_procs(per_host={'gpus': N})`; to wait until the procs "
+    "run, `await procs.initialized`"
+)
 
 
 class ProcMesh(MeshTrait):
@@ -87,6 +96,17 @@ class ProcMesh(MeshTrait):
         """Completes (with True) once every proc is running."""
         return Future(impl=RustWork(self._handle.initialized(), bool))
 
+    def __await__(self) -> Generator[Any, None, ProcMesh]:
+        """``await mesh`` (the old, blocking ``await proc_mesh(...)``): waits until every
+        proc runs, then gives the mesh itself. Deprecated: the mesh is usable at once;
+        ``await mesh.initialized`` waits for the procs."""
+        warnings.warn(DEPRECATED_AWAIT_PROCS, DeprecationWarning, stacklevel=2)
+        return self._ready().__await__()
+
+    async def _ready(self) -> ProcMesh:
+        await self.initialized
+        return self
+
     @property
     def host_mesh(self) -> HostMesh:
         if self._host_mesh is None or len(self) != 1:
@@ -104,10 +124,31 @@ class ProcMesh(MeshTrait):
                 return
             await handle.stop(sender(), reason)
             stopped.append(reason)
+            # The procs' last lines arrived before the stop's answer: written first.
+            logs.flush()
 
         from monarch._src.actor.future import coroutine_future
 
         return coroutine_future(stop)
+
+    async def logging_option(
+        self,
+        stream_to_client: bool = False,
+        aggregate_window_sec: float | None = None,
+        level: int = logging.INFO,
+    ) -> None:
+        """How this mesh's procs' output is shown in the client (guide:
+        ``docs/logging.md``). Must be awaited.
+
+        ``stream_to_client``: show their stdout and stderr here (the default before any
+        call is True; with False the lines only go to the per-proc log files).
+        ``aggregate_window_sec``: print lines that are similar once numbers are masked
+        once per window of this many seconds, as ``[N similar log lines] ...`` (needs
+        ``stream_to_client``). ``level`` (0 to 255): the level of the ``logging`` root
+        logger in the procs (a handler writing to stderr is added where there is none).
+        Raises ``ValueError`` for a bad level or window; warns and only sets the level
+        when log forwarding is disabled (``enable_log_forwarding``)."""
+        await logs.logging_option(self, stream_to_client, aggregate_window_sec, level)
 
     async def __aenter__(self) -> ProcMesh:
         return self
@@ -159,6 +200,35 @@ def _validate_spawn(
     if bootstrap is not None and not callable(bootstrap):
         raise TypeError(f"spawn_procs: bootstrap must be callable, got {bootstrap!r}")
     return count
+
+
+#: Variables of a spawned proc that only monarch sets (``spawn_procs(env=)`` refuses them).
+_RESERVED_ENV = frozenset({ROOT_PROC_ENV, BOOTSTRAP_FN_ENV, cuda_devices.PIN_ENV})
+
+
+def _check_env(env: Any) -> dict[str, str]:
+    """``spawn_procs(env=...)``: a dict of variable names to values, both strings."""
+    if env is None:
+        return {}
+    if not isinstance(env, dict):
+        raise TypeError(
+            f"spawn_procs(env=...): expected a dict of str to str, got {type(env).__name__}"
+        )
+    for key, value in env.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(
+                f"spawn_procs(env=...): the entry {key!r}: {value!r} is not str to str "
+                f"({type(key).__name__} to {type(value).__name__}); environment variables "
+                "and their values are strings (write str(value))"
+            )
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise ValueError(
+                f"spawn_procs(env=...): {key!r} is not a valid environment variable "
+                "(names are non-empty, without '=' or NUL; values without NUL)"
+            )
+        if key in _RESERVED_ENV:
+            raise ValueError(f"spawn_procs(env=...): {key} is set by monarch itself")
+    return dict(env)
 
 
 def child_environment(bootstrap: Callable[[], Any] | None) -> dict[str, str]:
@@ -302,13 +372,35 @@ class HostMesh(MeshTrait):
         name: str | None = None,
         proc_bind: list[dict[str, str]] | None = None,
         bootstrap_command: Any = None,
+        env: dict[str, str] | None = None,
     ) -> ProcMesh:
-        """Start ``prod(per_host)`` procs on each host; returns at once."""
+        """Start ``prod(per_host)`` procs on each host; returns at once.
+
+        ``env`` adds environment variables to every proc, set before any of its code
+        runs. The procs of a ``"gpus"`` dimension get ``CUDA_VISIBLE_DEVICES`` (one GPU
+        each) when their host has exactly that many GPUs: see
+        :mod:`monarch._src.actor.cuda_devices` and ``docs/spmd.md``."""
+        return self._spawn_procs(
+            per_host, bootstrap, name, proc_bind, bootstrap_command, env, pin_gpus=True
+        )
+
+    def _spawn_procs(
+        self,
+        per_host: dict[str, int] | None,
+        bootstrap: Callable[[], Any] | None,
+        name: str | None,
+        proc_bind: list[dict[str, str]] | None,
+        bootstrap_command: Any,
+        user_env: dict[str, str] | None,
+        *,
+        pin_gpus: bool,
+    ) -> ProcMesh:
         if self._shut_down:
             raise RuntimeError("HostMesh has already been shut down")
         per_host = dict(per_host or {})
         name = "anon" if name is None else name
         _validate_spawn(per_host, list(self._hm_shape.labels), name, proc_bind, bootstrap)
+        extra = _check_env(user_env)
         env = child_environment(bootstrap)
         program = self._python or sys.executable
         args = list(_BOOTSTRAP_ARGS)
@@ -321,6 +413,9 @@ class HostMesh(MeshTrait):
             program = bootstrap_command.program
             args = list(bootstrap_command.args)
             env.update(bootstrap_command.env)
+        env.update(extra)
+        if pin_gpus:
+            env.update(cuda_devices.spawn_variables(per_host, env))
         # The default entry point can be forked from a template interpreter.
         fork_server = (
             list(_FORK_SERVER_ARGS)
@@ -337,6 +432,8 @@ class HostMesh(MeshTrait):
             args,
             list(env.items()),
             fork_server,
+            forward_output=bool(config.get("enable_log_forwarding")),
+            log_files=bool(config.get("enable_file_capture")),
         )
         procs = ProcMesh(handle, _Extent(labels, sizes).region, self)
         self._spawned.append(procs)

@@ -22,7 +22,7 @@ import sys
 
 from monarch._rust_bindings import ProcAgent, set_max_frame_len
 from monarch._src import config
-from monarch._src.actor import process, supervision
+from monarch._src.actor import cuda_devices, logs, process, supervision
 from monarch._src.actor.actor_host import run_spawner
 from monarch._src.actor.pickling import loads
 from monarch._src.actor.proc_mesh import BOOTSTRAP_FN_ENV, ROOT_PROC_ENV
@@ -57,10 +57,15 @@ def bootstrap_root() -> process.ProcessState:
         process.transport_override or str(config.get("default_transport")),
         ready_timeout=_seconds("host_spawn_ready_timeout"),
         stop_timeout=_seconds("stop_actor_timeout"),
+        log_dir=str(config.get("proc_log_dir")) or None,
         **liveness(),
     )
     agent.fanout = config.cached("cast_fanout")
     state = process.ProcessState(agent, is_root=True)
+    logs.install_actor_log_prefix()
+    # Before the exit hook below, so that its own (flushing the procs' last lines)
+    # runs after it.
+    logs.start_client_output()
     run_spawner(state)
     supervision.start_root_supervision(state)
     atexit.register(_shutdown_at_exit)
@@ -69,6 +74,9 @@ def bootstrap_root() -> process.ProcessState:
 
 def serve_child() -> None:
     """The life of a proc spawned by a host: see the module docs."""
+    logs.configure_proc_streams()
+    # Before anything could initialize CUDA: this proc's GPU, if its spawn asked.
+    cuda_devices.pin_this_proc()
     config.apply_snapshot_from_env()
     _set_frame_limit()
     agent = ProcAgent.bootstrap("auto", stop_timeout=_seconds("stop_actor_timeout"), **liveness())
@@ -76,6 +84,12 @@ def serve_child() -> None:
     state = process.ProcessState(agent, is_root=False)
     state.root_proc = os.environ.get(ROOT_PROC_ENV)
     process.set_state(state)
+    logs.install_actor_log_prefix()
+    # breakpoint() and post-mortem in this proc's endpoints: remote pdb sessions the
+    # client's `monarch debug` drives.
+    from monarch._src.actor.debugger import remote_pdb
+
+    remote_pdb.install()
     blob = os.environ.get(BOOTSTRAP_FN_ENV)
     if blob is not None:
         fn = loads(base64.b64decode(blob))

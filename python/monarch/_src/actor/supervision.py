@@ -16,7 +16,9 @@ exactly once per failed rank:
 Determinism: a call on a mesh the client owns that ends with a failed rank waits for
 the hook's verdict on that mesh (:func:`await_verdict`) before raising
 ``SupervisionError``: the failure report and the failed reply come from the same event,
-so the hook decides first, every time.
+so the hook decides first, every time. Before the hook runs, the output the procs wrote
+is written (:func:`monarch._src.actor.logs.flush`): a proc's last lines come before the
+report of its failure.
 """
 
 from __future__ import annotations
@@ -172,6 +174,11 @@ def _judge(failure: MeshFailure) -> None:
             return
         v.seen.add(key)
         v.pending[failure.mesh_id] = v.pending.get(failure.mesh_id, 0) + 1
+    # LOG-2: the failed proc's last lines arrived before this failure; print them
+    # before the hook runs (and before any report).
+    from monarch._src.actor import logs
+
+    logs.flush()
     with v.hook_lock:
         if v.exiting:
             return

@@ -211,6 +211,7 @@ def run_worker_loop_forever(
         address,
         ready_timeout=seconds("host_spawn_ready_timeout"),
         stop_timeout=seconds("stop_actor_timeout"),
+        log_dir=str(config.get("proc_log_dir")) or None,
         **runtime.liveness(),
     )
     state = process.ProcessState(agent, is_root=False)

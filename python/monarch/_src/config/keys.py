@@ -135,6 +135,18 @@ _ALL = [
             "fresh interpreter per proc. A custom bootstrap_command always starts fresh.",
         ),
         Key(
+            "spawn_cuda_visible_devices",
+            "MONARCH_SPAWN_CUDA_VISIBLE_DEVICES",
+            BOOL,
+            True,
+            "Whether spawn_procs gives each proc of a 'gpus' dimension its own GPU.",
+            effect="When true, spawn_procs(per_host={..., 'gpus': N}) sets "
+            "CUDA_VISIBLE_DEVICES=i in the proc at gpus coordinate i of each host that "
+            "has exactly N GPUs, unless CUDA_VISIBLE_DEVICES is already set (in the "
+            "spawning process's environment, the spawn's env= or the host's "
+            "environment). Read by the process that spawns.",
+        ),
+        Key(
             "max_cast_dimension_size",
             "HYPERACTOR_MESH_MAX_CAST_DIMENSION_SIZE",
             USIZE,
@@ -415,15 +427,34 @@ _ALL += [
             "enable_log_forwarding",
             "HYPERACTOR_MESH_ENABLE_LOG_FORWARDING",
             BOOL,
-            False,
+            True,
             "Forward spawned procs' stdout and stderr to the client over the mesh.",
+            effect="When true (the default here; false in upstream Monarch), the stdout "
+            "and stderr of the procs a process spawns are sent to it as messages and "
+            "written, prefixed [mesh rank], through its sys.stdout and sys.stderr; "
+            "ProcMesh.logging_option then controls streaming and aggregation. When false, "
+            "each host prints them on its own stdout and stderr. Read when procs are "
+            "spawned (see docs/logging.md).",
         ),
         Key(
             "enable_file_capture",
             "HYPERACTOR_MESH_ENABLE_FILE_CAPTURE",
             BOOL,
-            False,
+            True,
             "Also write spawned procs' stdout and stderr to per-host files.",
+            effect="When true (the default here; false in upstream Monarch), the host "
+            "of each proc writes everything the proc prints to a file of its own, "
+            "<proc_log_dir>/<mesh>-<rank>-<pid>.log. Read when procs are spawned.",
+        ),
+        Key(
+            "proc_log_dir",
+            "MONARCH_PROC_LOG_DIR",
+            STRING,
+            "",
+            "Where hosts write the per-proc log files.",
+            effect="The directory of the per-proc log files on a host; empty: "
+            "$TMPDIR/monarch-<user>/logs (/tmp when TMPDIR is unset). Read by the client "
+            "(for this machine's host) and by each worker when it starts.",
         ),
         Key(
             "tail_log_lines",
@@ -452,6 +483,8 @@ _ALL += [
             BOOL,
             True,
             "Prefix forwarded log lines with the rank of the proc that wrote them.",
+            effect="When true, each forwarded line is shown as '[<proc mesh> <rank>] "
+            "<line>'. Read when the client starts.",
         ),
         Key(
             "file_log_level",
