@@ -69,3 +69,38 @@ def test_the_ddp_notebook_runs_in_a_kernel(tmp_path: Path) -> None:
     assert len(losses) == 3 and len(norms) == 3, out
     assert all(a == b for a, b in norms), norms  # DDP averaged the gradients
     assert "stopped" in out
+
+
+@pytest.mark.timeout(180)
+def test_actor_output_appears_in_the_cell_that_caused_it(tmp_path: Path) -> None:
+    """What an actor prints during a cell is part of that cell's output, prefixed with
+    its mesh and rank, and not of a later cell's."""
+    import nbclient
+    import nbformat
+
+    cells = [
+        "from monarch.actor import Actor, endpoint, this_host\n"
+        "class Talker(Actor):\n"
+        "    @endpoint\n"
+        "    def talk(self, word: str) -> int:\n"
+        "        print(f'actor says {word}', flush=True)\n"
+        "        return 1\n"
+        "procs = this_host().spawn_procs(name='talkers', per_host={'gpus': 2})\n"
+        "talkers = procs.spawn('talker', Talker)\n"
+        "talkers.talk.call('warmup').get()",
+        "talkers.talk.call('first').get()\nprint('cell 2 done')",
+        "talkers.talk.call('second').get()\nprint('cell 3 done')",
+        "procs.stop().get()",
+    ]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nbclient.NotebookClient(
+        notebook,
+        timeout=120,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
+    ).execute()
+    second, third = _text(notebook.cells[1]), _text(notebook.cells[2])
+    for rank in (0, 1):
+        assert f"[talkers {rank}] actor says first" in second, second
+        assert f"[talkers {rank}] actor says second" in third, third
+    assert "second" not in second and "first" not in third
