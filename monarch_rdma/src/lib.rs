@@ -1,1 +1,83 @@
 #![doc = include_str!("../README.md")]
+
+pub mod cma;
+pub mod region;
+
+pub use region::{Registry, RemoteRegion};
+
+/// Why a registration or a transfer failed. Each message names the owner process and
+/// says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum RdmaError {
+    /// A zero-length buffer was registered.
+    #[error(
+        "cannot register an empty buffer: there is nothing to transfer; register at least \
+         one byte"
+    )]
+    Empty,
+    /// A range does not fit in its region.
+    #[error(
+        "bytes {offset}..{offset}+{len} are outside the registered buffer of {size} bytes; \
+         use a range within the buffer"
+    )]
+    OutOfRange {
+        /// The range's start.
+        offset: usize,
+        /// The range's length.
+        len: usize,
+        /// The region's size.
+        size: usize,
+    },
+    /// The local and remote sizes differ.
+    #[error(
+        "the remote buffer has {remote} bytes but the local one has {local}; transfers copy \
+         whole buffers, so give a local buffer of {remote} bytes (or a range of the remote \
+         one)"
+    )]
+    SizeMismatch {
+        /// The remote buffer's size.
+        remote: usize,
+        /// The local buffer's size.
+        local: usize,
+    },
+    /// The owner process no longer exists.
+    #[error(
+        "the owner of the buffer (pid {pid}) is gone: it exited or was killed, and its \
+         memory with it"
+    )]
+    OwnerGone {
+        /// The owner's pid.
+        pid: u32,
+    },
+    /// The kernel refused access to the owner's memory.
+    #[error(
+        "access to the memory of pid {pid} was refused (EPERM): the owner must run as the \
+         same user, and where Yama's ptrace_scope is 1 it must allow peers \
+         (monarch_rdma::cma::allow_peer_access, which monarch procs call at start); \
+         ptrace_scope 3 forbids cross-memory access entirely"
+    )]
+    AccessDenied {
+        /// The owner's pid.
+        pid: u32,
+    },
+    /// The remote address is not mapped in the owner (a dropped or stale buffer).
+    #[error(
+        "address {addr:#x} is not mapped in pid {pid}: the buffer was freed or never \
+         registered there; register it again and use the new handle"
+    )]
+    BadAddress {
+        /// The owner's pid.
+        pid: u32,
+        /// The address.
+        addr: u64,
+    },
+    /// Another OS error.
+    #[error("a transfer with pid {pid} failed: {source}")]
+    Os {
+        /// The owner's pid.
+        pid: u32,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
