@@ -556,14 +556,7 @@ impl ProcAgent {
                 from: port.port_id().clone(),
             },
         );
-        let remote = proc != self.inner.proc.proc_id();
-        let failed = async {
-            if remote {
-                self.inner.proc.link_failed(proc).await
-            } else {
-                std::future::pending().await
-            }
-        };
+        let failed = self.remote_link_failed(proc);
         tokio::select! {
             answer = receiver.recv() => answer.map(|_| ()).map_err(|e| e.to_string()),
             error = failed => Err(error.to_string()),
@@ -590,8 +583,7 @@ impl ProcAgent {
         reason: &str,
         timeout: Duration,
     ) -> Result<(), String> {
-        lock(&self.inner.monitored).remove(host);
-        lock(&self.inner.host_acks).remove(host);
+        self.inner.unmonitor_host(host);
         let (port, receiver) = self.inner.client.open_once_port::<Result<(), String>>();
         self.inner.send_control(
             host,
@@ -601,19 +593,29 @@ impl ProcAgent {
                 reply: port.port_id().clone(),
             },
         );
-        let remote = host != self.inner.proc.proc_id();
-        let failed = async {
-            if remote {
-                self.inner.proc.link_failed(host).await
-            } else {
-                std::future::pending().await
-            }
-        };
+        let failed = self.remote_link_failed(host);
         let limit = timeout + END_HOST_SLACK;
         tokio::select! {
             answer = receiver.recv() => answer.map_err(|e| e.to_string())?,
             error = failed => Err(format!("it cannot be reached: {error}")),
             () = tokio::time::sleep(limit) => Err(format!("no answer within {limit:?}")),
+        }
+    }
+
+    /// Completes with the error when this proc's link to `proc` fails; never for this
+    /// agent's own proc, which it reaches without a link.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub(crate) async fn remote_link_failed(
+        &self,
+        proc: &ProcId,
+    ) -> hyperactor::channel::ChannelError {
+        if proc == self.inner.proc.proc_id() {
+            std::future::pending().await
+        } else {
+            self.inner.proc.link_failed(proc).await
         }
     }
 

@@ -222,14 +222,8 @@ impl HostMesh {
             send_control(&agent, host, &Control::SpawnProcs(Box::new(request)));
             // A host that cannot be reached (refused, failed authentication, lost)
             // fails the spawn at once, with the reason.
-            let link = (host != agent.proc().proc_id()).then(|| agent.proc().link_failed(host));
+            let link = agent.remote_link_failed(host);
             async move {
-                let link = async move {
-                    match link {
-                        Some(failed) => failed.await,
-                        None => std::future::pending().await,
-                    }
-                };
                 let limit = crate::host::DEFAULT_READY_TIMEOUT + SPAWN_ANSWER_SLACK;
                 tokio::select! {
                     answer = tokio::time::timeout(limit, receiver.recv()) => match answer {

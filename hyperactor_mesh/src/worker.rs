@@ -284,21 +284,27 @@ mod tests {
         assert_eq!(local.bind.to_string(), "tcp:127.0.0.1:5");
     }
 
+    /// A worker on a free loopback port.
+    async fn loopback_worker(options: AgentOptions) -> ProcAgent {
+        let address = WorkerAddress::parse("tcp://127.0.0.1:0").unwrap();
+        serve_worker(&address, options, Duration::from_secs(5))
+            .await
+            .unwrap()
+    }
+
+    /// A client agent on a Unix socket.
+    async fn client_agent(options: AgentOptions) -> ProcAgent {
+        ProcAgent::serve(hyperactor::ChannelTransport::Unix, "client", options)
+            .await
+            .unwrap()
+    }
+
     #[tokio::test]
     async fn a_worker_is_reached_by_its_well_known_id() {
-        let address = WorkerAddress::parse("tcp://127.0.0.1:0").unwrap();
-        let worker = serve_worker(&address, AgentOptions::default(), Duration::from_secs(5))
-            .await
-            .unwrap();
+        let worker = loopback_worker(AgentOptions::default()).await;
         let id = worker_proc_id(worker.proc().proc_id().addr());
         assert_eq!(&id, worker.proc().proc_id());
-        let client = ProcAgent::serve(
-            hyperactor::ChannelTransport::Unix,
-            "client",
-            AgentOptions::default(),
-        )
-        .await
-        .unwrap();
+        let client = client_agent(AgentOptions::default()).await;
         tokio::time::timeout(
             Duration::from_secs(10),
             client.probe(&id, Duration::from_secs(5)),
@@ -322,23 +328,14 @@ mod tests {
     /// naming the host.
     #[tokio::test]
     async fn a_lost_worker_fails_its_procs() {
-        let address = WorkerAddress::parse("tcp://127.0.0.1:0").unwrap();
-        let worker = serve_worker(&address, AgentOptions::default(), Duration::from_secs(5))
-            .await
-            .unwrap();
+        let worker = loopback_worker(AgentOptions::default()).await;
         let host = worker.proc().proc_id().clone();
         let liveness = crate::agent::Liveness {
             interval: Duration::from_millis(20),
             timeout: Duration::from_millis(500),
             lease: Duration::from_secs(10),
         };
-        let client = ProcAgent::serve(
-            hyperactor::ChannelTransport::Unix,
-            "client",
-            AgentOptions::default().liveness(liveness),
-        )
-        .await
-        .unwrap();
+        let client = client_agent(AgentOptions::default().liveness(liveness)).await;
         let proc: ProcId = "p-1@tcp:127.0.0.1:1".parse().unwrap();
         let info = crate::cast::codec::MeshInfo {
             id: 7,
@@ -382,27 +379,14 @@ mod tests {
     /// client is answered; a host agent that is not a worker refuses, naming itself.
     #[tokio::test]
     async fn a_client_ends_a_worker_and_a_plain_host_refuses() {
-        let address = WorkerAddress::parse("tcp://127.0.0.1:0").unwrap();
         let (ended_tx, ended_rx) = std::sync::mpsc::channel::<String>();
         let ended_tx = std::sync::Mutex::new(ended_tx);
         let on_end: crate::agent::EndHook = std::sync::Arc::new(move |reason: &str| {
             let _ = ended_tx.lock().unwrap().send(reason.to_string());
         });
-        let worker = serve_worker(
-            &address,
-            AgentOptions::default().on_end(on_end),
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
+        let worker = loopback_worker(AgentOptions::default().on_end(on_end)).await;
         let host = worker.proc().proc_id().clone();
-        let client = ProcAgent::serve(
-            hyperactor::ChannelTransport::Unix,
-            "client",
-            AgentOptions::default(),
-        )
-        .await
-        .unwrap();
+        let client = client_agent(AgentOptions::default()).await;
         tokio::time::timeout(
             Duration::from_secs(10),
             client.end_host(&host, "test over", Duration::from_secs(1)),
@@ -415,13 +399,7 @@ mod tests {
             "test over"
         );
 
-        let plain = serve_worker(
-            &WorkerAddress::parse("tcp://127.0.0.1:0").unwrap(),
-            AgentOptions::default(),
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
+        let plain = loopback_worker(AgentOptions::default()).await;
         let plain_host = plain.proc().proc_id().clone();
         let err = tokio::time::timeout(
             Duration::from_secs(10),

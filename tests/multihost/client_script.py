@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
@@ -194,15 +195,19 @@ def output(workers: list[str]) -> None:
     tee = Tee(sys.stdout)
     sys.stdout = tee
     before_failure: list[str] = []
-    monarch.actor.unhandled_fault_hook = lambda f: before_failure.append("".join(tee.text))
+    failed = threading.Event()
+
+    def hook(failure: object) -> None:
+        before_failure.append("".join(tee.text))
+        failed.set()
+
+    monarch.actor.unhandled_fault_hook = hook
     hosts = attach(workers)
     procs = hosts.spawn_procs(per_host={"gpus": 1}, name="talk")
     talkers = procs.spawn("t", Talker)
     talkers.say.call().get(timeout=120)
     talkers.slice(hosts=2).die.broadcast()
-    deadline = time.monotonic() + 30
-    while not before_failure and time.monotonic() < deadline:
-        time.sleep(0.01)
+    failed.wait(timeout=30)
     procs.stop().get(timeout=60)
     sys.stdout = tee.inner
     result({"all": "".join(tee.text), "before_failure": before_failure[:1]})

@@ -96,6 +96,23 @@ impl Node {
         .unwrap();
         TcpAuth::Tls(Arc::new(config))
     }
+
+    /// A TLS server of this node (trusting `trusts`) accepting on one end of an
+    /// in-memory stream: the other end, and the server's refusal reason, if any.
+    fn accept_in_memory(
+        &self,
+        trusts: &Ca,
+    ) -> (
+        tokio::io::DuplexStream,
+        tokio::task::JoinHandle<Option<String>>,
+    ) {
+        let TcpAuth::Tls(server) = self.auth(trusts) else {
+            unreachable!()
+        };
+        let (a, b) = tokio::io::duplex(64 << 10);
+        let accepting = tokio::spawn(async move { auth::tls::accept(a, &server).await.err() });
+        (b, accepting)
+    }
 }
 
 fn localhost() -> SocketAddr {
@@ -320,14 +337,10 @@ async fn a_server_certificate_from_another_ca_is_refused_by_the_client() {
 async fn the_server_logs_why_it_refused_a_certificate() {
     within(async {
         let (ca, other) = (Ca::new("cluster"), Ca::new("intruder"));
-        let TcpAuth::Tls(server) = ca.node("server").auth(&ca) else {
-            unreachable!()
-        };
         let TcpAuth::Tls(client) = other.node("intruder").auth(&ca) else {
             unreachable!()
         };
-        let (a, b) = tokio::io::duplex(64 << 10);
-        let accepting = tokio::spawn(async move { auth::tls::accept(a, &server).await.err() });
+        let (b, accepting) = ca.node("server").accept_in_memory(&ca);
         let err = auth::tls::connect(b, &client, IpAddr::V4(Ipv4Addr::LOCALHOST))
             .await
             .unwrap_err();
@@ -363,11 +376,7 @@ async fn cluster_secret_and_tls_peers_fail_at_once_naming_both_modes() {
         assert!(err.contains("TLS authentication failed"), "{err}");
         assert!(err.contains("requires a cluster secret"), "{err}");
         // What the TLS server logs about the cluster-secret client.
-        let TcpAuth::Tls(server) = node.auth(&ca) else {
-            unreachable!()
-        };
-        let (a, mut b) = tokio::io::duplex(64 << 10);
-        let accepting = tokio::spawn(async move { auth::tls::accept(a, &server).await.err() });
+        let (mut b, accepting) = node.accept_in_memory(&ca);
         assert!(auth::connect(&mut b, &secret("k")).await.is_err());
         drop(b);
         let reason = accepting.await.unwrap().expect("the server accepted");
@@ -383,11 +392,7 @@ async fn cluster_secret_and_tls_peers_fail_at_once_naming_both_modes() {
 async fn garbage_at_a_tls_server_is_refused_before_anything_is_decoded() {
     within(async {
         let ca = Ca::new("cluster");
-        let TcpAuth::Tls(server) = ca.node("server").auth(&ca) else {
-            unreachable!()
-        };
-        let (a, mut b) = tokio::io::duplex(64 << 10);
-        let accepting = tokio::spawn(async move { auth::tls::accept(a, &server).await.err() });
+        let (mut b, accepting) = ca.node("server").accept_in_memory(&ca);
         let mut hello = [0u8; 41];
         b.read_exact(&mut hello).await.unwrap();
         // A pickle, as an attacker would send to a worker port.

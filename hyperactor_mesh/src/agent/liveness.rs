@@ -111,10 +111,15 @@ impl Inner {
         unsafe { libc::_exit(75) };
     }
 
-    /// `host` is lost: every proc of it that this agent knows of is dead (LIVE-1).
-    fn host_lost(self: &Arc<Self>, host: &ProcId, reason: &str) {
+    /// Stops monitoring `host` (its monitor task ends at its next tick).
+    pub(super) fn unmonitor_host(&self, host: &ProcId) {
         lock(&self.monitored).remove(host);
         lock(&self.host_acks).remove(host);
+    }
+
+    /// `host` is lost: every proc of it that this agent knows of is dead (LIVE-1).
+    fn host_lost(self: &Arc<Self>, host: &ProcId, reason: &str) {
+        self.unmonitor_host(host);
         // (proc, pid, owned here): only an owner tells its procs to exit.
         let mut procs: Vec<(ProcId, u32, bool)> = Vec::new();
         for owned in lock(&self.owned).values() {

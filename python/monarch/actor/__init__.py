@@ -18,7 +18,7 @@ from monarch._src.actor.context import (
     current_rank,
     current_size,
 )
-from monarch._src.actor.debugger.controller import debug_controller
+from monarch._src.actor.debugger import debug_controller
 from monarch._src.actor.endpoint import Endpoint, as_endpoint, concurrent_endpoint, endpoint
 from monarch._src.actor.errors import ActorError, SupervisionError
 from monarch._src.actor.extent import Extent

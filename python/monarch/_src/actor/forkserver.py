@@ -26,9 +26,11 @@ import socket
 import sys
 import traceback
 
-# Preload what every proc imports (monarch's public API, its config, the extension).
+# Preload what every proc imports (monarch's public API, its config, the extension, the
+# breakpoint hook that serve_child installs).
 import monarch.actor  # noqa: F401
 from monarch._src.actor import runtime
+from monarch._src.actor.debugger import remote_pdb  # noqa: F401
 
 _FD_ENV = "MONARCH_FORK_SERVER_FD"
 _PR_SET_PDEATHSIG = 1
