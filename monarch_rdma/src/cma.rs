@@ -13,7 +13,7 @@
 
 use std::io;
 
-use crate::region::RemoteRegion;
+use crate::region::{RemoteRegion, Slot, SLOT_BYTES};
 use crate::RdmaError;
 
 /// The most bytes one system call is asked to move.
@@ -52,14 +52,53 @@ pub fn allow_peer_access() -> io::Result<()> {
 
 /// Copies `remote` (memory of process `remote.pid`) into `local`.
 ///
+/// Before copying, the registration's slot is read from the owner (REG-4 of
+/// [`crate::region`]): a dropped registration is refused instead of copying memory
+/// the owner may have reused. (A registration dropped *during* a copy is not
+/// detected: the owner must not drop memory that is being transferred.)
+///
 /// # Errors
 ///
-/// [`RdmaError::SizeMismatch`] if the lengths differ; [`RdmaError::OwnerGone`],
-/// [`RdmaError::AccessDenied`], [`RdmaError::BadAddress`] or [`RdmaError::Os`] from the
-/// kernel.
+/// [`RdmaError::SizeMismatch`] if the lengths differ; [`RdmaError::Dropped`] if the
+/// registration ended; [`RdmaError::OwnerGone`], [`RdmaError::AccessDenied`],
+/// [`RdmaError::BadAddress`] or [`RdmaError::Os`] from the kernel.
 pub fn read(remote: &RemoteRegion, local: &mut [u8]) -> Result<(), RdmaError> {
     check_sizes(remote, local.len())?;
+    check_live(remote)?;
     transfer(remote, local.as_mut_ptr(), local.len(), Direction::Read)
+}
+
+/// Checks that `remote`'s registration is still live in its owner, by reading the
+/// registration's slot (REG-4). Skipped for regions without a slot.
+///
+/// # Errors
+///
+/// [`RdmaError::Dropped`] if it ended; the kernel's errors as in [`read`].
+pub fn check_live(remote: &RemoteRegion) -> Result<(), RdmaError> {
+    if remote.slot == 0 {
+        return Ok(());
+    }
+    let mut bytes = [0u8; SLOT_BYTES];
+    let slot = RemoteRegion {
+        addr: remote.slot,
+        len: SLOT_BYTES,
+        slot: 0,
+        ..*remote
+    };
+    transfer(&slot, bytes.as_mut_ptr(), SLOT_BYTES, Direction::Read)?;
+    let (id, addr, len) = Slot::decode(&bytes);
+    let end = remote.addr.checked_add(remote.len as u64);
+    let live = id == remote.id
+        && addr <= remote.addr
+        && end.is_some_and(|end| end <= addr.saturating_add(len));
+    if live {
+        Ok(())
+    } else {
+        Err(RdmaError::Dropped {
+            pid: remote.pid,
+            id: remote.id,
+        })
+    }
 }
 
 /// Copies `local` into `remote` (memory of process `remote.pid`).
@@ -69,6 +108,7 @@ pub fn read(remote: &RemoteRegion, local: &mut [u8]) -> Result<(), RdmaError> {
 /// As [`read`].
 pub fn write(remote: &RemoteRegion, local: &[u8]) -> Result<(), RdmaError> {
     check_sizes(remote, local.len())?;
+    check_live(remote)?;
     transfer(
         remote,
         local.as_ptr().cast_mut(),
@@ -199,6 +239,8 @@ mod tests {
             id: 1,
             addr: memory.as_ptr() as u64,
             len: memory.len(),
+            key: 0,
+            slot: 0,
         }
     }
 
@@ -256,6 +298,42 @@ mod tests {
         let err = read(&remote, &mut dst).unwrap_err();
         assert!(matches!(err, RdmaError::OwnerGone { .. }), "{err}");
         assert!(err.to_string().contains(&remote.pid.to_string()), "{err}");
+    }
+
+    #[test]
+    fn a_dropped_registration_is_refused_and_a_live_one_is_checked() {
+        use crate::Registry;
+        let registry = Registry::new();
+        let live: &'static mut [u8] = Box::leak(vec![5u8; 4096].into_boxed_slice());
+        let dropped: &'static mut [u8] = Box::leak(vec![6u8; 4096].into_boxed_slice());
+        let live = registry.register_slice(live).unwrap();
+        let gone = registry.register_slice(dropped).unwrap();
+        assert!(registry.deregister(gone.id));
+        // The child is a copy of this process: the same registrations, at the same
+        // addresses, with the same slots.
+        let child = Child::fork();
+        let live = RemoteRegion {
+            pid: child.0 as u32,
+            ..live
+        };
+        let gone = RemoteRegion {
+            pid: child.0 as u32,
+            ..gone
+        };
+        let mut dst = vec![0u8; 100];
+        read(&live.range(10, 100).unwrap(), &mut dst).unwrap();
+        assert!(dst.iter().all(|&b| b == 5));
+        let err = read(&gone, &mut vec![0u8; 4096]).unwrap_err();
+        assert!(matches!(err, RdmaError::Dropped { .. }), "{err}");
+        let err = write(&gone, &[0u8; 4096]).unwrap_err();
+        assert!(matches!(err, RdmaError::Dropped { .. }), "{err}");
+        // A forged range beyond the registration is refused too.
+        let forged = RemoteRegion {
+            len: live.len + 1,
+            ..live
+        };
+        let err = read(&forged, &mut vec![0u8; live.len + 1]).unwrap_err();
+        assert!(matches!(err, RdmaError::Dropped { .. }), "{err}");
     }
 
     #[test]

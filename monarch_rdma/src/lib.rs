@@ -80,4 +80,58 @@ pub enum RdmaError {
         #[source]
         source: std::io::Error,
     },
+    /// The registration is unknown to its owner: it was dropped (or never existed).
+    #[error(
+        "buffer {id} of pid {pid} is not registered: it was dropped (RDMABuffer.drop()) or \
+         its owner re-registered the memory; ask the owner for a new handle"
+    )]
+    Dropped {
+        /// The owner's pid.
+        pid: u32,
+        /// The registration id.
+        id: u64,
+    },
+    /// The owner's transfer server cannot be reached or closed the connection.
+    #[error(
+        "the owner of the buffer (pid {pid} at {addr}) cannot be reached: {source}; it \
+         exited, was killed, or the network between the two hosts is cut"
+    )]
+    Unreachable {
+        /// The owner's pid.
+        pid: u32,
+        /// The owner's transfer server address.
+        addr: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The owner refused a request for another reason (its message).
+    #[error("the owner of the buffer (pid {pid}) refused the transfer: {message}")]
+    Refused {
+        /// The owner's pid.
+        pid: u32,
+        /// What the owner said.
+        message: String,
+    },
+    /// A transfer did not finish in time.
+    #[error(
+        "a transfer with pid {pid} did not finish within {seconds} s; pass a larger \
+         timeout= or check the network between the two hosts"
+    )]
+    Timeout {
+        /// The owner's pid.
+        pid: u32,
+        /// The timeout.
+        seconds: f64,
+    },
+    /// No allowed backend connects the two sides.
+    #[error("no transfer path from {local} to the owner {remote}: {why}")]
+    NoPath {
+        /// This side.
+        local: String,
+        /// The owner.
+        remote: String,
+        /// Why (and what to do).
+        why: String,
+    },
 }

@@ -15,9 +15,10 @@
 //! - REG-2 (ids are never reused): a deregistered id is unknown for ever, so a stale
 //!   [`RemoteRegion`] is refused rather than reaching memory registered later.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
@@ -34,6 +35,13 @@ pub struct RemoteRegion {
     pub addr: u64,
     /// The length in bytes.
     pub len: usize,
+    /// A random secret of this registration: a peer that names the registration over
+    /// a socket must present it (REG-3).
+    pub key: u64,
+    /// Where, in the owner's address space, the registration's [`Slot`] lies: a
+    /// same-host peer reads it before a transfer to check that the registration is
+    /// still live (REG-4). 0 when unknown (the check is then skipped).
+    pub slot: u64,
 }
 
 impl RemoteRegion {
@@ -56,13 +64,80 @@ impl RemoteRegion {
             }),
         }
     }
+
+    /// The byte offset of this (sub-)region inside its registration, given the
+    /// registration's start address.
+    pub fn offset_in(&self, start: u64) -> usize {
+        (self.addr - start) as usize
+    }
+}
+
+/// What a same-host peer reads to check a registration (REG-4): the registration's id
+/// and extent while it is live; id 0 once it was deregistered. Slots live in memory
+/// that is never freed, so reading a stale slot is always safe; a slot is reused only
+/// under a new id.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct Slot {
+    /// The registration's id, 0 when the slot is free.
+    pub id: AtomicU64,
+    /// The registration's start address.
+    pub addr: AtomicU64,
+    /// The registration's length.
+    pub len: AtomicU64,
+}
+
+impl Slot {
+    /// The slot's contents as a peer sees them: `(id, addr, len)`.
+    pub fn decode(bytes: &[u8; SLOT_BYTES]) -> (u64, u64, u64) {
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&bytes[i * 8..i * 8 + 8]);
+            u64::from_ne_bytes(w)
+        };
+        (word(0), word(1), word(2))
+    }
+}
+
+/// The size of a [`Slot`] in bytes.
+pub const SLOT_BYTES: usize = std::mem::size_of::<Slot>();
+
+/// How many slots are allocated at once.
+const SLOTS_PER_BLOCK: usize = 256;
+
+struct Entry {
+    region: RemoteRegion,
+    slot: &'static Slot,
+    /// What keeps the memory alive (e.g. the Python object), dropped at deregistration.
+    keepalive: Option<Box<dyn Any + Send + Sync>>,
+}
+
+#[derive(Default)]
+struct Table {
+    entries: HashMap<u64, Entry>,
+    free: Vec<&'static Slot>,
 }
 
 /// The memory this process registered, by id.
-#[derive(Debug, Default)]
+///
+/// Invariants, besides REG-1 and REG-2 of the module docs:
+///
+/// - REG-3 (keys): every registration gets a random 64-bit key; [`Registry::lookup`]
+///   refuses a request whose key differs, so a peer can only reach memory whose
+///   handle it was given.
+/// - REG-4 (slots): while registration `id` is live, its slot holds `id`, the start
+///   address and the length; [`Registry::deregister`] sets the slot's id to 0 before
+///   it returns and before the memory's keep-alive is dropped.
+#[derive(Default)]
 pub struct Registry {
     next_id: AtomicU64,
-    regions: Mutex<HashMap<u64, RemoteRegion>>,
+    table: Mutex<Table>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Registry({} regions)", self.len())
+    }
 }
 
 impl Registry {
@@ -71,7 +146,14 @@ impl Registry {
         Self::default()
     }
 
-    /// Registers `[addr, addr + len)` of this process's memory, in place.
+    /// This process's registry, the one the transfer servers serve from.
+    pub fn global() -> &'static Registry {
+        static GLOBAL: OnceLock<Registry> = OnceLock::new();
+        GLOBAL.get_or_init(Registry::new)
+    }
+
+    /// Registers `[addr, addr + len)` of this process's memory, in place. `keepalive`
+    /// is kept until the registration ends (pass what owns the memory).
     ///
     /// # Errors
     ///
@@ -83,17 +165,49 @@ impl Registry {
     /// The memory must stay valid, and must only be accessed in ways that tolerate
     /// concurrent one-sided reads and writes by peers, until [`Registry::deregister`]
     /// (REG-1).
-    pub unsafe fn register(&self, addr: u64, len: usize) -> Result<RemoteRegion, RdmaError> {
+    pub unsafe fn register(
+        &self,
+        addr: u64,
+        len: usize,
+        keepalive: Option<Box<dyn Any + Send + Sync>>,
+    ) -> Result<RemoteRegion, RdmaError> {
         if len == 0 {
             return Err(RdmaError::Empty);
         }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut table = self.lock();
+        let slot = match table.free.pop() {
+            Some(slot) => slot,
+            None => {
+                let block: &'static [Slot] = Box::leak(
+                    (0..SLOTS_PER_BLOCK)
+                        .map(|_| Slot::default())
+                        .collect::<Vec<_>>()
+                        .into_boxed_slice(),
+                );
+                table.free.extend(block.iter().skip(1));
+                &block[0]
+            }
+        };
+        slot.addr.store(addr, Ordering::Relaxed);
+        slot.len.store(len as u64, Ordering::Relaxed);
+        slot.id.store(id, Ordering::Release);
         let region = RemoteRegion {
             pid: std::process::id(),
-            id: self.next_id.fetch_add(1, Ordering::Relaxed) + 1,
+            id,
             addr,
             len,
+            key: random_u64(),
+            slot: std::ptr::from_ref(slot) as u64,
         };
-        self.lock().insert(region.id, region);
+        table.entries.insert(
+            id,
+            Entry {
+                region,
+                slot,
+                keepalive,
+            },
+        );
         Ok(region)
     }
 
@@ -104,23 +218,50 @@ impl Registry {
     /// As [`Registry::register`].
     pub fn register_slice(&self, memory: &'static mut [u8]) -> Result<RemoteRegion, RdmaError> {
         // SAFETY: a 'static mutable borrow is valid for ever and nobody else holds it.
-        unsafe { self.register(memory.as_mut_ptr() as u64, memory.len()) }
+        unsafe { self.register(memory.as_mut_ptr() as u64, memory.len(), None) }
     }
 
-    /// Forgets registration `id`; later transfers naming it are refused (REG-2).
-    /// Returns whether it was registered.
+    /// Forgets registration `id`; later transfers naming it are refused (REG-2, REG-4).
+    /// Returns whether it was registered. The keep-alive is dropped after the table's
+    /// lock is released.
     pub fn deregister(&self, id: u64) -> bool {
-        self.lock().remove(&id).is_some()
+        let entry = {
+            let mut table = self.lock();
+            let Some(entry) = table.entries.remove(&id) else {
+                return false;
+            };
+            entry.slot.id.store(0, Ordering::Release);
+            table.free.push(entry.slot);
+            entry
+        };
+        drop(entry.keepalive);
+        true
     }
 
     /// The registration `id`, if it is still registered.
     pub fn get(&self, id: u64) -> Option<RemoteRegion> {
-        self.lock().get(&id).copied()
+        self.lock().entries.get(&id).map(|e| e.region)
+    }
+
+    /// The registration `id`, checked against the key a peer presented (REG-3).
+    ///
+    /// # Errors
+    ///
+    /// [`RdmaError::Dropped`] if `id` is not registered (never, or no longer), or the
+    /// key is wrong (a peer must not learn which ids exist).
+    pub fn lookup(&self, id: u64, key: u64) -> Result<RemoteRegion, RdmaError> {
+        match self.get(id) {
+            Some(region) if region.key == key => Ok(region),
+            _ => Err(RdmaError::Dropped {
+                pid: std::process::id(),
+                id,
+            }),
+        }
     }
 
     /// How many regions are registered.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().entries.len()
     }
 
     /// Whether no region is registered.
@@ -128,9 +269,26 @@ impl Registry {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, RemoteRegion>> {
-        self.regions.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// 64 random bits from the kernel (falling back to the clock and a counter, which
+/// only a broken kernel needs).
+pub fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom writes at most `bytes.len()` bytes into the array.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n == 8 {
+        return u64::from_ne_bytes(bytes);
+    }
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    nanos ^ (u64::from(std::process::id()) << 32) ^ COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(17)
 }
 
 #[cfg(test)]
@@ -150,7 +308,7 @@ mod tests {
         assert!(!registry.deregister(region.id));
         assert_eq!(registry.get(region.id), None);
         // SAFETY: the memory is leaked, so valid for ever.
-        let again = unsafe { registry.register(addr, 4096) }.unwrap();
+        let again = unsafe { registry.register(addr, 4096, None) }.unwrap();
         assert_ne!(again.id, region.id, "REG-2");
     }
 
@@ -158,13 +316,15 @@ mod tests {
     fn empty_regions_and_bad_ranges_are_refused() {
         let registry = Registry::new();
         // SAFETY: nothing is ever accessed through a refused registration.
-        let empty = unsafe { registry.register(0x1000, 0) };
+        let empty = unsafe { registry.register(0x1000, 0, None) };
         assert!(matches!(empty, Err(RdmaError::Empty)));
         let region = RemoteRegion {
             pid: 1,
             id: 1,
             addr: 0x1000,
             len: 100,
+            key: 0,
+            slot: 0,
         };
         assert_eq!(region.range(10, 90).unwrap().addr, 0x1000 + 10);
         let err = region.range(10, 91).unwrap_err();
