@@ -13,6 +13,7 @@ pub mod output;
 pub mod port;
 pub mod proc;
 pub mod proc_mesh;
+pub mod rdma;
 mod recv_bytes;
 pub mod runtime;
 pub mod sender;
@@ -103,6 +104,7 @@ pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<supervision::PyMeshFailure>()?;
     m.add_class::<output::PyOutputReceiver>()?;
     shape::register(m)?;
+    rdma::register(m)?;
     // The codes that cross the boundary, defined once (here, from the Rust types).
     use hyperactor_mesh::cast::reply::ReplyStatus;
     m.add("REPLY_OK", ReplyStatus::Ok as u8)?;

@@ -65,7 +65,7 @@ pub fn allow_peer_access() -> io::Result<()> {
 pub fn read(remote: &RemoteRegion, local: &mut [u8]) -> Result<(), RdmaError> {
     check_sizes(remote, local.len())?;
     check_live(remote)?;
-    transfer(remote, local.as_mut_ptr(), local.len(), Direction::Read)
+    split(remote, local.as_mut_ptr(), local.len(), Direction::Read)
 }
 
 /// Checks that `remote`'s registration is still live in its owner, by reading the
@@ -109,12 +109,91 @@ pub fn check_live(remote: &RemoteRegion) -> Result<(), RdmaError> {
 pub fn write(remote: &RemoteRegion, local: &[u8]) -> Result<(), RdmaError> {
     check_sizes(remote, local.len())?;
     check_live(remote)?;
-    transfer(
+    split(
         remote,
         local.as_ptr().cast_mut(),
         local.len(),
         Direction::Write,
     )
+}
+
+/// Copies of at least this many bytes are split over several threads.
+pub const PARALLEL_MIN: usize = 16 << 20;
+
+/// How many threads a large copy uses at most.
+const MAX_THREADS: usize = 4;
+
+/// The environment variable that caps the copy threads (default: one per core, at
+/// most [`MAX_THREADS`]).
+pub const THREADS_ENV: &str = "MONARCH_RDMA_CMA_THREADS";
+
+fn max_threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        std::env::var(THREADS_ENV)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(cores.min(MAX_THREADS))
+            .max(1)
+    })
+}
+
+/// A pointer that may cross to the copy threads: each thread touches only its own
+/// disjoint piece of the caller's slice, and the scope ends before the slice's borrow.
+#[derive(Clone, Copy)]
+struct Local(*mut u8);
+// SAFETY: see the type's docs: pieces are disjoint and outlived by the borrow.
+unsafe impl Send for Local {}
+
+/// [`transfer`], split over up to [`MAX_THREADS`] threads (one per core) when the copy
+/// is large: one thread does not reach the machine's memory bandwidth.
+fn split(
+    remote: &RemoteRegion,
+    local: *mut u8,
+    len: usize,
+    direction: Direction,
+) -> Result<(), RdmaError> {
+    let threads = max_threads().min(len / (PARALLEL_MIN / 2)).max(1);
+    if threads == 1 {
+        return transfer(remote, local, len, direction);
+    }
+    // Pieces start on page boundaries of the remote memory where possible.
+    let piece = (len / threads).next_multiple_of(4096);
+    let local = Local(local);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (1..threads)
+            .filter(|i| i * piece < len)
+            .map(|i| {
+                let start = i * piece;
+                let n = piece.min(len - start);
+                let part = RemoteRegion {
+                    addr: remote.addr + start as u64,
+                    len: n,
+                    ..*remote
+                };
+                scope.spawn(move || {
+                    let local = local;
+                    // SAFETY: `start + n <= len`: inside the caller's slice.
+                    let at = unsafe { local.0.add(start) };
+                    transfer(&part, at, n, direction)
+                })
+            })
+            .collect();
+        let first = transfer(remote, local.0, piece.min(len), direction);
+        let rest = handles.into_iter().map(|h| match h.join() {
+            Ok(result) => result,
+            Err(_) => Err(RdmaError::Refused {
+                pid: remote.pid,
+                message: "a copy thread panicked".into(),
+            }),
+        });
+        // Report the first failure in address order.
+        std::iter::once(first)
+            .chain(rest)
+            .collect::<Result<Vec<()>, _>>()?;
+        Ok(())
+    })
 }
 
 fn check_sizes(remote: &RemoteRegion, local: usize) -> Result<(), RdmaError> {

@@ -1,7 +1,9 @@
 #![doc = include_str!("../README.md")]
 
 pub mod cma;
+pub mod ibverbs;
 pub mod region;
+pub mod tcp;
 
 pub use region::{Registry, RemoteRegion};
 
@@ -133,5 +135,39 @@ pub enum RdmaError {
         remote: String,
         /// Why (and what to do).
         why: String,
+    },
+    /// The ibverbs backend cannot be used in this process.
+    #[error(
+        "the ibverbs (RDMA NIC) backend is unavailable: {reason}; use another backend \
+         (TCP, or cross-memory attach on one host)"
+    )]
+    Unavailable {
+        /// Why (from `ibverbs::probe`).
+        reason: String,
+    },
+    /// An ibverbs call failed (opening the device, a queue pair, a registration).
+    #[error("the ibverbs call {call} failed: {detail}")]
+    Verbs {
+        /// The call (or step).
+        call: String,
+        /// What it reported.
+        detail: String,
+    },
+    /// A one-sided RDMA operation completed with an error status.
+    #[error(
+        "an RDMA {op} with pid {pid} failed with work-completion status \"{status}\" \
+         (vendor error {vendor_err:#x}): {hint}"
+    )]
+    Completion {
+        /// The owner's pid.
+        pid: u32,
+        /// `read` or `write`.
+        op: String,
+        /// The status, as libibverbs names it.
+        status: String,
+        /// The NIC vendor's error code.
+        vendor_err: u32,
+        /// What it likely means and what to do.
+        hint: String,
     },
 }

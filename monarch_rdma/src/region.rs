@@ -110,6 +110,9 @@ struct Entry {
     slot: &'static Slot,
     /// What keeps the memory alive (e.g. the Python object), dropped at deregistration.
     keepalive: Option<Box<dyn Any + Send + Sync>>,
+    /// Whether the CPU can reach the memory (false for device memory, which only a
+    /// device-aware path may copy).
+    host: bool,
 }
 
 #[derive(Default)]
@@ -171,6 +174,41 @@ impl Registry {
         len: usize,
         keepalive: Option<Box<dyn Any + Send + Sync>>,
     ) -> Result<RemoteRegion, RdmaError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.insert(addr, len, keepalive, true) }
+    }
+
+    /// Registers device memory (e.g. CUDA) at device address `addr`: it gets an id, a
+    /// key and a slot like host memory, but [`Registry::lookup`] refuses it, so a
+    /// host-memory path never dereferences it.
+    ///
+    /// # Errors
+    ///
+    /// As [`Registry::register`].
+    ///
+    /// # Safety
+    ///
+    /// As [`Registry::register`], for the device memory.
+    pub unsafe fn register_device(
+        &self,
+        addr: u64,
+        len: usize,
+        keepalive: Option<Box<dyn Any + Send + Sync>>,
+    ) -> Result<RemoteRegion, RdmaError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.insert(addr, len, keepalive, false) }
+    }
+
+    /// # Safety
+    ///
+    /// As [`Registry::register`].
+    unsafe fn insert(
+        &self,
+        addr: u64,
+        len: usize,
+        keepalive: Option<Box<dyn Any + Send + Sync>>,
+        host: bool,
+    ) -> Result<RemoteRegion, RdmaError> {
         if len == 0 {
             return Err(RdmaError::Empty);
         }
@@ -206,6 +244,7 @@ impl Registry {
                 region,
                 slot,
                 keepalive,
+                host,
             },
         );
         Ok(region)
@@ -248,14 +287,32 @@ impl Registry {
     /// # Errors
     ///
     /// [`RdmaError::Dropped`] if `id` is not registered (never, or no longer), or the
-    /// key is wrong (a peer must not learn which ids exist).
+    /// key is wrong (a peer must not learn which ids exist); [`RdmaError::Refused`] for
+    /// device memory (see [`Registry::register_device`]).
     pub fn lookup(&self, id: u64, key: u64) -> Result<RemoteRegion, RdmaError> {
-        match self.get(id) {
-            Some(region) if region.key == key => Ok(region),
+        let table = self.lock();
+        match table.entries.get(&id) {
+            Some(entry) if entry.region.key == key && entry.host => Ok(entry.region),
+            Some(entry) if entry.region.key == key => Err(RdmaError::Refused {
+                pid: std::process::id(),
+                message: "the buffer is in device (CUDA) memory, which this path cannot \
+                          copy; between hosts that takes ibverbs with GPUDirect, so register \
+                          a CPU copy of the tensor instead"
+                    .into(),
+            }),
             _ => Err(RdmaError::Dropped {
                 pid: std::process::id(),
                 id,
             }),
+        }
+    }
+
+    /// Ends registration `id` if `key` is its key (a peer's drop request, REG-3).
+    /// Returns whether it was registered; a wrong key looks like an unknown id.
+    pub fn deregister_with_key(&self, id: u64, key: u64) -> bool {
+        match self.get(id) {
+            Some(region) if region.key == key => self.deregister(id),
+            _ => false,
         }
     }
 
@@ -288,7 +345,9 @@ pub fn random_u64() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
-    nanos ^ (u64::from(std::process::id()) << 32) ^ COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(17)
+    nanos
+        ^ (u64::from(std::process::id()) << 32)
+        ^ COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(17)
 }
 
 #[cfg(test)]

@@ -45,6 +45,8 @@ __all__ = [
     "Proc",
     "ProcAgent",
     "ProcMeshHandle",
+    "RdmaDropped",
+    "RdmaOwnerGone",
     "ReplyQueue",
     "Shape",
     "Slice",
@@ -57,6 +59,19 @@ __all__ = [
     "lend_bytearray",
     "max_message_len",
     "primary_ip",
+    "rdma_allow_peer_access",
+    "rdma_check_live",
+    "rdma_deregister",
+    "rdma_drop_remote",
+    "rdma_ibverbs_probe",
+    "rdma_ibverbs_register",
+    "rdma_ibverbs_release",
+    "rdma_read",
+    "rdma_register",
+    "rdma_register_device",
+    "rdma_registered",
+    "rdma_serve",
+    "rdma_write",
     "set_cluster_secret",
     "set_max_frame_len",
     "set_tls_credentials",
@@ -117,6 +132,83 @@ def worker_proc_id(address: str) -> str:
 
 def primary_ip() -> str | None:
     """This machine's primary IP address (never a loopback address), if any."""
+
+# --- monarch.rdma ---------------------------------------------------------------------
+# A region crosses the boundary as (pid, id, addr, len, key, slot).
+
+class RdmaOwnerGone(RuntimeError):
+    """The owner of a registered buffer is gone or cannot be reached."""
+
+class RdmaDropped(RuntimeError):
+    """The registered buffer was dropped by its owner."""
+
+def rdma_register(
+    addr: int, len: int, keepalive: object
+) -> tuple[int, int, int, int, int, int]:
+    """Register ``[addr, addr + len)`` of this process in place; ``keepalive`` (what
+    owns the memory) is held until the registration ends."""
+
+def rdma_register_device(
+    addr: int, len: int, keepalive: object
+) -> tuple[int, int, int, int, int, int]:
+    """Register device (CUDA) memory: host-memory paths refuse it."""
+
+def rdma_deregister(id: int) -> bool:
+    """End registration ``id`` of this process; whether it was registered."""
+
+def rdma_registered() -> int:
+    """How many regions this process has registered."""
+
+def rdma_serve() -> str:
+    """Start this process's transfer server (once); the address peers dial."""
+
+def rdma_check_live(region: tuple[int, int, int, int, int, int]) -> None:
+    """Check one-sided that a region of a process on this host is still registered."""
+
+def rdma_allow_peer_access() -> None:
+    """Let processes of the same user reach this process's registered memory."""
+
+def rdma_ibverbs_probe(disabled: bool = False) -> tuple[bool, list[str], str | None]:
+    """``(available, devices, reason)`` of the ibverbs probe."""
+
+def rdma_ibverbs_register(region: tuple[int, int, int, int, int, int]) -> int:
+    """Register a live region with the RDMA device for peers; its rkey."""
+
+def rdma_ibverbs_release(region: tuple[int, int, int, int, int, int]) -> bool:
+    """Release the device registration of a region."""
+
+def rdma_read(
+    what: str,
+    region: tuple[int, int, int, int, int, int],
+    via: str,
+    server: str | None,
+    dst: int,
+    keepalive: object,
+    timeout: float | None,
+    parallelism: int,
+    chunk_bytes: int,
+    rkey: int | None = None,
+) -> Future[None]:
+    """A lazy future copying the remote region into local memory at ``dst``."""
+
+def rdma_write(
+    what: str,
+    region: tuple[int, int, int, int, int, int],
+    via: str,
+    server: str | None,
+    src: int,
+    keepalive: object,
+    timeout: float | None,
+    parallelism: int,
+    chunk_bytes: int,
+    rkey: int | None = None,
+) -> Future[None]:
+    """A lazy future copying local memory at ``src`` into the remote region."""
+
+def rdma_drop_remote(
+    region: tuple[int, int, int, int, int, int], server: str, timeout: float
+) -> Future[bool]:
+    """A lazy future asking the owner to end the registration."""
 
 def lend_bytearray(len: int) -> bytearray:
     """A ``bytearray`` of ``len`` bytes (contents arbitrary) to snapshot a writable buffer

@@ -679,8 +679,9 @@ _ALL += [
             "MONARCH_RDMA_ALLOW_TCP_FALLBACK",
             BOOL,
             True,
-            "Without ibverbs hardware, RDMA operations fall back to chunked messages "
-            "over the default transport (otherwise they fail).",
+            "Between hosts without a common RDMA device, transfers stream over TCP "
+            "connections to the owner's transfer server (when false they fail, naming "
+            "both sides). Transfers within one host never need it.",
         ),
         Key(
             "rdma_disable_ibverbs",
@@ -694,14 +695,15 @@ _ALL += [
             "MONARCH_RDMA_MAX_CHUNK_SIZE_MB",
             USIZE,
             64,
-            "The largest chunk of a TCP-fallback RDMA transfer, in MiB.",
+            "The largest piece one request of a TCP-path RDMA transfer moves, in MiB.",
         ),
         Key(
             "rdma_tcp_fallback_parallelism",
             "MONARCH_RDMA_TCP_FALLBACK_PARALLELISM",
             USIZE,
-            1,
-            "How many parallel connections a TCP-fallback transfer uses.",
+            4,
+            "How many parallel connections a TCP-path transfer uses at most (upstream "
+            "Monarch's default is 1).",
         ),
         Key(
             "rdma_ibverbs_target",

@@ -1,0 +1,1 @@
+"""The implementation of :mod:`monarch.rdma` (see :mod:`monarch._src.rdma.buffer`)."""
