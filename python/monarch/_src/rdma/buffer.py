@@ -451,25 +451,9 @@ class _RustTransfer:
             raise _translate(self._buf, e) from None
 
 
-_pool_lock = threading.Lock()
-_pool: Any = None
-
-
-def _executor() -> Any:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            import concurrent.futures
-
-            _pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=4, thread_name_prefix="monarch-rdma"
-            )
-        return _pool
-
-
 class _ThreadWork:
-    """Work done by Python code in a worker thread (CUDA copies), started on the first
-    wait; timeouts do not cancel it."""
+    """Work done by Python code in a thread of its own (CUDA copies), started on the
+    first wait; timeouts do not cancel it."""
 
     def __init__(self, fn: Callable[[], None], buf: RDMABuffer) -> None:
         self._fn = fn
@@ -478,9 +462,22 @@ class _ThreadWork:
         self._lock = threading.Lock()
 
     def _start(self) -> Any:
+        import concurrent.futures
+
         with self._lock:
             if self._started is None:
-                self._started = _executor().submit(self._fn)
+                done: concurrent.futures.Future[None] = concurrent.futures.Future()
+                done.set_running_or_notify_cancel()
+
+                def run() -> None:
+                    try:
+                        done.set_result(self._fn())
+                    except BaseException as e:
+                        done.set_exception(e)
+
+                # A daemon thread per transfer: a copy never keeps the interpreter alive.
+                threading.Thread(target=run, name="monarch-rdma-copy", daemon=True).start()
+                self._started = done
             return self._started
 
     def wait(self, timeout: float | None) -> None:

@@ -24,8 +24,10 @@ __all__ = ["check_allocator", "ipc_handle", "transfer"]
 
 _warned = False
 _lock = threading.Lock()
-#: Opened IPC storages of other processes, by (pid, handle bytes).
-_opened: dict[tuple[int, bytes], Any] = {}
+#: Opened IPC storages of other processes, by (pid, handle, offset, size), most recent
+#: last; at most ``_OPENED_MAX``.
+_opened: dict[tuple[int, bytes, int, int], Any] = {}
+_OPENED_MAX = 64
 
 
 def check_allocator() -> None:
@@ -74,14 +76,19 @@ def _remote_view(buf: RDMABuffer, region: Region) -> Any:
     torch = _require_cuda(buf)
     assert buf._cuda is not None
     (device, handle, size, offset, rc_handle, rc_offset, ev_handle, ev_sync, start) = buf._cuda
-    key = (region[0], bytes(handle))
+    # One CUDA allocation (one IPC handle) holds many tensors: the key includes where
+    # in it this storage lies.
+    key = (region[0], bytes(handle), int(offset), int(size))
     with _lock:
-        storage = _opened.get(key)
+        storage = _opened.pop(key, None)
         if storage is None:
+            torch.cuda._lazy_init()  # opening an IPC handle needs an initialised CUDA
             storage = torch.UntypedStorage._new_shared_cuda(
                 device, handle, size, offset, rc_handle, rc_offset, ev_handle, ev_sync
             )
-            _opened[key] = storage
+        _opened[key] = storage
+        while len(_opened) > _OPENED_MAX:
+            del _opened[next(iter(_opened))]
     whole = torch.empty(0, dtype=torch.uint8, device=f"cuda:{device}")
     whole.set_(storage, 0, (storage.nbytes(),), (1,))
     return whole[start : start + region[3]]
