@@ -4,7 +4,6 @@ GPU machine is lent)."""
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any
 
@@ -45,7 +44,7 @@ class GpuOwner(Actor):
 
     @endpoint
     def checksum(self) -> list[int]:
-        return self.t.cpu().tolist()[:64] + [int(self.t.to(torch.int64).sum())]
+        return [*self.t.cpu().tolist()[:64], int(self.t.to(torch.int64).sum())]
 
 
 class GpuReader(Actor):
@@ -55,7 +54,7 @@ class GpuReader(Actor):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RDMAReadTransferWarning)
             buf.read_into(dst).get()
-        return dst.cpu().tolist()[:64] + [int(dst.to(torch.int64).sum())]
+        return [*dst.cpu().tolist()[:64], int(dst.to(torch.int64).sum())]
 
     @endpoint
     def write(self, buf: RDMABuffer, seed: int, device: str) -> None:
@@ -86,7 +85,7 @@ class GpuReader(Actor):
 
 def expected(n: int, seed: int) -> list[int]:
     p = pattern(n, seed)
-    return p.tolist()[:64] + [int(p.to(torch.int64).sum())]
+    return [*p.tolist()[:64], int(p.to(torch.int64).sum())]
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +123,7 @@ def test_the_client_reads_gpu_memory_of_an_actor(gpu_procs: ProcMesh) -> None:
     buf = owner.buffer.call_one().get()
     dst = torch.zeros(n, dtype=torch.uint8)
     buf.read_into(dst).get()
-    assert dst.tolist()[:64] + [int(dst.to(torch.int64).sum())] == expected(n, 5)
+    assert [*dst.tolist()[:64], int(dst.to(torch.int64).sum())] == expected(n, 5)
 
 
 def test_a_process_without_cuda_gets_a_clear_error(gpu_procs: ProcMesh) -> None:
