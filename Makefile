@@ -32,7 +32,8 @@ PY_LINT_PATHS := $(wildcard python tests examples benches)
 .DEFAULT_GOAL := help
 
 .PHONY: help install build-dev build-prod format lint lint-rust lint-python stubtest \
-	typecheck test test-rust test-python demo bench bench-peers bench-multihost docs all clean distclean
+	typecheck test test-rust test-python demo bench bench-peers bench-multihost bench-rdma docs all \
+	clean distclean
 
 help: ## Show this list of targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' \
@@ -93,12 +94,13 @@ test-rust: | $(VENV_PYTHON) ## cargo test --workspace (unit, integration and doc
 test-python: $(REQ_STAMP) ## Run pytest (build the extension first: make install or build-dev)
 	timeout -k 30 $(TEST_PYTHON_LIMIT) $(VENV_PYTHON) -m pytest
 
-demo: install ## Install everything, run the demos: Rust ping-pong and native mesh, Python tour, DDP
+demo: install ## Install everything, run the demos: Rust ping-pong and native mesh, Python tour, DDP, RDMA
 	$(CARGO) run --release -p hyperactor --example ping_pong
 	$(CARGO) run --release -p hyperactor_mesh --example mesh_demo
 	$(VENV_PYTHON) examples/ping_pong.py
 	$(VENV_PYTHON) examples/getting_started.py
 	$(VENV_PYTHON) examples/ddp_spmd.py
+	$(VENV_PYTHON) examples/parameter_server.py
 
 # `make bench` compares this project with upstream Monarch (PyPI `torchmonarch`) and Ray,
 # each installed once into a venv of its own under $(BENCH_DIR) (ignored by git). The
@@ -118,6 +120,8 @@ BENCH_RAY_STAMP := $(BENCH_RAY_VENV)/.installed-$(shell printf '%s' '$(BENCH_RAY
 BENCH_ARGS ?=
 # Arguments for benches/multihost_bench.py, e.g. BENCH_MULTIHOST_ARGS="--reps 3".
 BENCH_MULTIHOST_ARGS ?=
+# Arguments for benches/rdma_bench.py, e.g. BENCH_RDMA_ARGS="--no-1g" or "--no-cross".
+BENCH_RDMA_ARGS ?=
 
 $(BENCH_UPSTREAM_STAMP):
 	rm -rf $(BENCH_UPSTREAM_VENV)
@@ -139,11 +143,18 @@ bench: install ## Release build; hyperactor messaging bench; ours vs upstream Mo
 	-$(MAKE) --no-print-directory -k bench-peers
 	$(VENV_PYTHON) benches/compare.py $(BENCH_ARGS)
 	-$(VENV_PYTHON) benches/multihost_bench.py $(BENCH_MULTIHOST_ARGS)
+	-$(VENV_PYTHON) benches/rdma_bench.py $(BENCH_RDMA_ARGS)
 	$(VENV_PYTHON) benches/log_bench.py
 
 bench-multihost: install ## Multi-host bench, ours vs upstream, over network-namespace hosts (root)
 	-$(MAKE) --no-print-directory -k bench-peers
 	$(VENV_PYTHON) benches/multihost_bench.py $(BENCH_MULTIHOST_ARGS)
+
+# The part between hosts needs root (network namespaces); without it, it is skipped and
+# says why.
+bench-rdma: install ## monarch.rdma bench, ours vs upstream: same host, and between namespace hosts
+	-$(MAKE) --no-print-directory -k bench-peers
+	$(VENV_PYTHON) benches/rdma_bench.py $(BENCH_RDMA_ARGS)
 
 docs: | $(VENV_PYTHON) ## Build the Rust API docs into target/doc
 	$(CARGO) doc --workspace --no-deps

@@ -205,6 +205,10 @@ fn options(
     ))
 }
 
+/// Same-host copies up to this size run on the runtime's thread instead of the
+/// blocking pool.
+const INLINE_COPY_MAX: usize = 1 << 20;
+
 /// What one transfer does.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Op {
@@ -253,7 +257,7 @@ fn transfer(
     let (opts, seconds) = options(timeout, parallelism, chunk_bytes)?;
     let len = region.len;
     Ok(PyFuture::from_work(what, async move {
-        let outcome = tokio::task::spawn_blocking(move || {
+        let run = move || {
             let _keepalive = keepalive;
             // SAFETY: the Python layer passes the address and length of memory owned by
             // `keepalive` (checked there: contiguous, at least `len` bytes), which this
@@ -275,8 +279,14 @@ fn transfer(
                 Err(RdmaError::Timeout { pid, .. }) => Err(RdmaError::Timeout { pid, seconds }),
                 other => other,
             }
-        })
-        .await;
+        };
+        // A short same-host copy (tens of microseconds) runs right here on the
+        // runtime's thread: handing it to the blocking pool would cost more than it.
+        let outcome = if matches!(via, Via::Cma) && len <= INLINE_COPY_MAX {
+            Ok(run())
+        } else {
+            tokio::task::spawn_blocking(run).await
+        };
         match outcome {
             Ok(Ok(())) => Ok(Box::new(|py: Python<'_>| Ok(py.None())) as Convert),
             Ok(Err(e)) => Err(py_err(e)),

@@ -142,9 +142,7 @@ class RdmaOwnerGone(RuntimeError):
 class RdmaDropped(RuntimeError):
     """The registered buffer was dropped by its owner."""
 
-def rdma_register(
-    addr: int, len: int, keepalive: object
-) -> tuple[int, int, int, int, int, int]:
+def rdma_register(addr: int, len: int, keepalive: object) -> tuple[int, int, int, int, int, int]:
     """Register ``[addr, addr + len)`` of this process in place; ``keepalive`` (what
     owns the memory) is held until the registration ends."""
 

@@ -682,6 +682,9 @@ _ALL += [
             "Between hosts without a common RDMA device, transfers stream over TCP "
             "connections to the owner's transfer server (when false they fail, naming "
             "both sides). Transfers within one host never need it.",
+            effect="Read at each transfer: between hosts without a common RDMA device, false "
+            "makes it raise RuntimeError naming both sides (same-host copies are never a "
+            "fallback).",
         ),
         Key(
             "rdma_disable_ibverbs",
@@ -689,6 +692,8 @@ _ALL += [
             BOOL,
             False,
             "Do not use ibverbs even where the hardware is present.",
+            effect="Read at each registration and transfer: true makes get_rdma_backend() and "
+            "buffers ignore RDMA devices.",
         ),
         Key(
             "rdma_max_chunk_size_mb",
@@ -696,6 +701,7 @@ _ALL += [
             USIZE,
             64,
             "The largest piece one request of a TCP-path RDMA transfer moves, in MiB.",
+            effect="The largest piece one request of a TCP-path transfer moves.",
         ),
         Key(
             "rdma_tcp_fallback_parallelism",
@@ -704,6 +710,8 @@ _ALL += [
             4,
             "How many parallel connections a TCP-path transfer uses at most (upstream "
             "Monarch's default is 1).",
+            effect="How many pooled connections a TCP-path transfer is split over (default 4 "
+            "here; upstream's is 1).",
         ),
         Key(
             "rdma_ibverbs_target",

@@ -168,6 +168,9 @@ def _warn_once(category: type[Warning], message: str) -> None:
 
 
 def _owner_name() -> str:
+    # monarch.actor installs the runtime's bootstrap: a script that imported only
+    # monarch.rdma gets its client started here, as with any first use of monarch.
+    import monarch.actor  # noqa: F401
     from monarch._src.actor.context import context
 
     return str(context().actor_instance.actor_id)
@@ -417,8 +420,8 @@ def owner_gone(buf: RDMABuffer, why: BaseException) -> BaseException:
     from monarch._src.actor.errors import SupervisionError
 
     return SupervisionError(
-        f"the owner {buf.owner} of the {buf._describe()} is gone (its process exited, "
-        f"was killed, or cannot be reached): {why}"
+        f"the {buf._describe()} cannot be reached: its owner's process exited, was "
+        f"killed, or is cut off ({why})"
     )
 
 
