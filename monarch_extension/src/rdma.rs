@@ -385,6 +385,35 @@ pub fn rdma_drop_remote(region: RegionTuple, server: &str, timeout: f64) -> PyRe
     }))
 }
 
+/// This process's host identity (see `monarch_rdma::buffer::host_key`).
+#[pyfunction]
+pub fn rdma_host_key() -> &'static str {
+    monarch_rdma::buffer::host_key()
+}
+
+/// The backend a transfer from this process to a CPU buffer of `host` takes: `"cma"`,
+/// `"ibverbs"` or `"tcp"`; raises `RuntimeError` naming both sides when none may.
+#[pyfunction]
+pub fn rdma_choose(
+    region: RegionTuple,
+    host: String,
+    rkey: Option<u32>,
+    allow_tcp: bool,
+    disable_ibverbs: bool,
+) -> PyResult<&'static str> {
+    let buffer = monarch_rdma::Buffer {
+        region: region_of(region),
+        host,
+        server: None,
+        rkey,
+    };
+    let policy = monarch_rdma::Policy {
+        allow_tcp,
+        disable_ibverbs,
+    };
+    buffer.backend(policy).map(|b| b.name()).map_err(py_err)
+}
+
 /// Registers the bindings in the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rdma_register, m)?)?;
@@ -392,6 +421,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rdma_deregister, m)?)?;
     m.add_function(wrap_pyfunction!(rdma_registered, m)?)?;
     m.add_function(wrap_pyfunction!(rdma_serve, m)?)?;
+    m.add_function(wrap_pyfunction!(rdma_host_key, m)?)?;
+    m.add_function(wrap_pyfunction!(rdma_choose, m)?)?;
     m.add_function(wrap_pyfunction!(rdma_check_live, m)?)?;
     m.add_function(wrap_pyfunction!(rdma_allow_peer_access, m)?)?;
     m.add_function(wrap_pyfunction!(rdma_ibverbs_probe, m)?)?;

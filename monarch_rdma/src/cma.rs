@@ -124,7 +124,7 @@ pub const PARALLEL_MIN: usize = 16 << 20;
 const MAX_THREADS: usize = 4;
 
 /// The environment variable that caps the copy threads (default: one per core, at
-/// most [`MAX_THREADS`]).
+/// most four).
 pub const THREADS_ENV: &str = "MONARCH_RDMA_CMA_THREADS";
 
 fn max_threads() -> usize {

@@ -1,10 +1,12 @@
 #![doc = include_str!("../README.md")]
 
+pub mod buffer;
 pub mod cma;
 pub mod ibverbs;
 pub mod region;
 pub mod tcp;
 
+pub use buffer::{Backend, Buffer, Policy};
 pub use region::{Registry, RemoteRegion};
 
 /// Why a registration or a transfer failed. Each message names the owner process and

@@ -61,8 +61,10 @@ __all__ = [
     "primary_ip",
     "rdma_allow_peer_access",
     "rdma_check_live",
+    "rdma_choose",
     "rdma_deregister",
     "rdma_drop_remote",
+    "rdma_host_key",
     "rdma_ibverbs_probe",
     "rdma_ibverbs_register",
     "rdma_ibverbs_release",
@@ -159,6 +161,18 @@ def rdma_registered() -> int:
 
 def rdma_serve() -> str:
     """Start this process's transfer server (once); the address peers dial."""
+
+def rdma_host_key() -> str:
+    """This process's host identity: boot id, pid and network namespaces."""
+
+def rdma_choose(
+    region: tuple[int, int, int, int, int, int],
+    host: str,
+    rkey: int | None,
+    allow_tcp: bool,
+    disable_ibverbs: bool,
+) -> str:
+    """The backend to a CPU buffer of ``host``; ``RuntimeError`` when none may be used."""
 
 def rdma_check_live(region: tuple[int, int, int, int, int, int]) -> None:
     """Check one-sided that a region of a process on this host is still registered."""

@@ -32,8 +32,10 @@ from monarch._rust_bindings import (
     RdmaDropped,
     RdmaOwnerGone,
     rdma_allow_peer_access,
+    rdma_choose,
     rdma_deregister,
     rdma_drop_remote,
+    rdma_host_key,
     rdma_ibverbs_probe,
     rdma_ibverbs_register,
     rdma_ibverbs_release,
@@ -82,23 +84,11 @@ class RDMAWriteTransferWarning(UserWarning):
 # --- this process ----------------------------------------------------------------------
 
 
-@functools.cache
 def _host_key() -> str:
     """Who counts as "this host" for one-sided copies: same boot (kernel), same pid
     namespace (pids mean the same), same network namespace (how simulated hosts are
     told apart)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = "unknown-boot"
-    parts = [boot]
-    for ns in ("pid", "net"):
-        try:
-            parts.append(str(os.stat(f"/proc/self/ns/{ns}").st_ino))
-        except OSError:
-            parts.append("?")
-    return "/".join(parts)
+    return rdma_host_key()
 
 
 _setup_lock = threading.Lock()
@@ -287,18 +277,18 @@ class RDMABuffer:
                 "ibverbs with GPUDirect RDMA, which these hosts do not have; register a "
                 "CPU copy of the tensor instead (t.cpu())"
             )
-        if self._rkey is not None and is_ibverbs_available():
-            return "ibverbs"
-        if not config.get("rdma_allow_tcp_fallback"):
-            _, _, reason = _probe()
-            raise RuntimeError(
-                f"no fast path from {_owner_name()} (host {_host_key()}) to the owner of "
-                f"{self._describe()} (host {self._host}): they are on different hosts and "
-                f"ibverbs is unavailable ({reason or 'disabled'}), and the TCP path is "
-                "forbidden by rdma_allow_tcp_fallback=False; allow it "
-                "(MONARCH_RDMA_ALLOW_TCP_FALLBACK=1) or give both hosts RDMA devices"
+        try:
+            return rdma_choose(
+                self._region,
+                self._host,
+                self._rkey,
+                bool(config.get("rdma_allow_tcp_fallback")),
+                bool(config.get("rdma_disable_ibverbs")),
             )
-        return "tcp"
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"no fast path from {_owner_name()} to the owner of the {self._describe()}: {e}"
+            ) from None
 
     # -- transfers --
 
