@@ -7,55 +7,6 @@ asserts on what reached the client through the ``faults`` fixture.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
+from fault_recorder import Faults, _record_faults, faults
 
-import pytest
-
-import monarch.actor
-from monarch.actor import MeshFailure
-
-
-class Faults:
-    """The failures that reached the client's fault hook, in order."""
-
-    def __init__(self) -> None:
-        self.failures: list[MeshFailure] = []
-        self._changed = threading.Condition()
-
-    def __call__(self, failure: MeshFailure) -> None:
-        with self._changed:
-            self.failures.append(failure)
-            self._changed.notify_all()
-
-    def wait_for(self, count: int, mesh_name: str, timeout: float = 30) -> list[MeshFailure]:
-        """Wait until ``count`` failures of ``mesh_name`` arrived; return them."""
-
-        def of_mesh() -> list[MeshFailure]:
-            return [f for f in self.failures if f.mesh_name == mesh_name]
-
-        with self._changed:
-            if not self._changed.wait_for(lambda: len(of_mesh()) >= count, timeout):
-                raise AssertionError(
-                    f"expected {count} failure(s) of {mesh_name!r} within {timeout} s, got "
-                    f"{[str(f) for f in self.failures]}"
-                )
-            return of_mesh()
-
-
-_RECORDER = Faults()
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _record_faults() -> Iterator[None]:
-    # Never restored during the session: failures arrive asynchronously, possibly after
-    # the test that caused them, and must never reach the default (exiting) hook.
-    monarch.actor.unhandled_fault_hook = _RECORDER
-    yield
-
-
-@pytest.fixture
-def faults() -> Faults:
-    """The session's fault recorder (filter by mesh name: failures of earlier tests
-    may arrive late)."""
-    return _RECORDER
+__all__ = ["Faults", "_record_faults", "faults"]
