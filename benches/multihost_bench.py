@@ -319,6 +319,22 @@ class Side:
             return f"version unknown ({e})"
 
 
+def make_sides(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Side]:
+    """The sides named by ``--impls`` (``ours``, ``upstream``), each with the reason it
+    cannot run when its python is missing."""
+    sides = []
+    for key in args.impls.split(","):
+        if key == "ours":
+            py = Path(args.ours_python)
+        elif key == "upstream":
+            py = Path(args.upstream_venv) / "bin" / "python"
+        else:
+            parser.error(f"unknown side {key!r} (ours, upstream)")
+        missing = None if py.exists() else f"not installed: {py} is missing (`make bench-peers`)"
+        sides.append(Side(key, py, missing))
+    return sides
+
+
 def _kill_group(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)  # each was started in a session (group) of its own
@@ -572,16 +588,7 @@ def main() -> int:
     logs = out.parent / "multihost-logs"
     logs.mkdir(parents=True, exist_ok=True)
 
-    sides = []
-    for key in args.impls.split(","):
-        if key == "ours":
-            py = Path(args.ours_python)
-        elif key == "upstream":
-            py = Path(args.upstream_venv) / "bin" / "python"
-        else:
-            parser.error(f"unknown side {key!r} (ours, upstream)")
-        missing = None if py.exists() else f"not installed: {py} is missing (`make bench-peers`)"
-        sides.append(Side(key, py, missing))
+    sides = make_sides(parser, args)
     versions = {s.key: s.missing or s.version() for s in sides}
 
     started = datetime.datetime.now(datetime.timezone.utc)

@@ -648,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "benches"))
     from bench_common import cpu_busy, loadavg, print_rows
-    from multihost_bench import Side
+    from multihost_bench import make_sides
     from tests.multihost.netns import available, cleanup_stale
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -670,16 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     logs = out.parent / "rdma-logs"
     logs.mkdir(parents=True, exist_ok=True)
 
-    sides = []
-    for key in args.impls.split(","):
-        if key == "ours":
-            py = Path(args.ours_python)
-        elif key == "upstream":
-            py = Path(args.upstream_venv) / "bin" / "python"
-        else:
-            parser.error(f"unknown side {key!r} (ours, upstream)")
-        missing = None if py.exists() else f"not installed: {py} is missing (`make bench-peers`)"
-        sides.append(Side(key, py, missing))
+    sides = make_sides(parser, args)
     versions = {s.key: s.missing or s.version() for s in sides}
 
     parts: list[tuple[str, Any]] = []
