@@ -132,11 +132,6 @@ pub fn rdma_ibverbs_register(region: RegionTuple) -> PyResult<u32> {
     ibverbs::register_for_peer(&region_of(region)).map_err(py_err)
 }
 
-/// Releases the device registration of `region` (when it is dropped).
-#[pyfunction]
-pub fn rdma_ibverbs_release(region: RegionTuple) -> bool {
-    ibverbs::release_for_peer(&region_of(region))
-}
 
 /// Lets processes of the same user read and write this process's registered memory
 /// even where Yama's ptrace_scope restricts it (a no-op elsewhere).
@@ -427,7 +422,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rdma_allow_peer_access, m)?)?;
     m.add_function(wrap_pyfunction!(rdma_ibverbs_probe, m)?)?;
     m.add_function(wrap_pyfunction!(rdma_ibverbs_register, m)?)?;
-    m.add_function(wrap_pyfunction!(rdma_ibverbs_release, m)?)?;
     m.add_function(wrap_pyfunction!(rdma_read, m)?)?;
     m.add_function(wrap_pyfunction!(rdma_write, m)?)?;
     m.add_function(wrap_pyfunction!(rdma_drop_remote, m)?)?;

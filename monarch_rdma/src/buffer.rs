@@ -253,9 +253,7 @@ impl Buffer {
     /// The owner's server cannot be reached.
     pub fn drop_registration(&self) -> Result<bool, RdmaError> {
         if self.host == host_key() && self.region.pid == std::process::id() {
-            if self.rkey.is_some() {
-                ibverbs::release_for_peer(&self.region);
-            }
+            // (A device registration ends with it: see ibverbs::register_for_peer.)
             return Ok(Registry::global().deregister(self.region.id));
         }
         tcp::drop_remote(self.server_addr()?, &self.region, &TcpOptions::default())

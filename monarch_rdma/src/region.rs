@@ -135,6 +135,9 @@ struct Table {
 pub struct Registry {
     next_id: AtomicU64,
     table: Mutex<Table>,
+    /// Called with each registration that ends (e.g. to release its device
+    /// registration), after the slot is cleared and before the keep-alive is dropped.
+    hooks: Mutex<Vec<fn(&RemoteRegion)>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -273,8 +276,21 @@ impl Registry {
             table.free.push(entry.slot);
             entry
         };
+        let hooks = self.hooks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for hook in hooks {
+            hook(&entry.region);
+        }
         drop(entry.keepalive);
         true
+    }
+
+    /// Calls `hook` with every registration that ends from now on (once per distinct
+    /// hook), after peers can no longer reach it and before its memory is let go.
+    pub fn on_deregister(&self, hook: fn(&RemoteRegion)) {
+        let mut hooks = self.hooks.lock().unwrap_or_else(|e| e.into_inner());
+        if !hooks.iter().any(|h| std::ptr::fn_addr_eq(*h, hook)) {
+            hooks.push(hook);
+        }
     }
 
     /// The registration `id`, if it is still registered.
@@ -369,6 +385,24 @@ mod tests {
         // SAFETY: the memory is leaked, so valid for ever.
         let again = unsafe { registry.register(addr, 4096, None) }.unwrap();
         assert_ne!(again.id, region.id, "REG-2");
+    }
+
+    #[test]
+    fn deregistration_hooks_run_once_per_ended_registration() {
+        static ENDED: AtomicU64 = AtomicU64::new(0);
+        fn hook(_: &RemoteRegion) {
+            ENDED.fetch_add(1, Ordering::SeqCst);
+        }
+        let registry = Registry::new();
+        registry.on_deregister(hook);
+        registry.on_deregister(hook);
+        let memory: &'static mut [u8] = Box::leak(vec![0u8; 8].into_boxed_slice());
+        let region = registry.register_slice(memory).unwrap();
+        assert!(!registry.deregister_with_key(region.id, region.key ^ 1));
+        assert_eq!(ENDED.load(Ordering::SeqCst), 0);
+        assert!(registry.deregister_with_key(region.id, region.key));
+        assert!(!registry.deregister(region.id));
+        assert_eq!(ENDED.load(Ordering::SeqCst), 1);
     }
 
     #[test]

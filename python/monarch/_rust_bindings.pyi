@@ -67,7 +67,6 @@ __all__ = [
     "rdma_host_key",
     "rdma_ibverbs_probe",
     "rdma_ibverbs_register",
-    "rdma_ibverbs_release",
     "rdma_read",
     "rdma_register",
     "rdma_register_device",
@@ -185,9 +184,6 @@ def rdma_ibverbs_probe(disabled: bool = False) -> tuple[bool, list[str], str | N
 
 def rdma_ibverbs_register(region: tuple[int, int, int, int, int, int]) -> int:
     """Register a live region with the RDMA device for peers; its rkey."""
-
-def rdma_ibverbs_release(region: tuple[int, int, int, int, int, int]) -> bool:
-    """Release the device registration of a region."""
 
 def rdma_read(
     what: str,

@@ -1330,9 +1330,30 @@ pub fn register_for_peer(region: &RemoteRegion) -> Result<u32, RdmaError> {
             })
         }
     }
-    device
+    let rkey = device
         .register(region.addr, region.len)
-        .map(|(_, rkey)| rkey)
+        .map(|(_, rkey)| rkey)?;
+    lock_peer_regions().insert(region.id, *region);
+    // The device registration ends with the registration, however that ends (the
+    // owner's drop, a peer's drop through the transfer server).
+    Registry::global().on_deregister(release_on_deregister);
+    Ok(rkey)
+}
+
+/// The registrations [`register_for_peer`] registered with the device, by id.
+fn lock_peer_regions() -> MutexGuard<'static, HashMap<u64, RemoteRegion>> {
+    static PEER_REGIONS: OnceLock<Mutex<HashMap<u64, RemoteRegion>>> = OnceLock::new();
+    PEER_REGIONS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+fn release_on_deregister(region: &RemoteRegion) {
+    let registered = lock_peer_regions().remove(&region.id);
+    if let Some(registered) = registered {
+        release_for_peer(&registered);
+    }
 }
 
 /// Ends one [`register_for_peer`] of `region`; peers then get [`RdmaError::Dropped`]

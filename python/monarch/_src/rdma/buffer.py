@@ -38,7 +38,6 @@ from monarch._rust_bindings import (
     rdma_host_key,
     rdma_ibverbs_probe,
     rdma_ibverbs_register,
-    rdma_ibverbs_release,
     rdma_read,
     rdma_register,
     rdma_register_device,
@@ -367,8 +366,6 @@ class RDMABuffer:
         """Release the registration: later transfers fail. Works from the owner and from
         any holder of the handle; dropping twice is fine."""
         if self._is_local() and self._region[0] == os.getpid():
-            if self._rkey is not None:
-                rdma_ibverbs_release(self._region)
             rdma_deregister(self._region[1])
             return Future(impl=Done(None))
         if self._server is None:
