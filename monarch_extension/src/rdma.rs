@@ -132,7 +132,6 @@ pub fn rdma_ibverbs_register(region: RegionTuple) -> PyResult<u32> {
     ibverbs::register_for_peer(&region_of(region)).map_err(py_err)
 }
 
-
 /// Lets processes of the same user read and write this process's registered memory
 /// even where Yama's ptrace_scope restricts it (a no-op elsewhere).
 #[pyfunction]
