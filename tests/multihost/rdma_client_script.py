@@ -15,7 +15,6 @@ import socket
 import sys
 import time
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,7 +24,6 @@ from monarch.actor import (
     Actor,
     Channel,
     Port,
-    SupervisionError,
     attach_to_workers,
     context,
     enable_transport,
@@ -33,37 +31,15 @@ from monarch.actor import (
 )
 from monarch.rdma import RDMAAction, RDMABuffer, RDMATcpFallbackWarning
 
-MiB = 1 << 20
-SENTINEL = 0xA5
-_MIX = 0x1E3779B97F4A7C15
+# The content helpers shared with the one-host tests; the workers on the other hosts get
+# them pickled by value, so they need not find the module.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import cloudpickle
 
+import rdma_content
+from rdma_content import SENTINEL, MiB, mismatch, outcome, pattern, read_until_gone
 
-def pattern(n: int, seed: int) -> Any:
-    """``n`` bytes that depend on ``seed`` and position (every 8-byte word differs)."""
-    words = torch.arange(seed, seed + (n + 7) // 8, dtype=torch.int64)
-    words.mul_(_MIX)
-    return words.view(torch.uint8)[:n]
-
-
-def mismatch(got: Any, want: Any) -> str:
-    if got.numel() != want.numel():
-        return f"{got.numel()} bytes, expected {want.numel()}"
-    if torch.equal(got, want):
-        return ""
-    diff = (got != want).nonzero().flatten()
-    return f"{diff.numel()} byte(s) differ, the first at {int(diff[0])}"
-
-
-def outcome(fn: Callable[[], object]) -> tuple[str, str]:
-    try:
-        fn()
-    except SupervisionError as e:
-        return "SupervisionError", str(e)
-    except RuntimeError as e:  # a subclass too (what a dropped buffer raises)
-        return "RuntimeError", str(e)
-    except Exception as e:
-        return type(e).__name__, str(e)
-    return "ok", ""
+cloudpickle.register_pickle_by_value(rdma_content)
 
 
 def tcp_warnings(record: list[warnings.WarningMessage]) -> list[str]:
@@ -92,45 +68,6 @@ def use(buf: RDMABuffer, seed: int, new_seed: int) -> dict[str, Any]:
         report["action"] = mismatch(dst[:n], pattern(n, new_seed))
     report["warnings"] = tcp_warnings(record)
     report["all_warnings"] = [f"{w.category.__name__}: {w.message}" for w in record]
-    return report
-
-
-def read_until_gone(
-    buf: RDMABuffer, seed: int, notify: Callable[[], None], limit_s: float = 60
-) -> dict[str, Any]:
-    """Read in a loop (checking contents) until a read fails; then a read and a write more."""
-    n = buf.size()
-    want = pattern(n, seed)
-    dst = torch.empty(n, dtype=torch.uint8)
-    report: dict[str, Any] = {"ok": 0, "bad": [], "error": None, "failed_at": None, "after": []}
-    notified = False
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        dst.fill_(SENTINEL)
-        kind, message = outcome(lambda: buf.read_into(dst, timeout=30).get(timeout=45))
-        if kind == "ok":
-            if bad := mismatch(dst, want):
-                report["bad"].append(bad)
-            else:
-                report["ok"] += 1
-        else:
-            report["failed_at"] = time.monotonic()
-            report["error"] = (kind, message)
-        if not notified:
-            notify()
-            notified = True
-        if kind != "ok":
-            break
-    if not notified:
-        notify()
-    if report["error"] is not None:
-        for op in (
-            lambda: buf.read_into(dst, timeout=30).get(timeout=45),
-            lambda: buf.write_from(want, timeout=30).get(timeout=45),
-        ):
-            start = time.monotonic()
-            kind, message = outcome(op)
-            report["after"].append((kind, message, time.monotonic() - start))
     return report
 
 

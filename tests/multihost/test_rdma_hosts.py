@@ -111,7 +111,7 @@ def test_buffer_of_one_host_read_and_written_from_others_over_tcp(
     _check_use(r["remote"], owner_id, "actor on host 1")
     _check_use(r["local"], owner_id, "client")
     kind, message = r["after_drop"]
-    assert kind == "RuntimeError" and "dropped" in message, r["after_drop"]
+    assert kind == "dropped" and "dropped" in message, r["after_drop"]
     assert r["failures"] == [], r["failures"]
 
 

@@ -19,7 +19,6 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -47,44 +46,23 @@ from monarch.rdma import (  # noqa: E402
     is_ibverbs_available,
     is_rdma_available,
 )
+from rdma_content import (  # noqa: E402
+    SENTINEL,
+    MiB,
+    mismatch,
+    outcome,
+    pattern,
+    read_until_gone,
+    sentinel,
+)
 
 if TYPE_CHECKING:  # not imported at run time: procs unpickling this module lack it
     from conftest import Faults
 
 pytestmark = pytest.mark.timeout(90)
 
-MiB = 1 << 20
-SENTINEL = 0xA5
-#: An odd multiplier (below 2**63): consecutive words of a pattern differ in every byte.
-_MIX = 0x1E3779B97F4A7C15
-
 
 # --- content helpers (used by the client and by the actors) -------------------------
-
-
-def pattern(n: int, seed: int) -> Any:
-    """``n`` bytes (a 1-D contiguous uint8 tensor) that depend on ``seed`` and position."""
-    words = torch.arange(seed, seed + (n + 7) // 8, dtype=torch.int64)
-    words.mul_(_MIX)
-    return words.view(torch.uint8)[:n]
-
-
-def sentinel(n: int) -> Any:
-    return torch.full((n,), SENTINEL, dtype=torch.uint8)
-
-
-def mismatch(got: Any, want: Any, what: str = "content") -> str:
-    """'' if the two byte tensors are equal, else a description of the first difference."""
-    if got.numel() != want.numel():
-        return f"{what}: {got.numel()} bytes, expected {want.numel()}"
-    if torch.equal(got, want):
-        return ""
-    diff = (got != want).nonzero().flatten()
-    i = int(diff[0])
-    return (
-        f"{what}: {diff.numel()} of {got.numel()} byte(s) differ, the first at {i}: "
-        f"{int(got[i])} instead of {int(want[i])}"
-    )
 
 
 def layout(base: Any, offset: int, n: int, segments: list[tuple[int, int, int]]) -> str:
@@ -137,63 +115,8 @@ async def do_write_async(buf: RDMABuffer, seed: int, nbytes: int, src_offset: in
     await buf.write_from(source(seed, nbytes, src_offset), timeout=60)
 
 
-def outcome(fn: Callable[[], object]) -> tuple[str, str]:
-    """``("ok", "")``, or the kind and message of what ``fn`` raised: "SupervisionError",
-    "dropped" (a RuntimeError other than SupervisionError), else the exception's type."""
-    try:
-        fn()
-    except SupervisionError as e:
-        return "SupervisionError", str(e)
-    except RuntimeError as e:
-        return ("dropped" if "dropped" in str(e) else type(e).__name__), str(e)
-    except Exception as e:
-        return type(e).__name__, str(e)
-    return "ok", ""
-
-
 def no_warnings(record: list[warnings.WarningMessage]) -> str:
     return "; ".join(f"warned {w.category.__name__}: {w.message}" for w in record)
-
-
-def read_until_gone(
-    buf: RDMABuffer, seed: int, notify: Callable[[], None], limit_s: float = 60
-) -> dict[str, Any]:
-    """Read ``buf`` in a loop until a read fails (the owner is killed meanwhile), checking
-    each successful read's content; then try a read and a write more. ``notify`` is
-    called once the first read is over."""
-    n = buf.size()
-    want = pattern(n, seed)
-    dst = torch.empty(n, dtype=torch.uint8)
-    report: dict[str, Any] = {"ok": 0, "bad": [], "error": None, "failed_at": None, "after": []}
-    notified = False
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        dst.fill_(SENTINEL)
-        kind, message = outcome(lambda: buf.read_into(dst, timeout=30).get(timeout=45))
-        if kind == "ok":
-            if bad := mismatch(dst, want):
-                report["bad"].append(bad)
-            else:
-                report["ok"] += 1
-        else:
-            report["failed_at"] = time.monotonic()
-            report["error"] = (kind, message)
-        if not notified:
-            notify()
-            notified = True
-        if kind != "ok":
-            break
-    if not notified:
-        notify()
-    if report["error"] is not None:
-        for op in (
-            lambda: buf.read_into(dst, timeout=30).get(timeout=45),
-            lambda: buf.write_from(want, timeout=30).get(timeout=45),
-        ):
-            start = time.monotonic()
-            kind, message = outcome(op)
-            report["after"].append((kind, message, time.monotonic() - start))
-    return report
 
 
 def _register(holder: Any, key: str, nbytes: int, seed: int, offset: int, pad: int) -> RDMABuffer:
