@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
 
 # The metric catalogue: key -> (name, unit, which direction is better). The names are
 # what the tables print (and what the smoke test looks for); the keys are what the JSON
@@ -531,3 +533,74 @@ class Recorder:
             json.dump(result, f, indent=2)
             f.write("\n")
         os.replace(tmp, self.path)
+
+
+def settle(limit: int = 20) -> float | None:
+    """Let the previous run's teardown (processes, namespaces) finish: wait for a half
+    second under 20% busy, at most ``limit`` half seconds. Returns the last share busy,
+    recorded with the next run to compare runs by."""
+    busy = cpu_busy(0.5)
+    for _ in range(limit - 1):
+        if busy is None or busy < 0.2:
+            break
+        busy = cpu_busy(0.5)
+    return busy
+
+
+def machine_line() -> str:
+    """The machine in one line: CPUs, memory, Python, kernel."""
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (
+        f"{os.cpu_count()} CPUs, {mem_gib:.0f} GiB, Python {platform.python_version()}, "
+        f"{platform.system()} {platform.release()}"
+    )
+
+
+def run_outcome(result: dict[str, Any]) -> str:
+    """How one run of a side-by-side benchmark went, for its progress line."""
+    extra = ""
+    if result["leftover_processes_killed"]:
+        extra = f"; killed {len(result['leftover_processes_killed'])} leftovers"
+    return f"{result['wall_s']:.0f} s, {result['status']}{extra}"
+
+
+class NotedCells:
+    """Table cells for the medians in ``aggs`` (side -> metric -> ``{"value", "error"}``):
+    a value with its unit, or ``n/a [k]`` where the k-th of ``notes`` says why there is
+    none. Errors that ``as_is`` accepts are shown in the cell itself; values are written
+    by ``show`` (``fmt`` unless given)."""
+
+    def __init__(
+        self,
+        aggs: dict[str, dict[str, Any]],
+        as_is: Callable[[str], bool] = lambda _: False,
+        show: Callable[[float, str], str] | None = None,
+    ):
+        self.aggs = aggs
+        self.as_is = as_is
+        self.show = show or fmt
+        self.notes: list[str] = []
+
+    def __call__(self, key: str, unit: str, side: str) -> str:
+        if side not in self.aggs:
+            return "-"
+        a = self.aggs[side][key]
+        if a["value"] is not None:
+            return self.show(a["value"], unit)
+        err: str = a["error"]
+        if self.as_is(err):
+            return err
+        if err not in self.notes:
+            self.notes.append(err)
+        return f"n/a [{self.notes.index(err) + 1}]"
+
+
+def save_results(
+    out: Path, logs: Path, result: dict[str, Any], ours_runs: list[dict[str, Any]]
+) -> int:
+    """Write ``result`` to ``out`` as JSON; the exit status: 1 when every run of ours
+    failed, else 0."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {out} (logs in {logs})")
+    return 1 if ours_runs and all(r["status"] != "ok" for r in ours_runs) else 0

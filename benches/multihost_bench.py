@@ -43,7 +43,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import queue
 import signal
 import statistics
@@ -53,13 +52,23 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benches"))
 
-from bench_common import cpu_busy, loadavg, print_rows, processes_with_env  # noqa: E402
-from tests.multihost.netns import Cluster, available, cleanup_stale  # noqa: E402
+from bench_common import (  # noqa: E402
+    NotedCells,
+    loadavg,
+    machine_line,
+    print_rows,
+    processes_with_env,
+    run_outcome,
+    save_results,
+    settle,
+)
+from tests.multihost.netns import Cluster, Host, available, cleanup_stale  # noqa: E402
 
 PORT = 26600
 SECRET = "multihost-bench"
@@ -342,6 +351,47 @@ def _kill_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
+def start_workers(
+    hosts: list[Host],
+    side: Side,
+    env: dict[str, str],
+    log_paths: list[Path],
+    files: list[IO[bytes]],
+) -> list[subprocess.Popen[bytes]]:
+    """A worker of ``side`` on each namespace host, listening on ``PORT`` of its address,
+    in a session of its own, writing to its log (the opened logs go into ``files``)."""
+    workers: list[subprocess.Popen[bytes]] = []
+    for h, log_path in zip(hosts, log_paths, strict=True):
+        log = open(log_path, "wb")
+        files.append(log)
+        workers.append(
+            h.popen(
+                side.worker_argv(f"tcp://{h.ip}:{PORT}"),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+    return workers
+
+
+def stop_workers(workers: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each worker's group, SIGKILL it where the worker is not gone within 10 s,
+    then SIGKILL the group anyway (procs the worker left in it)."""
+    for w in workers:
+        _kill_group(w, signal.SIGTERM)
+    for w in workers:
+        try:
+            w.wait(10)
+        except subprocess.TimeoutExpired:
+            _kill_group(w, signal.SIGKILL)
+            w.wait(10)
+    for w in workers:
+        _kill_group(w, signal.SIGKILL)
+
+
 def _last_line(path: Path) -> str:
     try:
         lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
@@ -361,36 +411,18 @@ def run_once(side: Side, rep: int, args: argparse.Namespace, logs: Path) -> dict
     metrics: dict[str, float | None] = {}
     errors: dict[str, str] = {}
     status = "ok"
-    # Let the previous run's teardown (processes, namespaces) finish: up to 10 s for a
-    # half second under 20% busy. What was left is recorded, to compare runs by.
-    busy = cpu_busy(0.5)
-    for _ in range(19):
-        if busy is None or busy < 0.2:
-            break
-        busy = cpu_busy(0.5)
+    busy = settle()
     load = loadavg()
     t_start = time.perf_counter()
     workers: list[subprocess.Popen] = []
     client: subprocess.Popen | None = None
     worker_logs = [logs / f"{side.key}-{rep}-worker-h{i}.log" for i in range(3)]
     client_log = logs / f"{side.key}-{rep}-client.log"
-    files = []
+    files: list[IO[bytes]] = []
     leftovers: list[str] = []
     cluster = Cluster.create(3)
     try:
-        for h, log_path in zip(cluster.hosts, worker_logs, strict=True):
-            log = open(log_path, "wb")
-            files.append(log)
-            workers.append(
-                h.popen(
-                    side.worker_argv(f"tcp://{h.ip}:{PORT}"),
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+        workers += start_workers(cluster.hosts, side, env, worker_logs, files)
         addresses = [f"tcp://{h.ip}:{PORT}" for h in cluster.hosts]
         err = open(client_log, "wb")
         files.append(err)
@@ -477,16 +509,7 @@ def run_once(side: Side, rep: int, args: argparse.Namespace, logs: Path) -> dict
                 client.wait(10)
         for h in cluster.hosts:
             h.restore()
-        for w in workers:
-            _kill_group(w, signal.SIGTERM)
-        for w in workers:
-            try:
-                w.wait(10)
-            except subprocess.TimeoutExpired:
-                _kill_group(w, signal.SIGKILL)
-                w.wait(10)
-        for w in workers:
-            _kill_group(w, signal.SIGKILL)  # procs the worker left in its group
+        stop_workers(workers)
         time.sleep(0.3)
         leftovers = [f"{p.pid} {p.cmdline[:80]}" for p in cluster.destroy()]
         for pid in processes_with_env(MARKER, run_id):  # anything that left the netns
@@ -601,10 +624,7 @@ def main() -> int:
             print(f"rep {rep + 1}/{args.reps}: {side.key} ...", end=" ", flush=True)
             result = run_once(side, rep, args, logs)
             runs[side.key].append(result)
-            extra = ""
-            if result["leftover_processes_killed"]:
-                extra = f"; killed {len(result['leftover_processes_killed'])} leftovers"
-            print(f"{result['wall_s']:.0f} s, {result['status']}{extra}", flush=True)
+            print(run_outcome(result), flush=True)
         active = [s for s in active if "timed out" not in runs[s.key][-1]["status"]]
     elapsed = time.perf_counter() - t_start
 
@@ -612,20 +632,8 @@ def main() -> int:
     for s in sides:  # a side none of whose runs went through: say why, once
         if not s.missing and runs[s.key] and all(r["status"] != "ok" for r in runs[s.key]):
             s.missing = runs[s.key][0]["status"]
-    notes: list[str] = []
-
-    def cell(key: str, unit: str, side: str) -> str:
-        if side not in aggs:
-            return "-"
-        a = aggs[side][key]
-        if a["value"] is not None:
-            return fmt(a["value"], unit)
-        err = a["error"]
-        if err.startswith("not detected"):
-            return err
-        if err not in notes:
-            notes.append(err)
-        return f"n/a [{notes.index(err) + 1}]"
+    cell = NotedCells(aggs, as_is=lambda err: err.startswith("not detected"))
+    notes = cell.notes
 
     rows = [("metric", "ours", "upstream", "ours/upstream", "budget", "met")]
     for key, name, unit, budget in ROWS:
@@ -641,11 +649,7 @@ def main() -> int:
         text, met = budget_cells(key, budget, o, u)
         rows.append((name, cell(key, unit, "ours"), cell(key, unit, "upstream"), ratio, text, met))
 
-    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    machine = (
-        f"{os.cpu_count()} CPUs, {mem_gib:.0f} GiB, Python {platform.python_version()}, "
-        f"{platform.system()} {platform.release()}"
-    )
+    machine = machine_line()
     print(f"\nmulti-host, namespace hosts ({started:%Y-%m-%d %H:%M} UTC, {elapsed:.0f} s)")
     print(machine)
     for s in sides:
@@ -683,11 +687,7 @@ def main() -> int:
         "table": rows,
         "notes": notes,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {out} (logs in {logs})")
-    ours_runs = runs.get("ours", [])
-    return 1 if ours_runs and all(r["status"] != "ok" for r in ours_runs) else 0
+    return save_results(out, logs, result, runs.get("ours", []))
 
 
 if __name__ == "__main__":

@@ -48,7 +48,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import queue
 import signal
 import statistics
@@ -529,27 +528,21 @@ def run_local(side: Any, rep: int, args: argparse.Namespace, logs: Path) -> dict
 
 
 def run_cross(side: Any, rep: int, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
-    from multihost_bench import PORT, _kill_group
+    from multihost_bench import PORT, start_workers, stop_workers
     from tests.multihost.netns import Cluster
 
     run_id = uuid.uuid4().hex
     workers: list[subprocess.Popen[bytes]] = []
-    files = []
+    files: list[Any] = []
     cluster = Cluster.create(2)
     try:
-        for i, h in enumerate(cluster.hosts):
-            log = open(logs / f"{side.key}-{rep}-cross-worker-h{i}.log", "wb")
-            files.append(log)
-            workers.append(
-                h.popen(
-                    side.worker_argv(f"tcp://{h.ip}:{PORT}"),
-                    env={**side.env(run_id), "MONARCH_RDMA_ALLOW_TCP_FALLBACK": "1"},
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+        workers += start_workers(
+            cluster.hosts,
+            side,
+            {**side.env(run_id), "MONARCH_RDMA_ALLOW_TCP_FALLBACK": "1"},
+            [logs / f"{side.key}-{rep}-cross-worker-h{i}.log" for i in range(len(cluster.hosts))],
+            files,
+        )
         sizes = ",".join(s for s in args.sizes.split(",") if int(s) >= 64)
         argv = [str(side.python), str(Path(__file__).resolve()), "--child", "cross"]
         argv += ["--impl", side.key, "--sizes", sizes, "--client-ip", cluster.client.ip]
@@ -564,15 +557,7 @@ def run_cross(side: Any, rep: int, args: argparse.Namespace, logs: Path) -> dict
             run_id,
         )
     finally:
-        for w in workers:
-            _kill_group(w, signal.SIGTERM)
-        for w in workers:
-            try:
-                w.wait(10)
-            except subprocess.TimeoutExpired:
-                _kill_group(w, signal.SIGKILL)
-                w.wait(10)
-            _kill_group(w, signal.SIGKILL)  # procs the worker left in its group
+        stop_workers(workers)
         time.sleep(0.3)
         left = [f"{p.pid} {p.cmdline[:80]}" for p in cluster.destroy()]
         for f in files:
@@ -647,7 +632,15 @@ def main(argv: list[str] | None = None) -> int:
         return child_main(argv)
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "benches"))
-    from bench_common import cpu_busy, loadavg, print_rows
+    from bench_common import (
+        NotedCells,
+        loadavg,
+        machine_line,
+        print_rows,
+        run_outcome,
+        save_results,
+        settle,
+    )
     from multihost_bench import make_sides
     from tests.multihost.netns import available, cleanup_stale
 
@@ -696,11 +689,7 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(args.reps):
             shift = rep % max(len(active), 1)
             for side in active[shift:] + active[:shift]:
-                busy = cpu_busy(0.5)
-                for _ in range(19):  # let the previous run's teardown finish
-                    if busy is None or busy < 0.2:
-                        break
-                    busy = cpu_busy(0.5)
+                busy = settle()
                 print(f"{part}, rep {rep + 1}/{args.reps}: {side.key} ...", end=" ", flush=True)
                 try:
                     result = fn(side, rep, args, logs)
@@ -716,10 +705,7 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 result.update(part=part, rep=rep, cpu_busy_before_run=busy, loadavg=loadavg())
                 runs[side.key].append(result)
-                extra = ""
-                if result["leftover_processes_killed"]:
-                    extra = f"; killed {len(result['leftover_processes_killed'])} leftovers"
-                print(f"{result['wall_s']:.0f} s, {result['status']}{extra}", flush=True)
+                print(run_outcome(result), flush=True)
             active = [s for s in active if "timed out" not in runs[s.key][-1]["status"]]
     elapsed = time.perf_counter() - t_start
 
@@ -739,17 +725,8 @@ def main(argv: list[str] | None = None) -> int:
             elif key.endswith(("_1g_gbps", "reg_1g_us", "reg_rss_growth_mib")):
                 if "1024" not in args.sizes:
                     aggs[s.key][key] = {"value": None, "error": "left out (--no-1g / --quick)"}
-    notes: list[str] = []
-
-    def cell(key: str, unit: str, side: str) -> str:
-        if side not in aggs:
-            return "-"
-        a = aggs[side][key]
-        if a["value"] is not None:
-            return fmt(a["value"], unit)
-        if a["error"] not in notes:
-            notes.append(a["error"])
-        return f"n/a [{notes.index(a['error']) + 1}]"
+    cell = NotedCells(aggs, show=fmt)
+    notes = cell.notes
 
     rows = [("metric", "ours", "upstream", "ours/upstream", "budget", "met")]
     for key, name, unit, budgets in ROWS:
@@ -762,11 +739,7 @@ def main(argv: list[str] | None = None) -> int:
         text, met = budget_cells(budgets, unit, o, u)
         rows.append((name, cell(key, unit, "ours"), cell(key, unit, "upstream"), ratio, text, met))
 
-    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    machine = (
-        f"{os.cpu_count()} CPUs, {mem_gib:.0f} GiB, Python {platform.python_version()}, "
-        f"{platform.system()} {platform.release()}"
-    )
+    machine = machine_line()
     print(f"\nmonarch.rdma, ours vs upstream ({started:%Y-%m-%d %H:%M} UTC, {elapsed:.0f} s)")
     print(machine)
     for s in sides:
@@ -808,11 +781,7 @@ def main(argv: list[str] | None = None) -> int:
         "table": rows,
         "notes": notes,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {out} (logs in {logs})")
-    ours_runs = runs.get("ours", [])
-    return 1 if ours_runs and all(r["status"] != "ok" for r in ours_runs) else 0
+    return save_results(out, logs, result, runs.get("ours", []))
 
 
 if __name__ == "__main__":
