@@ -63,7 +63,7 @@ pub fn allow_peer_access() -> io::Result<()> {
 /// registration ended; [`RdmaError::OwnerGone`], [`RdmaError::AccessDenied`],
 /// [`RdmaError::BadAddress`] or [`RdmaError::Os`] from the kernel.
 pub fn read(remote: &RemoteRegion, local: &mut [u8]) -> Result<(), RdmaError> {
-    check_sizes(remote, local.len())?;
+    remote.check_len(local.len())?;
     check_live(remote)?;
     split(remote, local.as_mut_ptr(), local.len(), Direction::Read)
 }
@@ -107,7 +107,7 @@ pub fn check_live(remote: &RemoteRegion) -> Result<(), RdmaError> {
 ///
 /// As [`read`].
 pub fn write(remote: &RemoteRegion, local: &[u8]) -> Result<(), RdmaError> {
-    check_sizes(remote, local.len())?;
+    remote.check_len(local.len())?;
     check_live(remote)?;
     split(
         remote,
@@ -194,16 +194,6 @@ fn split(
             .collect::<Result<Vec<()>, _>>()?;
         Ok(())
     })
-}
-
-fn check_sizes(remote: &RemoteRegion, local: usize) -> Result<(), RdmaError> {
-    if remote.len != local {
-        return Err(RdmaError::SizeMismatch {
-            remote: remote.len,
-            local,
-        });
-    }
-    Ok(())
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -70,6 +70,22 @@ impl RemoteRegion {
     pub fn offset_in(&self, start: u64) -> usize {
         (self.addr - start) as usize
     }
+
+    /// Checks that a local buffer of `local` bytes matches this region, as every
+    /// whole-region transfer needs.
+    ///
+    /// # Errors
+    ///
+    /// [`RdmaError::SizeMismatch`] unless `local == self.len`.
+    pub fn check_len(&self, local: usize) -> Result<(), RdmaError> {
+        if self.len != local {
+            return Err(RdmaError::SizeMismatch {
+                remote: self.len,
+                local,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// What a same-host peer reads to check a registration (REG-4): the registration's id
@@ -276,7 +292,7 @@ impl Registry {
             table.free.push(entry.slot);
             entry
         };
-        let hooks = self.hooks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let hooks = crate::lock(&self.hooks).clone();
         for hook in hooks {
             hook(&entry.region);
         }
@@ -287,7 +303,7 @@ impl Registry {
     /// Calls `hook` with every registration that ends from now on (once per distinct
     /// hook), after peers can no longer reach it and before its memory is let go.
     pub fn on_deregister(&self, hook: fn(&RemoteRegion)) {
-        let mut hooks = self.hooks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut hooks = crate::lock(&self.hooks);
         if !hooks.iter().any(|h| std::ptr::fn_addr_eq(*h, hook)) {
             hooks.push(hook);
         }
@@ -343,7 +359,7 @@ impl Registry {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
+        crate::lock(&self.table)
     }
 }
 
