@@ -89,12 +89,10 @@ class Worker:
         self.proc = None
 
 
-@pytest.fixture(scope="module")
-def workers(
-    netns_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[list[Worker]]:
-    log_dir = tmp_path_factory.mktemp("workers")
-    started = [Worker(h, log_dir) for h in netns_cluster.hosts]
+def running_workers(hosts: list[Host], log_dir: Path) -> Iterator[list[Worker]]:
+    """A worker started on each of ``hosts``, all stopped when the generator closes
+    (the body of a module-scoped ``workers`` fixture)."""
+    started = [Worker(h, log_dir) for h in hosts]
     try:
         for w in started:
             w.start()
@@ -104,13 +102,12 @@ def workers(
             w.stop()
 
 
-@pytest.fixture
-def healthy(
-    workers: list[Worker], netns_cluster: Cluster, keep_running: list[subprocess.Popen[Any]]
+def kept_healthy(
+    workers: list[Worker], cluster: Cluster, keep_running: list[subprocess.Popen[Any]]
 ) -> Iterator[list[Worker]]:
     """Every worker running before the test; one the test broke, or that an earlier
-    test's break made this fixture restart, is stopped after the test (and restarted by
-    the next one)."""
+    test's break made this restart, is stopped after the test (and restarted by the
+    next one); every host's network is restored (the body of a ``healthy`` fixture)."""
     for w in workers:
         w.registry = keep_running
         if not w.alive():
@@ -118,8 +115,22 @@ def healthy(
     yield workers
     for w in workers:
         w.registry = None
-    for host in netns_cluster.hosts:
+    for host in cluster.hosts:
         host.restore()
+
+
+@pytest.fixture(scope="module")
+def workers(
+    netns_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[Worker]]:
+    yield from running_workers(netns_cluster.hosts, tmp_path_factory.mktemp("workers"))
+
+
+@pytest.fixture
+def healthy(
+    workers: list[Worker], netns_cluster: Cluster, keep_running: list[subprocess.Popen[Any]]
+) -> Iterator[list[Worker]]:
+    yield from kept_healthy(workers, netns_cluster, keep_running)
 
 
 class Client:

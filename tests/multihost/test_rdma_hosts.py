@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from .netns import Cluster
-from .test_hosts import Client, Worker, _env
+from .test_hosts import Client, Worker, _env, kept_healthy, running_workers
 
 pytest.importorskip("torch")
 
@@ -35,15 +35,7 @@ def workers(
     netns_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[Worker]]:
     """Workers in two of the cluster's hosts: host 0 owns, host 1 uses."""
-    log_dir = tmp_path_factory.mktemp("rdma-workers")
-    started = [Worker(h, log_dir) for h in netns_cluster.hosts[:2]]
-    try:
-        for w in started:
-            w.start()
-        yield started
-    finally:
-        for w in started:
-            w.stop()
+    yield from running_workers(netns_cluster.hosts[:2], tmp_path_factory.mktemp("rdma-workers"))
 
 
 @pytest.fixture
@@ -51,16 +43,8 @@ def healthy(
     workers: list[Worker], netns_cluster: Cluster, keep_running: list[subprocess.Popen[Any]]
 ) -> Iterator[list[Worker]]:
     """Both workers running before the test (one that an earlier test killed is
-    restarted, registered to be stopped after this test)."""
-    for w in workers:
-        w.registry = keep_running
-        if not w.alive():
-            w.start()
-    yield workers
-    for w in workers:
-        w.registry = None
-    for host in netns_cluster.hosts:
-        host.restore()
+    restarted)."""
+    yield from kept_healthy(workers, netns_cluster, keep_running)
 
 
 class RdmaClient(Client):
