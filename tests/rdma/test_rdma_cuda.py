@@ -53,7 +53,7 @@ class GpuReader(Actor):
         dst = torch.zeros(buf.size(), dtype=torch.uint8, device=device)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RDMAReadTransferWarning)
-            buf.read_into(dst).get()
+            buf.read_into(dst).get(timeout=60)
         return [*dst.cpu().tolist()[:64], int(dst.to(torch.int64).sum())]
 
     @endpoint
@@ -61,23 +61,23 @@ class GpuReader(Actor):
         src = pattern(buf.size(), seed, device)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RDMAWriteTransferWarning)
-            buf.write_from(src).get()
+            buf.write_from(src).get(timeout=60)
 
     @endpoint
     def bandwidth(self, buf: RDMABuffer, reps: int) -> tuple[str, float]:
         import time
 
         dst = torch.zeros(buf.size(), dtype=torch.uint8, device="cuda")
-        buf.read_into(dst).get()
+        buf.read_into(dst).get(timeout=60)
         start = time.perf_counter()
         for _ in range(reps):
-            buf.read_into(dst).get()
+            buf.read_into(dst).get(timeout=60)
         return buf.backend, buf.size() * reps / (time.perf_counter() - start) / 1e9
 
     @endpoint
     def try_read(self, buf: RDMABuffer) -> str:
         try:
-            buf.read_into(torch.zeros(buf.size(), dtype=torch.uint8)).get()
+            buf.read_into(torch.zeros(buf.size(), dtype=torch.uint8)).get(timeout=60)
         except RuntimeError as e:
             return str(e)
         return "no error"
@@ -108,31 +108,31 @@ def test_reads_and_writes_between_procs(
         f"owner_{owner_dev}_{reader_dev}", GpuOwner, n, 3, owner_dev
     )
     reader = gpu_procs.slice(procs=1).spawn(f"reader_{owner_dev}_{reader_dev}", GpuReader)
-    buf = owner.buffer.call_one().get()
+    buf = owner.buffer.call_one().get(timeout=60)
     assert buf.device.startswith(owner_dev)
     # The reader's memory is not known here: the backend says how the owner's is reached.
     assert buf.backend == ("cuda_ipc" if owner_dev == "cuda" else "cma")
-    assert reader.read.call_one(buf, reader_dev).get() == expected(n, 3)
-    reader.write.call_one(buf, 11, reader_dev).get()
-    assert owner.checksum.call_one().get() == expected(n, 11)
+    assert reader.read.call_one(buf, reader_dev).get(timeout=60) == expected(n, 3)
+    reader.write.call_one(buf, 11, reader_dev).get(timeout=60)
+    assert owner.checksum.call_one().get(timeout=60) == expected(n, 11)
 
 
 def test_the_client_reads_gpu_memory_of_an_actor(gpu_procs: ProcMesh) -> None:
     n = 1 * MiB
     owner = gpu_procs.slice(procs=0).spawn("owner_client", GpuOwner, n, 5, "cuda")
-    buf = owner.buffer.call_one().get()
+    buf = owner.buffer.call_one().get(timeout=60)
     dst = torch.zeros(n, dtype=torch.uint8)
-    buf.read_into(dst).get()
+    buf.read_into(dst).get(timeout=60)
     assert [*dst.tolist()[:64], int(dst.to(torch.int64).sum())] == expected(n, 5)
 
 
 def test_a_process_without_cuda_gets_a_clear_error(gpu_procs: ProcMesh) -> None:
     owner = gpu_procs.slice(procs=0).spawn("owner_nocuda", GpuOwner, 4096, 1, "cuda")
-    buf = owner.buffer.call_one().get()
+    buf = owner.buffer.call_one().get(timeout=60)
     blind = this_host().spawn_procs(per_host={"procs": 1}, env={"CUDA_VISIBLE_DEVICES": ""})
     try:
         reader = blind.spawn("blind_reader", GpuReader)
-        message = reader.try_read.call_one(buf).get()
+        message = reader.try_read.call_one(buf).get(timeout=60)
         assert "no CUDA" in message and "CUDA memory" in message, message
     finally:
         blind.stop().get(timeout=30)
@@ -141,7 +141,7 @@ def test_a_process_without_cuda_gets_a_clear_error(gpu_procs: ProcMesh) -> None:
 def test_gpu_to_gpu_bandwidth_is_reported(gpu_procs: ProcMesh) -> None:
     owner = gpu_procs.slice(procs=0).spawn("owner_bw", GpuOwner, 256 * MiB, 2, "cuda")
     reader = gpu_procs.slice(procs=1).spawn("reader_bw", GpuReader)
-    buf = owner.buffer.call_one().get()
-    backend, gbps = reader.bandwidth.call_one(buf, 10).get()
+    buf = owner.buffer.call_one().get(timeout=60)
+    backend, gbps = reader.bandwidth.call_one(buf, 10).get(timeout=60)
     assert backend == "cuda_ipc"
     print(f"CUDA IPC read of 256 MiB between procs: {gbps:.1f} GB/s")
