@@ -632,6 +632,38 @@ def test_process_job_end_to_end_lost_worker() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_procs_stopped_before_their_host_is_lost_are_no_failure() -> None:
+    """A proc mesh its owner is stopping when its host is lost (here the worker is
+    frozen, so it never reports the procs' ends): only the meshes still running on that
+    host fail. The stopped mesh's procs are spawned first, so the client handles their
+    loss before the running mesh's: the running mesh's failure arriving means theirs
+    would have arrived too."""
+    from fault_recorder import Faults
+
+    recorder = Faults()
+    monarch.actor.unhandled_fault_hook = recorder  # never restored, as FAULTS
+    job = ProcessJob({"hosts": 1})
+    try:
+        hosts = job.state(cached_path=None).hosts
+        stopped = hosts.spawn_procs(per_host={"gpus": 2})
+        stopped.spawn("stopped-then-lost", Where).where.call().get(timeout=60)
+        running = hosts.spawn_procs(per_host={"gpus": 1})
+        running.spawn("running-then-lost", Where).where.call().get(timeout=60)
+        worker = _workers(job)[0].pid
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            # The stop waits for the frozen worker until its timeout; the client finds
+            # the host lost meanwhile.
+            stopped.stop().get(timeout=60)
+            recorder.wait_for(1, "running-then-lost", timeout=60)
+        finally:
+            os.killpg(worker, signal.SIGKILL)
+        assert [str(f) for f in recorder.failures if f.mesh_name == "stopped-then-lost"] == []
+    finally:
+        job.kill()
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.usefixtures("record_faults")
 def test_shutdown_ends_the_workers_and_is_bounded_by_a_dead_one() -> None:
     """HostMesh.shutdown() of an attached mesh stops its procs and ends every worker

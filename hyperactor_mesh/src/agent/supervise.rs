@@ -245,8 +245,20 @@ impl Inner {
         }
     }
 
+    /// Whether `proc` belongs to a proc mesh this process owns and stopped: its death
+    /// is then no failure, whoever reports it. (Its host's report says so too, but a
+    /// host lost after the stop, before that report arrived, is reported as lost.)
+    fn in_stopped_proc_mesh(&self, proc: &ProcId) -> bool {
+        lock(&self.owned).values().any(|m| {
+            m.stopped
+                && matches!(m.kind, OwnedKind::Procs)
+                && m.ranks.iter().any(|(t, _)| &t.proc == proc)
+        })
+    }
+
     /// A proc died (its host's report).
-    pub(super) fn on_proc_died(self: &Arc<Self>, death: ProcDeath) {
+    pub(super) fn on_proc_died(self: &Arc<Self>, mut death: ProcDeath) {
+        death.expected = death.expected || self.in_stopped_proc_mesh(&death.proc_id);
         let proc = death.proc_id.clone();
         if !self.mark_dead(&death, true) {
             return;
