@@ -42,14 +42,69 @@ def _exit_status() -> None:
 _atexit.register(_exit_status)
 _atexit.register(_prepare_exit)
 
+#: Distributed tensors (``monarch._src.tensor_engine``), imported on first access so that
+#: ``import monarch`` does not import torch: name -> (module, attribute).
+_LAZY = {
+    "Tensor": ("monarch._src.tensor_engine.tensor", "Tensor"),
+    "get_active_mesh": ("monarch._src.tensor_engine.tensor", "get_active_mesh"),
+    "no_mesh": ("monarch._src.tensor_engine.tensor", "no_mesh"),
+    "RemoteException": ("monarch._src.tensor_engine.errors", "RemoteException"),
+    "RemoteProcessGroup": ("monarch._src.tensor_engine.api", "RemoteProcessGroup"),
+    "call_on_shard_and_fetch": ("monarch._src.tensor_engine.api", "call_on_shard_and_fetch"),
+    "fetch_shard": ("monarch._src.tensor_engine.api", "fetch_shard"),
+    "inspect": ("monarch._src.tensor_engine.api", "inspect"),
+    "reduce": ("monarch._src.tensor_engine.api", "reduce"),
+    "reduce_": ("monarch._src.tensor_engine.api", "reduce_"),
+    "remote": ("monarch._src.tensor_engine.api", "remote"),
+    "show": ("monarch._src.tensor_engine.api", "show"),
+    "slice_mesh": ("monarch._src.tensor_engine.api", "slice_mesh"),
+    "to_mesh": ("monarch._src.tensor_engine.api", "to_mesh"),
+    "Extent": ("monarch._src.actor.extent", "Extent"),
+    "Shape": ("monarch._src.actor.shape", "Shape"),
+    "NDSlice": ("monarch._src.actor.slice", "Slice"),
+}
+
+
+def __getattr__(name: str) -> object:
+    entry = _LAZY.get(name)
+    if entry is None:
+        raise AttributeError(f"module 'monarch' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(entry[0]), entry[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
     "Encoding",
+    "Extent",
+    "NDSlice",
+    "RemoteException",
+    "RemoteProcessGroup",
+    "Shape",
+    "Tensor",
     "__version__",
+    "call_on_shard_and_fetch",
     "clear_runtime_config",
     "configure",
     "configured",
+    "fetch_shard",
+    "get_active_mesh",
     "get_global_config",
     "get_runtime_config",
+    "inspect",
+    "no_mesh",
     "parametrize_config",
     "parametrize_config_pointwise",
+    "reduce",
+    "reduce_",
+    "remote",
+    "show",
+    "slice_mesh",
+    "to_mesh",
 ]

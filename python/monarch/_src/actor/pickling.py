@@ -139,6 +139,14 @@ def dumps_parts(obj: Any) -> list[bytes | bytearray]:
 
 def loads(data: bytes, buffers: Any = ()) -> Any:
     """Unpickle ``data``; ``buffers``: its out-of-band buffers, in order."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch._C._len_torch_dispatch_stack():
+        # Under a torch dispatch mode (a mesh activated for distributed tensors),
+        # tensors in a message are local values: rebuild them with no mode active.
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():
+            return pickle.loads(data, buffers=buffers)
     return pickle.loads(data, buffers=buffers)
 
 
@@ -146,13 +154,13 @@ def loads_parts(parts: list[Any]) -> Any:
     """Unpickle a payload made by :func:`dumps_parts` (as the extension delivers it:
     read-only buffers as ``bytes``, writable ones as ``bytearray``)."""
     if len(parts) == 1:
-        return pickle.loads(parts[0])
+        return loads(parts[0])
     if len(parts) < 3 or len(parts[1]) != len(parts) - 2:
         raise ValueError(
             f"a payload of {len(parts)} parts is malformed: expected a pickle, then a "
             "kinds part and one buffer per kind"
         )
-    return pickle.loads(parts[0], buffers=parts[2:])
+    return loads(parts[0], parts[2:])
 
 
 def dumps_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes | bytearray]:

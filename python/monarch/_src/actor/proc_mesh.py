@@ -17,7 +17,7 @@ import math
 import os
 import sys
 import warnings
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeVar
 
 from monarch._rust_bindings import Extent as _Extent
@@ -66,6 +66,10 @@ class ProcMesh(MeshTrait):
         self._host_mesh = host_mesh
         #: Why the procs were stopped, once they were (shared by views of the mesh).
         self._stopped: list[str] = []
+        #: The mesh ``spawn_procs`` returned (views share its procs and tensor engine).
+        self._root: ProcMesh = self
+        #: The tensor engine of the root, once started (see ``monarch._src.tensor_engine``).
+        self._tensor_engine: list[Any] = []
 
     @property
     def _shape(self) -> Shape:
@@ -74,6 +78,8 @@ class ProcMesh(MeshTrait):
     def _new_with_shape(self, shape: Shape) -> ProcMesh:
         view = ProcMesh(self._handle.view(shape), shape, self._host_mesh)
         view._stopped = self._stopped
+        view._root = self._root
+        view._tensor_engine = self._tensor_engine
         return view
 
     def _describe(self) -> str:
@@ -118,10 +124,13 @@ class ProcMesh(MeshTrait):
         that spawned the procs can stop them."""
         handle = self._handle
         stopped = self._stopped
+        engines = self._tensor_engine
 
         async def stop() -> None:
             if stopped:
                 return
+            for engine in engines:
+                engine.close()
             await handle.stop(sender(), reason)
             stopped.append(reason)
             # The procs' last lines arrived before the stop's answer: written first.
@@ -130,6 +139,49 @@ class ProcMesh(MeshTrait):
         from monarch._src.actor.future import coroutine_future
 
         return coroutine_future(stop)
+
+    # --- distributed tensors (``monarch._src.tensor_engine``; they import torch) ----------
+
+    def activate(self) -> Any:
+        """Make this mesh the active mesh, now: torch operations then run on every proc
+        of it (see ``docs/tensors.md``). Use as ``with mesh.activate():`` or end it with
+        ``deactivate()``. The first use starts a tensor worker on each proc."""
+        from monarch._src.tensor_engine.tensor import activate
+
+        return activate(self)
+
+    def deactivate(self) -> None:
+        """End this mesh's activation (the innermost one)."""
+        from monarch._src.tensor_engine.tensor import deactivate
+
+        deactivate(self)
+
+    def rank_tensor(self, dim: str | Sequence[str]) -> Any:
+        """A distributed tensor holding each proc's coordinate along ``dim`` (or,
+        row-major, along several dims)."""
+        from monarch._src.tensor_engine.api import rank_tensor
+
+        return rank_tensor(self, dim)
+
+    def rank_tensors(self) -> dict[str, Any]:
+        """``rank_tensor(dim)`` for every dimension."""
+        return {label: self.rank_tensor(label) for label in self._labels}
+
+    def rank(self, dims: str | Sequence[str]) -> Any:
+        """Same as :meth:`rank_tensor`."""
+        return self.rank_tensor(dims)
+
+    def process_group(self, dims: str | Sequence[str]) -> Any:
+        """A ``RemoteProcessGroup`` over ``dims``, for remote functions."""
+        from monarch._src.tensor_engine.api import RemoteProcessGroup
+
+        return RemoteProcessGroup(dims, self)
+
+    def to_table(self) -> str:
+        """A text table of this mesh: each rank's coordinates."""
+        from monarch._src.tensor_engine.api import to_table
+
+        return to_table(self)
 
     async def logging_option(
         self,

@@ -63,6 +63,7 @@ _ADMIN = "Mesh admin server"
 _PYTHON = "Python actors and the runtime"
 _RDMA = "RDMA"
 _TLS = "TLS"
+_TENSORS = "Distributed tensors"
 
 
 def _keys(group: str, *keys: Key) -> list[Key]:
@@ -773,6 +774,30 @@ _ALL += [
         ),
     ),
     *_keys(
+        _TENSORS,
+        Key(
+            "tensor_collective_timeout",
+            "MONARCH_TENSOR_COLLECTIVE_TIMEOUT",
+            DURATION,
+            60 * S,
+            "How long a collective, a to_mesh transfer or a process group's rendezvous "
+            "of the tensor engine waits for its peers.",
+            effect="How long a tensor worker waits for the other ranks of a collective "
+            "(reduce, a process group's rendezvous) or for the sender of a to_mesh "
+            "transfer before the command fails (RemoteException naming the ranks); "
+            "read when a worker creates a process group or waits for a transfer.",
+        ),
+        Key(
+            "tensor_engine_start_timeout",
+            "MONARCH_TENSOR_ENGINE_START_TIMEOUT",
+            DURATION,
+            120 * S,
+            "How long the first activation of a mesh waits for its tensor workers.",
+            effect="How long the first use of a mesh for tensors waits for its tensor "
+            "workers to start (an error names the mesh after it).",
+        ),
+    ),
+    *_keys(
         _TLS,
         Key(
             "hyperactor_tls_ca",
@@ -807,7 +832,7 @@ _ALL += [
 #: Every key, by name, in docs order.
 KEYS: dict[str, Key] = {k.name: k for k in _ALL}
 #: The docs sections, in order.
-GROUPS = [_MESH, _MESSAGES, _LOGS, _ADMIN, _PYTHON, _RDMA, _TLS]
+GROUPS = [_MESH, _MESSAGES, _LOGS, _ADMIN, _PYTHON, _RDMA, _TENSORS, _TLS]
 
 assert len(KEYS) == len(_ALL), "duplicate config key"
 assert len({k.env for k in _ALL}) == len(_ALL), "duplicate config environment variable"

@@ -1,0 +1,567 @@
+"""``monarch.Tensor``, recording of torch operations, and mesh activation.
+
+A :class:`Tensor` is a torch tensor subclass with metadata (shape, strides, dtype,
+device) and no data: its values live on the workers of the mesh it is bound to, under
+its ref. Every torch operation on monarch tensors (and, under ``mesh.activate()``,
+every torch operation at all, factories included) goes through :func:`record`:
+
+1. the arguments are checked (no local tensors, one mesh, nothing dropped) and encoded
+   with tensors replaced by refs;
+2. the outputs' metadata come from a cache keyed by the operator and, per argument, the
+   tensor metadata or the value; a miss runs the operator on fake tensors
+   (``FakeTensorMode``) once;
+3. the command is buffered on the engine, with the client line that issued it (for
+   errors), and the output tensors are returned.
+
+Autograd runs on the client, above this: a backward pass records its operations the
+same way.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from monarch._src.tensor_engine import _torch, wire
+from monarch._src.tensor_engine.errors import (
+    DROPPED,
+    LOCAL_TENSOR,
+    WRONG_MESH,
+    bad_arguments,
+)
+
+if TYPE_CHECKING:
+    from monarch._src.actor.proc_mesh import ProcMesh
+    from monarch._src.tensor_engine.engine import Engine, View
+
+__all__ = [
+    "Tensor",
+    "activate",
+    "current_view",
+    "deactivate",
+    "get_active_mesh",
+    "no_mesh",
+    "record",
+]
+
+_aten = torch.ops.aten
+
+#: Operators whose result depends on the data: they cannot run on the client.
+_DATA_DEPENDENT = {
+    _aten._local_scalar_dense.default,
+    _aten.item.default,
+    _aten.equal.default,
+    _aten.is_nonzero.default,
+}
+
+#: Operators that turn a local tensor into a tensor of the active mesh (``torch.tensor``
+#: under ``activate()``): the data is sent with the command.
+_LIFT = {_aten.lift_fresh.default, _aten.lift_fresh_copy.default}
+
+
+class _Handle:
+    """The ref of one tensor and its lifetime: when the last client tensor with it is
+    gone, the workers free the value."""
+
+    __slots__ = ("__weakref__", "dropped", "engine", "ref", "slot")
+
+    def __init__(self, engine: Engine, ref: wire.Ref, slot: int) -> None:
+        self.engine = engine
+        self.ref = ref
+        self.slot = slot
+        self.dropped = False
+
+    def drop(self) -> None:
+        if not self.dropped:
+            self.dropped = True
+            self.engine.dropped(self.slot, self.ref.id)
+
+    def __del__(self) -> None:
+        if not self.dropped:
+            try:
+                self.engine.dropped(self.slot, self.ref.id)
+            except Exception:
+                pass  # interpreter exit
+
+
+class Tensor(torch.Tensor):
+    """A distributed tensor: one shard per proc of the mesh it lives on (``mesh``).
+
+    Torch operations on it run on every proc of its mesh; its values come back only
+    through ``monarch.fetch_shard`` / ``monarch.inspect``. ``drop()`` frees it on every
+    worker now (garbage collection does the same later).
+    """
+
+    _h: _Handle
+    _view: View
+    _meta: _torch.Meta
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    @staticmethod
+    def _new(meta: _torch.Meta, view: View, ref: wire.Ref) -> Tensor:
+        t: Tensor = _torch.make_wrapper(Tensor, meta)
+        t._meta = meta
+        t._view = view
+        t._h = _Handle(view.engine, ref, view.slot)
+        return t
+
+    @classmethod
+    def __torch_dispatch__(
+        cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
+    ) -> Any:
+        return record(func, args, kwargs or {}, None)
+
+    @property
+    def mesh(self) -> ProcMesh:
+        """The mesh (a proc mesh view) this tensor lives on."""
+        return self._view.mesh
+
+    @property
+    def ref(self) -> int:
+        """The id of this tensor's value on the workers."""
+        return self._h.ref.id
+
+    @property
+    def dropped(self) -> bool:
+        return self._h.dropped
+
+    def drop(self) -> None:
+        """Free this tensor on every worker now; using it afterwards raises
+        ``TypeError`` (DROPPED)."""
+        self._h.drop()
+
+    def reduce(
+        self,
+        dims: str | Sequence[str],
+        reduction: str = "sum",
+        scatter: bool = False,
+        mesh: Any = None,
+        out: Tensor | None = None,
+    ) -> Tensor:
+        """A collective over the mesh dimensions ``dims`` (see ``monarch.reduce``)."""
+        from monarch._src.tensor_engine.api import _reduce_one
+
+        return _reduce_one(self, dims, reduction, scatter, mesh, out)
+
+    def reduce_(
+        self,
+        dims: str | Sequence[str],
+        reduction: str = "sum",
+        scatter: bool = False,
+        mesh: Any = None,
+    ) -> Tensor:
+        """``reduce`` into this tensor."""
+        from monarch._src.tensor_engine.api import _reduce_one
+
+        return _reduce_one(self, dims, reduction, scatter, mesh, self)
+
+    def to_mesh(self, mesh: ProcMesh) -> Tensor:
+        """This tensor on ``mesh``: each rank of ``mesh`` gets the shard of the rank at
+        the same position (or, from a one-rank source, the only shard)."""
+        from monarch._src.tensor_engine.api import _to_mesh_one
+
+        return _to_mesh_one(self, self._view, mesh)
+
+    def slice_mesh(self, **coords: int | slice) -> Any:
+        """The shards of part of this tensor's mesh, to move with ``.to_mesh(...)``."""
+        from monarch._src.tensor_engine.api import slice_mesh
+
+        return slice_mesh(self, **coords)
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        state = "dropped, " if self._h.dropped else ""
+        return (
+            f"monarch.Tensor({state}shape={tuple(self._meta[0])}, dtype={self.dtype}, "
+            f"device={self.device}, mesh={dict(self._view.shape.extent)}, ref={self._h.ref.id})"
+        )
+
+    __str__ = __repr__  # type: ignore[assignment]
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(
+            "a monarch.Tensor cannot be pickled: its data lives on the workers. Pass it to "
+            "a remote function (monarch.remote), or fetch a shard first "
+            "(monarch.fetch_shard(t).get())"
+        )
+
+    def __deepcopy__(self, memo: Any) -> Tensor:
+        return self.clone()  # type: ignore[no-any-return]
+
+
+# --- activation -------------------------------------------------------------------------
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        #: (mesh or None for no_mesh, its view, the dispatch mode pushed)
+        self.stack: list[tuple[Any, Any, Any]] = []
+
+
+_local = _Local()
+
+
+class _RecordingMode(_torch.TorchDispatchMode):
+    """Under an active mesh: every torch operation is recorded on it."""
+
+    def __init__(self, view: View) -> None:
+        super().__init__()
+        self.view = view
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
+    ) -> Any:
+        return record(func, args, kwargs or {}, self.view)
+
+
+class _LocalMode(_torch.TorchDispatchMode):
+    """Under ``no_mesh.activate()``: torch runs locally (monarch tensors still go to
+    their mesh)."""
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
+    ) -> Any:
+        with _torch.disable_modes():
+            return func(*args, **(kwargs or {}))
+
+
+class Activation:
+    """What ``mesh.activate()`` returns: already active; ``with`` (or
+    :meth:`deactivate`) ends it."""
+
+    def __init__(self, mesh: Any, mode: Any) -> None:
+        self.mesh = mesh
+        self._mode = mode
+        self._active = True
+
+    def __enter__(self) -> Any:
+        return self.mesh
+
+    def __exit__(self, *exc: object) -> None:
+        self.deactivate()
+
+    def deactivate(self) -> None:
+        if not self._active:
+            return
+        stack = _local.stack
+        if not stack or stack[-1][2] is not self._mode:
+            raise RuntimeError(
+                "deactivate(): this activation is not the innermost one; end the "
+                "activations made after it first (activations nest like `with` blocks)"
+            )
+        self._active = False
+        stack.pop()
+        self._mode.__exit__(None, None, None)
+
+
+def activate(mesh: ProcMesh | None) -> Activation:
+    """Make ``mesh`` the active mesh (``None``: no mesh, local torch) until the
+    returned activation ends."""
+    from monarch._src.tensor_engine.engine import engine_of
+
+    if mesh is None:
+        mode: Any = _LocalMode()
+        view = None
+    else:
+        engine = engine_of(mesh)
+        engine.check()
+        view = engine.view(mesh)
+        mode = _RecordingMode(view)
+    mode.__enter__()
+    _local.stack.append((mesh, view, mode))
+    return Activation(mesh, mode)
+
+
+def deactivate(mesh: ProcMesh) -> None:
+    """End the innermost activation, which must be of ``mesh``."""
+    stack = _local.stack
+    if not stack or stack[-1][0] is None or stack[-1][1].shape != mesh._shape:
+        raise RuntimeError(
+            f"deactivate(): {mesh!r} is not the innermost active mesh; deactivate "
+            "activations in the reverse order of activating them"
+        )
+    _, _, mode = stack.pop()
+    mode.__exit__(None, None, None)
+
+
+def current_view() -> View | None:
+    """The active mesh's view, or ``None`` (no mesh, or ``no_mesh``)."""
+    stack = _local.stack
+    return stack[-1][1] if stack else None
+
+
+def get_active_mesh() -> ProcMesh:
+    """The mesh activated innermost (``ValueError`` if none)."""
+    stack = _local.stack
+    if not stack or stack[-1][0] is None:
+        raise ValueError(
+            "no mesh is active: activate one with `with proc_mesh.activate():` (or call "
+            "`proc_mesh.activate()`)"
+        )
+    return stack[-1][0]  # type: ignore[no-any-return]
+
+
+class _NoMesh:
+    """``monarch.no_mesh``: ``with no_mesh.activate():`` runs local torch inside an
+    active mesh's block."""
+
+    def activate(self) -> Activation:
+        return activate(None)
+
+    def __repr__(self) -> str:
+        return "monarch.no_mesh"
+
+
+no_mesh = _NoMesh()
+
+
+# --- recording --------------------------------------------------------------------------
+
+#: (operator, argument key) -> how to build the outputs (see ``_infer``).
+_cache: dict[Any, Any] = {}
+
+_SKIP_DIRS = (
+    os.path.dirname(torch.__file__) + os.sep,
+    os.path.dirname(__file__) + os.sep,
+    os.path.dirname(os.path.abspath(threading.__file__)) + os.sep + "contextlib.py",
+)
+_skip_code: dict[Any, bool] = {}
+
+
+def _client_frames() -> list[tuple[str, int, str]]:
+    """Where user code issued the current operation: up to 3 frames outside torch and
+    the engine, innermost first reversed to the usual order."""
+    f: Any = sys._getframe(2)
+    out: list[tuple[str, int, str]] = []
+    skip = _skip_code
+    while f is not None and len(out) < 3:
+        code = f.f_code
+        s = skip.get(code)
+        if s is None:
+            s = code.co_filename.startswith(_SKIP_DIRS)
+            skip[code] = s
+        if not s:
+            out.append((code.co_filename, f.f_lineno, code.co_name))
+        f = f.f_back
+    out.reverse()
+    return out
+
+
+class _Args:
+    """What encoding the arguments of one operation found."""
+
+    __slots__ = ("bad", "key", "tensors")
+
+    def __init__(self) -> None:
+        self.tensors: list[Tensor] = []
+        self.key: list[Any] = []
+        self.bad = False
+
+
+def _enc(x: Any, a: _Args) -> Any:
+    if isinstance(x, Tensor):
+        h = x._h
+        if h.dropped:
+            a.bad = True
+        a.tensors.append(x)
+        a.key.append(x._meta)
+        return h.ref
+    tx = type(x)
+    if tx is list or tx is tuple:
+        a.key.append((tx, len(x)))
+        return tx([_enc(v, a) for v in x])
+    if isinstance(x, torch.Tensor):
+        a.bad = True
+        a.key.append(x)
+        return x
+    a.key.append((tx, x))
+    return x
+
+
+def _problems(args: Sequence[Any], kwargs: dict[str, Any], view: View) -> list[tuple[str, str]]:
+    """Every bad argument, named (the slow path, once something is wrong)."""
+    out: list[tuple[str, str]] = []
+
+    def walk(x: Any, where: str) -> None:
+        if isinstance(x, Tensor):
+            if x._h.dropped:
+                out.append((where, DROPPED))
+            elif x._view.engine is not view.engine or x._view.slot != view.slot:
+                out.append((where, WRONG_MESH))
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{where}[{i}]")
+        elif isinstance(x, torch.Tensor):
+            out.append((where, LOCAL_TENSOR))
+
+    for i, v in enumerate(args):
+        walk(v, f"argument {i}")
+    for k, v in kwargs.items():
+        walk(v, f"argument {k!r}")
+    return out
+
+
+def record(func: Any, args: Sequence[Any], kwargs: dict[str, Any], view: View | None) -> Any:
+    """Record ``func(*args, **kwargs)`` on ``view`` (or the view of its tensors) and
+    return its outputs as monarch tensors."""
+    if func in _DATA_DEPENDENT:
+        raise RuntimeError(
+            f"{func} needs the value of a monarch tensor, which lives on the workers; "
+            "fetch it first: `monarch.inspect(t)` (or `monarch.fetch_shard(t).get()`)"
+        )
+    a = _Args()
+    eargs = [_enc(x, a) for x in args]
+    ekwargs = {}
+    for k, v in kwargs.items():
+        a.key.append(k)
+        ekwargs[k] = _enc(v, a)
+    tensors = a.tensors
+    if view is None:
+        view = tensors[0]._view
+    engine = view.engine
+    if func in _LIFT and not tensors:
+        return _lift(func, args, view)
+    if a.bad or any(t._view.slot != view.slot or t._view.engine is not engine for t in tensors):
+        problems = _problems(args, kwargs, view)
+        if problems:
+            raise bad_arguments(str(func), problems)
+    engine.check()
+    key = (func, *a.key)
+    try:
+        spec = _cache.get(key)
+    except TypeError:  # an unhashable argument: infer every time
+        key = None
+        spec = None
+    if spec is None:
+        spec = _infer(func, args, kwargs, tensors)
+        if key is not None:
+            _cache[key] = spec
+    outs: list[int] = []
+    new_ref = engine.new_ref
+
+    def build(s: tuple[Any, ...]) -> Any:
+        kind = s[0]
+        if kind == "new":
+            ref = new_ref()
+            outs.append(ref.id)
+            return Tensor._new(s[1], view, ref)
+        if kind == "in":
+            t = tensors[s[1]]
+            outs.append(t._h.ref.id)
+            return t
+        return s[1]
+
+    shape = spec[0]
+    if shape == "one":
+        result: Any = build(spec[1])
+    elif shape == "seq":
+        result = spec[1](build(s) for s in spec[2])
+    else:
+        result = spec[1]
+    writes = tuple(tensors[i]._h.ref.id for i in spec[3]) if spec[3] else ()
+    fid = engine.fn_id(func, _op_spec(func))
+    with engine.lock:
+        seq = engine.next_seq()
+        engine.issue(view, (wire.OP, seq, fid, eargs, ekwargs, outs, writes), fid, _client_frames())
+    return result
+
+
+def _op_spec(func: Any) -> tuple[Any, ...]:
+    return ("op", func.namespace, func._opname, func._overloadname)
+
+
+def _lift(func: Any, args: Sequence[Any], view: View) -> Any:
+    """``torch.tensor(data)`` under an active mesh: the data goes with the command."""
+    local = args[0]
+    engine = view.engine
+    engine.check()
+    ref = engine.new_ref()
+    fid = engine.fn_id(_aten.clone.default, _op_spec(_aten.clone.default))
+    out = Tensor._new(_torch.meta_of(local), view, ref)
+    with engine.lock:
+        seq = engine.next_seq()
+        engine.issue(
+            view, (wire.OP, seq, fid, [local.detach()], {}, [ref.id], ()), fid, _client_frames()
+        )
+    return out
+
+
+def _infer(func: Any, args: Sequence[Any], kwargs: dict[str, Any], tensors: list[Tensor]) -> Any:
+    """How to build ``func``'s outputs, from a run on fake tensors: ``(shape, ...)``
+    where each output is ``("new", meta)``, ``("in", i)`` (the i-th input tensor,
+    written in place) or ``("const", value)``; the last item lists the inputs an
+    operator without outputs writes."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+    )
+    from torch.utils._pytree import tree_map
+
+    mode = _torch.fake_mode()
+    fakes: dict[int, torch.Tensor] = {}
+    with mode:
+
+        def to_fake(x: Any) -> Any:
+            if isinstance(x, Tensor):
+                f = fakes.get(id(x))
+                if f is None:
+                    f = _torch.fake_of(x._meta)
+                    fakes[id(x)] = f
+                return f
+            return x
+
+        fargs, fkwargs = tree_map(to_fake, (list(args), kwargs))
+        try:
+            out = func(*fargs, **fkwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException) as e:
+            raise RuntimeError(
+                f"{func} has outputs whose shape or value depends on the data, which lives "
+                "on the workers; it cannot be recorded. Compute it in a remote function "
+                f"(monarch.remote) or fetch the inputs first ({type(e).__name__})"
+            ) from None
+    index = {id(fakes[id(t)]): i for i, t in enumerate(tensors)}
+
+    def spec_of(o: Any) -> tuple[Any, ...]:
+        if isinstance(o, torch.Tensor):
+            i = index.get(id(o))
+            if i is not None:
+                if _torch.meta_of(o) != tensors[i]._meta:
+                    raise RuntimeError(
+                        f"{func} changes the shape or strides of a monarch tensor in place, "
+                        "which is not supported; use the out-of-place form"
+                    )
+                return ("in", i)
+            return ("new", _torch.meta_of(o))
+        return ("const", o)
+
+    writes: tuple[int, ...] = ()
+    if isinstance(out, torch.Tensor):
+        return ("one", spec_of(out), None, writes)
+    if isinstance(out, (tuple, list)):
+        return ("seq", type(out), [spec_of(o) for o in out], writes)
+    if out is None and args:
+        # In-place operators without outputs (``_foreach_add_``) write their first
+        # argument: a failure marks those tensors failed.
+        first = args[0]
+        items = first if isinstance(first, (list, tuple)) else [first]
+        writes = tuple(i for i, t in enumerate(tensors) if any(t is item for item in items))
+    return ("const", out, None, writes)
+
+
+def _check_dims(view: View, dims: str | Sequence[str], what: str) -> tuple[str, ...]:
+    names = (dims,) if isinstance(dims, str) else tuple(dims)
+    labels = view.shape.labels
+    unknown = [d for d in names if d not in labels]
+    if unknown or not names:
+        raise ValueError(
+            f"{what}: dims {list(names)} are not dimensions of the mesh {dict(view.shape.extent)}; "
+            f"expected one or more of {labels}"
+        )
+    if len(set(names)) != len(names):
+        raise ValueError(f"{what}: dims {list(names)} repeat a dimension")
+    return names

@@ -1,0 +1,601 @@
+"""The tensor worker: one actor per proc that runs the client's commands with torch.
+
+A worker keeps a table from ref ids to values. A command whose input failed, or that
+raises, stores a :class:`~monarch._src.tensor_engine.wire.Failure` under its outputs
+instead of values: nothing the client sends kills a worker, and the failure is reported
+by the fetches that depend on it (with the seq of the command that failed first).
+
+Collectives run over torch process groups built directly (not
+``init_process_group``, so any number coexist): one per set of member ranks and device
+type, created at first use. Every member sees the same commands in the same order, so
+lazy creation cannot deadlock. Rendezvous goes through the controller's store over
+monarch's messaging (:class:`MeshStore`). An input that failed takes part with zeros of
+its shape so that its peers do not wait for it.
+
+Point-to-point transfers (``to_mesh``) go over monarch ports: the sender sends its
+value to the receiving worker's port; the receiver waits for it (bounded by the
+collective timeout).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import traceback
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from monarch._src.actor.actor import Actor
+from monarch._src.actor.channel import Channel, Port
+from monarch._src.actor.context import context
+from monarch._src.actor.endpoint import endpoint
+from monarch._src.actor.pickling import loads
+from monarch._src.tensor_engine import wire
+from monarch._src.tensor_engine.wire import Failure, GroupRef, Ref, TensorMeta
+
+__all__ = ["MeshStore", "TensorWorker"]
+
+_REDUCE_OPS = {
+    "sum": "SUM",
+    "avg": "AVG",
+    "product": "PRODUCT",
+    "min": "MIN",
+    "max": "MAX",
+    "band": "BAND",
+    "bor": "BOR",
+    "bxor": "BXOR",
+}
+
+
+def _collective_timeout() -> float:
+    from monarch._src import config
+
+    return float(config.get("tensor_collective_timeout"))
+
+
+class MeshStore(dist.Store):
+    """A ``torch.distributed.Store`` kept by the engine's controller actor: process
+    groups rendezvous over monarch's authenticated messaging, with no server of their
+    own."""
+
+    def __init__(self, controller: Any, timeout: float) -> None:
+        super().__init__()
+        self.controller = controller
+        self._wait_s = timeout
+
+    def _get(self, fut: Any) -> Any:
+        return fut.get(timeout=self._wait_s + 10)
+
+    def set(self, key: str, value: Any) -> None:
+        self._get(self.controller.store_set.call_one(key, _as_bytes(value)))
+
+    def get(self, key: str) -> bytes:
+        value = self._get(self.controller.store_get.call_one(key, self._wait_s))
+        if value is None:
+            raise dist.DistStoreError(
+                f"the key {key!r} was not set within {self._wait_s} s: a member of the "
+                "process group did not join it"
+            )
+        return value  # type: ignore[no-any-return]
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._get(self.controller.store_add.call_one(key, int(amount))))
+
+    def wait(self, keys: list[str], timeout: Any = None) -> None:
+        if not self._get(self.controller.store_wait.call_one(list(keys), self._wait_s)):
+            raise dist.DistStoreError(f"the keys {keys} were not set within {self._wait_s} s")
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self._get(self.controller.store_check.call_one(list(keys))))
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        return self._get(  # type: ignore[no-any-return]
+            self.controller.store_compare_set.call_one(key, _as_bytes(expected), _as_bytes(desired))
+        )
+
+    def delete_key(self, key: str) -> bool:
+        return bool(self._get(self.controller.store_delete.call_one(key)))
+
+    def num_keys(self) -> int:
+        return int(self._get(self.controller.store_num_keys.call_one()))
+
+    def set_timeout(self, timeout: Any) -> None:
+        pass
+
+
+def _as_bytes(value: Any) -> bytes:
+    if isinstance(value, str):
+        return value.encode()
+    return bytes(value)
+
+
+def _local_address() -> str:
+    """The address gloo listens on: the IP this proc's monarch address uses (so peers
+    on other hosts reach it), else loopback."""
+    from monarch._src.actor import process
+
+    proc_id = process.get().proc_id
+    match = re.search(r"tcp[^:]*:\[?([0-9a-fA-F.:]+?)\]?:(\d+)", proc_id)
+    if match:
+        return match.group(1)
+    return "127.0.0.1"
+
+
+class TensorWorker(Actor):
+    """Runs the commands of one tensor engine on this proc (see the module docs)."""
+
+    def __init__(self, controller: Any) -> None:
+        self.controller = controller
+        self.rank = context().actor_instance.rank.rank
+        self.values: dict[int, Any] = {}
+        self.fns: dict[int, Any] = {}
+        self.views: dict[int, Any] = {}
+        self.groups: dict[tuple[Any, ...], Any] = {}
+        self.stores: list[MeshStore] = []
+        self.peers: list[Port[Any]] | None = None
+        self.port, self.receiver = Channel.open()
+        self.inbox: dict[tuple[int, int], Any] = {}
+        self.seq = -1
+        #: Why a whole batch could not be read, if one could not.
+        self.broken: Failure | None = None
+
+    # --- endpoints ----------------------------------------------------------------------
+
+    @endpoint
+    def run(self, batch: bytes) -> None:
+        try:
+            cmds = loads(batch)
+        except BaseException as e:
+            self.broken = self._failure(-1, e)
+            return
+        execute = self._execute
+        for cmd in cmds:
+            execute(cmd)
+
+    @endpoint
+    def fetch(self, refs: list[int]) -> list[Any]:
+        """The values of ``refs``, as CPU tensors (``Failure`` for failed ones)."""
+        out = []
+        for ref in refs:
+            value = self._value(ref)
+            if isinstance(value, torch.Tensor):
+                value = value.detach()
+                if value.device.type != "cpu":
+                    value = value.cpu()
+                elif (
+                    not value.is_contiguous()
+                    or value.untyped_storage().nbytes() != value.numel() * value.element_size()
+                ):
+                    value = value.clone(memory_format=torch.contiguous_format)
+            out.append(value)
+        return out
+
+    @endpoint
+    def call_function(self, spec: tuple[Any, ...], args: Any, kwargs: Any) -> Any:
+        """Run a remote function now (its ``call``/``call_one``/... adverbs) and give
+        its value back."""
+        fn = self._resolve_fn(spec)
+        failed: list[Failure] = []
+        args = self._resolve(args, failed)
+        kwargs = self._resolve(kwargs, failed)
+        if failed:
+            from monarch._src.tensor_engine.errors import RemoteException
+
+            f = failed[0]
+            raise RemoteException(f.rank, None, f.error, f.frames, None, f.seq)
+        return fn(*args, **kwargs)
+
+    @endpoint
+    def propagate(self, spec: tuple[Any, ...], args: Any, kwargs: Any) -> Any:
+        """Run a remote function on placeholder inputs (zeros of the given metadata)
+        and describe its result: the pytree with tensors replaced by their metadata."""
+        fn = self._resolve_fn(spec)
+        args, kwargs = _placeholders((args, kwargs))
+        return _describe(fn(*args, **kwargs))
+
+    @endpoint
+    def describe(self, ref: int) -> Any:
+        value = self._value(ref)
+        if isinstance(value, Failure):
+            return value
+        return _describe(value)
+
+    @endpoint
+    def port_of(self) -> Port[Any]:
+        return self.port
+
+    # --- commands -----------------------------------------------------------------------
+
+    def _execute(self, cmd: tuple[Any, ...]) -> None:
+        op = cmd[0]
+        try:
+            if op == wire.OP:
+                self._op(cmd)
+            elif op == wire.DELETE:
+                pop = self.values.pop
+                for ref in cmd[2]:
+                    pop(ref, None)
+            elif op == wire.DEFINE_FN:
+                self.fns[cmd[1]] = self._resolve_fn(cmd[2])
+            elif op == wire.DEFINE_VIEW:
+                self.views[cmd[2]] = cmd[3]
+            elif op == wire.CALL:
+                self._call(cmd)
+            elif op == wire.RANK:
+                self._rank(cmd)
+            elif op == wire.REDUCE:
+                self._reduce(cmd)
+            elif op == wire.SEND:
+                self._send(cmd)
+            elif op == wire.RECV:
+                self._recv(cmd)
+            elif op == wire.PEERS:
+                self.peers = cmd[2]
+            elif op == wire.UNPACK:
+                self._unpack(cmd)
+        except BaseException as e:  # never let a command end the worker
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            self._fail_outputs(cmd, self._failure(cmd[1], e))
+
+    def _fail_outputs(self, cmd: tuple[Any, ...], failure: Failure) -> None:
+        op = cmd[0]
+        outs: list[Any] = []
+        if op == wire.OP:
+            outs = [*cmd[5], *cmd[6]]
+        elif op == wire.CALL:
+            outs = list(cmd[5])
+            if cmd[6] is not None:
+                outs.append(cmd[6])
+        elif op in (wire.RANK, wire.REDUCE, wire.RECV):
+            outs = [cmd[2]]
+        elif op == wire.UNPACK:
+            outs = list(cmd[3])
+        for out in outs:
+            self.values[out] = failure
+
+    def _failure(self, seq: int, e: BaseException) -> Failure:
+        frames = [
+            (f.filename, f.lineno or 0, f.name) for f in traceback.extract_tb(e.__traceback__)
+        ]
+        text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        return Failure(seq, self.rank, text, frames)
+
+    def _value(self, ref: int) -> Any:
+        try:
+            return self.values[ref]
+        except KeyError:
+            if self.broken is not None:
+                return self.broken
+            return Failure(
+                -1,
+                self.rank,
+                f"RuntimeError: the worker holds no value for tensor ref {ref} (it was "
+                "deleted, or never created on this rank)\n",
+                [],
+                "missing",
+            )
+
+    def _resolve(self, x: Any, failed: list[Failure]) -> Any:
+        t = type(x)
+        if t is Ref:
+            value = self._value(x.id)
+            if type(value) is Failure:
+                failed.append(value)
+            return value
+        if t is tuple or t is list:
+            return t(self._resolve(v, failed) for v in x)
+        if t is dict:
+            return {k: self._resolve(v, failed) for k, v in x.items()}
+        if t is GroupRef:
+            return self._group_for(x)
+        return x
+
+    def _resolve_fn(self, spec: tuple[Any, ...]) -> Any:
+        kind = spec[0]
+        if kind == "op":
+            _, namespace, name, overload = spec
+            packet = getattr(getattr(torch.ops, namespace), name)
+            return getattr(packet, overload)
+        if kind == "path":
+            return _import_path(spec[1], spec[2] if len(spec) > 2 else None)
+        if kind == "pickle":
+            return loads(spec[1])
+        raise ValueError(f"unknown function spec {spec!r}")
+
+    def _op(self, cmd: tuple[Any, ...]) -> None:
+        _, _seq, fid, args, kwargs, outs, writes = cmd
+        failed: list[Failure] = []
+        args = self._resolve(args, failed)
+        if kwargs:
+            kwargs = self._resolve(kwargs, failed)
+        values = self.values
+        if failed:
+            # Outputs include the inputs an in-place op writes: all are failed now.
+            for out in (*outs, *writes):
+                values[out] = failed[0]
+            return
+        result = self.fns[fid](*args, **kwargs)
+        if not outs:
+            return
+        if len(outs) == 1:
+            values[outs[0]] = result
+            return
+        for out, value in zip(outs, result, strict=False):
+            values[out] = value
+
+    def _call(self, cmd: tuple[Any, ...]) -> None:
+        _, _seq, fid, args, kwargs, outs, whole = cmd
+        failed: list[Failure] = []
+        args = self._resolve(args, failed)
+        kwargs = self._resolve(kwargs, failed)
+        if failed:
+            for out in outs:
+                self.values[out] = failed[0]
+            if whole is not None:
+                self.values[whole] = failed[0]
+            return
+        result = self.fns[fid](*args, **kwargs)
+        if whole is not None:
+            self.values[whole] = result
+        if outs:
+            leaves = _tensor_leaves(result)
+            if len(leaves) != len(outs):
+                raise RuntimeError(
+                    f"the remote function returned {len(leaves)} tensors where its "
+                    f"propagation said {len(outs)}; make `propagate` return the same "
+                    "structure as the function"
+                )
+            for out, value in zip(outs, leaves, strict=False):
+                self.values[out] = value
+
+    def _unpack(self, cmd: tuple[Any, ...]) -> None:
+        _, _seq, whole, outs = cmd
+        value = self._value(whole)
+        if type(value) is Failure:
+            for out in outs:
+                self.values[out] = value
+            return
+        for out, leaf in zip(outs, _tensor_leaves(value), strict=False):
+            self.values[out] = leaf
+
+    def _coords(self, vid: int) -> tuple[Any, dict[str, int]]:
+        shape = self.views[vid]
+        point = shape.coordinates(self.rank)
+        return shape, {label: point[label] for label in shape.labels}
+
+    def _rank(self, cmd: tuple[Any, ...]) -> None:
+        _, _seq, out, vid, dims = cmd
+        shape, coords = self._coords(vid)
+        sizes = dict(shape.extent)
+        value = 0
+        for d in dims:
+            value = value * sizes[d] + coords[d]
+        self.values[out] = torch.tensor(value, dtype=torch.int64)
+
+    # --- collectives --------------------------------------------------------------------
+
+    def _members(self, vid: int, dims: tuple[str, ...]) -> list[int]:
+        shape, mine = self._coords(vid)
+        others = [label for label in shape.labels if label not in dims]
+        members = []
+        for r in shape.ranks():
+            point = shape.coordinates(r)
+            if all(point[label] == mine[label] for label in others):
+                members.append(r)
+        return members
+
+    def _group(self, members: list[int], device: str) -> Any:
+        key = (tuple(members), device)
+        pg = self.groups.get(key)
+        if pg is None:
+            timeout = _collective_timeout()
+            # The Python store must outlive the group: torch keeps only its C++ half.
+            mesh_store = MeshStore(self.controller, timeout)
+            self.stores.append(mesh_store)
+            store = dist.PrefixStore(f"pg/{device}/{'.'.join(map(str, members))}/", mesh_store)
+            rank = members.index(self.rank)
+            td = datetime.timedelta(seconds=timeout)
+            if device == "cuda":
+                pg = dist.ProcessGroupNCCL(
+                    store, rank, len(members), dist.ProcessGroupNCCL.Options()
+                )
+            else:
+                from torch._C._distributed_c10d import ProcessGroupGloo
+
+                iface = os.environ.get("GLOO_SOCKET_IFNAME")
+                if iface:
+                    dev = ProcessGroupGloo.create_device(interface=iface)
+                else:
+                    dev = ProcessGroupGloo.create_device(hostname=_local_address())
+                opts = ProcessGroupGloo._Options()
+                opts._devices = [dev]
+                opts._timeout = td
+                pg = ProcessGroupGloo(store, rank, len(members), opts)
+            self.groups[key] = pg
+        return pg
+
+    def _group_for(self, ref: GroupRef) -> Any:
+        members = self._members(ref.vid, ref.dims)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        pg = self._group(members, device)
+        _register_group(pg, members, device)
+        return pg
+
+    def _reduce(self, cmd: tuple[Any, ...]) -> None:
+        _, _seq, out, inp, vid, dims, reduction, scatter, inplace, meta = cmd
+        members = self._members(vid, dims)
+        value = self._value(inp)
+        failure = value if type(value) is Failure else None
+        if failure is None and inplace:
+            target = self._value(out)
+            if type(target) is Failure:
+                failure = target
+        if failure is not None:
+            # Take part with zeros so that peers do not wait for us.
+            size, dtype, device = meta
+            value = torch.zeros(size, dtype=dtype, device=device)
+        device = "cuda" if value.device.type == "cuda" else "cpu"
+        try:
+            in_place = inplace and out == inp and failure is None
+            result = self._collective(value, members, device, reduction, scatter, in_place)
+        except Exception as e:
+            raise RuntimeError(self._collective_error(e, members, reduction, dims)) from e
+        if failure is not None:
+            self.values[out] = failure
+        elif inplace:
+            target = self.values[out]
+            if target is not result:
+                target.copy_(result)
+        else:
+            self.values[out] = result
+
+    def _collective(
+        self,
+        value: torch.Tensor,
+        members: list[int],
+        device: str,
+        reduction: str,
+        scatter: bool,
+        in_place: bool = False,
+    ) -> torch.Tensor:
+        """The result of ``reduction`` over ``members``: a new tensor, or with
+        ``in_place`` (an all-reduce into ``value``) possibly ``value`` itself; the
+        caller copies it where an in-place form asks."""
+        from torch._C._distributed_c10d import AllreduceOptions, ReduceOp, ReduceScatterOptions
+
+        n = len(members)
+        src = value.contiguous()
+        if n == 1:
+            if reduction == "stack":
+                return src.clone() if scatter else src.unsqueeze(0).clone()
+            return src[0].clone() if scatter else src.clone()
+        pg = self._group(members, device)
+        if reduction == "stack":
+            if scatter:
+                result = torch.empty_like(src)
+                pg.alltoall_base(result, src, [], []).wait()
+            else:
+                result = torch.empty((n, *src.shape), dtype=src.dtype, device=src.device)
+                pg._allgather_base(result, src).wait()
+            return result
+        op = getattr(ReduceOp, _REDUCE_OPS[reduction])
+        if scatter:
+            result = torch.empty(src.shape[1:], dtype=src.dtype, device=src.device)
+            rs_opts = ReduceScatterOptions()
+            rs_opts.reduceOp = op
+            pg._reduce_scatter_base(result, src, rs_opts).wait()
+            return result
+        opts = AllreduceOptions()
+        opts.reduceOp = op
+        result = src if (in_place or src is not value) else src.clone()
+        pg.allreduce([result], opts).wait()
+        return result
+
+    def _collective_error(self, e: Exception, members: list[int], reduction: str, dims: Any) -> str:
+        return (
+            f"the collective {reduction!r} over dims {tuple(dims)} (ranks {members}) failed "
+            f"on rank {self.rank}: {e}. If a member died or never joined it, the "
+            "collective gives up after `tensor_collective_timeout` seconds."
+        )
+
+    # --- point to point -----------------------------------------------------------------
+
+    def _send(self, cmd: tuple[Any, ...]) -> None:
+        _, seq, ref, routes = cmd
+        dests = routes.get(self.rank, ())
+        value = self._value(ref)
+        if isinstance(value, torch.Tensor):
+            value = value.detach()
+        for dest in dests:
+            if dest == self.rank:
+                self.inbox[(seq, self.rank)] = value
+            else:
+                assert self.peers is not None, "no peer ports (PEERS) were sent"
+                self.peers[dest].send((seq, self.rank, value))
+
+    def _recv(self, cmd: tuple[Any, ...]) -> None:
+        _, seq, out, sources = cmd
+        src = sources[self.rank]
+        key = (seq, src)
+        timeout = _collective_timeout()
+        while key not in self.inbox:
+            try:
+                s, sender, value = self.receiver.recv().get(timeout=timeout)
+            except TimeoutError:
+                raise RuntimeError(
+                    f"to_mesh: rank {self.rank} received nothing from rank {src} within "
+                    f"{timeout} s (`tensor_collective_timeout`); the sender may have died"
+                ) from None
+            self.inbox[(s, sender)] = value
+        value = self.inbox.pop(key)
+        self.values[out] = value
+
+
+def _import_path(path: str, qualname: str | None) -> Any:
+    """``"module.function"`` (or a module and a dotted qualified name) as an object."""
+    import importlib
+
+    if qualname is None:
+        module, _, qualname = path.rpartition(".")
+    else:
+        module = path
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _tensor_leaves(value: Any) -> list[torch.Tensor]:
+    from torch.utils._pytree import tree_leaves
+
+    return [leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+
+
+def _describe(value: Any) -> Any:
+    from torch.utils._pytree import tree_map
+
+    def meta(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return TensorMeta(tuple(x.shape), tuple(x.stride()), x.dtype, str(x.device))
+        return x
+
+    return tree_map(meta, value)
+
+
+def _placeholders(value: Any) -> Any:
+    from torch.utils._pytree import tree_map
+
+    def make(x: Any) -> Any:
+        if isinstance(x, TensorMeta):
+            return torch.zeros(x.size, dtype=x.dtype, device=x.device)
+        if isinstance(x, GroupRef):
+            raise ValueError(
+                "a process group cannot be passed to a remote function whose outputs are "
+                "learned by running it (propagate='cached'); give `propagate=` a function"
+            )
+        return x
+
+    return tree_map(make, value)
+
+
+def _register_group(pg: Any, members: list[int], device: str) -> None:
+    """Make ``pg`` usable with ``torch.distributed``'s functions (``dist.all_reduce(t,
+    group=pg)``): register it as the c10d world registers the groups it creates."""
+    from torch.distributed import distributed_c10d as c10d
+
+    world = c10d._world
+    if pg in world.pg_map:
+        return
+    backend = "nccl" if device == "cuda" else "gloo"
+    world.pg_map[pg] = (backend, None)
+    world.pg_names[pg] = f"monarch:{'.'.join(map(str, members))}:{device}"
+    world.pg_group_ranks[pg] = {g: i for i, g in enumerate(members)}
+    world.pg_backend_config[pg] = backend
+    try:
+        pg._set_group_name(world.pg_names[pg])
+    except Exception:
+        pass  # older torch: the name is only for its logs
