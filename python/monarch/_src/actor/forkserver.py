@@ -173,8 +173,23 @@ class _Server:
                 os._exit(code)
 
 
+def _preload(argv: list[str]) -> None:
+    """``--preload MODULE`` (repeatable): import MODULE before serving, so the procs
+    forked from this template share it instead of each importing it (torch takes
+    seconds and hundreds of MB to import; see ``monarch._src.actor.proc_mesh``)."""
+    import importlib
+
+    for flag, module in zip(argv[::2], argv[1::2], strict=False):
+        if flag == "--preload":
+            try:
+                importlib.import_module(module)
+            except Exception as e:  # the procs import it themselves (and see why)
+                print(f"monarch fork server: cannot preload {module}: {e}", file=sys.stderr)
+
+
 def main() -> None:
     fd = int(os.environ.pop(_FD_ENV))
+    _preload(sys.argv[1:])
     sock = socket.socket(fileno=fd)
     server = _Server(sock)
     try:

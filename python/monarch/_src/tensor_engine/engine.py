@@ -287,7 +287,7 @@ class Engine:
 
         timeout = float(config.get("tensor_engine_start_timeout"))
         self.flush()
-        ports = self.workers.port.call().get(timeout=timeout)
+        ports = self.workers.port_of.call().get(timeout=timeout)
         self.ports = [ports.item(**p) if p else ports.item() for p in _points(self.root)]
         root_view = self.view(self.root)
         self.issue(root_view, (wire.PEERS, -1, self.ports))

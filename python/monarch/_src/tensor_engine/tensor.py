@@ -19,6 +19,7 @@ same way.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -194,6 +195,39 @@ class Tensor(torch.Tensor):
         return self.clone()  # type: ignore[no-any-return]
 
 
+def _keep_argument_errors(name: str) -> Any:
+    """Torch's Python operators turn a ``TypeError`` into ``NotImplemented`` (Python
+    then reports only "unsupported operand type(s)"); re-raise the engine's own
+    bad-argument error instead, which names each bad argument."""
+    base = getattr(torch.Tensor, name)
+
+    def operator(self: Any, other: Any) -> Any:
+        _local.argument_error = None
+        result = base(self, other)
+        if result is NotImplemented:
+            error = _local.argument_error
+            if error is not None:
+                _local.argument_error = None
+                raise error
+        return result
+
+    operator.__name__ = name
+    return operator
+
+
+for _name in (
+    *(f"__{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow")),
+    *(f"__{op}__" for op in ("matmul", "and", "or", "xor", "lshift", "rshift")),
+    *(f"__r{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow")),
+    *(f"__r{op}__" for op in ("matmul", "and", "or", "xor", "lshift", "rshift")),
+    *(f"__i{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow")),
+    *(f"__i{op}__" for op in ("and", "or", "xor", "lshift", "rshift")),
+    *(f"__{op}__" for op in ("eq", "ne", "lt", "le", "gt", "ge")),
+):
+    if hasattr(torch.Tensor, _name):
+        setattr(Tensor, _name, _keep_argument_errors(_name))
+
+
 # --- activation -------------------------------------------------------------------------
 
 
@@ -201,6 +235,8 @@ class _Local(threading.local):
     def __init__(self) -> None:
         #: (mesh or None for no_mesh, its view, the dispatch mode pushed)
         self.stack: list[tuple[Any, Any, Any]] = []
+        #: The last bad-argument error raised (see ``_keep_argument_errors``).
+        self.argument_error: TypeError | None = None
 
 
 _local = _Local()
@@ -429,7 +465,9 @@ def record(func: Any, args: Sequence[Any], kwargs: dict[str, Any], view: View | 
     if a.bad or any(t._view.slot != view.slot or t._view.engine is not engine for t in tensors):
         problems = _problems(args, kwargs, view)
         if problems:
-            raise bad_arguments(str(func), problems)
+            error = bad_arguments(str(func), problems)
+            _local.argument_error = error
+            raise error
     engine.check()
     key = (func, *a.key)
     try:
@@ -516,6 +554,11 @@ def _infer(func: Any, args: Sequence[Any], kwargs: dict[str, Any], tensors: list
             return x
 
         fargs, fkwargs = tree_map(to_fake, (list(args), kwargs))
+        # A bad call (shapes that do not match...) raises here, at the caller's line;
+        # torch would also log it at ERROR level.
+        log = logging.getLogger("torch._subclasses.fake_tensor")
+        was_disabled = log.disabled
+        log.disabled = True
         try:
             out = func(*fargs, **fkwargs)
         except (DataDependentOutputException, DynamicOutputShapeException) as e:
@@ -524,6 +567,8 @@ def _infer(func: Any, args: Sequence[Any], kwargs: dict[str, Any], tensors: list
                 "on the workers; it cannot be recorded. Compute it in a remote function "
                 f"(monarch.remote) or fetch the inputs first ({type(e).__name__})"
             ) from None
+        finally:
+            log.disabled = was_disabled
     index = {id(fakes[id(t)]): i for i, t in enumerate(tensors)}
 
     def spec_of(o: Any) -> tuple[Any, ...]:

@@ -476,19 +476,21 @@ class TensorWorker(Actor):
         pg = self._group(members, device)
         if reduction == "stack":
             if scatter:
-                result = torch.empty_like(src)
-                pg.alltoall_base(result, src, [], []).wait()
+                flat = torch.empty(src.numel(), dtype=src.dtype, device=src.device)
+                pg.alltoall_base(flat, src.reshape(-1), [], []).wait()
+                result = flat.view(src.shape)
             else:
-                result = torch.empty((n, *src.shape), dtype=src.dtype, device=src.device)
-                pg._allgather_base(result, src).wait()
+                flat = torch.empty(n * src.numel(), dtype=src.dtype, device=src.device)
+                pg._allgather_base(flat, src.reshape(-1)).wait()
+                result = flat.view(n, *src.shape)
             return result
         op = getattr(ReduceOp, _REDUCE_OPS[reduction])
         if scatter:
-            result = torch.empty(src.shape[1:], dtype=src.dtype, device=src.device)
+            flat = torch.empty(src.numel() // n, dtype=src.dtype, device=src.device)
             rs_opts = ReduceScatterOptions()
             rs_opts.reduceOp = op
-            pg._reduce_scatter_base(result, src, rs_opts).wait()
-            return result
+            pg._reduce_scatter_base(flat, src.reshape(-1), rs_opts).wait()
+            return flat.view(src.shape[1:])
         opts = AllreduceOptions()
         opts.reduceOp = op
         result = src if (in_place or src is not value) else src.clone()
