@@ -182,6 +182,8 @@ def test_bad_arguments_are_named(mesh: ProcMesh, own_mesh: ProcMesh) -> None:
         other = torch.ones(2)
     with mesh.activate():
         mine = torch.ones(2)
+        # Local tensors alone (fetched values) compute locally; mixed, they are an error.
+        assert (inspect(mine) + local).sum().item() == 4.0
         with pytest.raises(TypeError) as info:
             torch.add(mine, local)
         assert "LOCAL_TENSOR" in str(info.value) and "argument 1" in str(info.value)
@@ -499,3 +501,37 @@ def test_show_names_its_optional_package(mesh: ProcMesh) -> None:
     except ImportError:
         with pytest.raises(ImportError, match="torchshow"):
             monarch.show(t)
+
+
+def test_a_collective_with_a_missing_rank_fails_within_the_timeout() -> None:
+    import time
+
+    from monarch.actor import this_host
+
+    with monarch.configured(tensor_collective_timeout="2s"):
+        pm = this_host().spawn_procs(per_host={"gpus": 2})
+
+    # Rank 1 is busy far longer than the collective's timeout: rank 0 must give up and
+    # say which rank never came.
+    @remote(propagate=lambda x: x)
+    def stall_rank_1(x: torch.Tensor) -> torch.Tensor:
+        import time as _time
+
+        from monarch.actor import context
+
+        if context().actor_instance.rank.rank == 1:
+            _time.sleep(6)
+        return x
+
+    try:
+        with pm.activate():
+            y = stall_rank_1(torch.ones(2)).reduce("gpus", "sum")
+            start = time.monotonic()
+            with pytest.raises(RemoteException, match=r"ranks \[1\] did not join it within 2"):
+                inspect(y, gpus=0)
+            assert time.monotonic() - start < 5.5  # the timeout, not rank 1's stall
+            # Both ranks go on afterwards.
+            z = torch.ones(1) + 1
+            assert inspect(z, gpus=1).item() == 2.0
+    finally:
+        pm.stop().get(timeout=60)

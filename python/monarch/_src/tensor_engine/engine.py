@@ -357,6 +357,7 @@ class Controller(Actor):
         self.kv: dict[str, bytes] = {}
         self.changed: asyncio.Condition | None = None
         self.workers: Any = None
+        self.arrived: dict[str, dict[int, int]] = {}
 
     def _cond(self) -> asyncio.Condition:
         if self.changed is None:
@@ -385,6 +386,16 @@ class Controller(Actor):
             ),
         )
         return True
+
+    # --- arrivals at collectives (to name the ranks missing from one that times out) ---
+
+    @endpoint
+    async def arrive(self, group: str, rank: int, count: int) -> None:
+        self.arrived.setdefault(group, {})[rank] = count
+
+    @endpoint
+    async def arrivals_of(self, group: str) -> dict[int, int]:
+        return dict(self.arrived.get(group, {}))
 
     # --- the store (torch.distributed.Store semantics) -----------------------------------
 

@@ -445,11 +445,6 @@ def _problems(args: Sequence[Any], kwargs: dict[str, Any], view: View) -> list[t
 def record(func: Any, args: Sequence[Any], kwargs: dict[str, Any], view: View | None) -> Any:
     """Record ``func(*args, **kwargs)`` on ``view`` (or the view of its tensors) and
     return its outputs as monarch tensors."""
-    if func in _DATA_DEPENDENT:
-        raise RuntimeError(
-            f"{func} needs the value of a monarch tensor, which lives on the workers; "
-            "fetch it first: `monarch.inspect(t)` (or `monarch.fetch_shard(t).get()`)"
-        )
     a = _Args()
     eargs = [_enc(x, a) for x in args]
     ekwargs = {}
@@ -457,11 +452,21 @@ def record(func: Any, args: Sequence[Any], kwargs: dict[str, Any], view: View | 
         a.key.append(k)
         ekwargs[k] = _enc(v, a)
     tensors = a.tensors
+    if not tensors and a.bad:
+        # Only local tensors (values fetched back, say): local torch, except for
+        # ``torch.tensor(data)``, which makes a tensor of the active mesh.
+        if func in _LIFT and view is not None:
+            return _lift(func, args, view)
+        with _torch.disable_modes():
+            return func(*args, **kwargs)
+    if func in _DATA_DEPENDENT:
+        raise RuntimeError(
+            f"{func} needs the value of a monarch tensor, which lives on the workers; "
+            "fetch it first: `monarch.inspect(t)` (or `monarch.fetch_shard(t).get()`)"
+        )
     if view is None:
         view = tensors[0]._view
     engine = view.engine
-    if func in _LIFT and not tensors:
-        return _lift(func, args, view)
     if a.bad or any(t._view.slot != view.slot or t._view.engine is not engine for t in tensors):
         problems = _problems(args, kwargs, view)
         if problems:

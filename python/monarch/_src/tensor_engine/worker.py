@@ -135,6 +135,8 @@ class TensorWorker(Actor):
         self.views: dict[int, Any] = {}
         self.groups: dict[tuple[Any, ...], Any] = {}
         self.stores: list[MeshStore] = []
+        #: Collectives reached, per group (see ``_arrive``).
+        self.arrivals: dict[str, int] = {}
         self.peers: list[Port[Any]] | None = None
         self.port, self.receiver = Channel.open()
         self.inbox: dict[tuple[int, int], Any] = {}
@@ -469,6 +471,8 @@ class TensorWorker(Actor):
 
         n = len(members)
         src = value.contiguous()
+        if n > 1:
+            self._arrive(members, device)
         if n == 1:
             if reduction == "stack":
                 return src.clone() if scatter else src.unsqueeze(0).clone()
@@ -497,12 +501,35 @@ class TensorWorker(Actor):
         pg.allreduce([result], opts).wait()
         return result
 
+    def _arrive(self, members: list[int], device: str) -> None:
+        """Tell the controller this rank reached its next collective of this group (so
+        that a timeout can name the ranks that did not)."""
+        key = f"{device}/{'.'.join(map(str, members))}"
+        count = self.arrivals.get(key, 0) + 1
+        self.arrivals[key] = count
+        self.controller.arrive.broadcast(key, self.rank, count)
+
     def _collective_error(self, e: Exception, members: list[int], reduction: str, dims: Any) -> str:
+        missing = self._missing(members, "cuda" if "NCCL" in str(e) else "cpu")
+        timeout = _collective_timeout()
+        who = (
+            f"ranks {missing} did not join it within {timeout} s (tensor_collective_timeout)"
+            if missing
+            else "every member joined it"
+        )
         return (
             f"the collective {reduction!r} over dims {tuple(dims)} (ranks {members}) failed "
-            f"on rank {self.rank}: {e}. If a member died or never joined it, the "
-            "collective gives up after `tensor_collective_timeout` seconds."
+            f"on rank {self.rank}; {who}: {e}"
         )
+
+    def _missing(self, members: list[int], device: str) -> list[int]:
+        key = f"{device}/{'.'.join(map(str, members))}"
+        mine = self.arrivals.get(key, 0)
+        try:
+            counts = self.controller.arrivals_of.call_one(key).get(timeout=10)
+        except Exception:
+            return []
+        return [m for m in members if counts.get(m, 0) < mine]
 
     # --- point to point -----------------------------------------------------------------
 
