@@ -114,13 +114,16 @@ def _as_bytes(value: Any) -> bytes:
 
 def _local_address() -> str:
     """The address gloo listens on: the IP this proc's monarch address uses (so peers
-    on other hosts reach it), else loopback."""
+    on other hosts reach it), else loopback.
+
+    A proc id is ``<uid>@<address>``; a TCP address is ``tcp:<ipv4>:<port>`` or
+    ``tcp:[<ipv6>]:<port>`` (the IPv6 one without its brackets here)."""
     from monarch._src.actor import process
 
     proc_id = process.get().proc_id
-    match = re.search(r"tcp[^:]*:\[?([0-9a-fA-F.:]+?)\]?:(\d+)", proc_id)
+    match = re.search(r"@tcp:(?:\[([^\]]+)\]|([^:\[\]]+)):\d+$", proc_id)
     if match:
-        return match.group(1)
+        return match.group(1) or match.group(2)
     return "127.0.0.1"
 
 
