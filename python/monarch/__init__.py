@@ -6,6 +6,7 @@ here imports ``torch``.
 """
 
 import atexit as _atexit
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from monarch._rust_bindings import __version__ as __version__
 from monarch._rust_bindings import _prepare_exit
@@ -41,6 +42,25 @@ def _exit_status() -> None:
 # then the program ends with the status an unhandled failure set.
 _atexit.register(_exit_status)
 _atexit.register(_prepare_exit)
+
+if _TYPE_CHECKING:  # what the lazy names below are, for type checkers
+    from monarch._src.actor.extent import Extent as Extent
+    from monarch._src.actor.shape import Shape as Shape
+    from monarch._src.actor.slice import Slice as NDSlice
+    from monarch._src.tensor_engine.api import RemoteProcessGroup as RemoteProcessGroup
+    from monarch._src.tensor_engine.api import call_on_shard_and_fetch as call_on_shard_and_fetch
+    from monarch._src.tensor_engine.api import fetch_shard as fetch_shard
+    from monarch._src.tensor_engine.api import inspect as inspect
+    from monarch._src.tensor_engine.api import reduce as reduce
+    from monarch._src.tensor_engine.api import reduce_ as reduce_
+    from monarch._src.tensor_engine.api import remote as remote
+    from monarch._src.tensor_engine.api import show as show
+    from monarch._src.tensor_engine.api import slice_mesh as slice_mesh
+    from monarch._src.tensor_engine.api import to_mesh as to_mesh
+    from monarch._src.tensor_engine.errors import RemoteException as RemoteException
+    from monarch._src.tensor_engine.tensor import Tensor as Tensor
+    from monarch._src.tensor_engine.tensor import get_active_mesh as get_active_mesh
+    from monarch._src.tensor_engine.tensor import no_mesh as no_mesh
 
 #: Distributed tensors (``monarch._src.tensor_engine``), imported on first access so that
 #: ``import monarch`` does not import torch: name -> (module, attribute).

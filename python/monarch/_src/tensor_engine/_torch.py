@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode as _TorchDispatchMode
+from torch.utils._python_dispatch import _disable_current_modes
 
 __all__ = [
     "Meta",
@@ -23,6 +24,9 @@ __all__ = [
     "make_wrapper",
     "meta_of",
 ]
+
+#: The base class of dispatch modes (untyped in torch).
+TorchDispatchMode: Any = _TorchDispatchMode
 
 #: A tensor's metadata: (size, stride, storage offset, dtype, device).
 Meta = tuple[tuple[int, ...], tuple[int, ...], int, torch.dtype, torch.device]
@@ -48,7 +52,7 @@ def disable_modes() -> Any:
 def make_wrapper(cls: type, meta: Meta) -> Any:
     """A ``cls`` tensor with ``meta``'s metadata and no storage."""
     size, stride, offset, dtype, device = meta
-    return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+    return torch.Tensor._make_wrapper_subclass(
         cls,
         size,
         strides=stride,
@@ -60,7 +64,7 @@ def make_wrapper(cls: type, meta: Meta) -> Any:
 
 
 def meta_of(t: torch.Tensor) -> Meta:
-    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.device)
+    return (tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), t.dtype, t.device)
 
 
 def fake_of(meta: Meta) -> torch.Tensor:

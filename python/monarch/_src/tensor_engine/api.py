@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
@@ -104,7 +105,8 @@ def _rank_at(view: View, coords: dict[str, Any], what: str) -> int:
     shape = view.shape
     for label, value in full.items():
         shape = shape.select(label, value)
-    return shape.ranks()[0]  # type: ignore[no-any-return]
+    rank: int = shape.ranks()[0]
+    return rank
 
 
 def _remote_error(view: View, failure: wire.Failure) -> RemoteException:
@@ -177,18 +179,20 @@ def show(obj: Any, shard: dict[str, int] | None = None, **coords: int) -> Any:
 
 
 def call_on_shard_and_fetch(
-    remote_fn: Remote, *args: Any, shard: dict[str, int] | None = None, **kwargs: Any
+    remote_fn: Remote | Callable[..., Any],
+    *args: Any,
+    shard: dict[str, int] | None = None,
+    **kwargs: Any,
 ) -> Future[Any]:
     """Run ``remote_fn`` on the one rank at ``shard`` of the active mesh (or of its
     tensor arguments' mesh) and fetch what it returns."""
-    if not isinstance(remote_fn, Remote):
-        remote_fn = remote(remote_fn)
-    view, eargs, ekwargs = remote_fn._encode(args, kwargs, "call_on_shard_and_fetch")
+    fn = remote_fn if isinstance(remote_fn, Remote) else Remote(remote_fn)
+    view, eargs, ekwargs = fn._encode(args, kwargs, "call_on_shard_and_fetch")
     rank = _rank_at(view, shard or {}, "call_on_shard_and_fetch")
     engine = view.engine
     engine.flush()
     return engine.workers_at(view, rank).call_function.call_one(  # type: ignore[no-any-return]
-        remote_fn._spec, eargs, ekwargs
+        fn._spec, eargs, ekwargs
     )
 
 
@@ -453,9 +457,15 @@ def _fn_spec(fn: Callable[..., Any] | str) -> tuple[Any, ...]:
             )
         return ("path", fn)
     module = getattr(fn, "__module__", None)
-    qualname = getattr(fn, "__qualname__", "")
-    if module and module != "__main__" and "<" not in qualname:
-        return ("path", module, qualname)
+    if module and module != "__main__" and module in sys.modules:
+        # By name when the name leads back to the function (torch's builtins have a
+        # qualified name that does not: look them up by their plain name).
+        for name in (getattr(fn, "__qualname__", ""), getattr(fn, "__name__", "")):
+            obj: Any = sys.modules[module]
+            for part in name.split(".") if name and "<" not in name else ["<none>"]:
+                obj = getattr(obj, part, None)
+            if obj is fn:
+                return ("path", module, name)
     return ("pickle", dumps(fn))
 
 
@@ -708,6 +718,10 @@ def _propagate_fake(propagate: Callable[..., Any], args: Any, kwargs: Any) -> An
     return tree_map(meta, out)
 
 
+@overload
+def remote(fn: Callable[..., Any] | str, *, propagate: Any = None) -> Remote: ...
+@overload
+def remote(fn: None = None, *, propagate: Any = None) -> Callable[[Callable[..., Any]], Remote]: ...
 def remote(fn: Any = None, *, propagate: Any = None) -> Any:
     """A remote function: ``remote(fn)``, ``remote("module.fn")``, ``@remote`` or
     ``@remote(propagate=...)``. Called under an active mesh it runs on every rank and

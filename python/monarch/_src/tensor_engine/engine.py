@@ -276,7 +276,8 @@ class Engine:
         """The worker of global ``rank`` (in ``view``), as a one-actor mesh."""
         coords = view.coords(rank)
         mesh = view.mesh.slice(**coords) if coords else view.mesh
-        return self.workers._new_with_shape(mesh._shape)
+        workers: ActorMesh[Any] = self.workers._new_with_shape(mesh._shape)
+        return workers
 
     def ensure_peers(self) -> None:
         """Give every worker the ports of all workers (for point-to-point transfers),

@@ -113,7 +113,7 @@ class Tensor(torch.Tensor):
         return t
 
     @classmethod
-    def __torch_dispatch__(
+    def __torch_dispatch__(  # type: ignore[override]
         cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
     ) -> Any:
         return record(func, args, kwargs or {}, None)
@@ -182,7 +182,7 @@ class Tensor(torch.Tensor):
             f"device={self.device}, mesh={dict(self._view.shape.extent)}, ref={self._h.ref.id})"
         )
 
-    __str__ = __repr__  # type: ignore[assignment]
+    __str__ = __repr__
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise TypeError(
@@ -191,28 +191,33 @@ class Tensor(torch.Tensor):
             "(monarch.fetch_shard(t).get())"
         )
 
-    def __deepcopy__(self, memo: Any) -> Tensor:
-        return self.clone()  # type: ignore[no-any-return]
+    def __deepcopy__(self, memo: Any) -> Any:
+        return self.clone()
 
 
 def _keep_argument_errors(name: str) -> Any:
     """Torch's Python operators turn a ``TypeError`` into ``NotImplemented`` (Python
     then reports only "unsupported operand type(s)"); re-raise the engine's own
     bad-argument error instead, which names each bad argument."""
-    base = getattr(torch.Tensor, name)
+    base: Any = getattr(torch.Tensor, name)
 
     def operator(self: Any, other: Any) -> Any:
         _local.argument_error = None
         result = base(self, other)
         if result is NotImplemented:
-            error = _local.argument_error
+            error = _take_argument_error()
             if error is not None:
-                _local.argument_error = None
                 raise error
         return result
 
     operator.__name__ = name
     return operator
+
+
+def _take_argument_error() -> TypeError | None:
+    error = _local.argument_error
+    _local.argument_error = None
+    return error
 
 
 for _name in (
@@ -242,7 +247,7 @@ class _Local(threading.local):
 _local = _Local()
 
 
-class _RecordingMode(_torch.TorchDispatchMode):
+class _RecordingMode(_torch.TorchDispatchMode):  # type: ignore[misc]
     """Under an active mesh: every torch operation is recorded on it."""
 
     def __init__(self, view: View) -> None:
@@ -255,7 +260,7 @@ class _RecordingMode(_torch.TorchDispatchMode):
         return record(func, args, kwargs or {}, self.view)
 
 
-class _LocalMode(_torch.TorchDispatchMode):
+class _LocalMode(_torch.TorchDispatchMode):  # type: ignore[misc]
     """Under ``no_mesh.activate()``: torch runs locally (monarch tensors still go to
     their mesh)."""
 
@@ -474,7 +479,7 @@ def record(func: Any, args: Sequence[Any], kwargs: dict[str, Any], view: View | 
             _local.argument_error = error
             raise error
     engine.check()
-    key = (func, *a.key)
+    key: Any = (func, *a.key)
     try:
         spec = _cache.get(key)
     except TypeError:  # an unhashable argument: infer every time

@@ -38,6 +38,10 @@ from monarch._src.tensor_engine.wire import Failure, GroupRef, Ref, TensorMeta
 
 __all__ = ["MeshStore", "TensorWorker"]
 
+#: torch's store base class (its stubs hide it behind a platform check).
+_StoreBase: Any = getattr(dist, "Store")  # noqa: B009
+_PrefixStore: Any = getattr(dist, "PrefixStore")  # noqa: B009
+
 _REDUCE_OPS = {
     "sum": "SUM",
     "avg": "AVG",
@@ -56,7 +60,7 @@ def _collective_timeout() -> float:
     return float(config.get("tensor_collective_timeout"))
 
 
-class MeshStore(dist.Store):
+class MeshStore(_StoreBase):  # type: ignore[misc]
     """A ``torch.distributed.Store`` kept by the engine's controller actor: process
     groups rendezvous over monarch's authenticated messaging, with no server of their
     own."""
@@ -141,6 +145,8 @@ class TensorWorker(Actor):
         #: Collectives reached, per group (see ``_arrive``).
         self.arrivals: dict[str, int] = {}
         self.peers: list[Port[Any]] | None = None
+        self.port: Port[Any]
+        self.receiver: Any
         self.port, self.receiver = Channel.open()
         self.inbox: dict[tuple[int, int], Any] = {}
         self.seq = -1
@@ -401,7 +407,7 @@ class TensorWorker(Actor):
             # The Python store must outlive the group: torch keeps only its C++ half.
             mesh_store = MeshStore(self.controller, timeout)
             self.stores.append(mesh_store)
-            store = dist.PrefixStore(f"pg/{device}/{'.'.join(map(str, members))}/", mesh_store)
+            store = _PrefixStore(f"pg/{device}/{'.'.join(map(str, members))}/", mesh_store)
             rank = members.index(self.rank)
             td = datetime.timedelta(seconds=timeout)
             if device == "cuda":
@@ -416,7 +422,7 @@ class TensorWorker(Actor):
                     dev = ProcessGroupGloo.create_device(interface=iface)
                 else:
                     dev = ProcessGroupGloo.create_device(hostname=_local_address())
-                opts = ProcessGroupGloo._Options()
+                opts = getattr(ProcessGroupGloo, "_Options")()  # noqa: B009
                 opts._devices = [dev]
                 opts._timeout = td
                 pg = ProcessGroupGloo(store, rank, len(members), opts)
@@ -619,7 +625,7 @@ def _register_group(pg: Any, members: list[int], device: str) -> None:
     group=pg)``): register it as the c10d world registers the groups it creates."""
     from torch.distributed import distributed_c10d as c10d
 
-    world = c10d._world
+    world: Any = c10d._world
     if pg in world.pg_map:
         return
     backend = "nccl" if device == "cuda" else "gloo"
