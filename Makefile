@@ -94,13 +94,14 @@ test-rust: | $(VENV_PYTHON) ## cargo test --workspace (unit, integration and doc
 test-python: $(REQ_STAMP) ## Run pytest (build the extension first: make install or build-dev)
 	timeout -k 30 $(TEST_PYTHON_LIMIT) $(VENV_PYTHON) -m pytest
 
-demo: install ## Install everything, run the demos: Rust ping-pong and native mesh, Python tour, DDP, RDMA
+demo: install ## Install everything, run the demos: Rust ping-pong and native mesh, Python tour, DDP, RDMA, tensors
 	$(CARGO) run --release -p hyperactor --example ping_pong
 	$(CARGO) run --release -p hyperactor_mesh --example mesh_demo
 	$(VENV_PYTHON) examples/ping_pong.py
 	$(VENV_PYTHON) examples/getting_started.py
 	$(VENV_PYTHON) examples/ddp_spmd.py
 	$(VENV_PYTHON) examples/parameter_server.py
+	$(VENV_PYTHON) examples/distributed_tensors.py
 
 # `make bench` compares this project with upstream Monarch (PyPI `torchmonarch`) and Ray,
 # each installed once into a venv of its own under $(BENCH_DIR) (ignored by git). The
