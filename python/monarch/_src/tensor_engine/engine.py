@@ -41,6 +41,8 @@ __all__ = ["BATCH_MAX", "FLUSH_DELAY", "Controller", "Engine", "View", "engine_o
 BATCH_MAX = 2048
 #: How long the first buffered command may wait for more before it is sent (seconds).
 FLUSH_DELAY = 0.001
+#: How often dropped tensors are freed on the workers when no batch carries them (s).
+DELETE_ROUND = 0.05
 #: How many recent commands keep the client line that issued them (for errors).
 FRAME_RING = 1 << 16
 
@@ -200,9 +202,9 @@ class Engine:
         return self.seq
 
     def dropped(self, slot: int, ref: int) -> None:
-        """A tensor's ref is gone (any thread, garbage collection included)."""
+        """A tensor's ref is gone (any thread, garbage collection included: so this
+        takes no lock; the next flush, or the flusher's next round, sends it)."""
         self.deletes.append((slot, ref))
-        self._wake.set()
 
     # --- flushing -------------------------------------------------------------------------
 
@@ -304,19 +306,22 @@ def _points(mesh: ProcMesh) -> list[dict[str, int]]:
 
 
 def _flusher(ref: weakref.ReferenceType[Engine], wake: threading.Event) -> None:
-    """Flush an engine's buffer shortly after work arrives in it."""
+    """Flush an engine's buffer shortly after work arrives in it, and send the deletes
+    of dropped tensors every :data:`DELETE_ROUND` seconds when nothing else does."""
     while True:
-        wake.wait()
-        time.sleep(FLUSH_DELAY)
-        wake.clear()
+        woke = wake.wait(DELETE_ROUND)
+        if woke:
+            time.sleep(FLUSH_DELAY)
+            wake.clear()
         engine = ref()
         if engine is None or engine.closed:
             return
-        try:
-            with engine.lock:
-                engine._flush_locked()
-        except BaseException as e:  # never die silently: the next use raises it
-            engine.fail(e)
+        if engine.pending or engine.deletes:
+            try:
+                with engine.lock:
+                    engine._flush_locked()
+            except BaseException as e:  # never die silently: the next use raises it
+                engine.fail(e)
         del engine
 
 
