@@ -1,0 +1,65 @@
+"""Distributed tensors on CUDA: ops on CUDA tensors, and NCCL collectives over the
+ranks that fit (one proc per GPU). They skip, with the reason, on machines without a
+CUDA device; CI has none, a machine with GPUs runs them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from monarch import inspect
+from monarch.actor import ProcMesh, this_host
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device on this machine (torch.cuda)"
+)
+
+
+@pytest.fixture(scope="module")
+def gpus() -> Iterator[ProcMesh]:
+    count = min(torch.cuda.device_count(), 4)
+    pm = this_host().spawn_procs(per_host={"gpus": count})
+    assert pm.initialized.get(timeout=120) is True
+    yield pm
+    pm.stop().get(timeout=60)
+
+
+def test_ops_on_cuda_tensors(gpus: ProcMesh) -> None:
+    with gpus.activate():
+        t = torch.ones(3, 4, device="cuda") * 2
+        m = t @ t.T
+    assert t.device.type == "cuda"
+    value = inspect(m)
+    assert value.device.type == "cpu"
+    assert torch.equal(value, torch.full((3, 3), 16.0))
+
+
+def test_rank_tensors_moved_to_cuda(gpus: ProcMesh) -> None:
+    with gpus.activate():
+        f = 10 * gpus.rank_tensor("gpus").cuda()
+    last = gpus.size("gpus") - 1
+    assert inspect(f, gpus=last).item() == 10 * last
+
+
+def test_nccl_reductions_over_the_gpus_that_fit(gpus: ProcMesh) -> None:
+    n = gpus.size("gpus")
+    with gpus.activate():
+        r = gpus.rank_tensor("gpus").cuda().float() + 1
+        x = torch.ones(4, device="cuda") * r
+        total = x.reduce("gpus", "sum")
+        biggest = x.reduce("gpus", "max")
+        stacked = x.reduce("gpus", "stack")
+    expected = n * (n + 1) / 2
+    assert inspect(total, gpus=n - 1).tolist() == [expected] * 4
+    assert inspect(biggest).tolist() == [float(n)] * 4
+    assert inspect(stacked).shape == (n, 4)
+
+
+def test_cuda_and_cpu_tensors_do_not_mix_in_a_collective(gpus: ProcMesh) -> None:
+    with gpus.activate():
+        on_gpu = torch.ones(2, device="cuda")
+        on_cpu = torch.ones(2)
+    with pytest.raises(TypeError, match="CROSS_DEVICE_REQUIRES_CUDA"):
+        on_cpu.reduce("gpus", "sum", out=on_gpu)
