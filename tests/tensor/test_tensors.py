@@ -459,6 +459,26 @@ def test_remote_adverbs_return_values(mesh: ProcMesh) -> None:
     assert got == 4.0
 
 
+def test_remote_choose_stream_and_send_to_a_port(mesh: ProcMesh) -> None:
+    from monarch.actor import Channel, send
+
+    def rank_of(x: torch.Tensor) -> int:
+        from monarch.actor import context
+
+        return context().actor_instance.rank.rank
+
+    fn = remote(rank_of)
+    with mesh.activate():
+        x = torch.ones(1)
+        assert fn.choose(x).get(timeout=60) in range(4)
+        streamed = sorted(f.get(timeout=60) for f in fn.stream(x))
+        assert streamed == [0, 1, 2, 3]
+        port, receiver = Channel.open()
+        send(fn, (x,), {}, port=port)
+        got = sorted(receiver.recv().get(timeout=60) for _ in range(4))
+    assert got == [0, 1, 2, 3]
+
+
 def test_remote_without_an_active_mesh_is_an_error() -> None:
     with pytest.raises(ValueError, match="no mesh is active"):
         remote(scale)(1, 2)

@@ -145,12 +145,21 @@ def send(
     """Send a call to the actors of ``endpoint``'s mesh (``"all"``) or one of them
     (``"choose"``), with each reply sent to ``port``; with ``port=None`` replies are
     dropped and an exception fails the actor (like ``broadcast``)."""
-    if not isinstance(endpoint, Endpoint):
-        raise TypeError(f"send() takes a mesh endpoint (mesh.method), got {endpoint!r}")
     if selection not in ("all", "choose"):
         raise ValueError(f"send(): selection must be 'all' or 'choose', got {selection!r}")
     if port is not None and not isinstance(port, Port):
         raise TypeError(f"send(): port must be a Port from Channel.open(), got {port!r}")
+    # A remote function of distributed tensors (``monarch.remote``) sends itself to the
+    # workers of the active mesh.
+    remote_send = getattr(type(endpoint), "_send_to_port", None)
+    if remote_send is not None:
+        remote_send(endpoint, tuple(args), dict(kwargs), port, selection)
+        return
+    if not isinstance(endpoint, Endpoint):
+        raise TypeError(
+            f"send() takes a mesh endpoint (mesh.method) or a monarch.remote function, got "
+            f"{endpoint!r}"
+        )
     mesh = endpoint._mesh
     payload = endpoint._payload(tuple(args), dict(kwargs))
     index = None

@@ -690,6 +690,18 @@ class Remote:
         """Run on every rank, not waiting for anything back."""
         self._values("broadcast", args, kwargs)
 
+    def _send_to_port(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], port: Any, selection: str
+    ) -> None:
+        """``monarch.actor.send(remote_fn, args, kwargs, port=...)``: run on the active
+        mesh (every rank, or one with ``selection="choose"``), each value to ``port``."""
+        from monarch._src.actor.channel import send
+
+        view, eargs, ekwargs = self._encode(args, kwargs, "send")
+        view.engine.flush()
+        assert view.workers is not None
+        send(view.workers.call_function, (self._spec, eargs, ekwargs), {}, port, selection)  # type: ignore[arg-type]
+
 
 def _hashable(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
