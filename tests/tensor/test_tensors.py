@@ -118,6 +118,13 @@ def test_modules_and_autograd_run_on_the_workers(mesh: ProcMesh) -> None:
     assert torch.allclose(inspect(grad), expected, atol=1e-5)
 
 
+def test_the_profiler_runs_locally_under_an_active_mesh(mesh: ProcMesh) -> None:
+    with mesh.activate():
+        with torch.autograd.profiler.record_function("step"):
+            t = torch.ones(2) + 1
+    assert inspect(t).tolist() == [2.0, 2.0]
+
+
 def test_values_cannot_be_read_on_the_client(mesh: ProcMesh) -> None:
     with mesh.activate():
         t = torch.ones(2)
