@@ -486,6 +486,22 @@ def test_remote_choose_stream_and_send_to_a_port(mesh: ProcMesh) -> None:
     assert got == [0, 1, 2, 3]
 
 
+def test_an_argument_that_cannot_be_sent_fails_only_its_command(mesh: ProcMesh) -> None:
+    import threading
+
+    def takes(x: torch.Tensor, anything: object) -> torch.Tensor:
+        return x + 1
+
+    fn = remote(takes, propagate=lambda x, anything: x)
+    with mesh.activate():
+        x = torch.ones(2)
+        bad = fn(x, threading.Lock())  # a lock cannot be pickled
+        good = fn(x, 1)
+    with pytest.raises(RemoteException, match="cannot be sent to the workers"):
+        inspect(bad)
+    assert inspect(good).tolist() == [2.0, 2.0]
+
+
 def test_remote_without_an_active_mesh_is_an_error() -> None:
     with pytest.raises(ValueError, match="no mesh is active"):
         remote(scale)(1, 2)

@@ -239,7 +239,10 @@ class Engine:
     def _send(self, view: View, cmds: list[tuple[Any, ...]]) -> None:
         if self.failure is not None or self.closed:
             return
-        payload = dumps(cmds)
+        try:
+            payload = dumps(cmds)
+        except Exception:
+            payload = dumps([_sendable(cmd) for cmd in cmds])
         assert view.workers is not None
         try:
             view.workers.run.broadcast(payload)
@@ -294,6 +297,20 @@ class Engine:
         self.ports = [ports.item(**p) if p else ports.item() for p in _points(self.root)]
         root_view = self.view(self.root)
         self.issue(root_view, (wire.PEERS, -1, self.ports))
+
+
+def _sendable(cmd: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``cmd``, or, when it does not pickle, a command that fails its outputs with why
+    (one bad argument fails one command, never the batch)."""
+    try:
+        dumps(cmd)
+    except Exception as e:
+        error = (
+            f"TypeError: the arguments of this command cannot be sent to the workers: "
+            f"{type(e).__name__}: {e}\n"
+        )
+        return (wire.FAIL, cmd[1], wire.outputs(cmd), error)
+    return cmd
 
 
 def _points(mesh: ProcMesh) -> list[dict[str, int]]:

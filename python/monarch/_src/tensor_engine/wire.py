@@ -18,6 +18,7 @@ __all__ = [
     "DEFINE_FN",
     "DEFINE_VIEW",
     "DELETE",
+    "FAIL",
     "OP",
     "PEERS",
     "RANK",
@@ -29,6 +30,7 @@ __all__ = [
     "GroupRef",
     "Ref",
     "TensorMeta",
+    "outputs",
 ]
 
 #: ``(DEFINE_FN, fid, spec)``: ``spec`` is ``("op", namespace, name, overload)`` for a
@@ -59,6 +61,25 @@ RECV = 8
 PEERS = 9
 #: ``(UNPACK, seq, whole, outs)``: store the tensor leaves of the value under ``whole``.
 UNPACK = 10
+#: ``(FAIL, seq, outs, error)``: a command that could not be sent (its arguments do not
+#: pickle): its outputs are failed with ``error``.
+FAIL = 11
+
+
+def outputs(cmd: tuple[Any, ...]) -> list[int]:
+    """The refs a command writes (what a failure of it marks failed)."""
+    op = cmd[0]
+    if op == OP:
+        return [*cmd[5], *cmd[6]]
+    if op == CALL:
+        return [*cmd[5], *([cmd[6]] if cmd[6] is not None else [])]
+    if op in (RANK, REDUCE, RECV):
+        return [cmd[2]]
+    if op == UNPACK:
+        return list(cmd[3])
+    if op == FAIL:
+        return list(cmd[2])
+    return []
 
 
 class Ref:

@@ -247,25 +247,15 @@ class TensorWorker(Actor):
                 self.peers = cmd[2]
             elif op == wire.UNPACK:
                 self._unpack(cmd)
+            elif op == wire.FAIL:
+                self._fail_outputs(cmd, Failure(cmd[1], self.rank, cmd[3], []))
         except BaseException as e:  # never let a command end the worker
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
             self._fail_outputs(cmd, self._failure(cmd[1], e))
 
     def _fail_outputs(self, cmd: tuple[Any, ...], failure: Failure) -> None:
-        op = cmd[0]
-        outs: list[Any] = []
-        if op == wire.OP:
-            outs = [*cmd[5], *cmd[6]]
-        elif op == wire.CALL:
-            outs = list(cmd[5])
-            if cmd[6] is not None:
-                outs.append(cmd[6])
-        elif op in (wire.RANK, wire.REDUCE, wire.RECV):
-            outs = [cmd[2]]
-        elif op == wire.UNPACK:
-            outs = list(cmd[3])
-        for out in outs:
+        for out in wire.outputs(cmd):
             self.values[out] = failure
 
     def _failure(self, seq: int, e: BaseException) -> Failure:
