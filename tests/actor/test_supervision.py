@@ -138,6 +138,13 @@ class Supervisor(Actor):
         self.children.boom.broadcast()
 
     @endpoint
+    def break_children_by_send(self) -> None:
+        from monarch.actor import send
+
+        assert self.children is not None
+        send(self.children.boom, (), {})
+
+    @endpoint
     def ok(self) -> int:
         return 1
 
@@ -264,6 +271,36 @@ def test_supervise_handles_failures_of_owned_meshes(procs: ProcMesh, faults: Fau
     # nothing reached the client.
     assert sup.ok.call_one().get(timeout=30) == 1
     assert not [f for f in faults.failures if f.mesh_name == "handling_supervisor"]
+
+
+class AsyncSupervisor(Supervisor):
+    """The same, with ``async def __supervise__`` (its endpoints stay sync)."""
+
+    async def __supervise__(self, failure: MeshFailure) -> bool:  # type: ignore[override]
+        import asyncio
+
+        await asyncio.sleep(0)
+        self.seen.send("async: " + str(failure))
+        return self.handle
+
+
+@pytest.mark.parametrize("how", ["broadcast", "send"])
+@pytest.mark.parametrize("cls", [Supervisor, AsyncSupervisor])
+def test_failures_of_endpoints_without_a_reply_port_reach_supervise(
+    procs: ProcMesh, faults: Faults, how: str, cls: type[Supervisor]
+) -> None:
+    seen, seen_rx = Channel[str].open()
+    sup = procs.slice(gpus=0).spawn(f"sup_{how}_{cls.__name__}", cls, True, seen)
+    sup.spawn_children.call_one(procs.slice(gpus=1)).get(timeout=30)
+    if how == "broadcast":
+        sup.break_children.call_one().get(timeout=30)
+    else:
+        sup.break_children_by_send.call_one().get(timeout=30)
+    report = seen_rx.recv().get(timeout=30)
+    assert "actor mesh 'supervised'" in report
+    assert report.startswith("async: ") == (cls is AsyncSupervisor)
+    # Handled (an async verdict included): the supervisor goes on.
+    assert sup.ok.call_one().get(timeout=30) == 1
 
 
 def test_unhandled_failures_propagate_to_the_owners_owner(procs: ProcMesh, faults: Faults) -> None:

@@ -78,6 +78,16 @@ def run_spawner(state: process.ProcessState) -> None:
     threading.Thread(target=run, name="monarch-spawner", daemon=True).start()
 
 
+def _run_awaitable(awaitable: Any) -> Any:
+    """Run ``awaitable`` to completion on a loop of its own (this thread runs none)."""
+    import asyncio
+
+    async def wait() -> Any:
+        return await awaitable
+
+    return asyncio.run(wait())
+
+
 class HostedActor:
     """One actor hosted by this process: see the module docs."""
 
@@ -342,6 +352,10 @@ class HostedActor:
                 token = _current.set(self._context(d))
                 try:
                     handled, error = self._supervise(failure), None
+                    if inspect.isawaitable(handled):
+                        # ``async def __supervise__`` on an actor whose endpoints are
+                        # sync: its verdict is what the coroutine returns.
+                        handled = _run_awaitable(handled)
                 except BaseException as e:
                     handled, error = False, e
                 finally:
