@@ -586,17 +586,7 @@ class Remote:
                 described = self._propagate_remote(view, args, kwargs)
                 if key is not None:
                     self._cache[key] = described
-        outs: list[int] = []
-
-        def build(x: Any) -> Any:
-            if isinstance(x, wire.TensorMeta):
-                ref = engine.new_ref()
-                outs.append(ref.id)
-                meta = (tuple(x.size), tuple(x.stride), 0, x.dtype, torch.device(x.device))
-                return Tensor._new(meta, view, ref)
-            return x
-
-        result = tree_map(build, described)
+        result, outs = _tensors_of(described, view)
         with engine.lock:
             seq = engine.next_seq()
             engine.issue(
@@ -615,16 +605,7 @@ class Remote:
             return x
 
         margs, mkwargs = tree_map(meta, (list(args), kwargs))
-        engine = view.engine
-        first = view.shape.ranks()[0]
-        from monarch._src import config
-
-        timeout = float(config.get("tensor_collective_timeout"))
-        return (
-            engine.workers_at(view, first)
-            .propagate.call_one(self._spec, margs, mkwargs)
-            .get(timeout=timeout)
-        )
+        return _ask_first_rank(view, "propagate", self._spec, margs, mkwargs)
 
     def _run_inspect(self, view: View, fid: int, eargs: Any, ekwargs: Any) -> Any:
         engine = view.engine
@@ -635,25 +616,11 @@ class Remote:
                 view, (wire.CALL, seq, fid, eargs, ekwargs, [], whole.id), fid, _client_frames()
             )
         engine.flush()
-        first = view.shape.ranks()[0]
-        from monarch._src import config
-
-        timeout = float(config.get("tensor_collective_timeout"))
-        described = engine.workers_at(view, first).describe.call_one(whole.id).get(timeout=timeout)
+        described = _ask_first_rank(view, "describe", whole.id)
         if isinstance(described, wire.Failure):
             engine.dropped(view.slot, whole.id)
             raise _remote_error(view, described)
-        outs: list[int] = []
-
-        def build(x: Any) -> Any:
-            if isinstance(x, wire.TensorMeta):
-                ref = engine.new_ref()
-                outs.append(ref.id)
-                meta = (tuple(x.size), tuple(x.stride), 0, x.dtype, torch.device(x.device))
-                return Tensor._new(meta, view, ref)
-            return x
-
-        result = tree_map(build, described)
+        result, outs = _tensors_of(described, view)
         with engine.lock:
             seq = engine.next_seq()
             engine.issue(view, (wire.UNPACK, seq, whole.id, outs), 0, None)
@@ -701,6 +668,33 @@ class Remote:
         view.engine.flush()
         assert view.workers is not None
         send(view.workers.call_function, (self._spec, eargs, ekwargs), {}, port, selection)  # type: ignore[arg-type]
+
+
+def _tensors_of(described: Any, view: View) -> tuple[Any, list[int]]:
+    """A propagation's answer with each ``TensorMeta`` replaced by a new monarch tensor
+    on ``view``, and the refs of those tensors (in pytree order)."""
+    engine = view.engine
+    outs: list[int] = []
+
+    def build(x: Any) -> Any:
+        if isinstance(x, wire.TensorMeta):
+            ref = engine.new_ref()
+            outs.append(ref.id)
+            meta = (tuple(x.size), tuple(x.stride), 0, x.dtype, torch.device(x.device))
+            return Tensor._new(meta, view, ref)
+        return x
+
+    return tree_map(build, described), outs
+
+
+def _ask_first_rank(view: View, endpoint: str, *args: Any) -> Any:
+    """Call a worker endpoint on the first rank of ``view`` and wait for its answer
+    (bounded by ``tensor_collective_timeout``)."""
+    from monarch._src import config
+
+    timeout = float(config.get("tensor_collective_timeout"))
+    worker = view.engine.workers_at(view, view.shape.ranks()[0])
+    return getattr(worker, endpoint).call_one(*args).get(timeout=timeout)
 
 
 def _hashable(x: Any) -> Any:
