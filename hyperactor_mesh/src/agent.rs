@@ -266,6 +266,16 @@ pub(crate) struct Inner {
     /// Hosts this agent monitors, and when each last answered a heartbeat.
     monitored: Mutex<HashSet<ProcId>>,
     host_acks: Mutex<HashMap<ProcId, std::time::Instant>>,
+    /// Hosts given up for lost, and why, until they are monitored afresh (see
+    /// [`liveness`]): stopping and ending never wait on them.
+    lost_hosts: Mutex<HashMap<ProcId, String>>,
+    /// Hosts asked to end ([`ProcAgent::end_host`]), until monitored afresh: their loss
+    /// fails none of their procs.
+    ending_hosts: Mutex<HashSet<ProcId>>,
+    /// Procs whose death this agent has handled (its reports to the owners sent).
+    handled_deaths: Mutex<HashSet<ProcId>>,
+    /// Bumped after each host loss and each handled death, for those who wait on them.
+    events: tokio::sync::watch::Sender<u64>,
     registry: Registry,
     foreign: Option<Arc<dyn ForeignSpawner>>,
     host: Option<Arc<control::HostService>>,
@@ -361,6 +371,10 @@ impl ProcAgent {
             on_end: options.on_end,
             monitored: Mutex::default(),
             host_acks: Mutex::default(),
+            lost_hosts: Mutex::default(),
+            ending_hosts: Mutex::default(),
+            handled_deaths: Mutex::default(),
+            events: tokio::sync::watch::Sender::new(0),
             registry: options.registry,
             foreign: options.foreign,
             host,
@@ -565,14 +579,16 @@ impl ProcAgent {
     }
 
     /// Asks the worker `host` to stop all its procs (each gets `timeout`) and end
-    /// ([`Control::EndHost`]); returns once it answered, its link failed, or `timeout`
-    /// plus a little slack passed. The host is no longer monitored: its end is not a
-    /// failure.
+    /// ([`Control::EndHost`]); returns once it answered, its link failed, it was found
+    /// lost (it stopped answering heartbeats for [`Liveness::timeout`]), or `timeout`
+    /// plus a little slack passed. A host already known lost is neither asked nor waited
+    /// on (a request delivered when it comes back could end it while it serves another
+    /// client). The host's loss while it ends is not a failure of its procs.
     ///
     /// # Errors
     ///
-    /// Why the host did not confirm: it is not a worker, cannot be reached, or did not
-    /// answer in time.
+    /// Why the host did not confirm its end (unreachable, lost, no answer in time), or
+    /// its refusal (it is not a worker).
     ///
     /// # Cancel safety
     ///
@@ -583,7 +599,12 @@ impl ProcAgent {
         reason: &str,
         timeout: Duration,
     ) -> Result<(), String> {
-        self.inner.unmonitor_host(host);
+        if let Some(why) = self.inner.lost_reason(host) {
+            return Err(format!("it was lost already ({why})"));
+        }
+        // Watched while it ends, so that one that goes silent is found lost.
+        self.inner.monitor_host(host);
+        lock(&self.inner.ending_hosts).insert(host.clone());
         let (port, receiver) = self.inner.client.open_once_port::<Result<(), String>>();
         self.inner.send_control(
             host,
@@ -595,11 +616,54 @@ impl ProcAgent {
         );
         let failed = self.remote_link_failed(host);
         let limit = timeout + END_HOST_SLACK;
-        tokio::select! {
-            answer = receiver.recv() => answer.map_err(|e| e.to_string())?,
+        let result = tokio::select! {
+            answer = receiver.recv() => answer.map_err(|e| e.to_string()).and_then(|r| r),
             error = failed => Err(format!("it cannot be reached: {error}")),
+            why = self.inner.host_lost_wait(host) => Err(format!("it was lost ({why})")),
             () = tokio::time::sleep(limit) => Err(format!("no answer within {limit:?}")),
-        }
+        };
+        self.inner.unmonitor_host(host);
+        result
+    }
+
+    /// Waits until this process knows, for every proc running actors of a mesh owned
+    /// here that is not stopped, whether it still runs: both the proc and its host
+    /// answered a heartbeat sent now, or the proc's death was handled (its failures
+    /// reported to their owners), or its host was found lost (which handles the deaths
+    /// of its procs). A proc killed, or whose host was killed, before this call has its
+    /// failures reported when this returns, whatever the timing of the reports. At most
+    /// `timeout` (a frozen proc never answers; a silent host takes [`Liveness::timeout`]
+    /// to be found lost).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn settle_owned(&self, timeout: Duration) {
+        let by_host = self.inner.running_owned_procs();
+        let waits = by_host.into_iter().map(|(host, procs)| {
+            let inner = Arc::clone(&self.inner);
+            async move {
+                let host_known = async {
+                    if let Some(host) = &host {
+                        tokio::select! {
+                            () = inner.answered(host) => {}
+                            _ = inner.host_lost_wait(host) => {}
+                        }
+                    }
+                };
+                let procs_known = futures::future::join_all(procs.iter().map(|proc| {
+                    let inner = &inner;
+                    async move {
+                        tokio::select! {
+                            () = inner.answered(proc) => {}
+                            () = inner.death_handled_wait(proc) => {}
+                        }
+                    }
+                }));
+                futures::future::join(host_known, procs_known).await;
+            }
+        });
+        let _ = tokio::time::timeout(timeout, futures::future::join_all(waits)).await;
     }
 
     /// Completes with the error when this proc's link to `proc` fails; never for this
@@ -655,6 +719,25 @@ impl ProcAgent {
 }
 
 impl Inner {
+    /// Sends the agent of `proc` a heartbeat and completes once it answered (never, if
+    /// it does not).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    async fn answered(&self, proc: &ProcId) {
+        let (port, receiver) = self.client.open_once_port::<Control>();
+        self.send_control(
+            proc,
+            &Control::Heartbeat {
+                from: port.port_id().clone(),
+            },
+        );
+        if receiver.recv().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
     fn open_ports(this: &Arc<Self>) -> Result<(), MeshError> {
         let mailbox = this.client.mailbox();
         let weak = Arc::downgrade(this);

@@ -105,8 +105,9 @@ impl HostMesh {
 
     /// Ends every host of this mesh that is a worker ([`ProcAgent::end_host`]): each
     /// stops all its procs (each gets `timeout`) and exits. Waits for all hosts at once,
-    /// never longer than `timeout` plus a little slack; returns, per host in order,
-    /// whether it confirmed.
+    /// never longer than `timeout` plus a little slack, not at all for a host known
+    /// lost, and for a silent one only until it is found lost; returns, per host in
+    /// order, whether it confirmed.
     ///
     /// # Errors
     ///

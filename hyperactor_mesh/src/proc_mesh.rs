@@ -167,7 +167,9 @@ impl ProcMesh {
     }
 
     /// Stops every proc of the mesh (each gets its host's stop timeout, then is
-    /// killed); their exits are not failures. Only the owner can stop a proc mesh.
+    /// killed); their exits are not failures. Only the owner can stop a proc mesh. A
+    /// host known lost is not waited on, and a silent one only until it is found lost
+    /// ([`crate::agent::liveness`]).
     ///
     /// # Errors
     ///

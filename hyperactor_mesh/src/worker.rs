@@ -375,6 +375,97 @@ mod tests {
         );
     }
 
+    /// LIVE-3: once a worker is found lost, stopping procs there and ending it do not
+    /// wait for it (here they would wait 10 s and 32 s).
+    #[tokio::test]
+    async fn a_lost_worker_is_not_waited_on() {
+        let worker = loopback_worker(AgentOptions::default()).await;
+        let host = worker.proc().proc_id().clone();
+        let liveness = crate::agent::Liveness {
+            interval: Duration::from_millis(20),
+            timeout: Duration::from_millis(500),
+            lease: Duration::from_secs(10),
+        };
+        let client = client_agent(AgentOptions::default().liveness(liveness)).await;
+        let proc: ProcId = "p-1@tcp:127.0.0.1:1".parse().unwrap();
+        let info = crate::cast::codec::MeshInfo {
+            id: 7,
+            name: "procs".into(),
+            class: "proc".into(),
+        };
+        let owner = hyperactor::SendContext::actor_id(client.client()).clone();
+        client.register_owned_procs(
+            info,
+            owner,
+            &[crate::agent::ProcInfo {
+                rank: 0,
+                proc_id: proc.clone(),
+                pid: 0,
+                host: Some(host.clone()),
+            }],
+        );
+        client.probe(&host, Duration::from_secs(5)).await.unwrap();
+        client.monitor_host(&host);
+        worker.proc().stop(Duration::from_secs(1)).await;
+        drop(worker);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while client.death_of(&proc).is_none() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the lost worker's proc was not failed");
+        let start = std::time::Instant::now();
+        assert!(client.stop_owned(7, "test over").await);
+        let err = client
+            .end_host(&host, "test over", Duration::from_secs(30))
+            .await
+            .unwrap_err();
+        assert!(err.contains("lost already"), "{err}");
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "waited {:?} on a lost host",
+            start.elapsed()
+        );
+    }
+
+    /// LIVE-3: a host that stops answering holds an end up only until heartbeats find
+    /// it lost (here a socket that accepts connections and never answers).
+    #[tokio::test]
+    async fn a_silent_host_is_waited_on_until_it_is_found_lost() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let silent = tokio::spawn(async move {
+            // Holds the connections open, answering nothing.
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        let host = worker_proc_id(&format!("tcp:127.0.0.1:{port}").parse().unwrap());
+        let liveness = crate::agent::Liveness {
+            interval: Duration::from_millis(20),
+            timeout: Duration::from_millis(500),
+            lease: Duration::from_secs(10),
+        };
+        let client = client_agent(AgentOptions::default().liveness(liveness)).await;
+        let start = std::time::Instant::now();
+        let err = tokio::time::timeout(
+            Duration::from_secs(20),
+            client.end_host(&host, "test over", Duration::from_secs(30)),
+        )
+        .await
+        .expect("end_host waited on a silent host")
+        .unwrap_err();
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "waited {:?} on a silent host: {err}",
+            start.elapsed()
+        );
+        assert!(err.contains("it was lost"), "{err}");
+        silent.abort();
+    }
+
     /// A client ends a worker: its end hook runs (after its procs were stopped) and the
     /// client is answered; a host agent that is not a worker refuses, naming itself.
     #[tokio::test]

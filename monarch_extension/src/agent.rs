@@ -491,6 +491,17 @@ impl PyProcAgent {
         })
     }
 
+    /// Waits (without the GIL, at most `timeout` seconds) until this process knows, for
+    /// every proc running actors of a mesh it owns, whether it still runs; the failures
+    /// of those that died are then reported (see `ProcAgent::settle_owned`).
+    fn settle_owned(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+        let timeout = duration("timeout", timeout)?;
+        let agent = self.agent.clone();
+        block_on(py, "ProcAgent.settle_owned()", async move {
+            agent.settle_owned(timeout).await;
+        })
+    }
+
     /// The pids of the procs this host spawned that still run.
     fn running_pids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let pids: Vec<u32> = self

@@ -186,7 +186,8 @@ impl PyHostMesh {
 
     /// Ends the workers of this mesh (each stops its procs, `timeout` seconds each, and
     /// exits); resolves to the failures, as `"host: reason"` strings (empty when every
-    /// worker confirmed). Never waits on a dead host longer than `timeout` plus 2 s.
+    /// worker confirmed). Never waits on a host known lost, nor on a silent one longer
+    /// than it takes heartbeats to find it lost.
     fn end_workers(
         &self,
         sender: &Bound<'_, PyAny>,

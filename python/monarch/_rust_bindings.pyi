@@ -447,6 +447,11 @@ class ProcAgent:
     def shutdown_host(self, timeout: float) -> None:
         """Stop every proc this host spawned."""
 
+    def settle_owned(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) until this process knows, for every proc
+        running actors of a mesh it owns, whether it still runs; the failures of those
+        that died are then reported."""
+
     def running_pids(self) -> list[int]:
         """The pids of the procs this host spawned that still run."""
 

@@ -163,6 +163,32 @@ def failure(workers: list[str]) -> None:
     result({"again": len(list(pids.values()))})
 
 
+def shutdown_lost(workers: list[str]) -> None:
+    """Spawn on every host and wait for the test to kill the worker of host 2 and cut
+    host 1 off the network. ``known`` (argv's last word): wait until both are found
+    lost, then shut down; ``silent``: shut down at once, host 1 not found lost yet.
+    Report how long ``HostMesh.shutdown()`` took, and the failures seen."""
+    mode = workers.pop()
+    failures: list[str] = []
+    monarch.actor.unhandled_fault_hook = lambda f: failures.append(str(f))
+    hosts = attach(workers)
+    procs = hosts.spawn_procs(per_host={"gpus": 2})
+    members = procs.spawn("members", Member)
+    members.ping.call().get(timeout=120)
+    wait_for_test()
+    if mode == "known":
+        deadline = time.monotonic() + 30
+        lost = {f"worker@tcp:{a.split('//', 1)[1]}" for a in workers[1:]}
+        while time.monotonic() < deadline and not all(
+            any(host in f for f in failures) for host in lost
+        ):
+            time.sleep(0.01)
+    start = time.monotonic()
+    hosts.shutdown().get(timeout=120)
+    took = time.monotonic() - start
+    result({"took": took, "failures": failures})
+
+
 def hold(workers: list[str]) -> None:
     """Spawn procs, report their pids, and wait to be killed."""
     hosts = attach(workers)
@@ -218,6 +244,7 @@ SCENARIOS = {
     "spawn_cast": spawn_cast,
     "failure": failure,
     "hold": hold,
+    "shutdown_lost": shutdown_lost,
     "wrong_credentials": wrong_credentials,
 }
 

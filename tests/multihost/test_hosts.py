@@ -289,6 +289,44 @@ def test_partitioned_host_is_lost_and_comes_back(
     _recover(netns_cluster, healthy, client, "cut")
 
 
+#: The config's ``host_heartbeat_timeout`` (its default): how long a host that stopped
+#: answering takes to be found lost.
+HEARTBEAT_TIMEOUT = 2.0
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["known", "silent"])
+def test_shutdown_does_not_wait_on_lost_hosts(
+    netns_cluster: Cluster, healthy: list[Worker], mode: str
+) -> None:
+    """docs/hosts.md, "Ending the workers": with host 2's worker killed and host 1 cut
+    off, HostMesh.shutdown() waits on neither once they are known lost (``known``), and
+    on the cut one at most the time heartbeats take to find it lost (``silent``: shut
+    down at once). It still ends the worker that answers."""
+    client = Client(netns_cluster, "shutdown_lost", [*_addresses(healthy), mode])
+    client.expect("READY")
+    killed = healthy[2]
+    assert killed.proc is not None
+    killed.proc.kill()
+    killed.proc.wait(10)
+    netns_cluster.hosts[1].cut()
+    client.go()
+    r = client.result()
+    client.finish()
+    print(f"shutdown with lost hosts ({mode}): {r['took']:.2f} s")
+    limit = 1.5 if mode == "known" else HEARTBEAT_TIMEOUT + 2.0
+    assert r["took"] < limit, f"shutdown took {r['took']:.1f} s ({mode}): {r}"
+    if mode == "known":
+        for host in netns_cluster.hosts[1:]:
+            assert any(f"worker@tcp:{host.ip}:{PORT}" in f for f in r["failures"]), r
+    ended = healthy[0].proc
+    assert ended is not None
+    assert ended.wait(30) == 0, "the worker that answered was not ended by shutdown"
+    # The cut worker goes too (the next test starts a fresh one): a request to end it,
+    # sent before it was found lost, would reach it once its network is back.
+    healthy[1].stop()
+
+
 def _running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -493,8 +493,9 @@ impl Inner {
 }
 
 impl Inner {
-    /// Asks the hosts of `targets` to stop those procs, and waits (bounded by `timeout`
-    /// and a little more for the answer).
+    /// Asks the hosts of `targets` to stop those procs, and waits for each host's answer
+    /// (bounded by `timeout` and a little more), or until the host is found lost: a
+    /// host already known lost is not asked nor waited on (LIVE-3).
     pub(super) async fn stop_procs(
         self: &Arc<Self>,
         mesh: &MeshInfo,
@@ -511,6 +512,13 @@ impl Inner {
                     .push(t.proc.clone());
             }
         }
+        by_host.retain(|host, procs| match self.lost_reason(host) {
+            Some(why) => {
+                tracing::debug!(agent = %self.id, "not waiting for {} procs of lost host {host} to stop ({why})", procs.len());
+                false
+            }
+            None => true,
+        });
         let waits = by_host.into_iter().map(|(host, procs)| {
             let (port, receiver) = self.client.open_once_port::<()>();
             self.send_control(
@@ -522,9 +530,14 @@ impl Inner {
                     reply: Some(port.port_id().clone()),
                 },
             );
+            let inner = Arc::clone(self);
             async move {
                 let limit = timeout + Duration::from_secs(2);
-                let _ = tokio::time::timeout(limit, receiver.recv()).await;
+                tokio::select! {
+                    _ = receiver.recv() => {}
+                    _ = inner.host_lost_wait(&host) => {}
+                    () = tokio::time::sleep(limit) => {}
+                }
             }
         });
         futures::future::join_all(waits).await;

@@ -17,6 +17,11 @@
 //! also told to exit ([`Control::Abandon`]), so that a proc of a frozen host does not
 //! keep running unseen; a host that comes back is monitored afresh when used again.
 //!
+//! A lost host is remembered as lost until then: stopping procs there and ending it
+//! ([`super::ProcAgent::end_host`]) do not wait for an answer from it, and a wait for
+//! one ends as soon as the host is found lost (LIVE-3), so a host that stops answering
+//! holds them up for at most [`Liveness::timeout`].
+//!
 //! On the host side, a heartbeat renews the **lease** of the sender's proc. When a proc
 //! that owns procs of this host, but is not one of them (a client on another machine),
 //! sends no heartbeat for [`Liveness::lease`], the host kills the procs it owns there
@@ -69,6 +74,9 @@ impl Inner {
         if !lock(&self.monitored).insert(host.clone()) {
             return;
         }
+        // Monitored afresh: a host lost before (or ended) is in use again.
+        lock(&self.lost_hosts).remove(host);
+        lock(&self.ending_hosts).remove(host);
         lock(&self.host_acks).insert(host.clone(), Instant::now());
         tokio::spawn(monitor(Arc::downgrade(self), host.clone()));
     }
@@ -117,9 +125,38 @@ impl Inner {
         lock(&self.host_acks).remove(host);
     }
 
-    /// `host` is lost: every proc of it that this agent knows of is dead (LIVE-1).
+    /// Why `host` was given up for lost, if it was (and is not monitored afresh since).
+    pub(super) fn lost_reason(&self, host: &ProcId) -> Option<String> {
+        lock(&self.lost_hosts).get(host).cloned()
+    }
+
+    /// Completes, with the reason, once `host` is given up for lost (at once if it is).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub(super) async fn host_lost_wait(&self, host: &ProcId) -> String {
+        let mut events = self.events.subscribe();
+        loop {
+            if let Some(why) = self.lost_reason(host) {
+                return why;
+            }
+            if events.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    /// `host` is lost: every proc of it that this agent knows of is dead (LIVE-1),
+    /// unless the host is being ended (then its procs are being stopped, not failed).
     fn host_lost(self: &Arc<Self>, host: &ProcId, reason: &str) {
         self.unmonitor_host(host);
+        if lock(&self.ending_hosts).contains(host) {
+            lock(&self.lost_hosts).insert(host.clone(), reason.to_string());
+            tracing::info!(agent = %self.id, "host {host}, which was asked to end, is lost ({reason})");
+            self.events.send_modify(|n| *n = n.wrapping_add(1));
+            return;
+        }
         // (proc, pid, owned here): only an owner tells its procs to exit.
         let mut procs: Vec<(ProcId, u32, bool)> = Vec::new();
         for owned in lock(&self.owned).values() {
@@ -158,6 +195,9 @@ impl Inner {
                 expected: false,
             });
         }
+        // Recorded last: whoever sees the host lost sees its procs' deaths handled.
+        lock(&self.lost_hosts).insert(host.clone(), reason.to_string());
+        self.events.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
 

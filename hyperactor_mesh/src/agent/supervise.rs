@@ -2,6 +2,7 @@
 //! meshes' owners, turning a proc's death into failures of the meshes owned here, and
 //! handling messages that came back undelivered.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -263,6 +264,61 @@ impl Inner {
         if !self.mark_dead(&death, true) {
             return;
         }
+        self.handle_death(&proc, &death);
+        lock(&self.handled_deaths).insert(proc);
+        self.events.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Completes once the death of `proc` was handled ([`Inner::on_proc_died`] sent its
+    /// failures to their owners).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub(super) async fn death_handled_wait(&self, proc: &ProcId) {
+        let mut events = self.events.subscribe();
+        loop {
+            if lock(&self.handled_deaths).contains(proc) {
+                return;
+            }
+            if events.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    /// The procs (other than this agent's own) running actors of meshes owned here that
+    /// are not stopped, whose death was not handled yet, by host (`None`: no host
+    /// spawned them, or this agent's own host).
+    pub(super) fn running_owned_procs(&self) -> HashMap<Option<ProcId>, Vec<ProcId>> {
+        let me = self.proc.proc_id();
+        let mut procs: HashMap<ProcId, Option<ProcId>> = HashMap::new();
+        for owned in lock(&self.owned).values() {
+            if owned.stopped || !matches!(owned.kind, OwnedKind::Actors { .. }) {
+                continue;
+            }
+            for (target, _) in &owned.ranks {
+                if &target.proc != me {
+                    let host = target.host.clone().filter(|h| h != me);
+                    procs.insert(target.proc.clone(), host);
+                }
+            }
+        }
+        let handled = lock(&self.handled_deaths);
+        let mut by_host: HashMap<Option<ProcId>, Vec<ProcId>> = HashMap::new();
+        for (proc, host) in procs {
+            if !handled.contains(&proc) && !self.in_stopped_proc_mesh(&proc) {
+                by_host.entry(host).or_default().push(proc);
+            }
+        }
+        by_host
+    }
+
+    /// What the death of `proc` changes here: what waited for it is released, calls to
+    /// it are answered, and, unless it was expected, the owners of the actor meshes on
+    /// it are sent their failures.
+    fn handle_death(self: &Arc<Self>, proc: &ProcId, death: &ProcDeath) {
+        let proc = proc.clone();
         let reason = death.to_string();
         self.release_held();
         self.replies_after_death(&proc, &reason, death.expected);

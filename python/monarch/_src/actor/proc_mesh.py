@@ -412,9 +412,9 @@ class HostMesh(MeshTrait):
 
     def shutdown(self) -> Future[None]:
         """Stop every proc spawned on these hosts, and end the workers of a mesh from
-        ``attach_to_workers`` (each stops its procs and exits; one that is gone already
-        costs at most ``stop_actor_timeout`` plus 2 s). Later spawns raise
-        ``RuntimeError``. Lazy: runs when waited for."""
+        ``attach_to_workers`` (each stops its procs and exits). A host known lost is not
+        waited on, and one that stops answering at most ``host_heartbeat_timeout``.
+        Later spawns raise ``RuntimeError``. Lazy: runs when waited for."""
         return self._stop_procs("shutdown", True)
 
     def stop(self) -> Future[None]:

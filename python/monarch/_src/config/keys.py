@@ -112,7 +112,9 @@ _ALL = [
             "How long a host may leave heartbeats unanswered before it counts as lost.",
             effect="How long a host may leave heartbeats unanswered before it counts as "
             "lost and its procs as failed (a cut network, a frozen worker). A killed "
-            "worker is found at once: its connections are refused.",
+            "worker is found at once: its connections are refused. Also the longest "
+            "that stopping procs, HostMesh.shutdown() and the end of the program wait on "
+            "a host that stopped answering (one already lost is not waited on).",
         ),
         Key(
             "host_client_lease",
