@@ -10,6 +10,10 @@ The state is created on first use: :func:`get` bootstraps the root client unless
 process is a spawned proc (which sets its state at start). How a state is created lives
 in :mod:`monarch._src.actor.runtime`, which registers itself here
 (:func:`set_bootstrapper`) so that this module imports nothing above it.
+
+Which thread runs the exit sequence is decided here too (:func:`claim_exit`, see
+:mod:`monarch._src.actor.supervision`): one thread runs the ``atexit`` hooks, and the
+status an unhandled failure sets is the one the program ends with.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from monarch._rust_bindings import Client, ProcAgent
 
 __all__ = [
     "ProcessState",
+    "claim_exit",
     "get",
     "is_shut_down",
     "peek",
@@ -60,6 +65,11 @@ transport_override: str | None = None
 #: The exit status the program must end with, once set (an unhandled failure); read by
 #: ``monarch``'s last exit hook.
 exit_status: int | None = None
+
+#: Guards the exit decision: :data:`exit_status` and :data:`_exit_thread`.
+_exit_lock = threading.Lock()
+#: The thread running the exit sequence (this process's ``atexit`` hooks), once one does.
+_exit_thread: threading.Thread | None = None
 
 _lock = threading.RLock()
 _state: ProcessState | None = None
@@ -118,3 +128,18 @@ def mark_shut_down() -> bool:
 
 def is_shut_down() -> bool:
     return _shut_down
+
+
+def claim_exit(code: int | None) -> bool:
+    """Record that the program must end with ``code`` (the first status set wins; None
+    sets none) and whether the caller is to run the exit sequence: true for the first
+    thread that asks, false once one does (it ends the program with the status set, and
+    may be the caller)."""
+    global exit_status, _exit_thread
+    with _exit_lock:
+        if code is not None and exit_status is None:
+            exit_status = code
+        if _exit_thread is not None:
+            return False
+        _exit_thread = threading.current_thread()
+        return True

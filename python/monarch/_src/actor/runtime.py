@@ -10,7 +10,8 @@
   it to stop.
 
 :func:`shutdown` stops every proc this process's host spawned; it runs at interpreter
-exit, after failures that arrived were judged.
+exit, after the exit learned what became of the procs the program uses and judged the
+failures that arrived (:func:`_shutdown_at_exit`).
 """
 
 from __future__ import annotations
@@ -112,13 +113,32 @@ def serve_child() -> None:
 
 
 def _shutdown_at_exit() -> None:
-    state = process.peek()
-    if state is not None and state.is_root and not process.is_shut_down():
-        supervision.drain_at_exit(state)
+    """The runtime's exit hook: learn what became of the procs the program uses, judge
+    the failures that arrived (a raising hook sets exit status 1), then stop the procs
+    this process spawned. One thread runs it; another that gets here waits for the
+    program to end (see :func:`monarch._src.actor.supervision._exit`)."""
+    process.claim_exit(None)  # a failure judged from now on leaves the exit to this thread
+    with supervision.exit_sequence:
+        state = process.peek()
+        if state is not None and state.is_root and not process.is_shut_down():
+            _settle(state)
+            supervision.drain_at_exit(state)
+        try:
+            shutdown(timeout=1.0)
+        except Exception as e:  # at exit there is nobody left to raise to
+            print(f"monarch: shutdown at exit failed: {e!r}", file=sys.stderr)
+
+
+def _settle(state: process.ProcessState) -> None:
+    """Wait until this process knows, for every proc running actors it owns, whether it
+    still runs: a proc killed (or whose host was lost) before the program ended has its
+    failure judged at exit, every time, not only when its report happened to arrive
+    first. Bounded by the time a silent host takes to be found lost."""
+    limit = _seconds("host_heartbeat_timeout") + 2 * _seconds("host_heartbeat_interval") + 0.5
     try:
-        shutdown(timeout=1.0)
+        state.agent.settle_owned(limit)
     except Exception as e:  # at exit there is nobody left to raise to
-        print(f"monarch: shutdown at exit failed: {e!r}", file=sys.stderr)
+        print(f"monarch: checking the procs at exit failed: {e!r}", file=sys.stderr)
 
 
 def shutdown(timeout: float = 1.0) -> None:

@@ -179,9 +179,10 @@ def _judge(failure: MeshFailure) -> None:
     from monarch._src.actor import logs
 
     logs.flush()
+    unhandled = False
     with v.hook_lock:
         if v.exiting:
-            return
+            return  # the program is ending already
         import monarch.actor
 
         hook = getattr(monarch.actor, "unhandled_fault_hook", unhandled_fault_hook)
@@ -189,37 +190,55 @@ def _judge(failure: MeshFailure) -> None:
             hook(failure)
         except BaseException as e:  # unhandled: stop the program, loudly
             v.exiting = True
+            unhandled = True
             print(
                 f"monarch: unhandled failure ({type(e).__name__} from the fault hook); "
                 f"stopping the program with exit status 1:\n{failure.report()}",
                 file=sys.stderr,
                 flush=True,
             )
-            _exit(1)
+    if unhandled:
+        # Outside the hook lock: the exit sequence judges the failures still queued,
+        # on this thread when it runs here.
+        _exit(1)
     with v.cond:
         v.pending[failure.mesh_id] -= 1
         v.judged.add(failure.mesh_id)
         v.cond.notify_all()
 
 
+#: Held by the thread running monarch's part of the exit sequence (the runtime's exit
+#: hook, or all the ``atexit`` hooks when a failure ends the program): another thread
+#: that reaches it waits for the program to end.
+exit_sequence = threading.RLock()
+
+
 def _exit(code: int) -> None:
-    """End the program with ``code``, after its ``atexit`` handlers: now, or, when the
-    interpreter is already running them, once they are done (see ``monarch``'s last exit
-    hook)."""
-    process.exit_status = code
-    if _in_atexit:
+    """End the program with ``code``, after its ``atexit`` handlers, whatever the
+    interpreter is doing: if no thread runs the exit sequence yet (the main thread is
+    in the script, or joining threads at its end), run the ``atexit`` handlers on this
+    thread and end the process; otherwise (the interpreter runs its ``atexit`` hooks, or
+    this very thread judges the last failures there) return: ``monarch``'s last exit
+    hook ends the program with this status. Failures that arrive once the runtime's exit
+    hook stopped the runtime are not judged (:func:`_judge`), so none is decided after
+    that hook read the status."""
+    if not process.claim_exit(code):
         return
     import atexit
 
+    exit_sequence.acquire()  # never released: the process ends below
     try:
         atexit._run_exitfuncs()
     finally:
+        _end_process(process.exit_status if process.exit_status is not None else code)
+
+
+def _end_process(code: int) -> None:
+    try:
         sys.stdout.flush()
         sys.stderr.flush()
+    finally:
         os._exit(code)
-
-
-_in_atexit = False
 
 
 def start_root_supervision(state: process.ProcessState) -> None:
@@ -242,8 +261,6 @@ def drain_at_exit(state: process.ProcessState) -> None:
     """At interpreter exit: judge the failures that arrived but were not judged yet,
     on this thread (the program is ending anyway; a raising hook sets the exit status
     to 1)."""
-    global _in_atexit
-    _in_atexit = True
     while True:
         try:
             failure = state.client.next_supervision(0.0)

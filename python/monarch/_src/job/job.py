@@ -547,6 +547,12 @@ _unsaved: set[_Workers] = set()
 
 
 def _stop_unsaved_at_exit() -> None:
+    # The client's own exit first, whatever the order the hooks were registered in (the
+    # runtime may have started before this module was imported): it checks what became
+    # of its procs, and workers ended under it would read as lost hosts.
+    runtime = sys.modules.get("monarch._src.actor.runtime")
+    if _unsaved and runtime is not None:
+        runtime._shutdown_at_exit()
     for workers in list(_unsaved):
         try:
             workers.stop(ProcessJob.stop_grace)
@@ -557,7 +563,8 @@ def _stop_unsaved_at_exit() -> None:
 
 # Registered when this module is imported, after ``import monarch`` registered its own
 # hooks and usually before the actor runtime starts (and registers its shutdown): atexit
-# runs hooks last-in first-out, so the client stops its procs before the workers go.
+# runs hooks last-in first-out, so the client stops its procs before the workers go (and
+# the hook runs the runtime's first when it was registered earlier).
 atexit.register(_stop_unsaved_at_exit)
 
 #: Longest Unix socket path (``sun_path`` holds 108 bytes with the terminating NUL).
