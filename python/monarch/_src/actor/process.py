@@ -9,7 +9,11 @@ thread; its failures go to ``unhandled_fault_hook``).
 The state is created on first use: :func:`get` bootstraps the root client unless the
 process is a spawned proc (which sets its state at start). How a state is created lives
 in :mod:`monarch._src.actor.runtime`, which registers itself here
-(:func:`set_bootstrapper`) so that this module imports nothing above it.
+(:func:`set_bootstrapper`) so that this module imports nothing above it. Until the
+runtime is imported, the package ``monarch._src.actor`` (whose ``__init__`` runs before
+any of its modules) registers a bootstrapper that imports it: the actor API starts on
+first use whatever the program imported (only, say, ``monarch._src.actor.proc_mesh``,
+as a function pickled by value does).
 
 Which thread runs the exit sequence is decided here too (:func:`claim_exit`, see
 :mod:`monarch._src.actor.supervision`): one thread runs the ``atexit`` hooks, and the
@@ -109,8 +113,8 @@ def get() -> ProcessState:
                 )
             if _bootstrapper is None:
                 raise RuntimeError(
-                    "monarch is not initialized in this process: import monarch.actor "
-                    "before using the actor API"
+                    "monarch is not initialized in this process: no bootstrapper is "
+                    "registered (monarch._src.actor registers one when it is imported)"
                 )
             set_state(_bootstrapper())
         assert _state is not None
