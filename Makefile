@@ -32,7 +32,7 @@ PY_LINT_PATHS := $(wildcard python tests examples benches)
 .DEFAULT_GOAL := help
 
 .PHONY: help install build-dev build-prod format lint lint-rust lint-python stubtest \
-	typecheck test test-rust test-python demo bench bench-peers bench-multihost bench-rdma docs all \
+	typecheck test test-rust test-python demo bench bench-peers bench-multihost bench-rdma bench-tensors docs all \
 	clean distclean
 
 help: ## Show this list of targets
@@ -123,6 +123,8 @@ BENCH_ARGS ?=
 BENCH_MULTIHOST_ARGS ?=
 # Arguments for benches/rdma_bench.py, e.g. BENCH_RDMA_ARGS="--no-1g" or "--no-cross".
 BENCH_RDMA_ARGS ?=
+# Arguments for benches/tensor_bench.py, e.g. BENCH_TENSORS_ARGS="--reps 5" or "--quick".
+BENCH_TENSORS_ARGS ?=
 
 $(BENCH_UPSTREAM_STAMP):
 	rm -rf $(BENCH_UPSTREAM_VENV)
@@ -145,6 +147,7 @@ bench: install ## Release build; hyperactor messaging bench; ours vs upstream Mo
 	$(VENV_PYTHON) benches/compare.py $(BENCH_ARGS)
 	-$(VENV_PYTHON) benches/multihost_bench.py $(BENCH_MULTIHOST_ARGS)
 	-$(VENV_PYTHON) benches/rdma_bench.py $(BENCH_RDMA_ARGS)
+	-$(VENV_PYTHON) benches/tensor_bench.py $(BENCH_TENSORS_ARGS)
 	$(VENV_PYTHON) benches/log_bench.py
 
 bench-multihost: install ## Multi-host bench, ours vs upstream, over network-namespace hosts (root)
@@ -156,6 +159,10 @@ bench-multihost: install ## Multi-host bench, ours vs upstream, over network-nam
 bench-rdma: install ## monarch.rdma bench, ours vs upstream: same host, and between namespace hosts
 	-$(MAKE) --no-print-directory -k bench-peers
 	$(VENV_PYTHON) benches/rdma_bench.py $(BENCH_RDMA_ARGS)
+
+bench-tensors: install ## Distributed tensors bench: ours vs upstream, and the gloo all_reduce floor
+	-$(MAKE) --no-print-directory -k bench-peers
+	$(VENV_PYTHON) benches/tensor_bench.py $(BENCH_TENSORS_ARGS)
 
 docs: | $(VENV_PYTHON) ## Build the Rust API docs into target/doc
 	$(CARGO) doc --workspace --no-deps

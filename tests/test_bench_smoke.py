@@ -143,3 +143,58 @@ def test_log_bench_quick(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert result["latency"]["samples"] == 50
     assert result["load"]["lines_per_s_received"] > 0
+
+
+UPSTREAM_PYTHON = BENCHES.parent / ".bench" / "venv-upstream" / "bin" / "python"
+
+
+def _tensor_bench_quick(tmp_path: Path, impls: str) -> tuple[str, dict]:
+    """A ``--quick`` one-run ``tensor_bench.py`` of ``impls``: its stdout and JSON."""
+    out = tmp_path / "tensors.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHES / "tensor_bench.py"),
+            "--quick",
+            "--reps",
+            "1",
+            "--impls",
+            impls,
+            "--ours-python",
+            sys.executable,
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    sys.path.insert(0, str(BENCHES))
+    try:
+        import tensor_bench
+    finally:
+        sys.path.remove(str(BENCHES))
+    for _, name, _, _ in tensor_bench.ROWS:
+        assert name.replace("64 MiB", "4 MiB") in proc.stdout, f"{name!r} missing"
+    return proc.stdout, json.loads(out.read_text())
+
+
+@pytest.mark.timeout(240)
+def test_tensor_bench_quick_ours_and_floor(tmp_path: Path) -> None:
+    _, result = _tensor_bench_quick(tmp_path, "ours,floor")
+    ours = result["median"]["ours"]
+    for key, agg in ours.items():
+        assert agg["value"] is not None and agg["value"] > 0, (key, agg)
+    for key in ("reduce_ms", "reduce_inplace_ms"):
+        assert result["median"]["floor"][key]["value"] > 0
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(not UPSTREAM_PYTHON.exists(), reason="upstream venv missing (make bench-peers)")
+def test_tensor_bench_quick_upstream(tmp_path: Path) -> None:
+    stdout, result = _tensor_bench_quick(tmp_path, "upstream")
+    up = result["median"]["upstream"]
+    assert up["dispatch_ops"]["value"] > 0
+    assert up["reduce_ms"] == {"value": None, "values": [], "error": "cannot run on CPU"}
+    assert "upstream's reduce (1 of 1 runs)" in stdout
