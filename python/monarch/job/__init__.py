@@ -11,10 +11,16 @@ reuses a saved job's) and returns them by name::
     job.kill()
 
 ``LocalJob`` uses this machine (``this_host()``) for every mesh; ``ProcessJob`` runs
-worker processes on this machine, one per host, for testing multi-host code. Guide:
-``docs/job.md``; the implementation lives in ``monarch._src.job``. Importing this module
-is cheap: it starts nothing and imports neither the actor runtime nor ``torch``.
+worker processes on this machine, one per host, for testing multi-host code.
+``exec_command`` and ``shell`` run commands on the hosts of a mesh, and
+``PortForwarder`` forwards TCP ports through a mesh. Guide: ``docs/job.md``; the
+implementation lives in ``monarch._src.job``. Importing this module is cheap: it starts
+nothing and imports neither the actor runtime nor ``torch`` (``exec_command``, ``shell``
+and ``PortForwarder``, which need the runtime, are imported on first use).
 """
+
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
 from monarch._src.job.job import DEFAULT_JOB_PATH as DEFAULT_JOB_PATH
 from monarch._src.job.job import JobState as JobState
@@ -26,14 +32,45 @@ from monarch._src.job.job import job_loads as job_loads
 from monarch._src.job.job import load_current_job as load_current_job
 from monarch._src.job.job import set_current_job as set_current_job
 
+if _TYPE_CHECKING:
+    from monarch._src.job.exec import exec_command as exec_command
+    from monarch._src.job.exec import shell as shell
+    from monarch._src.job.port_forward import PortForwarder as PortForwarder
+
+#: The names imported on first use, and their modules.
+_LAZY = {
+    "exec_command": "monarch._src.job.exec",
+    "shell": "monarch._src.job.exec",
+    "PortForwarder": "monarch._src.job.port_forward",
+}
+
+
+def __getattr__(name: str) -> _Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
     "DEFAULT_JOB_PATH",
     "JobState",
     "JobTrait",
     "LocalJob",
+    "PortForwarder",
     "ProcessJob",
+    "exec_command",
     "job_load",
     "job_loads",
     "load_current_job",
     "set_current_job",
+    "shell",
 ]
