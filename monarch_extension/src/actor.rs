@@ -323,6 +323,13 @@ impl PyDrivenActor {
         Ok(self.actor.stop())
     }
 
+    /// Asks the actor to stop after the messages queued so far: its driver then takes a
+    /// `STOP` delivery and runs its stop procedure. False if it had ended.
+    fn request_stop(&self) -> PyResult<bool> {
+        let _guard = runtime()?.enter();
+        Ok(self.actor.request_stop())
+    }
+
     /// The actor's status, in words (`idle`, `processing`, `stopped`, `failed: ...`).
     #[getter]
     fn status(&self) -> String {

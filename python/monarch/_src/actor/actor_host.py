@@ -21,9 +21,11 @@ Deliveries:
 
 from __future__ import annotations
 
+import gc
 import inspect
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -46,7 +48,7 @@ from monarch._src.actor.point import Point
 from monarch._src.actor.replies import ERROR, FAILED, OK
 from monarch._src.actor.supervision import MeshFailure
 
-__all__ = ["HostedActor", "after_call_hook", "cleanup_timeout", "run_spawner"]
+__all__ = ["HostedActor", "after_call_hook", "cleanup_timeout", "run_spawner", "stop_all"]
 
 #: Called on the actor's thread right after each endpoint call, with what the call
 #: raised (or ``None``), before the reply is sent. Procs set it to the remote
@@ -60,6 +62,40 @@ def cleanup_timeout() -> float:
     from monarch._src import config
 
     return float(config.get("cleanup_timeout"))
+
+
+#: The actors this process hosts that have not ended yet (see :func:`stop_all`).
+_live: set[HostedActor] = set()
+_live_lock = threading.Lock()
+
+
+def stop_all(reason: str, timeout: float) -> list[str]:
+    """Stop every actor this process hosts, gracefully and all at once: each takes a
+    stop after the messages queued before it, cancels its running concurrent endpoint
+    tasks, stops the meshes it owns, runs ``__cleanup__``, and is released (so its
+    finalizers run). Bounded by ``timeout`` seconds in all; the actors still running
+    then are named on stderr (the proc ends without them) and returned."""
+    with _live_lock:
+        actors = list(_live)
+    for actor in actors:
+        actor.stop_reason = reason
+        try:
+            actor.driven.request_stop()
+        except Exception:
+            pass  # ended meanwhile
+    deadline = time.monotonic() + timeout
+    for actor in actors:
+        actor.done.wait(max(0.0, deadline - time.monotonic()))
+    stuck = [a for a in actors if not a.done.is_set()]
+    for actor in stuck:
+        print(
+            f"monarch: actor {actor.name!r} rank {actor.driven.rank} ({actor.class_name}) "
+            f"did not stop within {timeout} s ({reason}); it is killed with its proc",
+            file=sys.stderr,
+            flush=True,
+        )
+    gc.collect()
+    return [a.name for a in stuck]
 
 
 def run_spawner(state: process.ProcessState) -> None:
@@ -101,12 +137,29 @@ class HostedActor:
         self.ended = False
         #: Set by ``Instance.stop()``: stop after the message being handled.
         self.stop_after_current: str | None = None
+        #: Why a stop delivery came, when this process asked for it (``stop_all``).
+        self.stop_reason = "stopped by its owner"
+        #: Set when the actor's thread is done (the actor ended and was released).
+        self.done = threading.Event()
         self._explicit: frozenset[str] = frozenset()
 
     def start(self) -> None:
+        with _live_lock:
+            _live.add(self)
         threading.Thread(
-            target=self._run, name=f"monarch-actor-{self.name}-{self.driven.rank}", daemon=True
+            target=self._hosted, name=f"monarch-actor-{self.name}-{self.driven.rank}", daemon=True
         ).start()
+
+    def _hosted(self) -> None:
+        try:
+            self._run()
+        finally:
+            # Released: nothing of the runtime keeps the actor object, so its
+            # finalizers run once the program holds no reference either.
+            self.obj = None
+            with _live_lock:
+                _live.discard(self)
+            self.done.set()
 
     # --- the Hosted protocol of Instance ----------------------------------------------------
 
@@ -315,7 +368,9 @@ class HostedActor:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.get_running_loop().run_in_executor(None, self.driven.stop_owned, reason)
+        # On this thread (the loop has nothing left to run): an executor would refuse
+        # the work while the interpreter exits, which is when the program's end stops us.
+        self.driven.stop_owned(reason)
         cleanup = getattr(self.obj, "__cleanup__", None)
         if cleanup is not None:
             assert self.instance is not None
@@ -362,7 +417,7 @@ class HostedActor:
                     _current.reset(token)
                 self._supervise_result(failure, handled, error, raw)
             elif kind == DELIVERY_STOP:
-                self._stop_sync("stopped by its owner")
+                self._stop_sync(self.stop_reason)
             elif kind == DELIVERY_SKIP:
                 continue
             else:  # ENDED
@@ -444,7 +499,7 @@ class HostedActor:
                     _current.reset(token)
                 self._supervise_result(failure, handled, error, raw)
             elif kind == DELIVERY_STOP:
-                await self._stop_async("stopped by its owner", tasks)
+                await self._stop_async(self.stop_reason, tasks)
             elif kind == DELIVERY_SKIP:
                 continue
             else:  # ENDED

@@ -24,7 +24,7 @@ import sys
 from monarch._rust_bindings import ProcAgent, set_max_frame_len
 from monarch._src import config
 from monarch._src.actor import cuda_devices, logs, process, supervision
-from monarch._src.actor.actor_host import run_spawner
+from monarch._src.actor.actor_host import run_spawner, stop_all
 from monarch._src.actor.pickling import loads
 from monarch._src.actor.proc_mesh import BOOTSTRAP_FN_ENV, ROOT_PROC_ENV
 
@@ -106,6 +106,9 @@ def serve_child() -> None:
     agent.report_ready()
     agent.wait_for_stop()
     agent.close_spawns()
+    # Graceful: every actor here cancels its concurrent tasks, runs __cleanup__ and is
+    # released (finalizers run), bounded by the stop timeout.
+    stop_all("its proc is stopping", _seconds("stop_actor_timeout"))
     sys.stdout.flush()
     sys.stderr.flush()
     # Actor threads are daemons and the host decided we stop: leave without joining.
@@ -150,6 +153,8 @@ def shutdown(timeout: float = 1.0) -> None:
     if state is None:
         return
     state.agent.close_spawns()
+    # The actors of this process (``this_proc().spawn``) stop gracefully too.
+    stop_all("the program is ending", timeout)
     state.agent.shutdown_host(timeout)
     ProcAgent.remove_socket_files()
 

@@ -1,0 +1,156 @@
+"""Stopping a proc mesh, and the end of the program, stop each actor gracefully: its
+running concurrent endpoint tasks are cancelled, ``__cleanup__`` runs, and the actor
+is released so its finalizers run; then the proc exits. A stuck actor costs at most
+the stop timeout (see docs/actors.md, "Stopping")."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import monarch
+from monarch.actor import Actor, concurrent_endpoint, endpoint, this_host
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _note(path: str, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+class Finalized(Actor):
+    """Notes its cleanup and its finalizer in a file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @endpoint
+    def ping(self) -> int:
+        return 1
+
+    def __cleanup__(self, exc: BaseException | None) -> None:
+        _note(self.path, "cleanup")
+
+    def __del__(self) -> None:
+        _note(self.path, "del")
+
+
+class Busy(Actor):
+    """Has a concurrent endpoint task running forever when the proc stops."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.started = asyncio.Event()
+
+    @concurrent_endpoint
+    async def forever(self) -> None:
+        self.started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            _note(self.path, "cancelled")
+            raise
+
+    @endpoint
+    async def wait_started(self) -> None:
+        await self.started.wait()
+
+    async def __cleanup__(self, exc: BaseException | None) -> None:
+        _note(self.path, "cleanup")
+
+    def __del__(self) -> None:
+        _note(self.path, "del")
+
+
+class Stuck(Actor):
+    @endpoint
+    def hang(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+def _lines(path: Path, count: int, timeout: float = 30) -> list[str]:
+    """The file's lines once it has ``count`` (the finalizer runs on the actor's
+    thread, after the stop's answer may have come)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = path.read_text().split() if path.exists() else []
+        if len(lines) >= count or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.05)
+
+
+def test_proc_mesh_stop_cancels_tasks_cleans_up_and_finalizes(tmp_path: Path) -> None:
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    plain = tmp_path / "plain"
+    busy = tmp_path / "busy"
+    finalized = procs.slice(gpus=0).spawn("finalized", Finalized, str(plain))
+    running = procs.slice(gpus=1).spawn("busy", Busy, str(busy))
+    assert finalized.ping.call_one().get(timeout=60) == 1
+    pending = running.forever.call_one()
+    running.wait_started.call_one().get(timeout=60)
+    procs.stop().get(timeout=60)
+    # Each proc exited after its actors' stop procedures, in order.
+    assert plain.read_text().split() == ["cleanup", "del"]
+    assert busy.read_text().split() == ["cancelled", "cleanup", "del"]
+    with pytest.raises(Exception):  # the cancelled call does not hang  # noqa: B017
+        pending.get(timeout=60)
+
+
+def test_a_stuck_actor_costs_at_most_the_stop_timeout(tmp_path: Path) -> None:
+    with monarch.configured(stop_actor_timeout="2s"):
+        procs = this_host().spawn_procs(per_host={"gpus": 2})
+    notes = tmp_path / "notes"
+    stuck = procs.slice(gpus=0).spawn("stuck", Stuck)
+    fine = procs.slice(gpus=1).spawn("fine", Finalized, str(notes))
+    fine.ping.call_one().get(timeout=60)
+    stuck.hang.broadcast(300)
+    start = time.monotonic()
+    procs.stop().get(timeout=60)
+    assert time.monotonic() - start < 15  # not the 300 s of the stuck endpoint
+    assert notes.read_text().split() == ["cleanup", "del"]
+
+
+def test_the_end_of_the_program_stops_actors_gracefully(tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    script = tmp_path / "script.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            sys.path.insert(0, {str(Path(__file__).parent)!r})
+            from test_stop import Finalized
+            from monarch.actor import this_host, this_proc
+
+            procs = this_host().spawn_procs(per_host={{"gpus": 2}})
+            remote = procs.spawn("remote", Finalized, {str(notes)!r})
+            local = this_proc().spawn("local", Finalized, {str(notes)!r})
+            assert remote.ping.call().get(timeout=60)
+            assert local.ping.call_one().get(timeout=60) == 1
+            print("returning")
+            """
+        )
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "returning" in out.stdout
+    # Three actors (two procs and the client's own proc), each cleaned up and finalized.
+    assert sorted(_lines(notes, 6)) == ["cleanup"] * 3 + ["del"] * 3
+
+
+def test_stopping_an_actor_mesh_releases_its_actors(tmp_path: Path) -> None:
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    notes = tmp_path / "notes"
+    actors = procs.spawn("released", Finalized, str(notes))
+    actors.ping.call().get(timeout=60)
+    actors.stop().get(timeout=60)
+    try:
+        assert _lines(notes, 2) == ["cleanup", "del"]
+    finally:
+        procs.stop().get(timeout=60)
