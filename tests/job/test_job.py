@@ -58,6 +58,7 @@ def test_exports_are_the_contract() -> None:
     assert set(monarch.job.__all__) == {
         "JobTrait", "LocalJob", "ProcessJob", "JobState", "job_load", "job_loads",
         "load_current_job", "set_current_job", "DEFAULT_JOB_PATH",
+        "PortForwarder", "exec_command", "shell",
     }  # fmt: skip
     assert all(hasattr(monarch.job, name) for name in monarch.job.__all__)
     assert DEFAULT_JOB_PATH == ".monarch/job_state.pkl"

@@ -772,3 +772,18 @@ class ProcessJob(JobTrait):
     def __repr__(self) -> str:
         env = f", env={self._env!r}" if self._env else ""
         return f"{type(self).__name__}({self._meshes!r}{env})"
+
+
+def __getattr__(name: str) -> object:
+    """``exec_command``, ``shell`` and ``PortForwarder`` where upstream's scripts import
+    them from (``monarch._src.job.job``); loaded on first use (they need the actor
+    runtime, which importing this module does not load)."""
+    if name in ("exec_command", "shell"):
+        from monarch._src.job import exec as _exec
+
+        return getattr(_exec, name)
+    if name == "PortForwarder":
+        from monarch._src.job.port_forward import PortForwarder
+
+        return PortForwarder
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
