@@ -27,6 +27,13 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
+#: The suite imports torch (tests/rdma, tests/tensor) and spawns procs in most of its
+#: tests, each time from a new fork-server template: preloading torch into every one
+#: (what a program that imported torch gets by default) would cost seconds of CPU per
+#: template. The tests that need torch in their procs ask for it (tests/tensor), and
+#: scripts run as users run them (the docs tests) drop this variable.
+os.environ.setdefault("MONARCH_SPAWN_FORK_SERVER_PRELOAD", "none")
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Stop early, with the fix, when the extension module is not built."""

@@ -3,6 +3,7 @@ guide says; examples/distributed_tensors.py runs too."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -16,6 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
+def _as_users_run_it() -> dict[str, str]:
+    """The environment without the suite's own fork-server setting (see conftest)."""
+    env = dict(os.environ)
+    env.pop("MONARCH_SPAWN_FORK_SERVER_PRELOAD", None)
+    return env
+
+
 @pytest.mark.timeout(240)
 def test_the_tensors_guide_runs(tmp_path: Path) -> None:
     guide = (ROOT / "docs" / "tensors.md").read_text()
@@ -24,7 +32,12 @@ def test_the_tensors_guide_runs(tmp_path: Path) -> None:
     script = tmp_path / "tensors_guide.py"
     script.write_text("\n".join(blocks))
     out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=220, cwd=tmp_path
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=220,
+        cwd=tmp_path,
+        env=_as_users_run_it(),
     )
     assert out.returncode == 0, out.stderr[-4000:]
     lines = out.stdout
@@ -45,6 +58,7 @@ def test_the_distributed_tensors_example_runs() -> None:
         text=True,
         timeout=220,
         cwd=ROOT,
+        env=_as_users_run_it(),
     )
     assert out.returncode == 0, out.stderr[-4000:]
     assert "recovered from a failure on rank 0: IndexError" in out.stdout

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from tests_tensor_helpers import preloading_torch
 
 from fault_recorder import Faults, _record_faults, faults
 from monarch.actor import ProcMesh, this_host
@@ -19,9 +20,8 @@ __all__ = ["Faults", "_record_faults", "faults", "mesh", "own_mesh"]
 
 
 def _start(per_host: dict[str, int]) -> ProcMesh:
-    import torch  # noqa: F401  (the procs are forked from a template that has it)
-
-    pm = this_host().spawn_procs(per_host=per_host)
+    with preloading_torch():
+        pm = this_host().spawn_procs(per_host=per_host)
     assert pm.initialized.get(timeout=120) is True
     return pm
 

@@ -28,6 +28,23 @@ def test_ops_run_on_every_rank_and_come_back_by_coordinates(mesh: ProcMesh) -> N
             assert inspect(y, {"hosts": h, "gpus": g}).item() == 6 * (rank + 1)
 
 
+def test_procs_are_forked_from_a_template_that_imported_torch(mesh: ProcMesh) -> None:
+    from monarch.actor import Actor, endpoint
+
+    class Parent(Actor):
+        @endpoint
+        def parent_cmdline(self) -> str:
+            import os
+
+            with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+                return f.read().replace(b"\0", b" ").decode()
+
+    cmdline = (
+        mesh.spawn("parent", Parent).parent_cmdline.call().get(timeout=60).item(hosts=0, gpus=0)
+    )
+    assert "monarch._src.actor.forkserver --preload torch" in cmdline
+
+
 def test_activate_takes_effect_without_with_and_deactivates(mesh: ProcMesh) -> None:
     mesh.activate()
     try:
@@ -549,9 +566,11 @@ def test_show_names_its_optional_package(mesh: ProcMesh) -> None:
 def test_a_collective_with_a_missing_rank_fails_within_the_timeout() -> None:
     import time
 
+    from tests_tensor_helpers import preloading_torch
+
     from monarch.actor import this_host
 
-    with monarch.configured(tensor_collective_timeout="2s"):
+    with monarch.configured(tensor_collective_timeout="2s"), preloading_torch():
         pm = this_host().spawn_procs(per_host={"gpus": 2})
 
     # Rank 1 is busy far longer than the collective's timeout: rank 0 must give up and

@@ -313,12 +313,20 @@ def child_environment(bootstrap: Callable[[], Any] | None) -> dict[str, str]:
 
 
 def _fork_server_args() -> list[str]:
-    """The fork server's arguments: a program that has imported torch gets procs forked
-    from a template that imported it too, so each proc does not import it again
-    (seconds of CPU each); other programs get a template without it."""
+    """The fork server's arguments, with the modules its template preloads (the
+    ``spawn_fork_server_preload`` config key): by default, a program that has imported
+    torch gets procs forked from a template that imported it too, so each proc does not
+    import it again (seconds of CPU each); other programs get a template without it."""
     args = list(_FORK_SERVER_ARGS)
-    if "torch" in sys.modules:
-        args += ["--preload", "torch"]
+    setting = str(config.get("spawn_fork_server_preload")).strip()
+    if setting == "auto":
+        modules = ["torch"] if "torch" in sys.modules else []
+    elif setting in ("", "none"):
+        modules = []
+    else:
+        modules = [m.strip() for m in setting.split(",") if m.strip()]
+    for module in modules:
+        args += ["--preload", module]
     return args
 
 

@@ -25,8 +25,20 @@ __all__ = [
     "meta_of",
 ]
 
+
+class _Mode(_TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """The base of the engine's dispatch modes. torch wraps a mode's
+    ``__torch_dispatch__`` to keep its compiler out of it unless the mode opts out;
+    the wrapper imports the compiler (seconds) on the first operation and costs every
+    operation after: ours run no compiled code, so they opt out."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+
 #: The base class of dispatch modes (untyped in torch).
-TorchDispatchMode: Any = _TorchDispatchMode
+TorchDispatchMode: Any = _Mode
 
 #: A tensor's metadata: (size, stride, storage offset, dtype, device).
 Meta = tuple[tuple[int, ...], tuple[int, ...], int, torch.dtype, torch.device]

@@ -556,6 +556,9 @@ def _infer(func: Any, args: Sequence[Any], kwargs: dict[str, Any], tensors: list
     if func.namespace == "profiler" and not tensors:
         # The profiler's bookkeeping (record_function) stays in this process.
         return ("local", None, None, ())
+    quick = _infer_on_meta(func, args, kwargs, tensors)
+    if quick is not None:
+        return quick
     mode = _torch.fake_mode()
     fakes: dict[int, torch.Tensor] = {}
     with mode:
@@ -600,6 +603,11 @@ def _infer(func: Any, args: Sequence[Any], kwargs: dict[str, Any], tensors: list
             return ("new", _torch.meta_of(o))
         return ("const", o)
 
+    return _spec(func, args, out, tensors, spec_of)
+
+
+def _spec(func: Any, args: Sequence[Any], out: Any, tensors: list[Tensor], spec_of: Any) -> Any:
+    """The cache entry of an operator's outputs ``out`` (see ``_infer``)."""
     writes: tuple[int, ...] = ()
     if isinstance(out, torch.Tensor):
         return ("one", spec_of(out), None, writes)
@@ -612,6 +620,70 @@ def _infer(func: Any, args: Sequence[Any], kwargs: dict[str, Any], tensors: list
         items = first if isinstance(first, (list, tuple)) else [first]
         writes = tuple(i for i, t in enumerate(tensors) if any(t is item for item in items))
     return ("const", out, None, writes)
+
+
+_META = torch.device("meta")
+
+
+def _infer_on_meta(
+    func: Any, args: Sequence[Any], kwargs: dict[str, Any], tensors: list[Tensor]
+) -> Any:
+    """``_infer`` on meta tensors, which is much cheaper than fake tensors (and needs
+    no compiler import): for the operators whose outputs are on the device of their
+    inputs, or on the ``device`` they are given. ``None`` when that does not apply or
+    the operator has no meta kernel: fake tensors then decide."""
+    from torch.utils._pytree import tree_map
+
+    devices = {t._meta[4] for t in tensors}
+    given = kwargs.get("device")
+    if len(devices) > 1 or kwargs.get("pin_memory"):
+        return None
+    if given is not None:
+        device = torch.device(given)
+    elif devices:
+        device = next(iter(devices))
+    else:
+        device = torch.device("cpu")
+    metas: dict[int, torch.Tensor] = {}
+
+    def to_meta(x: Any) -> Any:
+        if isinstance(x, Tensor):
+            m = metas.get(id(x))
+            if m is None:
+                size, stride, offset, dtype, _ = x._meta
+                m = _torch.fake_of((size, stride, offset, dtype, _META))
+                metas[id(x)] = m
+            return m
+        return x
+
+    try:
+        with _torch.disable_modes():
+            margs, mkwargs = tree_map(to_meta, (list(args), kwargs))
+            if given is not None:
+                mkwargs["device"] = _META
+            out = func(*margs, **mkwargs)
+    except Exception:
+        return None
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    if any(isinstance(o, torch.Tensor) and o.device != _META for o in outs):
+        return None
+    index = {id(metas[id(t)]): i for i, t in enumerate(tensors)}
+
+    def spec_of(o: Any) -> tuple[Any, ...]:
+        if isinstance(o, torch.Tensor):
+            size, stride, offset, dtype, _ = _torch.meta_of(o)
+            i = index.get(id(o))
+            if i is not None:
+                if (size, stride, offset, dtype) != tensors[i]._meta[:4]:
+                    raise RuntimeError(
+                        f"{func} changes the shape or strides of a monarch tensor in place, "
+                        "which is not supported; use the out-of-place form"
+                    )
+                return ("in", i)
+            return ("new", (size, stride, offset, dtype, device))
+        return ("const", o)
+
+    return _spec(func, args, out, tensors, spec_of)
 
 
 def _check_dims(view: View, dims: str | Sequence[str], what: str) -> tuple[str, ...]:

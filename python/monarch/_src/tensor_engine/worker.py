@@ -54,6 +54,12 @@ _REDUCE_OPS = {
 }
 
 
+#: Collective results of at least this many bytes (CPU) reuse pooled memory.
+POOL_MIN_BYTES = 1 << 20
+#: How many buffers of one size the pool keeps.
+POOL_PER_SIZE = 4
+
+
 def _collective_timeout() -> float:
     from monarch._src import config
 
@@ -144,6 +150,8 @@ class TensorWorker(Actor):
         self.stores: list[MeshStore] = []
         #: Collectives reached, per group (see ``_arrive``).
         self.arrivals: dict[str, int] = {}
+        #: Large CPU buffers of collective results, by size, kept for reuse (``_empty``).
+        self.pool: dict[int, list[Any]] = {}
         self.peers: list[Port[Any]] | None = None
         self.port: Port[Any]
         self.receiver: Any
@@ -454,6 +462,23 @@ class TensorWorker(Actor):
         else:
             self.values[out] = result
 
+    def _empty(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A 1-D tensor for a collective's result. Large CPU ones reuse the memory of an
+        earlier result that is no longer used (at most :data:`POOL_PER_SIZE` buffers per
+        size are kept): fresh memory of that size comes from the OS page by page, which
+        costs more than the collective's own copy."""
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        if device.type != "cpu" or nbytes < POOL_MIN_BYTES:
+            return torch.empty(numel, dtype=dtype, device=device)
+        kept = self.pool.setdefault(nbytes, [])
+        for storage in kept:
+            if torch._C._storage_Use_Count(storage._cdata) == 1:  # only the pool has it
+                return torch.empty(0, dtype=dtype).set_(storage, 0, (numel,), (1,))
+        fresh = torch.empty(numel, dtype=dtype)
+        if len(kept) < POOL_PER_SIZE:
+            kept.append(fresh.untyped_storage())
+        return fresh
+
     def _collective(
         self,
         value: torch.Tensor,
@@ -477,26 +502,31 @@ class TensorWorker(Actor):
                 return src.clone() if scatter else src.unsqueeze(0).clone()
             return src[0].clone() if scatter else src.clone()
         pg = self._group(members, device)
+        empty = self._empty
         if reduction == "stack":
             if scatter:
-                flat = torch.empty(src.numel(), dtype=src.dtype, device=src.device)
+                flat = empty(src.numel(), src.dtype, src.device)
                 pg.alltoall_base(flat, src.reshape(-1), [], []).wait()
                 result = flat.view(src.shape)
             else:
-                flat = torch.empty(n * src.numel(), dtype=src.dtype, device=src.device)
+                flat = empty(n * src.numel(), src.dtype, src.device)
                 pg._allgather_base(flat, src.reshape(-1)).wait()
                 result = flat.view(n, *src.shape)
             return result
         op = getattr(ReduceOp, _REDUCE_OPS[reduction])
         if scatter:
-            flat = torch.empty(src.numel() // n, dtype=src.dtype, device=src.device)
+            flat = empty(src.numel() // n, src.dtype, src.device)
             rs_opts = ReduceScatterOptions()
             rs_opts.reduceOp = op
             pg._reduce_scatter_base(flat, src.reshape(-1), rs_opts).wait()
             return flat.view(src.shape[1:])
         opts = AllreduceOptions()
         opts.reduceOp = op
-        result = src if (in_place or src is not value) else src.clone()
+        if in_place or src is not value:
+            result = src
+        else:
+            result = empty(src.numel(), src.dtype, src.device).view(src.shape)
+            result.copy_(src)
         pg.allreduce([result], opts).wait()
         return result
 
