@@ -155,6 +155,9 @@ def fetch_shard(obj: Any, shard: dict[str, int] | None = None, **coords: int) ->
         for i, value in zip(positions, values, strict=False):
             if isinstance(value, wire.Failure):
                 raise _remote_error(view, value)
+            if isinstance(value, wire.TensorData):
+                with _torch.disable_modes():  # a local tensor, even in an active block
+                    value = value.tensor()
             out[i] = value
         return tree_unflatten(out, spec)
 

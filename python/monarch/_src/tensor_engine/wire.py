@@ -29,6 +29,7 @@ __all__ = [
     "Failure",
     "GroupRef",
     "Ref",
+    "TensorData",
     "TensorMeta",
     "outputs",
 ]
@@ -125,6 +126,34 @@ class TensorMeta:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (TensorMeta, (self.size, self.stride, self.dtype, self.device))
+
+
+#: Fetched tensors below this size travel as :class:`TensorData`.
+SMALL_TENSOR_BYTES = 64 << 10
+
+
+class TensorData:
+    """A small CPU tensor as its dtype's name, shape and raw bytes (cheaper to pickle
+    and rebuild than a tensor); :meth:`tensor` rebuilds it."""
+
+    __slots__ = ("data", "dtype", "shape")
+
+    def __init__(self, dtype: str, shape: tuple[int, ...], data: bytes) -> None:
+        self.dtype = dtype
+        self.shape = shape
+        self.data = data
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TensorData, (self.dtype, self.shape, self.data))
+
+    def tensor(self) -> Any:
+        import torch
+
+        dtype = getattr(torch, self.dtype.removeprefix("torch."))
+        if not self.data:
+            return torch.empty(self.shape, dtype=dtype)
+        raw = torch.frombuffer(bytearray(self.data), dtype=torch.uint8)
+        return raw.view(dtype).reshape(self.shape)
 
 
 class Failure:

@@ -184,10 +184,13 @@ class TensorWorker(Actor):
                 value = value.detach()
                 if value.device.type != "cpu":
                     value = value.cpu()
-                elif (
-                    not value.is_contiguous()
-                    or value.untyped_storage().nbytes() != value.numel() * value.element_size()
-                ):
+                nbytes = value.numel() * value.element_size()
+                if nbytes < wire.SMALL_TENSOR_BYTES and not value.requires_grad:
+                    # Small: raw bytes (torch's own pickling of a tensor costs more
+                    # than the whole round trip of a small fetch).
+                    data = value.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+                    value = wire.TensorData(str(value.dtype), tuple(value.shape), data)
+                elif not value.is_contiguous() or value.untyped_storage().nbytes() != nbytes:
                     value = value.clone(memory_format=torch.contiguous_format)
             out.append(value)
         return out
