@@ -597,3 +597,40 @@ def test_a_collective_with_a_missing_rank_fails_within_the_timeout() -> None:
             assert inspect(z, gpus=1).item() == 2.0
     finally:
         pm.stop().get(timeout=60)
+
+
+def test_large_all_reduces_on_one_host_read_peer_memory(mesh: ProcMesh) -> None:
+    # Over 4 MiB, all-reduces among procs of one host go over cross-memory reads
+    # (monarch._src.tensor_engine.shm); an odd size leaves uneven chunks.
+    n = (4 << 20) // 4 + 3
+    with mesh.activate():
+        r = mesh.rank_tensor(("hosts", "gpus")) + 1
+        x = torch.ones(n) * r
+        xi = torch.ones(n, dtype=torch.int64) * r
+        results = {red: x.reduce(("hosts", "gpus"), red) for red in ("sum", "avg", "max", "min")}
+        results["product"] = x.reduce(("hosts", "gpus"), "product")
+        bits = xi.reduce(("hosts", "gpus"), "bxor")
+        pairs = x.reduce("gpus", "sum")
+        z = x.clone()
+        z.reduce_(("hosts", "gpus"), "sum")
+    expected = {"sum": 10.0, "avg": 2.5, "max": 4.0, "min": 1.0, "product": 24.0}
+    for red, value in expected.items():
+        got = inspect(results[red], hosts=1, gpus=1)
+        assert got.shape == (n,) and bool((got == value).all()), red
+    assert bool((inspect(bits, gpus=1) == 1 ^ 2 ^ 3 ^ 4).all())
+    assert bool((inspect(pairs, hosts=1, gpus=0) == 3 + 4).all())
+    assert bool((inspect(z, hosts=0, gpus=1) == 10.0).all())
+    assert bool((inspect(x, hosts=1, gpus=1) == 4.0).all())  # the input is untouched
+
+    @remote(propagate=lambda: torch.zeros(()))
+    def used_shared_memory() -> torch.Tensor:
+        import gc as _gc
+
+        from monarch._src.tensor_engine.worker import TensorWorker
+
+        workers = [o for o in _gc.get_objects() if isinstance(o, TensorWorker)]
+        return torch.tensor(float(any(any(w.shm_groups.values()) for w in workers)))
+
+    with mesh.activate():
+        used = used_shared_memory()
+    assert inspect(used).item() == 1.0

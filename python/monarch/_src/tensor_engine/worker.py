@@ -33,7 +33,7 @@ from monarch._src.actor.channel import Channel, Port
 from monarch._src.actor.context import context
 from monarch._src.actor.endpoint import endpoint
 from monarch._src.actor.pickling import loads
-from monarch._src.tensor_engine import wire
+from monarch._src.tensor_engine import shm, wire
 from monarch._src.tensor_engine.wire import Failure, GroupRef, Ref, TensorMeta
 
 __all__ = ["MeshStore", "TensorWorker"]
@@ -152,6 +152,11 @@ class TensorWorker(Actor):
         self.arrivals: dict[str, int] = {}
         #: Large CPU buffers of collective results, by size, kept for reuse (``_empty``).
         self.pool: dict[int, list[Any]] = {}
+        #: Same-host all-reduces (``shm``): per group, whether it can, its store, and
+        #: how many it ran.
+        self.shm_groups: dict[str, bool] = {}
+        self.shm_stores: dict[str, Any] = {}
+        self.shm_counts: dict[str, int] = {}
         self.peers: list[Port[Any]] | None = None
         self.port: Port[Any]
         self.receiver: Any
@@ -523,6 +528,21 @@ class TensorWorker(Actor):
             rs_opts.reduceOp = op
             pg._reduce_scatter_base(flat, src.reshape(-1), rs_opts).wait()
             return flat.view(src.shape[1:])
+        if self._use_shm(members, src, reduction):
+            # Same host: peers read each other's memory, straight into the result
+            # (which may be the input itself: see ``shm``).
+            if in_place and src is value:
+                result = src.reshape(-1)
+            else:
+                result = empty(src.numel(), src.dtype, src.device)
+            key = ".".join(map(str, members))
+            count = self.shm_counts.get(key, 0) + 1
+            self.shm_counts[key] = count
+            shm.allreduce(
+                self._shm_store(members), count, members, self.rank, src.reshape(-1),
+                result, reduction, _collective_timeout(),
+            )  # fmt: skip
+            return result.view(src.shape)
         opts = AllreduceOptions()
         opts.reduceOp = op
         if in_place or src is not value:
@@ -532,6 +552,32 @@ class TensorWorker(Actor):
             result.copy_(src)
         pg.allreduce([result], opts).wait()
         return result
+
+    def _shm_store(self, members: list[int]) -> Any:
+        key = ".".join(map(str, members))
+        store = self.shm_stores.get(key)
+        if store is None:
+            store = shm.Prefixed(MeshStore(self.controller, _collective_timeout()), f"shm/{key}/")
+            self.shm_stores[key] = store
+        return store
+
+    def _use_shm(self, members: list[int], src: torch.Tensor, reduction: str) -> bool:
+        """Whether this all-reduce goes over cross-memory reads (see ``shm``): large,
+        CPU, a reduction it has, and every member on this host (decided once per group,
+        by all members alike)."""
+        if (
+            src.device.type != "cpu"
+            or src.numel() * src.element_size() < shm.MIN_BYTES
+            or reduction not in shm.REDUCTIONS
+            or (reduction == "avg" and not src.dtype.is_floating_point)
+        ):
+            return False
+        key = ".".join(map(str, members))
+        known = self.shm_groups.get(key)
+        if known is None:
+            known = shm.same_host(self._shm_store(members), members, self.rank)
+            self.shm_groups[key] = known
+        return known
 
     def _arrive(self, members: list[int], device: str) -> None:
         """Tell the controller this rank reached its next collective of this group (so
