@@ -38,7 +38,15 @@ from monarch._src.actor.shape import MeshTrait, Shape
 _BOOTSTRAP_ARGS = ["-m", "monarch._src.actor.bootstrap"]
 _FORK_SERVER_ARGS = ["-m", "monarch._src.actor.forkserver"]
 
-__all__ = ["BOOTSTRAP_FN_ENV", "ROOT_PROC_ENV", "HostMesh", "ProcMesh", "this_host", "this_proc"]
+__all__ = [
+    "BOOTSTRAP_FN_ENV",
+    "PYTHON_EXECUTABLE_ENV",
+    "ROOT_PROC_ENV",
+    "HostMesh",
+    "ProcMesh",
+    "this_host",
+    "this_proc",
+]
 
 A = TypeVar("A", bound=Actor)
 
@@ -255,7 +263,13 @@ def _validate_spawn(
 
 
 #: Variables of a spawned proc that only monarch sets (``spawn_procs(env=)`` refuses them).
-_RESERVED_ENV = frozenset({ROOT_PROC_ENV, BOOTSTRAP_FN_ENV, cuda_devices.PIN_ENV})
+#: The variable giving a spawned proc the Python interpreter its host mesh starts procs
+#: with (``with_python_executable``), so that the procs its actors spawn use it too.
+PYTHON_EXECUTABLE_ENV = "MONARCH_PYTHON_EXECUTABLE"
+
+_RESERVED_ENV = frozenset(
+    {ROOT_PROC_ENV, BOOTSTRAP_FN_ENV, PYTHON_EXECUTABLE_ENV, cuda_devices.PIN_ENV}
+)
 
 
 def _check_env(env: Any) -> dict[str, str]:
@@ -473,6 +487,8 @@ class HostMesh(MeshTrait):
         extra = _check_env(user_env)
         env = child_environment(bootstrap)
         program = self._python or sys.executable
+        if self._python is not None:
+            env[PYTHON_EXECUTABLE_ENV] = self._python
         args = list(_BOOTSTRAP_ARGS)
         if bootstrap_command is not None:
             if callable(bootstrap_command):
@@ -517,6 +533,13 @@ class HostMesh(MeshTrait):
             return Future(impl=Done(True))
         return Future(impl=RustWork(self._handle.probe(), bool))
 
+    @property
+    def is_fake_in_process(self) -> bool:
+        """Whether this host mesh only simulates hosts inside this process (upstream's
+        ``fake_in_process_host()``); the host meshes of this implementation are real
+        hosts, so False."""
+        return False
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (HostMesh, (self._handle, self._hm_shape))
 
@@ -533,7 +556,13 @@ def this_host() -> HostMesh:
     global _this_host
     if _this_host is None:
         state = process.get()
-        _this_host = HostMesh(state.agent.this_host(), Shape.unity(), owned=True)
+        # In a proc spawned with ``with_python_executable``, nested spawns use it too.
+        _this_host = HostMesh(
+            state.agent.this_host(),
+            Shape.unity(),
+            owned=True,
+            python_executable=os.environ.get(PYTHON_EXECUTABLE_ENV) or None,
+        )
     return _this_host
 
 
