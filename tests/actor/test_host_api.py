@@ -51,3 +51,16 @@ def test_with_python_executable_applies_to_procs_that_actors_spawn(tmp_path: Pat
         procs.stop().get(timeout=60)
     # The outer proc and the one its actor spawned both started through it.
     assert log.read_text().split() == ["start", "start"]
+
+
+def _failing_bootstrap() -> None:
+    raise ValueError("bootstrap refused")
+
+
+def test_a_failing_bootstrap_surfaces_on_initialized_not_at_spawn() -> None:
+    procs = this_host().spawn_procs(per_host={"gpus": 2}, bootstrap=_failing_bootstrap)
+    # spawn_procs returned: the failure is the procs', reported where upstream does.
+    with pytest.raises(RuntimeError, match="failed to start") as info:
+        procs.initialized.get(timeout=60)
+    assert "bootstrap refused" in str(info.value)  # the proc's last lines
+    procs.stop().get(timeout=60)
