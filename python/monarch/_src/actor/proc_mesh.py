@@ -25,6 +25,7 @@ from monarch._rust_bindings import HostMeshHandle, ProcMeshHandle
 from monarch._src import config
 from monarch._src.actor import context as _context
 from monarch._src.actor import cuda_devices, logs, process
+from monarch._src.actor import proc_bind as proc_binding
 from monarch._src.actor.actor import Actor
 from monarch._src.actor.actor_mesh import spawn_actor_mesh
 from monarch._src.actor.context import sender
@@ -247,11 +248,13 @@ def _validate_spawn(
                 f"({host_labels})"
             )
     count = math.prod(per_host.values()) if per_host else 1
-    if proc_bind is not None and len(proc_bind) != count:
-        raise ValueError(
-            f"spawn_procs: proc_bind has {len(proc_bind)} entries for {count} procs; give "
-            "one per proc"
-        )
+    if proc_bind is not None:
+        proc_binding.check(proc_bind)
+        if len(proc_bind) != count:
+            raise ValueError(
+                f"spawn_procs: proc_bind has {len(proc_bind)} entries for {count} procs; "
+                "give one per proc"
+            )
     if not isinstance(name, str) or not name or any(c in name for c in "@/[]: \t\n"):
         raise ValueError(
             f"spawn_procs: name {name!r} is not a valid proc name (non-empty, without "
@@ -268,7 +271,7 @@ def _validate_spawn(
 PYTHON_EXECUTABLE_ENV = "MONARCH_PYTHON_EXECUTABLE"
 
 _RESERVED_ENV = frozenset(
-    {ROOT_PROC_ENV, BOOTSTRAP_FN_ENV, PYTHON_EXECUTABLE_ENV, cuda_devices.PIN_ENV}
+    {ROOT_PROC_ENV, BOOTSTRAP_FN_ENV, PYTHON_EXECUTABLE_ENV, cuda_devices.PIN_ENV, proc_binding.ENV}
 )
 
 
@@ -460,6 +463,10 @@ class HostMesh(MeshTrait):
     ) -> ProcMesh:
         """Start ``prod(per_host)`` procs on each host; returns at once.
 
+        ``proc_bind`` (one dict per proc of a host) binds each proc to CPUs (``cpus``,
+        ``physcpubind``, ``cpunodebind``) and memory nodes (``membind``), in numactl's
+        list syntax: see :mod:`monarch._src.actor.proc_bind`.
+
         ``env`` adds environment variables to every proc, set before any of its code
         runs. The procs of a ``"gpus"`` dimension get ``CUDA_VISIBLE_DEVICES`` (one GPU
         each) when their host has exactly that many GPUs: see
@@ -502,6 +509,7 @@ class HostMesh(MeshTrait):
         env.update(extra)
         if pin_gpus:
             env.update(cuda_devices.spawn_variables(per_host, env))
+        env.update(proc_binding.spawn_variables(proc_bind))
         # The default entry point can be forked from a template interpreter.
         fork_server = (
             _fork_server_args()

@@ -23,7 +23,7 @@ import sys
 
 from monarch._rust_bindings import ProcAgent, set_max_frame_len
 from monarch._src import config
-from monarch._src.actor import cuda_devices, logs, process, supervision
+from monarch._src.actor import cuda_devices, logs, proc_bind, process, supervision
 from monarch._src.actor.actor_host import run_spawner, stop_all
 from monarch._src.actor.pickling import loads
 from monarch._src.actor.proc_mesh import BOOTSTRAP_FN_ENV, ROOT_PROC_ENV
@@ -78,6 +78,8 @@ def serve_child() -> None:
     logs.configure_proc_streams()
     # Before anything could initialize CUDA: this proc's GPU, if its spawn asked.
     cuda_devices.pin_this_proc()
+    # Before the runtime starts its threads (they inherit it): CPUs and memory nodes.
+    proc_bind.bind_this_proc()
     config.apply_snapshot_from_env()
     _set_frame_limit()
     agent = ProcAgent.bootstrap("auto", stop_timeout=_seconds("stop_actor_timeout"), **liveness())
