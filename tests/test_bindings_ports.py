@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import cloudpickle  # type: ignore[import-untyped]
 import pytest
 
-from monarch._rust_bindings import PortRef, Proc
+from monarch._rust_bindings import (
+    REPLY_ERROR,
+    REPLY_FAILED,
+    REPLY_OK,
+    REPLY_STOPPED,
+    PortRef,
+    Proc,
+)
 
 
 @pytest.mark.timeout(60)
@@ -87,3 +94,66 @@ def test_serve_rejects_unknown_transport_and_bad_names() -> None:
         Proc.serve("local", "bad name/")
     with pytest.raises(ValueError):
         Proc.serve("local").client("bad name/")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("status", [REPLY_OK, REPLY_ERROR, REPLY_FAILED, REPLY_STOPPED])
+def test_port_handle_sends_every_reply_status(status: int) -> None:
+    """Each status the module exports reaches the receiver as sent; ``STOPPED`` decodes
+    as a rank that cannot answer, with the reason sent."""
+    import monarch.actor  # noqa: F401  (the process's agent)
+    from monarch._src.actor import process
+
+    state = process.get()
+    queue = state.agent.reply_queue()
+    queue.port(4).send(state.client, status, [b"the actor was stopped"])
+    item = queue.get(timeout=20)
+    assert item == (4, status, [b"the actor was stopped"])
+    if status == REPLY_STOPPED:
+        from monarch._src.actor.errors import SupervisionError
+        from monarch._src.actor.replies import MeshInfo, decode
+
+        with pytest.raises(
+            SupervisionError, match="rank 4 cannot handle ep: the actor was stopped"
+        ):
+            decode([item], MeshInfo("m", "C", None, client_owned=False), "ep")
+
+
+@pytest.mark.timeout(30)
+def test_port_handle_refuses_an_unknown_status_naming_the_accepted_ones() -> None:
+    import monarch.actor  # noqa: F401  (the process's agent)
+    from monarch._src.actor import process
+
+    state = process.get()
+    port = state.agent.reply_queue().port()
+    accepted = sorted([REPLY_OK, REPLY_ERROR, REPLY_FAILED, REPLY_STOPPED])
+    assert accepted == [0, 1, 2, 3]
+    bad = max(accepted) + 1
+    with pytest.raises(
+        ValueError,
+        match=r"must be 0 \(value\), 1 \(error\), 2 \(failed\) or 3 \(stopped\), got 4$",
+    ):
+        port.send(state.client, bad, [b"x"])
+
+
+@pytest.mark.timeout(60)
+def test_delivery_reply_accepts_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Delivery.reply(REPLY_STOPPED, ...)`` reaches the caller: its call raises
+    ``SupervisionError`` with the reason (an actor on this process answers STOPPED in
+    place of its value)."""
+    from monarch._src.actor.actor_host import HostedActor
+    from monarch.actor import Actor, SupervisionError, endpoint, this_proc
+
+    def answer_stopped(self: HostedActor, d: Any, result: Any) -> None:
+        d.reply(REPLY_STOPPED, [b"stopped by the test"])
+
+    monkeypatch.setattr(HostedActor, "_answer", answer_stopped)
+
+    class Answers(Actor):
+        @endpoint
+        def ask(self) -> int:
+            return 1
+
+    mesh = this_proc().spawn("answers_stopped", Answers)
+    with pytest.raises(SupervisionError, match="stopped by the test"):
+        mesh.ask.call_one().get(timeout=30)

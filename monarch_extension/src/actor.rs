@@ -432,7 +432,7 @@ impl PyDelivery {
         self.failure.clone()
     }
 
-    /// Answers the call (`status`: 0 value, 1 error, 2 cannot answer) with `parts`.
+    /// Answers the call (`status`: 0 value, 1 error, 2 failed, 3 stopped) with `parts`.
     /// Does nothing if nobody waits for a reply.
     fn reply(&self, status: u8, parts: &Bound<'_, PyAny>) -> PyResult<()> {
         let Some((to, index)) = self.reply_to() else {

@@ -51,6 +51,7 @@ pub(crate) fn status(code: u8) -> PyResult<ReplyStatus> {
         0 => Ok(ReplyStatus::Ok),
         1 => Ok(ReplyStatus::Error),
         2 => Ok(ReplyStatus::Failed),
+        3 => Ok(ReplyStatus::Stopped),
         other => Err(PyValueError::new_err(format!(
             "reply status must be 0 (value), 1 (error), 2 (failed) or 3 (stopped), got {other}"
         ))),
@@ -253,7 +254,7 @@ impl PyPortHandle {
         self.index
     }
 
-    /// Sends one item (`status`: 0 value, 1 error, 2 cannot answer) from `sender`.
+    /// Sends one item (`status`: 0 value, 1 error, 2 failed, 3 stopped) from `sender`.
     fn send(
         &self,
         sender: &Bound<'_, PyAny>,

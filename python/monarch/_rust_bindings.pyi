@@ -228,7 +228,8 @@ def find(haystack: bytes, needle: bytes) -> int:
     ``bytes.find``, with a vectorized search)."""
 
 #: Reply statuses: the handler's value; its error (the actor lives on); the receiver
-#: cannot answer (failed, died, unreachable); it was stopped.
+#: cannot answer (failed, died, unreachable); it was stopped. ``Delivery.reply`` and
+#: ``PortHandle.send`` accept each of them (and refuse any other with ``ValueError``).
 REPLY_OK: Final[int]
 REPLY_ERROR: Final[int]
 REPLY_FAILED: Final[int]
