@@ -3,9 +3,11 @@ returns ends promptly, with exit status 1, every time (``docs/supervision.md``, 
 the root"): the failures arrive while the interpreter exits, whatever moment of the
 exit that is (``exit_script.py``).
 
-The 20 runs (ipc and tcp workers; procs and hosts killed) go four at a time, each
+The 20 runs (ipc and tcp workers; procs and hosts killed) go two at a time, each
 bounded; a run still going after its limit counts as a hang, and what it left behind
-is killed.
+is killed. (Four at a time, on two cores busy with the rest of the suite, once made a
+killed proc's report take longer than the exit waits for it: the documented bound,
+not a hang.)
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def _run(transport: str, kill: str) -> dict[str, object]:
 def test_killing_the_workers_or_procs_at_the_very_end_exits_1_every_time() -> None:
     runs = [case for case in CASES for _ in range(RUNS_PER_CASE)]
     start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda case: _run(*case), runs))
     took = time.monotonic() - start
     hangs = [r["case"] for r in results if r["code"] is None]
