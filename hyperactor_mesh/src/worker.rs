@@ -324,18 +324,12 @@ mod tests {
         assert!(err.contains("refused") || err.contains("connect"), "{err}");
     }
 
-    /// LIVE-1: a worker that goes away fails the procs of it that a client knows of,
-    /// naming the host.
-    #[tokio::test]
-    async fn a_lost_worker_fails_its_procs() {
+    /// A loopback worker, and a client with fast heartbeats that monitors it and owns
+    /// one proc on it (mesh id 7): the worker, its host id, the client, the proc.
+    async fn monitored_worker_with_a_proc() -> (ProcAgent, ProcId, ProcAgent, ProcId) {
         let worker = loopback_worker(AgentOptions::default()).await;
         let host = worker.proc().proc_id().clone();
-        let liveness = crate::agent::Liveness {
-            interval: Duration::from_millis(20),
-            timeout: Duration::from_millis(500),
-            lease: Duration::from_secs(10),
-        };
-        let client = client_agent(AgentOptions::default().liveness(liveness)).await;
+        let client = client_agent(AgentOptions::default().liveness(fast_liveness())).await;
         let proc: ProcId = "p-1@tcp:127.0.0.1:1".parse().unwrap();
         let info = crate::cast::codec::MeshInfo {
             id: 7,
@@ -355,6 +349,23 @@ mod tests {
         );
         client.probe(&host, Duration::from_secs(5)).await.unwrap();
         client.monitor_host(&host);
+        (worker, host, client, proc)
+    }
+
+    /// Heartbeats every 20 ms; a host silent for 500 ms is lost.
+    fn fast_liveness() -> crate::agent::Liveness {
+        crate::agent::Liveness {
+            interval: Duration::from_millis(20),
+            timeout: Duration::from_millis(500),
+            lease: Duration::from_secs(10),
+        }
+    }
+
+    /// LIVE-1: a worker that goes away fails the procs of it that a client knows of,
+    /// naming the host.
+    #[tokio::test]
+    async fn a_lost_worker_fails_its_procs() {
+        let (worker, host, client, proc) = monitored_worker_with_a_proc().await;
         assert!(client.death_of(&proc).is_none());
         worker.proc().stop(Duration::from_secs(1)).await;
         drop(worker);
@@ -379,33 +390,7 @@ mod tests {
     /// wait for it (here they would wait 10 s and 32 s).
     #[tokio::test]
     async fn a_lost_worker_is_not_waited_on() {
-        let worker = loopback_worker(AgentOptions::default()).await;
-        let host = worker.proc().proc_id().clone();
-        let liveness = crate::agent::Liveness {
-            interval: Duration::from_millis(20),
-            timeout: Duration::from_millis(500),
-            lease: Duration::from_secs(10),
-        };
-        let client = client_agent(AgentOptions::default().liveness(liveness)).await;
-        let proc: ProcId = "p-1@tcp:127.0.0.1:1".parse().unwrap();
-        let info = crate::cast::codec::MeshInfo {
-            id: 7,
-            name: "procs".into(),
-            class: "proc".into(),
-        };
-        let owner = hyperactor::SendContext::actor_id(client.client()).clone();
-        client.register_owned_procs(
-            info,
-            owner,
-            &[crate::agent::ProcInfo {
-                rank: 0,
-                proc_id: proc.clone(),
-                pid: 0,
-                host: Some(host.clone()),
-            }],
-        );
-        client.probe(&host, Duration::from_secs(5)).await.unwrap();
-        client.monitor_host(&host);
+        let (worker, host, client, proc) = monitored_worker_with_a_proc().await;
         worker.proc().stop(Duration::from_secs(1)).await;
         drop(worker);
         tokio::time::timeout(Duration::from_secs(10), async {
@@ -443,12 +428,7 @@ mod tests {
             }
         });
         let host = worker_proc_id(&format!("tcp:127.0.0.1:{port}").parse().unwrap());
-        let liveness = crate::agent::Liveness {
-            interval: Duration::from_millis(20),
-            timeout: Duration::from_millis(500),
-            lease: Duration::from_secs(10),
-        };
-        let client = client_agent(AgentOptions::default().liveness(liveness)).await;
+        let client = client_agent(AgentOptions::default().liveness(fast_liveness())).await;
         let start = std::time::Instant::now();
         let err = tokio::time::timeout(
             Duration::from_secs(20),
