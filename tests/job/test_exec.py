@@ -111,10 +111,11 @@ def test_exported_by_monarch_job_on_first_use() -> None:
     import monarch.job
     from monarch._src.job import exec as exec_impl
     from monarch._src.job import port_forward
+    from monarch._src.job import shell as shell_impl
 
     assert {"exec_command", "shell", "PortForwarder"} <= set(monarch.job.__all__)
     assert monarch.job.exec_command is exec_impl.exec_command
-    assert monarch.job.shell is exec_impl.shell
+    assert monarch.job.shell is shell_impl.shell
     assert monarch.job.PortForwarder is port_forward.PortForwarder
 
 

@@ -34,13 +34,13 @@ from monarch._src.job.job import set_current_job as set_current_job
 
 if _TYPE_CHECKING:
     from monarch._src.job.exec import exec_command as exec_command
-    from monarch._src.job.exec import shell as shell
+    from monarch._src.job.shell import shell as shell
     from monarch._src.job.port_forward import PortForwarder as PortForwarder
 
 #: The names imported on first use, and their modules.
 _LAZY = {
     "exec_command": "monarch._src.job.exec",
-    "shell": "monarch._src.job.exec",
+    "shell": "monarch._src.job.shell",
     "PortForwarder": "monarch._src.job.port_forward",
 }
 

@@ -778,10 +778,14 @@ def __getattr__(name: str) -> object:
     """``exec_command``, ``shell`` and ``PortForwarder`` where upstream's scripts import
     them from (``monarch._src.job.job``); loaded on first use (they need the actor
     runtime, which importing this module does not load)."""
-    if name in ("exec_command", "shell"):
-        from monarch._src.job import exec as _exec
+    if name == "exec_command":
+        from monarch._src.job.exec import exec_command
 
-        return getattr(_exec, name)
+        return exec_command
+    if name == "shell":
+        from monarch._src.job.shell import shell
+
+        return shell
     if name == "PortForwarder":
         from monarch._src.job.port_forward import PortForwarder
 
