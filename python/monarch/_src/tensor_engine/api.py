@@ -37,6 +37,7 @@ from monarch._src.tensor_engine.tensor import (
     _check_dims,
     _client_frames,
     _enc,
+    _op_spec,
     current_view,
 )
 
@@ -190,7 +191,7 @@ def call_on_shard_and_fetch(
     """Run ``remote_fn`` on the one rank at ``shard`` of the active mesh (or of its
     tensor arguments' mesh) and fetch what it returns."""
     fn = remote_fn if isinstance(remote_fn, Remote) else Remote(remote_fn)
-    view, eargs, ekwargs = fn._encode(args, kwargs, "call_on_shard_and_fetch")
+    view, eargs, ekwargs, _ = fn._encode(args, kwargs, "call_on_shard_and_fetch")
     rank = _rank_at(view, shard or {}, "call_on_shard_and_fetch")
     engine = view.engine
     engine.flush()
@@ -368,7 +369,8 @@ def _to_mesh_one(t: Tensor, src: View, mesh: ProcMesh) -> Tensor:
     if all(s == d for s, d in pairs) and dest.slot == t._view.slot:
         # Same ranks in the same order: the same shards, bound to the new view.
         with engine.lock:
-            fid = engine.fn_id(torch.ops.aten.alias.default, _alias_spec())
+            alias = torch.ops.aten.alias.default
+            fid = engine.fn_id(alias, _op_spec(alias))
             out = Tensor._new(t._meta, dest, engine.new_ref())
             seq = engine.next_seq()
             engine.issue(
@@ -390,10 +392,6 @@ def _to_mesh_one(t: Tensor, src: View, mesh: ProcMesh) -> Tensor:
         engine.issue(src, (wire.SEND, seq, t._h.ref.id, routes), 0, frames)
         engine.issue(dest, (wire.RECV, seq, out._h.ref.id, sources), 0, frames)
     return out
-
-
-def _alias_spec() -> tuple[Any, ...]:
-    return ("op", "aten", "alias", "default")
 
 
 def to_mesh(tensors: Any, mesh: ProcMesh) -> Any:
@@ -498,7 +496,9 @@ class Remote:
 
     def _encode(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], what: str
-    ) -> tuple[View, Any, Any]:
+    ) -> tuple[View, Any, Any, _Args]:
+        """The view the call runs on, the encoded arguments, and what encoding found
+        (the key of the shapes cache)."""
         a = _Args()
         groups: list[tuple[int, RemoteProcessGroup]] = []
 
@@ -542,7 +542,6 @@ class Remote:
             raise bad_arguments(f"the remote function {self._name}", problems)
         engine = view.engine
         engine.check()
-        self._last_args = a
         if groups:
             with engine.lock:
                 for _, g in groups:
@@ -560,7 +559,7 @@ class Remote:
 
             eargs = to_ref(eargs)
             ekwargs = to_ref(ekwargs)
-        return view, eargs, ekwargs
+        return view, eargs, ekwargs, a
 
     # --- calling as tensors ---------------------------------------------------------------
 
@@ -570,8 +569,7 @@ class Remote:
     def rref(self, *args: Any, **kwargs: Any) -> Any:
         """Run on every rank of the active mesh; the result's tensors are monarch
         tensors (their shapes come from ``propagate``)."""
-        view, eargs, ekwargs = self._encode(args, kwargs, "call")
-        a = self._last_args
+        view, eargs, ekwargs, a = self._encode(args, kwargs, "call")
         engine = view.engine
         fid = engine.fn_id(("remote", self._spec), self._spec)
         propagate = self._propagate
@@ -633,7 +631,7 @@ class Remote:
     # --- calling for values (the endpoint adverbs) -----------------------------------------
 
     def _values(self, adverb: str, args: Any, kwargs: Any) -> Any:
-        view, eargs, ekwargs = self._encode(args, kwargs, adverb)
+        view, eargs, ekwargs, _ = self._encode(args, kwargs, adverb)
         view.engine.flush()
         assert view.workers is not None
         endpoint = view.workers.call_function
@@ -667,7 +665,7 @@ class Remote:
         mesh (every rank, or one with ``selection="choose"``), each value to ``port``."""
         from monarch._src.actor.channel import send
 
-        view, eargs, ekwargs = self._encode(args, kwargs, "send")
+        view, eargs, ekwargs, _ = self._encode(args, kwargs, "send")
         view.engine.flush()
         assert view.workers is not None
         send(view.workers.call_function, (self._spec, eargs, ekwargs), {}, port, selection)  # type: ignore[arg-type]
