@@ -34,8 +34,8 @@ from monarch._src.job.job import set_current_job as set_current_job
 
 if _TYPE_CHECKING:
     from monarch._src.job.exec import exec_command as exec_command
-    from monarch._src.job.shell import shell as shell
     from monarch._src.job.port_forward import PortForwarder as PortForwarder
+    from monarch._src.job.shell import shell as shell
 
 #: The names imported on first use, and their modules.
 _LAZY = {
