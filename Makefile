@@ -32,7 +32,7 @@ PY_LINT_PATHS := $(wildcard python tests examples benches)
 .DEFAULT_GOAL := help
 
 .PHONY: help install build-dev build-prod format lint lint-rust lint-python stubtest \
-	typecheck test test-rust test-python demo bench bench-peers bench-multihost bench-rdma bench-tensors docs all \
+	typecheck test test-rust test-python slurm-deps demo bench bench-peers bench-multihost bench-rdma bench-tensors docs all \
 	clean distclean
 
 help: ## Show this list of targets
@@ -93,6 +93,12 @@ test-rust: | $(VENV_PYTHON) ## cargo test --workspace (unit, integration and doc
 
 test-python: $(REQ_STAMP) ## Run pytest (build the extension first: make install or build-dev)
 	timeout -k 30 $(TEST_PYTHON_LIMIT) $(VENV_PYTHON) -m pytest
+
+# The real-Slurm tests (tests/slurm) need Debian's Slurm and munge packages; this installs
+# them (root, apt-get) without starting any system daemon, and is a quick check once they
+# are there. CI runs it before `make test`.
+slurm-deps: ## Install Slurm and munge for tests/slurm (root; no daemon is started)
+	tests/slurm/install_slurm.sh
 
 demo: install ## Install everything, run the demos: Rust ping-pong and native mesh, Python tour, DDP, RDMA, tensors
 	$(CARGO) run --release -p hyperactor --example ping_pong
