@@ -288,7 +288,7 @@ def _no_current_job() -> Iterator[None]:
 @pytest.mark.usefixtures("_no_current_job")
 def test_current_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(FileNotFoundError, match=r"job\.apply\(\).*monarch apply"):
+    with pytest.raises(FileNotFoundError, match=r"monarch apply module\.attr"):
         load_current_job()
     saved = RecordingJob(size=5)
     saved.state()  # saves at DEFAULT_JOB_PATH
@@ -298,7 +298,11 @@ def test_current_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     set_current_job(job)
     assert load_current_job() is job
     with pytest.raises(TypeError):
-        set_current_job(cast(Any, "module.job"))
+        set_current_job(cast(Any, 42))
+    # A "module.attr" string is the monarch command's spec (tests/cli test it).
+    with pytest.raises(ValueError, match="cannot import 'no_such_module'"):
+        set_current_job("no_such_module.job")
+    assert load_current_job() is job
 
 
 # --- LocalJob -----------------------------------------------------------------------

@@ -10,6 +10,10 @@ a warning).
 ``monarch debug [--host H] [--port P]`` attaches a terminal to the pdb sessions of a
 running monarch client's actors (``breakpoint()`` in an endpoint); see
 ``docs/debugging.md``.
+
+The job verbs (``apply``, ``exec``, ``shell``, ``kill``, ``context``, ``status``; see
+``docs/job.md``) are declared in :mod:`monarch._src.cli.parser`. Parsing a command line
+imports neither the actor runtime nor ``torch``: each verb imports what it needs.
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
+from monarch._src.cli.parser import VERBS as _JOB_VERBS
+from monarch._src.cli.parser import add_verbs as _add_job_verbs
+from monarch._src.cli.parser import run as _run_job_verb
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,12 +73,17 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="the debug server's port (default: $MONARCH_DEBUG_SERVER_PORT, else 27000)",
     )
+    _add_job_verbs(verbs)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``monarch`` command with ``argv`` (default: the process's arguments)."""
     args = _parser().parse_args(argv)
+    if args.verb in _JOB_VERBS:
+        # The job's module and ``module.attr`` specs are found from here.
+        sys.path.insert(0, os.getcwd())
+        return _run_job_verb(args)
     if args.verb == "debug":
         from monarch._src.actor.debugger.cli import run
 

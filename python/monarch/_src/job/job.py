@@ -350,32 +350,59 @@ def job_load(filename: str = DEFAULT_JOB_PATH) -> JobTrait:
 _current_job: JobTrait | None = None
 
 
-def set_current_job(job: JobTrait | None) -> None:
-    """Make ``job`` the job :func:`load_current_job` returns in this process (``None``
-    forgets it)."""
+def set_current_job(job: JobTrait | str | None) -> None:
+    """Make ``job`` the job :func:`load_current_job` returns.
+
+    A job object is held for this process only (``None`` forgets it). A string
+    ``"module.attr"`` (a job, or a function returning one) is recorded on disk as the
+    spec of the current context of the ``monarch`` command (``.monarch/<context>/spec``,
+    as ``monarch apply module.attr`` records it), for this and later processes; it
+    replaces a job object set earlier. The string is checked by importing it.
+    """
     global _current_job
+    if isinstance(job, str):
+        from monarch._src.job import context
+
+        context.import_job(job)  # fails here, naming the problem, not at the next load
+        context.write_spec(context.ensure_layout(), job)
+        _current_job = None
+        return
     if job is not None and not isinstance(job, JobTrait):
-        raise TypeError(f"set_current_job expects a job (a JobTrait), got {job!r}")
+        raise TypeError(
+            f"set_current_job expects a job (a JobTrait) or 'module.attr', got {job!r}"
+        )
     _current_job = job
 
 
 def load_current_job() -> JobTrait:
-    """The job set with :func:`set_current_job`, else the one saved at
-    :data:`DEFAULT_JOB_PATH` (read anew on each call).
+    """The current job: the job object given to :func:`set_current_job`; else, in the
+    current context of the ``monarch`` command (see ``monarch context``), the applied
+    job saved at :data:`DEFAULT_JOB_PATH` when it is active and serves the context's
+    recorded spec (or no spec is recorded); else a new job from that spec (not applied:
+    its ``state()`` applies it and saves it there).
 
-    Raises :class:`FileNotFoundError` when neither exists.
+    Raises :class:`FileNotFoundError` when there is none of these.
     """
     if _current_job is not None:
         return _current_job
-    try:
-        return job_load(DEFAULT_JOB_PATH)
-    except FileNotFoundError:
+    from monarch._src.job import context
+
+    name = context.current()
+    spec = context.read_spec(name)
+    saved = _load_cached(DEFAULT_JOB_PATH)
+    if spec is None:
+        if saved is not None:
+            return saved
         raise FileNotFoundError(
-            f"no current job: none was set with set_current_job(), and no job is saved at "
-            f"{os.path.join(os.getcwd(), DEFAULT_JOB_PATH)}; run `job.apply()` and "
-            f"`job.dump({DEFAULT_JOB_PATH!r})` (or `job.state()`, which does both), or "
-            "`monarch apply`, first"
-        ) from None
+            f"no current job: none was set with set_current_job(), and context {name!r} "
+            f"has none ({os.path.join(os.getcwd(), DEFAULT_JOB_PATH)} does not exist); "
+            "run `monarch apply module.attr` first (or `job.state()`, which saves the job "
+            "there)"
+        )
+    job = context.import_job(spec)
+    if saved is not None and _can_run(saved, job):
+        return saved
+    return job
 
 
 class LocalJob(JobTrait):
