@@ -11,7 +11,9 @@ reuses a saved job's) and returns them by name::
     job.kill()
 
 ``LocalJob`` uses this machine (``this_host()``) for every mesh; ``ProcessJob`` runs
-worker processes on this machine, one per host, for testing multi-host code.
+worker processes on this machine, one per host, for testing multi-host code;
+``SlurmJob`` gets the hosts from Slurm (one allocation, a worker per task; guide:
+``docs/slurm.md``).
 ``exec_command`` and ``shell`` run commands on the hosts of a mesh, and
 ``PortForwarder`` forwards TCP ports through a mesh. Guide: ``docs/job.md``; the
 implementation lives in ``monarch._src.job``. Importing this module is cheap: it starts
@@ -31,6 +33,7 @@ from monarch._src.job.job import job_load as job_load
 from monarch._src.job.job import job_loads as job_loads
 from monarch._src.job.job import load_current_job as load_current_job
 from monarch._src.job.job import set_current_job as set_current_job
+from monarch._src.job.slurm import SlurmJob as SlurmJob
 
 if _TYPE_CHECKING:
     from monarch._src.job.exec import exec_command as exec_command
@@ -67,6 +70,7 @@ __all__ = [
     "LocalJob",
     "PortForwarder",
     "ProcessJob",
+    "SlurmJob",
     "exec_command",
     "job_load",
     "job_loads",
