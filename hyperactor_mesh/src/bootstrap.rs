@@ -131,6 +131,66 @@ impl BootstrapCommand {
     }
 }
 
+/// The commands of the procs of one spawn: one for every rank, or one per rank (for
+/// example a different environment per proc).
+///
+/// ```
+/// use hyperactor_mesh::bootstrap::{BootstrapCommand, ProcCommands};
+///
+/// let each = ProcCommands::PerRank(vec![
+///     BootstrapCommand::new("/bin/worker").with_env("ROLE", "a"),
+///     BootstrapCommand::new("/bin/worker").with_env("ROLE", "b"),
+/// ]);
+/// assert_eq!(each.for_rank(1).unwrap().env, [("ROLE".to_string(), "b".to_string())]);
+/// assert_eq!(each.ranks(), Some(2));
+/// let same = ProcCommands::from(BootstrapCommand::new("/bin/worker"));
+/// assert_eq!(same.for_rank(7).unwrap().program.to_str(), Some("/bin/worker"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum ProcCommands {
+    /// Every rank runs this command (forked from its fork server, if it names one).
+    Same(BootstrapCommand),
+    /// Rank `r` runs the `r`th command (each forked from its own fork server, if it
+    /// names one).
+    PerRank(Vec<BootstrapCommand>),
+}
+
+impl ProcCommands {
+    /// The command of `rank`; `None` past the end of a per-rank list.
+    pub fn for_rank(&self, rank: usize) -> Option<&BootstrapCommand> {
+        match self {
+            Self::Same(command) => Some(command),
+            Self::PerRank(commands) => commands.get(rank),
+        }
+    }
+
+    /// How many ranks the commands are for: `None` for any number ([`Self::Same`]).
+    pub fn ranks(&self) -> Option<usize> {
+        match self {
+            Self::Same(_) => None,
+            Self::PerRank(commands) => Some(commands.len()),
+        }
+    }
+
+    /// The commands of ranks `start..start + count`, renumbered from 0; `None` if a
+    /// per-rank list does not reach that far.
+    pub fn slice(&self, start: usize, count: usize) -> Option<Self> {
+        match self {
+            Self::Same(command) => Some(Self::Same(command.clone())),
+            Self::PerRank(commands) => commands
+                .get(start..start.checked_add(count)?)
+                .map(|part| Self::PerRank(part.to_vec())),
+        }
+    }
+}
+
+impl From<BootstrapCommand> for ProcCommands {
+    fn from(command: BootstrapCommand) -> Self {
+        Self::Same(command)
+    }
+}
+
 /// What a child learns from its host at start: see the [module docs](self).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootInfo {

@@ -108,6 +108,21 @@ pub enum HostError {
         /// The procs that were to be spawned.
         name: String,
     },
+    /// A per-rank list of commands does not have one command per proc.
+    #[error(
+        "host {host} cannot spawn {count} procs {name}: it was given {commands} per-rank \
+         commands; give one per proc"
+    )]
+    CommandCount {
+        /// The host's proc.
+        host: ProcId,
+        /// The procs that were to be spawned.
+        name: String,
+        /// How many procs.
+        count: usize,
+        /// How many commands.
+        commands: usize,
+    },
     /// The OS process could not be started.
     #[error("host {host} cannot start proc {name} rank {rank} ({program}): {source}")]
     Spawn {

@@ -63,7 +63,7 @@ use hyperactor::id::validate_name;
 use hyperactor::{ChannelTransport, Client, Proc, ProcId, SendContext};
 use tokio::sync::mpsc;
 
-use crate::bootstrap::{BootInfo, BootstrapCommand, ProcReady};
+use crate::bootstrap::{BootInfo, BootstrapCommand, ProcCommands, ProcReady};
 use crate::error::HostError;
 use crate::output::OutputOptions;
 pub use capture::{HostEvent, ProcOutput};
@@ -261,7 +261,36 @@ impl Host {
         cmd: &BootstrapCommand,
         output: OutputOptions,
     ) -> Result<Vec<ProcHandle>, HostError> {
+        self.spawn_commands(name, count, &ProcCommands::Same(cmd.clone()), output)
+            .await
+    }
+
+    /// Like [`Host::spawn_procs_with`], each rank running its command of `commands`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Host::spawn_procs_with`], and [`HostError::CommandCount`] if a per-rank list
+    /// does not have `count` commands.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: cancelling kills the children started so far.
+    pub async fn spawn_commands(
+        &self,
+        name: &str,
+        count: usize,
+        commands: &ProcCommands,
+        output: OutputOptions,
+    ) -> Result<Vec<ProcHandle>, HostError> {
         let host = self.proc.proc_id();
+        if let Some(given) = commands.ranks().filter(|&n| n != count) {
+            return Err(HostError::CommandCount {
+                host: host.clone(),
+                name: name.to_string(),
+                count,
+                commands: given,
+            });
+        }
         if self.shut_down.load(Ordering::SeqCst) {
             return Err(HostError::ShutDown {
                 host: host.clone(),
@@ -275,48 +304,14 @@ impl Host {
         })?;
         let (report, mut reports) = self.client.open_port::<ProcReady>();
         let (exited_tx, mut exited_rx) = mpsc::unbounded_channel();
-        let mut batch = Batch(Vec::with_capacity(count));
         let output = OutputSetup {
             options: Arc::new(output),
             events: self.events_tx.clone(),
             log_dir: self.log_dir.clone(),
         };
-        let mut template = self.template(cmd).await;
-        for rank in 0..count {
-            let info = BootInfo {
-                name: name.to_string(),
-                rank,
-                count,
-                report: report.port_id().clone(),
-            };
-            if let Some(forker) = &template {
-                match child::start_forked(forker, cmd, &info, exited_tx.clone(), &output).await {
-                    Ok(child) => {
-                        batch.0.push(child);
-                        continue;
-                    }
-                    Err(e) => {
-                        tracing::warn!(
-                            host = %host,
-                            "the fork server of {} cannot start proc {name} rank {rank} \
-                             ({e}); starting the remaining procs with exec",
-                            cmd.program.display()
-                        );
-                        template = None;
-                    }
-                }
-            }
-            let child = child::start(cmd, &info, exited_tx.clone(), &output)
-                .await
-                .map_err(|source| HostError::Spawn {
-                    host: host.clone(),
-                    name: name.to_string(),
-                    rank,
-                    program: cmd.program.clone(),
-                    source,
-                })?;
-            batch.0.push(child);
-        }
+        let batch = self
+            .start_children(name, count, commands, &report, &exited_tx, &output)
+            .await?;
 
         let mut ready: Vec<Option<ProcId>> = vec![None; count];
         let mut pending = count;
@@ -364,6 +359,78 @@ impl Host {
             .collect();
         lock(&self.procs).extend(handles.iter().cloned());
         Ok(handles)
+    }
+
+    /// Starts the children of a spawn, ranks `0..count`, each running its command of
+    /// `commands`: forked from the command's fork server while that works, else with
+    /// `exec`.
+    async fn start_children(
+        &self,
+        name: &str,
+        count: usize,
+        commands: &ProcCommands,
+        report: &hyperactor::PortRef<ProcReady>,
+        exited_tx: &mpsc::UnboundedSender<usize>,
+        output: &OutputSetup,
+    ) -> Result<Batch, HostError> {
+        let host = self.proc.proc_id();
+        let mut batch = Batch(Vec::with_capacity(count));
+        // One fork server for a shared command; per-rank commands look theirs up (a
+        // cached one is found at once).
+        let shared = match commands {
+            ProcCommands::Same(cmd) => self.template(cmd).await,
+            ProcCommands::PerRank(_) => None,
+        };
+        let mut forking = true;
+        for rank in 0..count {
+            let cmd = commands
+                .for_rank(rank)
+                .ok_or_else(|| HostError::CommandCount {
+                    host: host.clone(),
+                    name: name.to_string(),
+                    count,
+                    commands: commands.ranks().unwrap_or(0),
+                })?;
+            let info = BootInfo {
+                name: name.to_string(),
+                rank,
+                count,
+                report: report.port_id().clone(),
+            };
+            let template = match commands {
+                _ if !forking => None,
+                ProcCommands::Same(_) => shared.clone(),
+                ProcCommands::PerRank(_) => self.template(cmd).await,
+            };
+            if let Some(forker) = &template {
+                match child::start_forked(forker, cmd, &info, exited_tx.clone(), output).await {
+                    Ok(child) => {
+                        batch.0.push(child);
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            host = %host,
+                            "the fork server of {} cannot start proc {name} rank {rank} \
+                             ({e}); starting the remaining procs with exec",
+                            cmd.program.display()
+                        );
+                        forking = false;
+                    }
+                }
+            }
+            let child = child::start(cmd, &info, exited_tx.clone(), output)
+                .await
+                .map_err(|source| HostError::Spawn {
+                    host: host.clone(),
+                    name: name.to_string(),
+                    rank,
+                    program: cmd.program.clone(),
+                    source,
+                })?;
+            batch.0.push(child);
+        }
+        Ok(batch)
     }
 
     /// The running fork server for `cmd`, started if needed; `None` if `cmd` has none

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::actor_mesh::agent_of;
 use crate::agent::{Control, ProcAgent, ProcInfo, SpawnProcsRequest};
-use crate::bootstrap::BootstrapCommand;
+use crate::bootstrap::{BootstrapCommand, ProcCommands};
 use crate::cast::codec::MeshInfo;
 use crate::error::MeshError;
 use crate::output::{OutputConfig, OutputOptions};
@@ -174,6 +174,32 @@ impl HostMesh {
         command: &BootstrapCommand,
         output: OutputConfig,
     ) -> Result<ProcMesh, MeshError> {
+        let commands = ProcCommands::Same(command.clone());
+        self.spawn_commands(cx, name, per_host, &commands, output)
+            .await
+    }
+
+    /// Like [`HostMesh::spawn_procs_with`], each proc running its command of
+    /// `commands`: with [`ProcCommands::PerRank`], the proc of rank `r` of the proc
+    /// mesh (extent `hosts + per_host`, row-major) runs the `r`th command.
+    ///
+    /// # Errors
+    ///
+    /// As [`HostMesh::spawn_procs_with`], and [`MeshError::SpawnProcs`] if a per-rank
+    /// list does not have one command per proc.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: procs spawned before cancellation keep running until their owner
+    /// stops.
+    pub async fn spawn_commands(
+        &self,
+        cx: &impl SendContext,
+        name: &str,
+        per_host: &Extent,
+        commands: &ProcCommands,
+        output: OutputConfig,
+    ) -> Result<ProcMesh, MeshError> {
         if let Some(clash) = per_host.labels().iter().find(|l| self.extent.contains(l)) {
             return Err(MeshError::InvalidName {
                 name: clash.clone(),
@@ -198,17 +224,32 @@ impl HostMesh {
             class: "proc".to_string(),
         };
         let count = per_host.num_ranks();
+        let total = count * self.hosts.len();
+        if let Some(given) = commands.ranks().filter(|&n| n != total) {
+            return Err(MeshError::SpawnProcs {
+                name: name.to_string(),
+                reason: format!(
+                    "{given} per-proc commands for {total} procs ({} hosts x {count}); \
+                     give one per proc",
+                    self.hosts.len()
+                ),
+            });
+        }
         let forward_to = output
             .forward
             .then(|| crate::agent::control_port(agent.proc().proc_id()));
         let asks = self.hosts.iter().enumerate().map(|(index, host)| {
+            // Checked above: a per-rank list has `count` commands for every host.
+            let commands = commands
+                .slice(index * count, count)
+                .unwrap_or_else(|| commands.clone());
             let (port, receiver) = cx
                 .mailbox()
                 .open_once_port::<Result<Vec<ProcInfo>, String>>();
             let request = SpawnProcsRequest {
                 name: name.to_string(),
                 count,
-                command: command.clone(),
+                commands,
                 owner: cx.actor_id().clone(),
                 mesh: info.clone(),
                 reply: port.port_id().clone(),

@@ -19,7 +19,7 @@ pub mod worker;
 
 pub use actor_mesh::{reply, reply_error, route, ActorMesh, ActorMeshRef, Request};
 pub use agent::{AgentOptions, ProcAgent};
-pub use bootstrap::{bootstrap_proc, BootInfo, BootstrapCommand, ProcReady};
+pub use bootstrap::{bootstrap_proc, BootInfo, BootstrapCommand, ProcCommands, ProcReady};
 pub use error::{BootstrapError, CodecError, HostError, MeshError};
 pub use host::{Host, ProcExit, ProcHandle, ProcStatus};
 pub use host_mesh::HostMesh;

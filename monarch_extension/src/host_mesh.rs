@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use hyperactor_mesh::agent::ProcAgent;
-use hyperactor_mesh::bootstrap::BootstrapCommand;
+use hyperactor_mesh::bootstrap::{BootstrapCommand, ProcCommands};
 use hyperactor_mesh::shape::Extent;
 use hyperactor_mesh::HostMesh;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -98,6 +98,18 @@ impl Attach {
     }
 }
 
+/// A proc's command as Python gives it: `(program, args, env)`.
+type Command = (String, Vec<String>, Vec<(String, String)>);
+
+/// The bootstrap command of `(program, args, env)`.
+fn command((program, args, env): Command) -> BootstrapCommand {
+    let mut command = BootstrapCommand::new(program).with_args(args);
+    for (k, v) in env {
+        command = command.with_env(k, v);
+    }
+    command
+}
+
 /// The pause between attempts to reach a worker that refused.
 const ATTACH_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
@@ -131,13 +143,15 @@ impl PyHostMesh {
         PyExtent::from_extent(py, self.mesh.extent().clone())
     }
 
-    /// Starts `prod(per_host)` procs named `name` on every host, each running
-    /// `program args...` with `env` added, owned by `sender`, forked from `program
-    /// fork_server...` when that is given. Returns at once. Their output is forwarded
-    /// to this process unless `forward_output` is false (each host prints it), and
-    /// written to a log file per proc on its host when `log_files` is set.
+    /// Starts `prod(per_host)` procs named `name` on every host, each running a command
+    /// of `commands`, `(program, args, env)`: one for every proc (forked from `program
+    /// fork_server...` when that is given), or one per proc of the proc mesh (extent
+    /// hosts + per_host, by rank; `fork_server` is then not used), owned by `sender`.
+    /// Returns at once. Their output is forwarded to this process unless
+    /// `forward_output` is false (each host prints it), and written to a log file per
+    /// proc on its host when `log_files` is set.
     #[pyo3(signature = (
-        sender, name, per_host, program, args, env, fork_server=None, forward_output=true,
+        sender, name, per_host, commands, fork_server=None, forward_output=true,
         log_files=true,
     ))]
     #[allow(clippy::too_many_arguments)]
@@ -146,19 +160,27 @@ impl PyHostMesh {
         sender: &Bound<'_, PyAny>,
         name: String,
         per_host: PyRef<'_, PyExtent>,
-        program: String,
-        args: Vec<String>,
-        env: Vec<(String, String)>,
+        commands: Vec<Command>,
         fork_server: Option<Vec<String>>,
         forward_output: bool,
         log_files: bool,
     ) -> PyResult<PyProcMesh> {
         let sender = Sender::extract(sender)?;
-        let mut command = BootstrapCommand::new(program).with_args(args);
-        command.fork_server = fork_server;
-        for (k, v) in env {
-            command = command.with_env(k, v);
-        }
+        let mut commands: Vec<BootstrapCommand> = commands.into_iter().map(command).collect();
+        let commands = match commands.len() {
+            0 => {
+                return Err(PyValueError::new_err(
+                    "spawn_procs: no command; give one (program, args, env) for every proc \
+                     or one per proc",
+                ))
+            }
+            1 => {
+                let mut only = commands.remove(0);
+                only.fork_server = fork_server;
+                ProcCommands::Same(only)
+            }
+            _ => ProcCommands::PerRank(commands),
+        };
         let inner = Arc::new(ProcMeshInner::pending(name.clone()));
         let hosts = self.mesh.clone();
         let per_host = per_host.extent().clone();
@@ -176,7 +198,7 @@ impl PyHostMesh {
                 files: log_files,
             };
             let result = hosts
-                .spawn_procs_with(&sender, &name, &per_host, &command, output)
+                .spawn_commands(&sender, &name, &per_host, &commands, output)
                 .await
                 .map_err(|e| e.to_string());
             pending.deferred().resolve(result);

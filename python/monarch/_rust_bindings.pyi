@@ -539,14 +539,14 @@ class HostMeshHandle:
         sender: Client | DrivenActor,
         name: str,
         per_host: Extent,
-        program: str,
-        args: list[str],
-        env: list[tuple[str, str]],
+        commands: list[tuple[str, list[str], list[tuple[str, str]]]],
         fork_server: list[str] | None = None,
         forward_output: bool = True,
         log_files: bool = True,
     ) -> ProcMeshHandle:
-        """Start the procs; their output comes to this process unless
+        """Start the procs, each running a ``(program, args, env)`` of ``commands``: one
+        for every proc (forked from ``program fork_server...`` when given), or one per
+        proc of the proc mesh, by rank. Their output comes to this process unless
         ``forward_output`` is false, and goes to per-proc log files with ``log_files``."""
     def end_workers(
         self, sender: Client | DrivenActor, reason: str, timeout: float

@@ -1,5 +1,6 @@
-"""Members of ``HostMesh`` that upstream's scripts use: ``is_fake_in_process``, and
-``with_python_executable``, whose interpreter the procs that actors spawn use too."""
+"""Members of ``HostMesh`` that upstream's scripts use: ``is_fake_in_process``,
+``with_python_executable``, whose interpreter the procs that actors spawn use too, and
+``spawn_procs(bootstrap_command=...)`` with a function giving each point its command."""
 
 from __future__ import annotations
 
@@ -7,11 +8,21 @@ import os
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import monarch
-from monarch.actor import Actor, endpoint, this_host
+from monarch.actor import (
+    Actor,
+    BootstrapCommand,
+    Point,
+    ProcMesh,
+    default_bootstrap_cmd,
+    endpoint,
+    this_host,
+)
+from monarch.job import ProcessJob
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -122,3 +133,86 @@ def test_proc_bind_entries_are_checked() -> None:
         this_host().spawn_procs(per_host={"gpus": 1}, proc_bind=[{"cpus": "3-1"}])
     with pytest.raises(ValueError, match="one per proc"):
         this_host().spawn_procs(per_host={"gpus": 2}, proc_bind=[{"cpus": "0"}])
+
+
+# --- per-point bootstrap commands ----------------------------------------------------------
+
+
+class Argv(Actor):
+    @endpoint
+    def seen(self) -> tuple[str | None, list[str]]:
+        return os.environ.get("POINT_TAG"), sys.argv[1:]
+
+
+def _per_point(point: Point) -> BootstrapCommand:
+    tag = "-".join(f"{k}{v}" for k, v in point.items())
+    command = default_bootstrap_cmd().with_env({"POINT_TAG": tag})
+    command.args = ["-m", "monarch._src.actor.bootstrap", f"rank={point.rank}"]
+    return command
+
+
+def _seen_by_point(procs: ProcMesh) -> dict[str, tuple[str | None, list[str]]]:
+    try:
+        seen = procs.spawn("argv", Argv).seen.call().get(timeout=90)
+        return {"-".join(f"{k}{v}" for k, v in p.items()): got for p, got in seen}
+    finally:
+        procs.stop().get(timeout=60)
+
+
+def test_a_per_point_bootstrap_command_gives_each_proc_its_own() -> None:
+    procs = this_host().spawn_procs(per_host={"gpus": 2}, bootstrap_command=_per_point)
+    assert _seen_by_point(procs) == {
+        "gpus0": ("gpus0", ["rank=0"]),
+        "gpus1": ("gpus1", ["rank=1"]),
+    }
+
+
+def test_per_point_commands_follow_the_points_across_hosts() -> None:
+    job = ProcessJob({"hosts": 2})
+    try:
+        hosts = job.state(cached_path=None).hosts
+        procs = hosts.spawn_procs(per_host={"gpus": 2}, bootstrap_command=_per_point)
+        assert _seen_by_point(procs) == {
+            f"hosts{h}-gpus{g}": (f"hosts{h}-gpus{g}", [f"rank={2 * h + g}"])
+            for h in range(2)
+            for g in range(2)
+        }
+    finally:
+        job.kill()
+
+
+def test_a_per_point_function_is_called_with_each_point_of_the_proc_mesh() -> None:
+    points: list[Point] = []
+
+    def record(point: Point) -> BootstrapCommand:
+        points.append(point)
+        return default_bootstrap_cmd()
+
+    procs = this_host().spawn_procs(per_host={"replica": 2, "gpus": 2}, bootstrap_command=record)
+    try:
+        assert [(p.rank, dict(p)) for p in points] == [
+            (2 * r + g, {"replica": r, "gpus": g}) for r in range(2) for g in range(2)
+        ]
+        assert procs.initialized.get(timeout=90) is True
+    finally:
+        procs.stop().get(timeout=60)
+
+
+def test_a_per_point_function_returning_something_else_is_a_type_error() -> None:
+    def wrong(point: Point) -> Any:
+        return ["python", "-m", "x"] if point.rank == 1 else default_bootstrap_cmd()
+
+    with pytest.raises(TypeError, match=r"for point \{'gpus': 1\} \(rank 1\): expected a Boot"):
+        this_host().spawn_procs(per_host={"gpus": 2}, bootstrap_command=wrong)
+    with pytest.raises(TypeError, match="expected a BootstrapCommand, got str"):
+        this_host().spawn_procs(per_host={"gpus": 2}, bootstrap_command="python")  # type: ignore[arg-type]
+
+
+def test_a_per_point_function_that_raises_surfaces_its_error() -> None:
+    def refuse(point: Point) -> BootstrapCommand:
+        raise LookupError(f"no command for {point.rank}")
+
+    with pytest.raises(LookupError, match="no command for 0") as info:
+        this_host().spawn_procs(per_host={"gpus": 2}, bootstrap_command=refuse)
+    if sys.version_info >= (3, 11):
+        assert "bootstrap_command({'gpus': 0}) (rank 0)" in str(info.value.__notes__)

@@ -17,7 +17,7 @@ use hyperactor::{ActorId, PortId, PortRef, ProcId, SendContext};
 use serde::{Deserialize, Serialize};
 
 use super::{control_port, lock, CastTarget, Inner};
-use crate::bootstrap::BootstrapCommand;
+use crate::bootstrap::ProcCommands;
 use crate::cast::codec::MeshInfo;
 use crate::host::{Host, ProcExit, ProcHandle};
 use crate::output::{OutputBatch, OutputOptions};
@@ -108,7 +108,7 @@ pub enum Control {
     Output(OutputBatch),
 }
 
-/// A request to spawn `count` procs named `name` running `command`, owned by `owner`.
+/// A request to spawn `count` procs named `name` running `commands`, owned by `owner`.
 /// The host sends a `Result<Vec<ProcInfo>, String>` to `reply`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpawnProcsRequest {
@@ -116,8 +116,8 @@ pub struct SpawnProcsRequest {
     pub name: String,
     /// How many.
     pub count: usize,
-    /// The bootstrap command each runs.
-    pub command: BootstrapCommand,
+    /// The bootstrap command each runs: one for all, or one per rank (`count` of them).
+    pub commands: ProcCommands,
     /// The actor that owns them: when its proc dies, they are killed.
     pub owner: ActorId,
     /// The mesh they form (for logs).
@@ -384,10 +384,10 @@ impl Inner {
         tokio::spawn(async move {
             let spawned = host
                 .host
-                .spawn_procs_with(
+                .spawn_commands(
                     &request.name,
                     request.count,
-                    &request.command,
+                    &request.commands,
                     request.output.clone(),
                 )
                 .await;

@@ -18,7 +18,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Generator, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from monarch._rust_bindings import Extent as _Extent
 from monarch._rust_bindings import HostMeshHandle, ProcMeshHandle
@@ -31,8 +31,12 @@ from monarch._src.actor.actor_mesh import spawn_actor_mesh
 from monarch._src.actor.context import sender
 from monarch._src.actor.future import Done, Future
 from monarch._src.actor.pickling import dumps
+from monarch._src.actor.point import Point
 from monarch._src.actor.replies import RustWork
 from monarch._src.actor.shape import MeshTrait, Shape
+
+if TYPE_CHECKING:
+    from monarch._src.actor.workers import BootstrapCommand
 
 # How a host starts a proc by default, and how it starts that entry point's fork
 # server (a template interpreter every proc is forked from).
@@ -329,6 +333,39 @@ def child_environment(bootstrap: Callable[[], Any] | None) -> dict[str, str]:
     return env
 
 
+#: A proc's command as the bindings take it: ``(program, args, env)``.
+_Command = tuple[str, list[str], list[tuple[str, str]]]
+
+
+def _command_fields(command: Any, point: Point | None) -> tuple[str, list[str], dict[str, str]]:
+    """``(program, args, env)`` of ``command``, a ``BootstrapCommand`` given to
+    ``spawn_procs`` (for ``point``, when a per-point function returned it)."""
+    from monarch._src.actor.workers import BootstrapCommand
+
+    where = "" if point is None else f" for point {dict(point)} (rank {point.rank})"
+    if not isinstance(command, BootstrapCommand):
+        given = "the function returned" if point is not None else "got"
+        raise TypeError(
+            f"spawn_procs(bootstrap_command=...){where}: expected a BootstrapCommand, "
+            f"{given} {type(command).__name__} ({command!r}); give a BootstrapCommand, or "
+            "a function of a Point returning one, e.g. "
+            "`lambda point: default_bootstrap_cmd().with_env({'RANK': str(point.rank)})`"
+        )
+    return str(command.program), [str(a) for a in command.args], dict(command.env)
+
+
+def _command_at(function: Callable[[Point], Any], point: Point) -> Any:
+    """What the per-point ``bootstrap_command`` function returns for ``point``; its
+    exception, if it raises, notes the point."""
+    try:
+        return function(point)
+    except Exception as e:
+        add_note = getattr(e, "add_note", None)  # Python 3.11 and later
+        if add_note is not None:
+            add_note(f"in spawn_procs: bootstrap_command({dict(point)}) (rank {point.rank})")
+        raise
+
+
 def _fork_server_args() -> list[str]:
     """The fork server's arguments, with the modules its template preloads (the
     ``spawn_fork_server_preload`` config key): by default, a program that has imported
@@ -458,7 +495,7 @@ class HostMesh(MeshTrait):
         bootstrap: Callable[[], Any] | None = None,
         name: str | None = None,
         proc_bind: list[dict[str, str]] | None = None,
-        bootstrap_command: Any = None,
+        bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None = None,
         env: dict[str, str] | None = None,
     ) -> ProcMesh:
         """Start ``prod(per_host)`` procs on each host; returns at once.
@@ -466,6 +503,11 @@ class HostMesh(MeshTrait):
         ``proc_bind`` (one dict per proc of a host) binds each proc to CPUs (``cpus``,
         ``physcpubind``, ``cpunodebind``) and memory nodes (``membind``), in numactl's
         list syntax: see :mod:`monarch._src.actor.proc_bind`.
+
+        ``bootstrap_command`` replaces how each proc starts: one ``BootstrapCommand``
+        for every proc, or a function called once per proc with its ``Point`` in the
+        proc mesh (host dimensions, then ``per_host``'s) that returns the proc's own
+        (for example a per-point environment).
 
         ``env`` adds environment variables to every proc, set before any of its code
         runs. The procs of a ``"gpus"`` dimension get ``CUDA_VISIBLE_DEVICES`` (one GPU
@@ -493,43 +535,50 @@ class HostMesh(MeshTrait):
         _validate_spawn(per_host, list(self._hm_shape.labels), name, proc_bind, bootstrap)
         extra = _check_env(user_env)
         env = child_environment(bootstrap)
-        program = self._python or sys.executable
+        python = self._python or sys.executable
         if self._python is not None:
             env[PYTHON_EXECUTABLE_ENV] = self._python
-        args = list(_BOOTSTRAP_ARGS)
-        if bootstrap_command is not None:
-            if callable(bootstrap_command):
-                raise NotImplementedError(
-                    "spawn_procs: a per-point bootstrap_command function is not supported; "
-                    "give one BootstrapCommand"
-                )
-            program = bootstrap_command.program
-            args = list(bootstrap_command.args)
-            env.update(bootstrap_command.env)
-        env.update(extra)
-        if pin_gpus:
-            env.update(cuda_devices.spawn_variables(per_host, env))
-        env.update(proc_binding.spawn_variables(proc_bind))
-        # The default entry point can be forked from a template interpreter.
-        fork_server = (
-            _fork_server_args()
-            if args == _BOOTSTRAP_ARGS and config.cached("spawn_fork_server")
-            else None
-        )
         labels = list(self._hm_shape.labels) + list(per_host)
         sizes = list(self._hm_shape.ndslice.sizes) + list(per_host.values())
+        extent = _Extent(labels, sizes)
+
+        def finish(program: str, args: list[str], command_env: dict[str, str]) -> _Command:
+            proc_env = {**env, **command_env, **extra}
+            if pin_gpus:
+                proc_env.update(cuda_devices.spawn_variables(per_host, proc_env))
+            proc_env.update(proc_binding.spawn_variables(proc_bind))
+            return (program, args, list(proc_env.items()))
+
+        if bootstrap_command is None:
+            commands = [finish(python, list(_BOOTSTRAP_ARGS), {})]
+        elif callable(bootstrap_command):
+            commands = [
+                finish(*_command_fields(_command_at(bootstrap_command, point), point))
+                for point in (Point(rank, extent) for rank in range(extent.nelements))
+            ]
+            if all(c == commands[0] for c in commands):
+                commands = commands[:1]
+        else:
+            commands = [finish(*_command_fields(bootstrap_command, None))]
+        # The default entry point, shared by every proc, can be forked from a template
+        # interpreter.
+        fork_server = (
+            _fork_server_args()
+            if len(commands) == 1
+            and commands[0][1] == _BOOTSTRAP_ARGS
+            and config.cached("spawn_fork_server")
+            else None
+        )
         handle = self._handle.spawn_procs(
             sender(),
             name,
             _Extent(list(per_host), list(per_host.values())),
-            program,
-            args,
-            list(env.items()),
+            commands,
             fork_server,
             forward_output=bool(config.get("enable_log_forwarding")),
             log_files=bool(config.get("enable_file_capture")),
         )
-        procs = ProcMesh(handle, _Extent(labels, sizes).region, self)
+        procs = ProcMesh(handle, extent.region, self)
         self._spawned.append(procs)
         return procs
 
