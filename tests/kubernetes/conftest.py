@@ -62,33 +62,43 @@ class FakeK8s:
     tmp: Path
     events: EventWaiter
 
-    def client(self, *args: str, timeout: float = CLIENT_TIMEOUT) -> tuple[int, dict, str]:
-        """Run ``k8s_client.py ARGS`` in the client namespace; its exit status, the JSON
-        of its ``RESULT`` line (or ``{}``) and its output."""
+    def run(self, script: Path, *args: str, timeout: float = CLIENT_TIMEOUT) -> tuple[int, str]:
+        """Run ``script ARGS`` in the client namespace (as a client pod would run);
+        its exit status and output."""
         env = dict(os.environ)
         for key in ("MONARCH_CLUSTER_SECRET", "MONARCH_CLUSTER_AUTH", "MONARCH_TLS_CA"):
             env.pop(key, None)
+        env.pop("MONARCH_SPAWN_FORK_SERVER_PRELOAD", None)  # run as users run it
         env["PYTHONPATH"] = os.pathsep.join(
             [str(HERE.parents[1] / "python"), str(HERE), env.get("PYTHONPATH", "")]
         )
-        argv = [
-            sys.executable,
-            str(HERE / "k8s_client.py"),
+        done = self.cluster.client.run(
+            [sys.executable, str(script), *args],
+            timeout=timeout,
+            env=env,
+            cwd=self.tmp,
+            capture_output=True,
+            text=True,
+        )
+        return done.returncode, done.stdout + done.stderr
+
+    def client(self, *args: str, timeout: float = CLIENT_TIMEOUT) -> tuple[int, dict, str]:
+        """Run ``k8s_client.py ARGS``; its exit status, the JSON of its ``RESULT`` line
+        (or ``{}``) and its output."""
+        code, output = self.run(
+            HERE / "k8s_client.py",
             "--kubeconfig",
             str(self.kubeconfig),
             "--namespace",
             NAMESPACE,
             *args,
-        ]
-        done = self.cluster.client.run(
-            argv, timeout=timeout, env=env, cwd=self.tmp, capture_output=True, text=True
+            timeout=timeout,
         )
-        output = done.stdout + done.stderr
         result: dict = {}
-        for line in done.stdout.splitlines():
+        for line in output.splitlines():
             if line.startswith("RESULT "):
                 result = json.loads(line.removeprefix("RESULT "))
-        return done.returncode, result, output
+        return code, result, output
 
 
 @pytest.fixture

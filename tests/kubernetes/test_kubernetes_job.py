@@ -181,3 +181,37 @@ def test_timeout_names_what_each_rank_lacks(fake_k8s: FakeK8s) -> None:
     assert "not ready within 2 s" in out, out
     assert "rank 0: pod slow-0 (Running, not Ready)" in out, out
     assert "rank 1: no pod" in out, out
+
+
+def test_ddp_example(fake_k8s: FakeK8s) -> None:
+    """examples/kubernetes/ddp_kubernetes.py trains across the pods of its StatefulSet
+    (ddp-workers.yaml, without a GPU here) and ends their workers."""
+    fake = fake_k8s
+    _create_secret(fake)
+    example = MANIFESTS.parents[4] / "examples/kubernetes"
+    docs = list(yaml.safe_load_all((example / "ddp-workers.yaml").read_text()))
+    template = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]
+    del template["spec"]["containers"][0]["resources"]  # no GPUs here
+    for i in range(2):
+        fake.api.create_pod(
+            NAMESPACE,
+            {
+                "metadata": {"name": f"trainers-{i}", **template["metadata"]},
+                "spec": template["spec"],
+            },
+        )
+    code, out = fake.run(
+        example / "ddp_kubernetes.py",
+        "--kubeconfig",
+        str(fake.kubeconfig),
+        "--namespace",
+        NAMESPACE,
+        "--steps",
+        "2",
+        "--timeout",
+        "60",
+        "--kill",
+        timeout=180,
+    )
+    assert code == 0, out
+    assert "same parameters everywhere: True" in out, out
