@@ -89,7 +89,7 @@ def _slurm_holder() -> Iterator[_Holder]:
     try:
         yield holder
     finally:
-        holder.close()
+        holder.close(report=not holder.broken)
         if holder.leftovers:
             pytest.fail(
                 "Slurm: processes were left in the namespaces when the cluster stopped "

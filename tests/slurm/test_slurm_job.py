@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import selectors
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +58,9 @@ def start_client(
 
 def read_line(proc: subprocess.Popen[str], tag: str, timeout: float) -> dict[str, Any]:
     """The JSON of the next ``TAG <json>`` line the client prints (other lines skipped)."""
-    import selectors
-
     assert proc.stdout is not None
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
-    import time
-
     deadline = time.monotonic() + timeout
     seen = []
     while time.monotonic() < deadline:
@@ -119,3 +118,153 @@ def test_two_meshes_end_to_end(slurm: SlurmCluster, tmp_path: Path) -> None:
     log = (tmp_path / f"slurm_{result['job']}_monarch_job.out").read_text()
     assert "monarch worker ready at" in log
     assert "trust" not in log.lower(), "workers never trust all connections"
+
+
+@pytest.mark.timeout(120)
+def test_a_new_client_reconnects_through_the_cache(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """JOB-2: a second client process with the same spec reuses the running allocation
+    saved by the first (same Slurm job, same secret from the cache)."""
+    first = run_client(slurm, "reconnect-first", tmp_path)
+    assert slurm.jobs() == [first["job"]], "the first client leaves its job running"
+    second = run_client(slurm, "reconnect-second", tmp_path)
+    assert second["job"] == first["job"]
+    assert hosts_of(second["answers"]["trainers"]) == ["node0", "node1"]
+    assert hosts_of(second["answers"]["dataloaders"]) == ["node2"]
+    print(f"\nslurm: reconnect from a new client to first answers: {second['reconnect_s']:.2f} s")
+    assert slurm.jobs() == []
+    assert oct((tmp_path / "job_state.pkl").stat().st_mode & 0o777) == "0o600", (
+        "the cache holds the job's secret: only its owner may read it"
+    )
+
+
+@pytest.mark.timeout(60)
+def test_a_held_job_times_out_with_its_reason(slurm: SlurmCluster, tmp_path: Path) -> None:
+    result = run_client(slurm, "expect-error", tmp_path, "held")
+    error = result["error"]
+    assert error is not None and "did not start within job_start_timeout=2 s" in error, error
+    assert "JobHeldUser" in error and "was cancelled" in error, error
+    assert "raise job_start_timeout" in error, "the error says how to fix it"
+    assert slurm.jobs() == []
+
+
+@pytest.mark.timeout(60)
+def test_more_nodes_than_exist_can_never_start(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Slurm 22.05 queues a job bigger than its partition (reason PartitionConfig):
+    state() says it can never start, at once, and cancels it."""
+    result = run_client(slurm, "expect-error", tmp_path, "too-many")
+    error = result["error"]
+    assert error is not None and "can never start" in error, error
+    assert "PartitionConfig" in error and "it was cancelled" in error, error
+    assert "sinfo" in error, "the error says how to fix it"
+    assert result["s"] < 10, "no waiting for a job that can never start"
+    assert slurm.jobs() == []
+
+
+@pytest.mark.timeout(90)
+def test_workers_that_cannot_start_fail_with_the_log(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """SLURM-2: the error ends with the tail of the job's log, which says why."""
+    result = run_client(slurm, "expect-error", tmp_path, "bad-python")
+    error = result["error"]
+    assert error is not None and "check python_exe='/nonexistent/python'" in error, error
+    assert "the job's log" in error, error
+    assert "No such file or directory" in error, "the log tail shows the cause"
+
+
+def wait_not_running(slurm: SlurmCluster, job: str, timeout: float) -> str:
+    """Wait until Slurm reports ``job`` out of RUNNING; return its state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = slurm.command(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"]).strip()
+        if state != "RUNNING":
+            return state
+        assert time.monotonic() < deadline, f"job {job} still RUNNING after {timeout:g} s"
+        time.sleep(0.05)  # polling Slurm: the state change is the event, squeue the only view
+
+
+def _break_while_running(
+    slurm: SlurmCluster, tmp_path: Path, action: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    proc = start_client(slurm, "broken", tmp_path)
+    try:
+        ready = read_line(proc, "READY", timeout=60)
+        action(ready["job"])
+        wait_not_running(slurm, ready["job"], timeout=45)
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        return ready, read_line(proc, "RESULT", timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
+
+
+@pytest.mark.timeout(120)
+def test_a_job_cancelled_from_outside_is_a_clear_error(slurm: SlurmCluster, tmp_path: Path) -> None:
+    _, result = _break_while_running(slurm, tmp_path, lambda job: slurm.command(["scancel", job]))
+    error = result["error"]
+    assert error is not None, "state() must raise once the job was cancelled"
+    assert re.search(rf"Slurm job {result['job']} is (CANCELLED|COMPLETING)", error), error
+    assert f"JOB {result['job']} ON node0 CANCELLED" in error, "the log tail says who ended it"
+    assert "call job.kill() and then job.state()" in error and "the job's log" in error, error
+
+
+@pytest.mark.timeout(120)
+def test_a_node_cut_off_ends_the_job_with_node_fail(
+    slurm: SlurmCluster, tmp_path: Path, break_cluster: None
+) -> None:
+    """A node whose network is lost: slurmctld marks it DOWN after SlurmdTimeout and
+    ends the job (NODE_FAIL); state() says so."""
+    _, result = _break_while_running(slurm, tmp_path, lambda job: slurm.host_of("node1").cut())
+    error = result["error"]
+    assert error is not None, "state() must raise once the node failed"
+    assert "NODE_FAIL" in error or "DUE TO NODE FAILURE" in error, error
+
+
+@pytest.mark.timeout(120)
+def test_a_dead_slurmd_ends_the_job_with_node_fail(
+    slurm: SlurmCluster, tmp_path: Path, break_cluster: None
+) -> None:
+    _, result = _break_while_running(slurm, tmp_path, lambda job: slurm.kill_slurmd("node1"))
+    error = result["error"]
+    assert error is not None, "state() must raise once the node failed"
+    assert "NODE_FAIL" in error or "DUE TO NODE FAILURE" in error, error
+
+
+@pytest.mark.timeout(120)
+def test_two_tasks_per_node_are_two_hosts_each(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """ntasks_per_node=2: each task is a worker at its own port; a mesh of 2 nodes has
+    4 hosts, node-major, in Slurm's task order."""
+    result = run_client(slurm, "two-tasks", tmp_path)
+    answers = result["answers"]["trainers"]
+    assert result["extent"] == {"hosts": 4}
+    assert hosts_of(answers) == ["node0", "node0", "node1", "node1"]
+    assert [a["task"] for a in answers] == ["0", "1", "2", "3"]
+    assert [a["local"] for a in answers] == ["0", "1", "0", "1"]
+    log = next(tmp_path.glob("slurm_*_monarch_job.out")).read_text()
+    assert ":22222" in log and ":22223" in log, "task t serves at monarch_port + t"
+
+
+@pytest.mark.timeout(120)
+def test_batch_mode_runs_the_client_inside_the_allocation(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    out = tmp_path / "batch-result.json"
+    script = tmp_path / "batch_script.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(HERE)!r})\n"
+        "from slurm_client import batch_client\n"
+        f"batch_client({str(out)!r})\n"
+    )
+    result = run_client(slurm, "batch", tmp_path, str(script))
+    deadline = time.monotonic() + 60
+    while result["job"] in slurm.jobs() and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling Slurm for the batch job's end: no event to wait on
+    log = Path(result["log"]).read_text()
+    assert out.exists(), f"the client script did not finish; the job's log:\n{log}"
+    data = json.loads(out.read_text())
+    assert data["host"] == "node0", "the client runs on the allocation's first node"
+    assert hosts_of(data["answers"]["trainers"]) == ["node0", "node1"]
+    assert {a["job"] for a in data["answers"]["trainers"]} == {result["job"]}
+    assert slurm.jobs() == [], "the job ends when the client script exits"

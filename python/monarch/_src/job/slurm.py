@@ -10,8 +10,8 @@ between the meshes in the order the meshes were named, each node giving
 ``ntasks_per_node`` consecutive hosts of its mesh.
 
 What it reads from Slurm, in formats stable from Slurm 21.08 to current:
-``sbatch --parsable`` (the job id), ``squeue -h -j ID -o '%T|%r|%N'`` (state, reason,
-node list), ``scontrol show hostnames LIST`` and ``scontrol show node -o NAMES`` (each
+``sbatch --parsable`` (the job id), ``squeue -h -j ID -t all -o '%T|%r|%N'`` (state,
+reason, node list), ``scontrol show hostnames LIST`` and ``scontrol show node -o NAMES`` (each
 node's ``NodeAddr``, the address the client dials). A job ``squeue`` no longer knows
 has ended.
 
@@ -125,6 +125,8 @@ class _Status:
     def describe(self) -> str:
         if self.state is None:
             return "no longer known to squeue (it ended)"
+        if self.state == "COMPLETING":
+            return "COMPLETING (it is ending: cancelled, failed or finished)"
         reason = f" (reason: {self.reason})" if self.reason and self.reason != "None" else ""
         return f"{self.state}{reason}"
 
@@ -304,12 +306,19 @@ class SlurmJob(JobTrait):
 
     @property
     def slurm_job_id(self) -> str | None:
-        """The Slurm job id of the allocation (``None`` before ``apply()``)."""
+        """The Slurm job id of the allocation this job uses (its own, or the saved one it
+        reconnected to); ``None`` before ``apply()``."""
+        running = self._running
+        if isinstance(running, SlurmJob) and running is not self:
+            return running.slurm_job_id
         return self._resolved_job_id()
 
     @property
     def log_path(self) -> str | None:
         """The job's Slurm log (workers' output and Slurm's messages), once submitted."""
+        running = self._running
+        if isinstance(running, SlurmJob) and running is not self:
+            return running.log_path
         job_id = self._resolved_job_id()
         if job_id is None:
             return None
@@ -418,6 +427,9 @@ class SlurmJob(JobTrait):
         lines += [f"#SBATCH {flag}={value}" for flag, value in optional.items() if value]
         if self._exclusive:
             lines.append("#SBATCH --exclusive")
+        # A requeued job restarts on other nodes, which the client's meshes do not know:
+        # a node failure must end the job, for state() to report it.
+        lines.append("#SBATCH --no-requeue")
         worker = (
             'exec "$0" -m monarch.tools.cli worker '
             f'--address "tcp://$(hostname):$(({self._port} + SLURM_LOCALID))"'
@@ -527,10 +539,16 @@ class SlurmJob(JobTrait):
             if status.state == "RUNNING":
                 return self._hostnames(status.nodelist)
             if not status.active:
+                why = (
+                    f" (its workers exited: check python_exe={self._python_exe!r}, which "
+                    "must run monarch on the nodes)"
+                    if status.state in ("FAILED", "COMPLETED")
+                    else ""
+                )
                 raise SlurmError(
-                    f"Slurm job {job_id} is {status.describe()}, so it no longer runs the "
-                    "workers of this SlurmJob; expected RUNNING; call job.kill() and then "
-                    f"job.state() to submit a new one{self._log_tail_suffix()}"
+                    f"Slurm job {job_id} is {status.describe()}{why}, so it no longer runs "
+                    "the workers of this SlurmJob; expected RUNNING; call job.kill() and "
+                    f"then job.state() to submit a new one{self._log_tail_suffix()}"
                 )
             if status.reason in _NEVER_STARTS:
                 self._cancel_quietly(job_id)
@@ -624,7 +642,7 @@ class SlurmJob(JobTrait):
 
     def _squeue(self, job_id: str) -> _Status:
         done = self._run(
-            ["squeue", "-h", "-j", job_id, "-o", "%T|%r|%N"],
+            ["squeue", "-h", "-j", job_id, "-t", "all", "-o", "%T|%r|%N"],
             what=f"query Slurm job {job_id}",
             check=False,
         )
@@ -705,7 +723,10 @@ class SlurmJob(JobTrait):
         if path is None:
             return ""
         if not os.path.exists(path):
-            return f"\n(the job's log {path} does not exist here)"
+            return (
+                f"\n(the job's log {path} does not exist: the job has not run yet, or "
+                "log_dir is not on a file system this machine shares with the nodes)"
+            )
         lines = _read(path).splitlines()[-_LOG_TAIL_LINES:]
         if not lines:
             return f"\n(the job's log {path} is empty)"
