@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,7 +65,7 @@ class Project:
             timeout=TIMEOUT,
             env=cli_env(),
         )
-        result = Result(done.returncode, done.stdout, done.stderr)
+        result = Result(done.returncode, done.stdout, without_logs(done.stderr))
         if check is not None:
             assert result.status == check, f"monarch {' '.join(argv)}: {result}"
         return result
@@ -91,9 +92,18 @@ class Project:
                     os.killpg(pid, signal.SIGKILL)
 
 
+#: A line of the runtime's log (``2025-01-01T00:00:00.000000Z  WARN ...``).
+_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z +[A-Z]+ .*\n?", re.MULTILINE)
+
+
+def without_logs(text: str) -> str:
+    """``text`` without the runtime's log lines (such as its warning that a
+    ``ProcessJob`` trusts all connections)."""
+    return _LOG_LINE.sub("", text)
+
+
 def cli_env() -> dict[str, str]:
     env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
     env["SHELL"] = "/bin/sh"
     return env
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pexpect
 import pytest
 
-from conftest import TIMEOUT, Project, assert_gone, cli_env
+from conftest import TIMEOUT, Project, assert_gone, cli_env, without_logs
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -151,11 +152,47 @@ def test_shell_on_a_terminal(applied: Project) -> None:
         child.sendline("stty size; echo $((6 * 7))")
         child.expect(r"30 100\r\n42\r\n")
         child.expect_exact("remote$ ")
+        # Ctrl-C interrupts the remote foreground command, not the shell. "started" is
+        # written by the command itself, once it is the terminal's foreground job.
+        child.sendline("sh -c 'echo st\"\"arted; sleep 91.3'; echo after")
+        child.expect_exact("started")
+        child.sendintr()
+        child.expect_exact("remote$ ")
+        assert "after" not in child.before
+        assert not remote_processes("sleep 91.3")
         child.sendline("exit 6")
         child.expect(pexpect.EOF)
     finally:
         child.close(force=True)
     assert child.exitstatus == 6
+
+
+def remote_processes(command: str) -> list[str]:
+    """The pids of the processes running ``command`` (exactly)."""
+    found = subprocess.run(["pgrep", "-x", "-f", command], capture_output=True, text=True)
+    return found.stdout.split()
+
+
+def test_ctrl_c_ends_the_remote_runs(applied: Project) -> None:
+    """EXEC-3: an interrupted `monarch exec` ends its runs before it exits."""
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "monarch.tools.cli", "exec", "--", "sh", "-c", "echo started; exec sleep 92.5"],
+        cwd=str(applied.root),
+        env=cli_env(),
+        timeout=TIMEOUT,
+        encoding="utf-8",
+    )
+    try:
+        child.expect_exact("[rank 0] started")
+        assert len(remote_processes("sleep 92.5")) == 1
+        child.sendintr()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 130
+    assert "monarch exec: interrupted" in without_logs(child.before)
+    assert not remote_processes("sleep 92.5")
 
 
 def test_exec_kill_ends_the_job(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ of the current job (:func:`monarch.job.exec_command`, :func:`monarch.job.shell`)
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 import uuid
@@ -154,7 +155,14 @@ def _shell(args: argparse.Namespace) -> int:
     return status
 
 
+def _exit_on_signal(signum: int, frame: object) -> None:
+    # Unwinds as Ctrl-C does: exec_command and shell end their remote runs first.
+    raise SystemExit(128 + signum)
+
+
 def run(args: argparse.Namespace) -> int:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
     try:
         return _exec(args) if args.verb == "exec" else _shell(args)
     except (FileNotFoundError, ValueError, TypeError) as e:

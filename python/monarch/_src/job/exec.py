@@ -406,10 +406,18 @@ class _CommandRunner(Actor):
 
 
 class _Running(Generic[R]):
-    """A future's implementation over work already running on the background loop."""
+    """A future's implementation over work already running on the background loop.
 
-    def __init__(self, work: concurrent.futures.Future[R]) -> None:
+    ``finished`` completes once the work's coroutine returned, cleanup included: a
+    wait interrupted by ``KeyboardInterrupt`` (Ctrl-C) or ``SystemExit`` cancels the
+    work and waits for that (at most :data:`_STOP_TIMEOUT`), so that the runs are
+    ended (EXEC-3) before the interruption goes on."""
+
+    def __init__(
+        self, work: concurrent.futures.Future[R], finished: concurrent.futures.Future[None]
+    ) -> None:
         self._work = work
+        self._finished = finished
 
     def wait(self, timeout: float | None) -> R:
         try:
@@ -419,6 +427,11 @@ class _Running(Generic[R]):
                 f"the command did not finish within {timeout} s; it keeps running: call "
                 "get() again or await the future"
             ) from None
+        except (KeyboardInterrupt, SystemExit):
+            self._work.cancel()
+            with contextlib.suppress(Exception):
+                self._finished.result(_STOP_TIMEOUT)
+            raise
 
     async def wait_async(self) -> R:
         return await asyncio.wrap_future(self._work)
@@ -691,7 +704,13 @@ def exec_command(
             with contextlib.suppress(Exception):
                 procs.stop("exec_command failed to start").get(timeout=_STOP_TIMEOUT)
         raise
-    work = asyncio.run_coroutine_threadsafe(
-        _follow_command(runners, procs, calls, events, sink, numbers), background_loop()
-    )
-    return Future(impl=_Running(work))
+    finished: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    async def follow() -> int:
+        try:
+            return await _follow_command(runners, procs, calls, events, sink, numbers)
+        finally:
+            finished.set_result(None)
+
+    work = asyncio.run_coroutine_threadsafe(follow(), background_loop())
+    return Future(impl=_Running(work, finished))
