@@ -368,9 +368,7 @@ def set_current_job(job: JobTrait | str | None) -> None:
         _current_job = None
         return
     if job is not None and not isinstance(job, JobTrait):
-        raise TypeError(
-            f"set_current_job expects a job (a JobTrait) or 'module.attr', got {job!r}"
-        )
+        raise TypeError(f"set_current_job expects a job (a JobTrait) or 'module.attr', got {job!r}")
     _current_job = job
 
 
