@@ -67,8 +67,6 @@ def _output_dir(args: argparse.Namespace, name: str) -> Path:
 
 
 def _exec(args: argparse.Namespace) -> int:
-    from monarch._src.job.exec import exec_command
-
     cmd = _command(args)
     env = parse_env(args.env)
     per_host = (
@@ -81,6 +79,9 @@ def _exec(args: argparse.Namespace) -> int:
     point = _point(args.point)
     name = context.current()
     job = saved_job(name)
+    # The runtime is imported once the command line and the job are known to be good.
+    from monarch._src.job.exec import exec_command
+
     state = connect(job, name)
     if per_host is not None:
         clash = sorted(set(per_host) & {d for m in state for d in state[m].sizes})
@@ -129,13 +130,13 @@ def _exec(args: argparse.Namespace) -> int:
 
 
 def _shell(args: argparse.Namespace) -> int:
-    from monarch._src.cli.probe import host_at
-    from monarch._src.job.shell import shell
-
     env = parse_env(args.env)
     point = _point(args.point)
     name = context.current()
     job = saved_job(name)
+    from monarch._src.cli.probe import host_at
+    from monarch._src.job.shell import shell
+
     state = connect(job, name)
     mesh = _mesh(state, args.mesh)
     if point is not None:

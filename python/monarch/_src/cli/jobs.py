@@ -47,8 +47,6 @@ def _describe(state: JobState) -> str:
 
 
 def _apply(args: argparse.Namespace) -> int:
-    from monarch._src.cli.probe import wait_ready
-
     name = context.ensure_layout()
     spec = args.spec or context.read_spec(name)
     if spec is None:
@@ -62,6 +60,9 @@ def _apply(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as e:
         raise CliError(str(e), USAGE) from e
     context.write_spec(name, spec)
+    # The runtime is imported once the command line and the job are known to be good.
+    from monarch._src.cli.probe import wait_ready
+
     previous = context.load_saved(name)
     started = time.monotonic()
     try:
@@ -111,10 +112,10 @@ def kill_saved(job: JobTrait, name: str) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from monarch._src.cli.probe import probe_hosts
-
     name = context.current()
     job = saved_job(name)
+    from monarch._src.cli.probe import probe_hosts
+
     spec = context.read_spec(name) or "(no spec)"
     _say(f"context {name}: {spec}, {job!r}, apply id {job.apply_id}")
     state = connect(job, name)
