@@ -765,11 +765,11 @@ class ProcessJob(JobTrait):
         # Imported here: monarch.job stays cheap to import.
         from monarch.actor import attach_to_workers  # type: ignore[attr-defined, unused-ignore]
 
+        # Unix sockets need no credentials (their directory is private to this user):
+        # the process's TCP authentication is left as it is, never switched off.
         meshes: dict[str, HostMesh] = {}
         for name, ws in workers.meshes.items():
-            meshes[name] = attach_to_workers(
-                name=name, ca="trust_all_connections", workers=[w.address for w in ws]
-            )
+            meshes[name] = attach_to_workers(name=name, ca=None, workers=[w.address for w in ws])
         return JobState(meshes)
 
     def can_run(self, spec: JobTrait) -> bool:
