@@ -22,6 +22,7 @@ from monarch._rust_bindings import (
     PortReceiver,
     PortRef,
     Proc,
+    ReplyItem,
     WouldBlockRuntime,
 )
 
@@ -392,7 +393,7 @@ def test_a_blocking_get_off_the_main_thread_sleeps_until_woken(port: Port) -> No
     queue = state.agent.reply_queue()
     started = threading.Event()
     tid: list[int] = []
-    got: list[object] = []
+    got: list[ReplyItem] = []
 
     def waiter() -> None:
         tid.append(threading.get_native_id())
@@ -408,4 +409,4 @@ def test_a_blocking_get_off_the_main_thread_sleeps_until_woken(port: Port) -> No
     assert after - before <= 2, f"the waiting thread woke {after - before} times in 0.6 s"
     queue.port(9).send(state.client, 0, [b"wake"])
     thread.join(10)
-    assert got == [(9, 0, [b"wake"])], got
+    assert [(i.index, i.status, i.parts) for i in got] == [(9, 0, [b"wake"])], got

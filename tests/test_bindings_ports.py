@@ -16,6 +16,7 @@ from monarch._rust_bindings import (
     REPLY_STOPPED,
     PortRef,
     Proc,
+    ReplyStatus,
 )
 
 
@@ -98,7 +99,7 @@ def test_serve_rejects_unknown_transport_and_bad_names() -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("status", [REPLY_OK, REPLY_ERROR, REPLY_FAILED, REPLY_STOPPED])
-def test_port_handle_sends_every_reply_status(status: int) -> None:
+def test_port_handle_sends_every_reply_status(status: ReplyStatus) -> None:
     """Each status the module exports reaches the receiver as sent; ``STOPPED`` decodes
     as a rank that cannot answer, with the reason sent."""
     import monarch.actor  # noqa: F401  (the process's agent)
@@ -108,7 +109,7 @@ def test_port_handle_sends_every_reply_status(status: int) -> None:
     queue = state.agent.reply_queue()
     queue.port(4).send(state.client, status, [b"the actor was stopped"])
     item = queue.get(timeout=20)
-    assert item == (4, status, [b"the actor was stopped"])
+    assert (item.index, item.status, item.parts) == (4, status, [b"the actor was stopped"])
     if status == REPLY_STOPPED:
         from monarch._src.actor.errors import SupervisionError
         from monarch._src.actor.replies import MeshInfo, decode
@@ -126,12 +127,12 @@ def test_port_handle_refuses_an_unknown_status_naming_the_accepted_ones() -> Non
 
     state = process.get()
     port = state.agent.reply_queue().port()
-    accepted = sorted([REPLY_OK, REPLY_ERROR, REPLY_FAILED, REPLY_STOPPED])
+    accepted = sorted(int(s) for s in (REPLY_OK, REPLY_ERROR, REPLY_FAILED, REPLY_STOPPED))
     assert accepted == [0, 1, 2, 3]
     bad = max(accepted) + 1
     with pytest.raises(
         ValueError,
-        match=r"must be 0 \(value\), 1 \(error\), 2 \(failed\) or 3 \(stopped\), got 4$",
+        match=r"a ReplyStatus \(OK, ERROR, FAILED or STOPPED\) or its code 0, 1, 2 or 3, got 4$",
     ):
         port.send(state.client, bad, [b"x"])
 

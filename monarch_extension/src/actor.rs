@@ -28,6 +28,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use crate::call::{block, deadline, PyPortHandle};
+use crate::delivery_kind::PyDeliveryKind;
 use crate::future::{Convert, PyFuture};
 use crate::port::extract_parts;
 use crate::runtime::{detach, runtime};
@@ -39,18 +40,6 @@ pub fn py_message_port() -> u64 {
     static PORT: OnceLock<u64> = OnceLock::new();
     *PORT.get_or_init(|| handler_port_for_name("monarch.python.Message"))
 }
-
-/// What a delivery is.
-pub const CALL: u8 = 0;
-/// A failure of a mesh the actor owns.
-pub const SUPERVISE: u8 = 1;
-/// A stop request.
-pub const STOP: u8 = 2;
-/// The actor has ended: nothing more comes.
-pub const ENDED: u8 = 3;
-/// A message the runtime dealt with already (a malformed one, logged and answered
-/// where it could be, or a returned reply): nothing to do.
-pub const SKIP: u8 = 4;
 
 /// Malformed messages addressed to Python actors: logged at most once a second per
 /// process, with the count of those not logged.
@@ -87,10 +76,10 @@ impl PyDrivenActor {
     }
 
     /// The delivery of `work`. Never an error: whatever a peer sent, the actor's loop
-    /// goes on (a malformed message becomes a [`SKIP`], logged).
+    /// goes on (a malformed message becomes a [`PyDeliveryKind::Skip`], logged).
     fn delivery(&self, work: DrivenWork) -> PyDelivery {
         let mut delivery = PyDelivery {
-            kind: STOP,
+            kind: PyDeliveryKind::Stop,
             actor: self.actor.clone(),
             method: String::new(),
             parts: Vec::new(),
@@ -102,12 +91,12 @@ impl PyDrivenActor {
             DrivenWork::Stop => return delivery,
             DrivenWork::Message(envelope) => envelope,
         };
-        delivery.kind = SKIP;
+        delivery.kind = PyDeliveryKind::Skip;
         let sender = envelope.header.sender.clone();
         match envelope.header.dest.index() {
             SUPERVISION_PORT => match envelope.payload.decode::<SupervisionEvent>() {
                 Ok(event) => {
-                    delivery.kind = SUPERVISE;
+                    delivery.kind = PyDeliveryKind::Supervise;
                     delivery.failure = Some(PyMeshFailure::from_event(event));
                 }
                 Err(e) => self.malformed(&sender, &format!("a supervision event: {e}")),
@@ -141,7 +130,7 @@ impl PyDrivenActor {
                 delivery.route = route;
                 match method {
                     Ok(method) => {
-                        delivery.kind = CALL;
+                        delivery.kind = PyDeliveryKind::Call;
                         delivery.method = method;
                         delivery.parts = parts;
                     }
@@ -149,7 +138,7 @@ impl PyDrivenActor {
                         // Malformed, but it may say where to answer: Python tells the
                         // caller why (an error, as the caller decodes it).
                         self.malformed(&sender, &format!("a call: {why}"));
-                        delivery.kind = CALL;
+                        delivery.kind = PyDeliveryKind::Call;
                         delivery.malformed = Some(why);
                     }
                 }
@@ -194,7 +183,7 @@ impl PyDrivenActor {
 
     fn ended(&self) -> PyDelivery {
         PyDelivery {
-            kind: ENDED,
+            kind: PyDeliveryKind::Ended,
             actor: self.actor.clone(),
             method: String::new(),
             parts: Vec::new(),
@@ -356,7 +345,7 @@ impl PyDrivenActor {
 #[pyclass(module = "monarch._rust_bindings", name = "Delivery", frozen)]
 #[derive(Debug)]
 pub struct PyDelivery {
-    kind: u8,
+    kind: PyDeliveryKind,
     actor: DrivenActor,
     method: String,
     parts: Vec<Bytes>,
@@ -374,10 +363,10 @@ impl PyDelivery {
 
 #[pymethods]
 impl PyDelivery {
-    /// `CALL`, `SUPERVISE`, `STOP` or `ENDED`.
+    /// What the delivery is: a `DeliveryKind` (the class's own member).
     #[getter]
-    fn kind(&self) -> u8 {
-        self.kind
+    fn kind(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.kind.member(py)
     }
 
     /// The endpoint called.
@@ -432,15 +421,15 @@ impl PyDelivery {
         self.failure.clone()
     }
 
-    /// Answers the call (`status`: 0 value, 1 error, 2 failed, 3 stopped) with `parts`.
-    /// Does nothing if nobody waits for a reply.
-    fn reply(&self, status: u8, parts: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Answers the call (`status`: a `ReplyStatus` or its code) with `parts`. Does
+    /// nothing if nobody waits for a reply.
+    fn reply(&self, status: &Bound<'_, PyAny>, parts: &Bound<'_, PyAny>) -> PyResult<()> {
         let Some((to, index)) = self.reply_to() else {
             return Ok(());
         };
         let item = ReplyItem {
             index,
-            status: crate::call::status(status)?,
+            status: crate::reply::status_of(status)?,
             parts: extract_parts(parts)?,
         };
         let port = PyPortHandle {
@@ -462,6 +451,6 @@ impl PyDelivery {
     }
 
     fn __repr__(&self) -> String {
-        format!("Delivery(kind={}, method={:?})", self.kind, self.method)
+        format!("Delivery(kind={:?}, method={:?})", self.kind, self.method)
     }
 }

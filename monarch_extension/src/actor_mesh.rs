@@ -2,14 +2,14 @@
 //! that may still be spawning, bound for Python. Every message is a cast (see
 //! [`hyperactor_mesh::cast`]); what it returns depends on the adverb:
 //!
-//! | mode | replies | returns |
+//! | mode ([`PyCastMode`]) | replies | returns |
 //! |---|---|---|
-//! | `"broadcast"` | none | `None` |
-//! | `"call"` | one per rank, reduced over the tree | `CallReplies` |
-//! | `"one"` | one (a view of one actor) | `CallReplies` |
-//! | `"choose"` | one, from the actor at `index` | `CallReplies` |
-//! | `"stream"` | one per rank, in arrival order | `ReplyQueue` |
-//! | `"port"` | one per rank, to `port` | `None` |
+//! | `BROADCAST` | none | `None` |
+//! | `CALL` | one per rank, reduced over the tree | `CallReplies` |
+//! | `ONE` | one (a view of one actor) | `CallReplies` |
+//! | `CHOOSE` | one, from the actor at `index` | `CallReplies` |
+//! | `STREAM` | one per rank, in arrival order | `ReplyQueue` |
+//! | `PORT` | one per rank, to `port` | `None` |
 //!
 //! Casts to a mesh whose procs are starting wait, in order, with the spawn (see
 //! [`crate::proc_mesh`]); if the spawn failed, every rank answers "cannot answer".
@@ -29,6 +29,7 @@ use pyo3::types::PyBytes;
 
 use crate::actor::py_message_port;
 use crate::call::{block, deadline, PyCallReplies, PyPortHandle, PyReplyQueue};
+use crate::cast_mode::PyCastMode;
 use crate::port::extract_parts;
 use crate::proc_mesh::ProcMeshInner;
 use crate::runtime::runtime;
@@ -260,7 +261,7 @@ impl PyActorMesh {
         sender: &Bound<'_, PyAny>,
         method: &str,
         parts: &Bound<'_, PyAny>,
-        mode: &str,
+        mode: PyRef<'_, PyCastMode>,
         port: Option<PyRef<'_, PyPortHandle>>,
         index: Option<u32>,
         count: Option<u32>,
@@ -285,42 +286,36 @@ impl PyActorMesh {
                 "cannot call endpoint {method}: {too_large}"
             )));
         }
+        let mode = *mode;
         // The indices a call expects: every rank of the view, or the chosen one.
         let n = count.unwrap_or(0);
         let (cast_mode, reply, out): (ReplyMode, Reply, Option<Py<PyAny>>) = match mode {
-            "broadcast" => (ReplyMode::None, Reply::None, None),
-            "call" | "one" | "choose" => {
+            PyCastMode::Broadcast => (ReplyMode::None, Reply::None, None),
+            PyCastMode::Call | PyCastMode::One | PyCastMode::Choose => {
                 let indices: Vec<u32> = match (mode, index) {
-                    ("choose", Some(i)) => vec![i],
-                    ("one", _) => vec![0],
+                    (PyCastMode::Choose, Some(i)) => vec![i],
+                    (PyCastMode::One, _) => vec![0],
                     _ => (0..n).collect(),
                 };
                 let replies = PyCallReplies::new(CallReplies::open(&agent, indices));
                 let shared = replies.shared();
-                let mode = if mode == "call" {
-                    ReplyMode::Reduce
-                } else {
-                    ReplyMode::Direct
+                let reduce = match mode {
+                    PyCastMode::Call => ReplyMode::Reduce,
+                    _ => ReplyMode::Direct,
                 };
                 let obj = Py::new(py, replies)?.into_any();
-                (mode, Reply::Call(shared), Some(obj))
+                (reduce, Reply::Call(shared), Some(obj))
             }
-            "stream" => {
+            PyCastMode::Stream => {
                 let queue = PyReplyQueue::new(ReplyQueue::open(&agent));
                 let shared = queue.shared();
                 let obj = Py::new(py, queue)?.into_any();
                 (ReplyMode::Direct, Reply::Queue(shared), Some(obj))
             }
-            "port" => {
+            PyCastMode::Port => {
                 let port =
-                    port.ok_or_else(|| PyValueError::new_err("mode \"port\" needs a port"))?;
+                    port.ok_or_else(|| PyValueError::new_err("CastMode.PORT needs a port"))?;
                 (ReplyMode::Direct, Reply::Port(port.to.clone()), None)
-            }
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "unknown cast mode {other:?}: expected broadcast, call, one, choose, \
-                     stream or port"
-                )))
             }
         };
         let view_self = Self::new(Arc::clone(&this.inner), this.view.clone());

@@ -49,13 +49,15 @@ impl ForeignSpawner for PythonSpawner {
     }
 }
 
+/// The transport a proc serves over: a name [`crate::proc::parse_transport`] accepts,
+/// other than `"local"` (which other processes cannot reach).
 fn transport(name: &str) -> PyResult<ChannelTransport> {
-    match name {
-        "unix" => Ok(ChannelTransport::Unix),
-        "tcp" => Ok(ChannelTransport::Tcp),
-        other => Err(PyValueError::new_err(format!(
-            "a proc serves over \"unix\" or \"tcp\", not {other:?}"
+    match crate::proc::parse_transport(name)? {
+        ChannelTransport::Local => Err(PyValueError::new_err(format!(
+            "a proc serves over \"unix\" or \"tcp\", not {name:?}: other processes cannot \
+             reach the in-process transport"
         ))),
+        other => Ok(other),
     }
 }
 
@@ -68,15 +70,25 @@ fn root_address(
     use hyperactor::ChannelAddr;
     use std::net::{Ipv4Addr, SocketAddr};
     Ok(match spec {
-        "unix" | "ipc" => (ChannelAddr::any(ChannelTransport::Unix), None),
-        "tcp" => (
-            ChannelAddr::Tcp(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0)),
-            None,
-        ),
         "tcp-localhost" => (ChannelAddr::any(ChannelTransport::Tcp), None),
-        other => {
+        name if !name.contains(':') => {
+            let transport = transport(name).map_err(|e| {
+                PyValueError::new_err(format!(
+                    "{e}; or \"tcp-localhost\", or an address (tcp://HOST:PORT, ipc://PATH, \
+                     ADVERTISE@BIND)"
+                ))
+            })?;
+            match transport {
+                ChannelTransport::Tcp => (
+                    ChannelAddr::Tcp(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0)),
+                    None,
+                ),
+                other => (ChannelAddr::any(other), None),
+            }
+        }
+        address => {
             let address =
-                WorkerAddress::parse(other).map_err(|e| PyValueError::new_err(e.to_string()))?;
+                WorkerAddress::parse(address).map_err(|e| PyValueError::new_err(e.to_string()))?;
             (address.bind, address.advertise)
         }
     })

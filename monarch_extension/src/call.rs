@@ -2,10 +2,9 @@
 //! rank), `ReplyQueue` (streams and channels: replies in arrival order) and `PortHandle`
 //! (where a reply goes; picklable). See [`hyperactor_mesh::agent::CallReplies`].
 //!
-//! A reply item reaches Python as `(index, status, parts)`: the rank's index in the
-//! view, `0` (value), `1` (error raised by the endpoint) or `2` (the rank cannot answer;
-//! the single part is the reason), and the value's parts (a pickle and its out-of-band
-//! buffers).
+//! A reply item reaches Python as a `ReplyItem` (see [`crate::reply`]): the rank's
+//! index in the view, its `ReplyStatus`, and the value's parts (a pickle and its
+//! out-of-band buffers, or the reason a rank cannot answer).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,28 +14,16 @@ use hyperactor::message::Serialized;
 use hyperactor::SendContext;
 use hyperactor_mesh::agent::{CallReplies, ReplyQueue};
 use hyperactor_mesh::cast::codec::ReplyTo;
-use hyperactor_mesh::cast::reply::{encode_reply, ReplyItem, ReplyStatus};
+use hyperactor_mesh::cast::reply::{encode_reply, ReplyItem};
 use pyo3::exceptions::{PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyList};
 
 use crate::future::{signal_slice, Convert, PyFuture};
 use crate::port::extract_parts;
+use crate::reply::{item_to_py, status_of, PyReplyItem};
 use crate::runtime::{detach, runtime};
 use crate::sender::Sender;
-
-/// An item as Python sees it: `(index, status, [parts])`.
-pub(crate) fn item_to_py<'py>(py: Python<'py>, item: &ReplyItem) -> PyResult<Bound<'py, PyTuple>> {
-    let parts = crate::recv_bytes::payload_to_list(py, &item.parts)?;
-    PyTuple::new(
-        py,
-        [
-            item.index.into_pyobject(py)?.into_any(),
-            (item.status as u8).into_pyobject(py)?.into_any(),
-            parts.into_any(),
-        ],
-    )
-}
 
 fn items_to_py(py: Python<'_>, items: &[ReplyItem]) -> PyResult<Py<PyAny>> {
     let list = PyList::empty(py);
@@ -44,18 +31,6 @@ fn items_to_py(py: Python<'_>, items: &[ReplyItem]) -> PyResult<Py<PyAny>> {
         list.append(item_to_py(py, item)?)?;
     }
     Ok(list.into_any().unbind())
-}
-
-pub(crate) fn status(code: u8) -> PyResult<ReplyStatus> {
-    match code {
-        0 => Ok(ReplyStatus::Ok),
-        1 => Ok(ReplyStatus::Error),
-        2 => Ok(ReplyStatus::Failed),
-        3 => Ok(ReplyStatus::Stopped),
-        other => Err(PyValueError::new_err(format!(
-            "reply status must be 0 (value), 1 (error), 2 (failed) or 3 (stopped), got {other}"
-        ))),
-    }
 }
 
 /// A deadline `timeout` seconds from now (`None`: none).
@@ -179,7 +154,7 @@ impl PyReplyQueue {
 impl PyReplyQueue {
     /// Blocks for the next item; `TimeoutError` after `timeout` seconds.
     #[pyo3(signature = (timeout = None))]
-    fn get<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyTuple>> {
+    fn get<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyReplyItem>> {
         let deadline = deadline(timeout)?;
         let queue = &self.queue;
         let got = block(py, deadline, |until| match queue.next_blocking(until) {
@@ -196,7 +171,7 @@ impl PyReplyQueue {
     }
 
     /// The next item if one is queued, else `None`.
-    fn try_get<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    fn try_get<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyReplyItem>>> {
         self.queue
             .try_next()
             .map(|i| item_to_py(py, &i))
@@ -254,17 +229,17 @@ impl PyPortHandle {
         self.index
     }
 
-    /// Sends one item (`status`: 0 value, 1 error, 2 failed, 3 stopped) from `sender`.
+    /// Sends one item (`status`: a `ReplyStatus` or its code) from `sender`.
     fn send(
         &self,
         sender: &Bound<'_, PyAny>,
-        status: u8,
+        status: &Bound<'_, PyAny>,
         parts: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let sender = Sender::extract(sender)?;
         let item = ReplyItem {
             index: self.index,
-            status: self::status(status)?,
+            status: status_of(status)?,
             parts: extract_parts(parts)?,
         };
         let guard = runtime()?.enter();

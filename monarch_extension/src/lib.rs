@@ -7,14 +7,18 @@ pub mod actor;
 pub mod actor_mesh;
 pub mod agent;
 pub mod call;
+pub mod cast_mode;
+pub mod delivery_kind;
 pub mod future;
 pub mod host_mesh;
+mod members;
 pub mod output;
 pub mod port;
 pub mod proc;
 pub mod proc_mesh;
 pub mod rdma;
 mod recv_bytes;
+pub mod reply;
 pub mod runtime;
 pub mod sender;
 pub mod shape;
@@ -105,17 +109,19 @@ pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<output::PyOutputReceiver>()?;
     shape::register(m)?;
     rdma::register(m)?;
-    // The codes that cross the boundary, defined once (here, from the Rust types).
-    use hyperactor_mesh::cast::reply::ReplyStatus;
-    m.add("REPLY_OK", ReplyStatus::Ok as u8)?;
-    m.add("REPLY_ERROR", ReplyStatus::Error as u8)?;
-    m.add("REPLY_FAILED", ReplyStatus::Failed as u8)?;
-    m.add("REPLY_STOPPED", ReplyStatus::Stopped as u8)?;
-    m.add("DELIVERY_CALL", actor::CALL)?;
-    m.add("DELIVERY_SUPERVISE", actor::SUPERVISE)?;
-    m.add("DELIVERY_STOP", actor::STOP)?;
-    m.add("DELIVERY_ENDED", actor::ENDED)?;
-    m.add("DELIVERY_SKIP", actor::SKIP)?;
+    m.add_class::<cast_mode::PyCastMode>()?;
+    m.add_class::<reply::PyReplyStatus>()?;
+    m.add_class::<reply::PyReplyItem>()?;
+    m.add_class::<delivery_kind::PyDeliveryKind>()?;
+    // The names of earlier releases, as aliases of the enums' members.
+    let status = m.getattr("ReplyStatus")?;
+    for name in ["OK", "ERROR", "FAILED", "STOPPED"] {
+        m.add(format!("REPLY_{name}"), status.getattr(name)?)?;
+    }
+    let kind = m.getattr("DeliveryKind")?;
+    for name in ["CALL", "SUPERVISE", "STOP", "ENDED", "SKIP"] {
+        m.add(format!("DELIVERY_{name}"), kind.getattr(name)?)?;
+    }
     m.add("PYTHON_MESSAGE_PORT", actor::py_message_port())?;
     m.add_function(wrap_pyfunction!(max_message_len, m)?)?;
     m.add_function(wrap_pyfunction!(agent::set_cluster_secret, m)?)?;

@@ -15,15 +15,15 @@ use pyo3::prelude::*;
 use crate::port::{PyPortReceiver, PyPortRef};
 use crate::runtime::{block_on, runtime};
 
-fn parse_transport(transport: &str) -> PyResult<ChannelTransport> {
-    match transport {
-        "local" => Ok(ChannelTransport::Local),
-        "unix" => Ok(ChannelTransport::Unix),
-        "tcp" => Ok(ChannelTransport::Tcp),
-        other => Err(PyValueError::new_err(format!(
-            "unknown channel transport {other:?}: expected \"local\", \"unix\" or \"tcp\""
-        ))),
-    }
+/// The transport named `name` (see [`ChannelTransport`]'s `FromStr`, the one parser of
+/// transport names).
+///
+/// # Errors
+///
+/// `ValueError` listing the accepted names.
+pub(crate) fn parse_transport(name: &str) -> PyResult<ChannelTransport> {
+    name.parse()
+        .map_err(|e: hyperactor::channel::ChannelError| PyValueError::new_err(e.to_string()))
 }
 
 fn spawn_error(err: SpawnError) -> PyErr {

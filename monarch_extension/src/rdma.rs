@@ -3,9 +3,9 @@
 //! other processes with the backend the Python layer chose (same-host cross-memory
 //! copies, TCP, ibverbs), run off the GIL on the runtime's blocking pool.
 //!
-//! A region crosses the boundary as a tuple `(pid, id, addr, len, key, slot)`; the
-//! Python layer adds what it needs around it (owner, host, server address) and pickles
-//! the whole as the buffer's handle. Local memory is given as an address and length
+//! A region crosses the boundary as an `RdmaRegion` (see [`region`]); the Python
+//! layer adds what it needs around it (owner, host, server address) and pickles the
+//! whole as the buffer's handle. Local memory is given as an address and length
 //! together with the Python object that owns it, which the transfer keeps alive until
 //! it ends.
 
@@ -34,23 +34,12 @@ create_exception!(
     "The registered buffer was dropped by its owner."
 );
 
-/// A region as it crosses the boundary: `(pid, id, addr, len, key, slot)`.
-type RegionTuple = (u32, u64, u64, usize, u64, u64);
+pub mod region;
 
-fn region_of(t: RegionTuple) -> RemoteRegion {
-    let (pid, id, addr, len, key, slot) = t;
-    RemoteRegion {
-        pid,
-        id,
-        addr,
-        len,
-        key,
-        slot,
-    }
-}
+pub use region::PyRdmaRegion;
 
-fn tuple_of(r: &RemoteRegion) -> RegionTuple {
-    (r.pid, r.id, r.addr, r.len, r.key, r.slot)
+fn region_of(r: PyRef<'_, PyRdmaRegion>) -> RemoteRegion {
+    RemoteRegion::from(&*r)
 }
 
 /// The Python exception for `e`.
@@ -73,24 +62,24 @@ fn py_err(e: RdmaError) -> PyErr {
 /// The caller (the Python layer) guarantees that `keepalive` owns the memory, so that
 /// holding it keeps the memory valid (REG-1).
 #[pyfunction]
-pub fn rdma_register(addr: u64, len: usize, keepalive: Py<PyAny>) -> PyResult<RegionTuple> {
+pub fn rdma_register(addr: u64, len: usize, keepalive: Py<PyAny>) -> PyResult<PyRdmaRegion> {
     // SAFETY: `keepalive` owns the memory and is dropped only when the registration
     // ends (see the function's docs).
     let region = unsafe { Registry::global().register(addr, len, Some(Box::new(keepalive))) }
         .map_err(py_err)?;
-    Ok(tuple_of(&region))
+    Ok(region.into())
 }
 
 /// Registers device (CUDA) memory at device address `addr`: host-memory paths refuse
 /// it; the Python layer moves it with CUDA IPC.
 #[pyfunction]
-pub fn rdma_register_device(addr: u64, len: usize, keepalive: Py<PyAny>) -> PyResult<RegionTuple> {
+pub fn rdma_register_device(addr: u64, len: usize, keepalive: Py<PyAny>) -> PyResult<PyRdmaRegion> {
     // SAFETY: as in `rdma_register`; host paths never dereference device memory
     // (`Registry::lookup` refuses it).
     let region =
         unsafe { Registry::global().register_device(addr, len, Some(Box::new(keepalive))) }
             .map_err(py_err)?;
-    Ok(tuple_of(&region))
+    Ok(region.into())
 }
 
 /// Ends registration `id` of this process; returns whether it was registered.
@@ -111,7 +100,7 @@ pub fn rdma_registered() -> usize {
 ///
 /// Raises `RdmaDropped` if it ended, `RdmaOwnerGone` if its owner is gone.
 #[pyfunction]
-pub fn rdma_check_live(py: Python<'_>, region: RegionTuple) -> PyResult<()> {
+pub fn rdma_check_live(py: Python<'_>, region: PyRef<'_, PyRdmaRegion>) -> PyResult<()> {
     let region = region_of(region);
     py.detach(|| cma::check_live(&region)).map_err(py_err)
 }
@@ -128,7 +117,7 @@ pub fn rdma_serve() -> PyResult<String> {
 /// Registers `region` (live in this process) with the RDMA device for peers; returns
 /// its rkey.
 #[pyfunction]
-pub fn rdma_ibverbs_register(region: RegionTuple) -> PyResult<u32> {
+pub fn rdma_ibverbs_register(region: PyRef<'_, PyRdmaRegion>) -> PyResult<u32> {
     ibverbs::register_for_peer(&region_of(region)).map_err(py_err)
 }
 
@@ -297,7 +286,7 @@ fn transfer(
 #[allow(clippy::too_many_arguments)]
 pub fn rdma_read(
     what: String,
-    region: RegionTuple,
+    region: PyRef<'_, PyRdmaRegion>,
     via: &str,
     server: Option<&str>,
     dst: u64,
@@ -328,7 +317,7 @@ pub fn rdma_read(
 #[allow(clippy::too_many_arguments)]
 pub fn rdma_write(
     what: String,
-    region: RegionTuple,
+    region: PyRef<'_, PyRdmaRegion>,
     via: &str,
     server: Option<&str>,
     src: u64,
@@ -356,7 +345,11 @@ pub fn rdma_write(
 /// A lazy future that asks the owner (at `server`) to end the registration; its value
 /// says whether it was still registered.
 #[pyfunction]
-pub fn rdma_drop_remote(region: RegionTuple, server: &str, timeout: f64) -> PyResult<PyFuture> {
+pub fn rdma_drop_remote(
+    region: PyRef<'_, PyRdmaRegion>,
+    server: &str,
+    timeout: f64,
+) -> PyResult<PyFuture> {
     let region = region_of(region);
     let server = server_addr(Some(server), &region)?;
     let (opts, seconds) = options(Some(timeout), 1, 1 << 20)?;
@@ -389,7 +382,7 @@ pub fn rdma_host_key() -> &'static str {
 /// `"ibverbs"` or `"tcp"`; raises `RuntimeError` naming both sides when none may.
 #[pyfunction]
 pub fn rdma_choose(
-    region: RegionTuple,
+    region: PyRef<'_, PyRdmaRegion>,
     host: String,
     rkey: Option<u32>,
     allow_tcp: bool,
@@ -424,6 +417,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rdma_read, m)?)?;
     m.add_function(wrap_pyfunction!(rdma_write, m)?)?;
     m.add_function(wrap_pyfunction!(rdma_drop_remote, m)?)?;
+    m.add_class::<PyRdmaRegion>()?;
     m.add("RdmaOwnerGone", m.py().get_type::<RdmaOwnerGone>())?;
     m.add("RdmaDropped", m.py().get_type::<RdmaDropped>())?;
     Ok(())

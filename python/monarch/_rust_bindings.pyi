@@ -15,7 +15,17 @@ from collections.abc import (
     ValuesView,
 )
 from types import GenericAlias
-from typing import Any, Final, Generic, Literal, TypedDict, TypeVar, final, type_check_only
+from typing import (
+    Any,
+    ClassVar,
+    Final,
+    Generic,
+    Literal,
+    TypedDict,
+    TypeVar,
+    final,
+    type_check_only,
+)
 
 __all__ = [
     "DELIVERY_CALL",
@@ -30,8 +40,10 @@ __all__ = [
     "REPLY_STOPPED",
     "ActorMeshHandle",
     "CallReplies",
+    "CastMode",
     "Client",
     "Delivery",
+    "DeliveryKind",
     "DrivenActor",
     "Extent",
     "Future",
@@ -47,7 +59,10 @@ __all__ = [
     "ProcMeshHandle",
     "RdmaDropped",
     "RdmaOwnerGone",
+    "RdmaRegion",
+    "ReplyItem",
     "ReplyQueue",
+    "ReplyStatus",
     "Shape",
     "Slice",
     "WouldBlockRuntime",
@@ -135,7 +150,35 @@ def primary_ip() -> str | None:
     """This machine's primary IP address (never a loopback address), if any."""
 
 # --- monarch.rdma ---------------------------------------------------------------------
-# A region crosses the boundary as (pid, id, addr, len, key, slot).
+
+@final
+class RdmaRegion:
+    """A registered region of some process's memory; pickles to its fields."""
+
+    def __new__(cls, pid: int, id: int, addr: int, len: int, key: int, slot: int) -> RdmaRegion: ...
+    @property
+    def pid(self) -> int:
+        """The owner's process id (on the owner's host)."""
+    @property
+    def id(self) -> int:
+        """The registration id, unique within the owner process."""
+    @property
+    def addr(self) -> int:
+        """The start address, in the owner's address space."""
+    @property
+    def len(self) -> int:
+        """The length in bytes."""
+    @property
+    def key(self) -> int:
+        """The registration's secret, which a peer presents to name it over a socket."""
+    @property
+    def slot(self) -> int:
+        """Where the registration's liveness slot lies in the owner's memory (0: unknown)."""
+    def with_len(self, len: int) -> RdmaRegion:
+        """The same region, its first ``len`` bytes only (``ValueError`` if larger)."""
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple[type[RdmaRegion], tuple[int, int, int, int, int, int]]: ...
 
 class RdmaOwnerGone(RuntimeError):
     """The owner of a registered buffer is gone or cannot be reached."""
@@ -143,13 +186,11 @@ class RdmaOwnerGone(RuntimeError):
 class RdmaDropped(RuntimeError):
     """The registered buffer was dropped by its owner."""
 
-def rdma_register(addr: int, len: int, keepalive: object) -> tuple[int, int, int, int, int, int]:
+def rdma_register(addr: int, len: int, keepalive: object) -> RdmaRegion:
     """Register ``[addr, addr + len)`` of this process in place; ``keepalive`` (what
     owns the memory) is held until the registration ends."""
 
-def rdma_register_device(
-    addr: int, len: int, keepalive: object
-) -> tuple[int, int, int, int, int, int]:
+def rdma_register_device(addr: int, len: int, keepalive: object) -> RdmaRegion:
     """Register device (CUDA) memory: host-memory paths refuse it."""
 
 def rdma_deregister(id: int) -> bool:
@@ -165,15 +206,15 @@ def rdma_host_key() -> str:
     """This process's host identity: boot id, pid and network namespaces."""
 
 def rdma_choose(
-    region: tuple[int, int, int, int, int, int],
+    region: RdmaRegion,
     host: str,
     rkey: int | None,
     allow_tcp: bool,
     disable_ibverbs: bool,
-) -> str:
+) -> Literal["cma", "ibverbs", "tcp"]:
     """The backend to a CPU buffer of ``host``; ``RuntimeError`` when none may be used."""
 
-def rdma_check_live(region: tuple[int, int, int, int, int, int]) -> None:
+def rdma_check_live(region: RdmaRegion) -> None:
     """Check one-sided that a region of a process on this host is still registered."""
 
 def rdma_allow_peer_access() -> None:
@@ -182,13 +223,13 @@ def rdma_allow_peer_access() -> None:
 def rdma_ibverbs_probe(disabled: bool = False) -> tuple[bool, list[str], str | None]:
     """``(available, devices, reason)`` of the ibverbs probe."""
 
-def rdma_ibverbs_register(region: tuple[int, int, int, int, int, int]) -> int:
+def rdma_ibverbs_register(region: RdmaRegion) -> int:
     """Register a live region with the RDMA device for peers; its rkey."""
 
 def rdma_read(
     what: str,
-    region: tuple[int, int, int, int, int, int],
-    via: str,
+    region: RdmaRegion,
+    via: Literal["cma", "tcp", "ibverbs"],
     server: str | None,
     dst: int,
     keepalive: object,
@@ -201,8 +242,8 @@ def rdma_read(
 
 def rdma_write(
     what: str,
-    region: tuple[int, int, int, int, int, int],
-    via: str,
+    region: RdmaRegion,
+    via: Literal["cma", "tcp", "ibverbs"],
     server: str | None,
     src: int,
     keepalive: object,
@@ -213,9 +254,7 @@ def rdma_write(
 ) -> Future[None]:
     """A lazy future copying local memory at ``src`` into the remote region."""
 
-def rdma_drop_remote(
-    region: tuple[int, int, int, int, int, int], server: str, timeout: float
-) -> Future[bool]:
+def rdma_drop_remote(region: RdmaRegion, server: str, timeout: float) -> Future[bool]:
     """A lazy future asking the owner to end the registration."""
 
 def lend_bytearray(len: int) -> bytearray:
@@ -227,20 +266,80 @@ def find(haystack: bytes, needle: bytes) -> int:
     """The index of the first occurrence of ``needle`` in ``haystack``, or -1 (as
     ``bytes.find``, with a vectorized search)."""
 
-#: Reply statuses: the handler's value; its error (the actor lives on); the receiver
-#: cannot answer (failed, died, unreachable); it was stopped. ``Delivery.reply`` and
-#: ``PortHandle.send`` accept each of them (and refuse any other with ``ValueError``).
-REPLY_OK: Final[int]
-REPLY_ERROR: Final[int]
-REPLY_FAILED: Final[int]
-REPLY_STOPPED: Final[int]
-#: ``Delivery.kind`` values: a call; a failure of an owned mesh; a stop; the actor
-#: ended; nothing to do (a message the runtime dealt with already).
-DELIVERY_CALL: Final[int]
-DELIVERY_SUPERVISE: Final[int]
-DELIVERY_STOP: Final[int]
-DELIVERY_ENDED: Final[int]
-DELIVERY_SKIP: Final[int]
+@final
+class ReplyStatus:
+    """What a reply is: the handler's value; its error (the actor lives on); the
+    receiver cannot answer (failed, died, unreachable); it was stopped. Compares equal
+    to its code (``ReplyStatus.ERROR == 1``). The statuses of reply items are these
+    members themselves."""
+
+    OK: ClassVar[ReplyStatus]
+    ERROR: ClassVar[ReplyStatus]
+    FAILED: ClassVar[ReplyStatus]
+    STOPPED: ClassVar[ReplyStatus]
+    def __int__(self) -> int: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+#: The names of earlier releases: aliases of ``ReplyStatus``'s members.
+REPLY_OK: Final[ReplyStatus]
+REPLY_ERROR: Final[ReplyStatus]
+REPLY_FAILED: Final[ReplyStatus]
+REPLY_STOPPED: Final[ReplyStatus]
+
+@final
+class DeliveryKind:
+    """What a ``Delivery`` is: a call; a failure of an owned mesh; a stop; the actor
+    ended; nothing to do (a message the runtime dealt with already). ``Delivery.kind``
+    is one of these members itself."""
+
+    CALL: ClassVar[DeliveryKind]
+    SUPERVISE: ClassVar[DeliveryKind]
+    STOP: ClassVar[DeliveryKind]
+    ENDED: ClassVar[DeliveryKind]
+    SKIP: ClassVar[DeliveryKind]
+    def __int__(self) -> int: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+#: The names of earlier releases: aliases of ``DeliveryKind``'s members.
+DELIVERY_CALL: Final[DeliveryKind]
+DELIVERY_SUPERVISE: Final[DeliveryKind]
+DELIVERY_STOP: Final[DeliveryKind]
+DELIVERY_ENDED: Final[DeliveryKind]
+DELIVERY_SKIP: Final[DeliveryKind]
+
+@final
+class CastMode:
+    """What a cast to an actor mesh collects: nothing (``BROADCAST``); a reply per
+    rank, reduced over the tree (``CALL``); one reply (``ONE``, ``CHOOSE``); replies in
+    arrival order (``STREAM``); replies sent to a port (``PORT``)."""
+
+    BROADCAST: ClassVar[CastMode]
+    CALL: ClassVar[CastMode]
+    ONE: ClassVar[CastMode]
+    CHOOSE: ClassVar[CastMode]
+    STREAM: ClassVar[CastMode]
+    PORT: ClassVar[CastMode]
+    def __int__(self) -> int: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class ReplyItem:
+    """One rank's reply."""
+
+    @property
+    def index(self) -> int:
+        """The replying rank's index in the view the call was cast to."""
+    @property
+    def status(self) -> ReplyStatus:
+        """What the reply is."""
+    @property
+    def parts(self) -> list[bytes]:
+        """The value's parts (a pickle, then its out-of-band buffers); for ``FAILED``
+        and ``STOPPED``, the reason (UTF-8)."""
+
 #: The port of a Python actor that takes its calls (a message's parts: the endpoint's
 #: name, the pickled arguments, their out-of-band buffers).
 PYTHON_MESSAGE_PORT: Final[int]
@@ -294,7 +393,7 @@ class Proc:
     """
 
     @staticmethod
-    def serve(transport: Literal["local", "unix", "tcp"], name: str = "proc") -> Proc:
+    def serve(transport: Literal["local", "unix", "ipc", "tcp"], name: str = "proc") -> Proc:
         """Start a proc listening on a fresh address of ``transport``.
 
         ``ValueError`` for an unknown transport or an invalid name; ``RuntimeError`` if the
@@ -360,7 +459,7 @@ class ProcAgent:
 
     @staticmethod
     def serve_root(
-        transport: str = "unix",
+        transport: Literal["unix", "ipc", "tcp", "tcp-localhost"] | str = "unix",
         ready_timeout: float = 30.0,
         stop_timeout: float = 10.0,
         heartbeat_interval: float = 0.25,
@@ -387,7 +486,7 @@ class ProcAgent:
 
     @staticmethod
     def bootstrap(
-        transport: str = "auto",
+        transport: Literal["auto", "unix", "ipc", "tcp"] = "auto",
         stop_timeout: float = 10.0,
         heartbeat_interval: float = 0.25,
         heartbeat_timeout: float = 2.0,
@@ -510,7 +609,7 @@ class Delivery:
     """One item of a driven actor's queue."""
 
     @property
-    def kind(self) -> int: ...
+    def kind(self) -> DeliveryKind: ...
     @property
     def method(self) -> str: ...
     @property
@@ -526,7 +625,9 @@ class Delivery:
     def has_reply(self) -> bool: ...
     @property
     def failure(self) -> MeshFailure | None: ...
-    def reply(self, status: int, parts: Sequence[bytes | bytearray] | bytes) -> None: ...
+    def reply(
+        self, status: ReplyStatus | int, parts: Sequence[bytes | bytearray] | bytes
+    ) -> None: ...
     def port(self) -> PortHandle | None: ...
 
 @final
@@ -606,7 +707,7 @@ class ActorMeshHandle:
         sender: Client | DrivenActor,
         method: str,
         parts: Sequence[bytes | bytearray] | bytes,
-        mode: str,
+        mode: CastMode,
         port: PortHandle | None = None,
         index: int | None = None,
         count: int | None = None,
@@ -621,8 +722,8 @@ class ActorMeshHandle:
 class CallReplies:
     """The replies of one call."""
 
-    def get(self, timeout: float | None = None) -> list[tuple[int, int, list[bytes]]]: ...
-    def wait(self) -> Future[list[tuple[int, int, list[bytes]]]]: ...
+    def get(self, timeout: float | None = None) -> list[ReplyItem]: ...
+    def wait(self) -> Future[list[ReplyItem]]: ...
     def done(self) -> bool: ...
     @property
     def messages(self) -> int: ...
@@ -631,9 +732,9 @@ class CallReplies:
 class ReplyQueue:
     """Replies in arrival order."""
 
-    def get(self, timeout: float | None = None) -> tuple[int, int, list[bytes]]: ...
-    def try_get(self) -> tuple[int, int, list[bytes]] | None: ...
-    def recv(self) -> Future[tuple[int, int, list[bytes]]]: ...
+    def get(self, timeout: float | None = None) -> ReplyItem: ...
+    def try_get(self) -> ReplyItem | None: ...
+    def recv(self) -> Future[ReplyItem]: ...
     def port(self, index: int = 0) -> PortHandle: ...
 
 @final
@@ -643,7 +744,10 @@ class PortHandle:
     @property
     def index(self) -> int: ...
     def send(
-        self, sender: Client | DrivenActor, status: int, parts: Sequence[bytes | bytearray] | bytes
+        self,
+        sender: Client | DrivenActor,
+        status: ReplyStatus | int,
+        parts: Sequence[bytes | bytearray] | bytes,
     ) -> None: ...
     @staticmethod
     def _from_bytes(data: bytes) -> PortHandle: ...

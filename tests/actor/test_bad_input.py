@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from monarch._rust_bindings import PYTHON_MESSAGE_PORT, PortRef
+from monarch._rust_bindings import PYTHON_MESSAGE_PORT, CastMode, PortRef
 from monarch._src.actor import pickling, process
 from monarch.actor import Actor, ActorError, ProcMesh, context, endpoint, this_host
 
@@ -76,7 +76,7 @@ def test_a_malformed_call_gets_an_error_and_the_actor_keeps_serving(
 ) -> None:
     target = procs.spawn(f"bad_call_{random.randrange(1 << 30)}", Target)
     with pytest.raises(ActorError, match=expected):
-        target._send(method, parts, "one").get(timeout=30)  # type: ignore[attr-defined]
+        target._send(method, parts, CastMode.ONE).get(timeout=30)  # type: ignore[attr-defined]
     assert target.ping.call_one().get(timeout=30) == "pong"
     assert target.secret_ran_yet.call_one().get(timeout=30) is False
 

@@ -63,17 +63,31 @@ impl fmt::Display for ChannelTransport {
     }
 }
 
+impl ChannelTransport {
+    /// The names [`ChannelTransport`]'s `FromStr` accepts, as its error lists them.
+    pub const NAMES: &'static str = "\"local\", \"unix\" (or \"ipc\") or \"tcp\"";
+}
+
+/// Parses a transport name: `"local"`, `"unix"` (or its alias `"ipc"`) or `"tcp"`,
+/// the one parser of transport names (the Python bindings use it too).
+///
+/// ```
+/// use hyperactor::ChannelTransport;
+///
+/// assert_eq!("ipc".parse::<ChannelTransport>().unwrap(), ChannelTransport::Unix);
+/// let err = "udp".parse::<ChannelTransport>().unwrap_err().to_string();
+/// assert!(err.contains(ChannelTransport::NAMES), "{err}");
+/// ```
 impl FromStr for ChannelTransport {
     type Err = ChannelError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "local" => Ok(ChannelTransport::Local),
-            "unix" => Ok(ChannelTransport::Unix),
+            "unix" | "ipc" => Ok(ChannelTransport::Unix),
             "tcp" => Ok(ChannelTransport::Tcp),
-            _ => Err(ChannelError::InvalidAddr {
+            _ => Err(ChannelError::UnknownTransport {
                 input: s.to_string(),
-                expected: "a transport: \"local\", \"unix\" or \"tcp\"",
             }),
         }
     }

@@ -36,6 +36,15 @@ pub enum ChannelError {
         /// What a valid input looks like.
         expected: &'static str,
     },
+    /// A string is not a transport name.
+    #[error(
+        "unknown channel transport {input:?}: expected {}",
+        super::ChannelTransport::NAMES
+    )]
+    UnknownTransport {
+        /// The rejected input.
+        input: String,
+    },
     /// Binding a listener failed.
     #[error("failed to bind {addr}: {source}")]
     Bind {

@@ -397,9 +397,9 @@ class HostedActor:
             if d is None:
                 continue
             kind = d.kind
-            if kind == DELIVERY_CALL:
+            if kind is DELIVERY_CALL:
                 self._call_sync(d)
-            elif kind == DELIVERY_SUPERVISE:
+            elif kind is DELIVERY_SUPERVISE:
                 raw = d.failure
                 failure = MeshFailure(raw) if raw is not None else None
                 if failure is None or self.ended:
@@ -416,9 +416,9 @@ class HostedActor:
                 finally:
                     _current.reset(token)
                 self._supervise_result(failure, handled, error, raw)
-            elif kind == DELIVERY_STOP:
+            elif kind is DELIVERY_STOP:
                 self._stop_sync(self.stop_reason)
-            elif kind == DELIVERY_SKIP:
+            elif kind is DELIVERY_SKIP:
                 continue
             else:  # ENDED
                 return
@@ -464,7 +464,7 @@ class HostedActor:
             if d is None:
                 d = await driven.next_async()
             kind = d.kind
-            if kind == DELIVERY_CALL:
+            if kind is DELIVERY_CALL:
                 begun = self._begin(d)
                 if begun is None:
                     continue
@@ -483,7 +483,7 @@ class HostedActor:
                     await self._invoke(d, fn, args, kwargs)
                 finally:
                     _current.reset(token)
-            elif kind == DELIVERY_SUPERVISE:
+            elif kind is DELIVERY_SUPERVISE:
                 raw = d.failure
                 if raw is None or self.ended:
                     continue
@@ -498,9 +498,9 @@ class HostedActor:
                 finally:
                     _current.reset(token)
                 self._supervise_result(failure, handled, error, raw)
-            elif kind == DELIVERY_STOP:
+            elif kind is DELIVERY_STOP:
                 await self._stop_async(self.stop_reason, tasks)
-            elif kind == DELIVERY_SKIP:
+            elif kind is DELIVERY_SKIP:
                 continue
             else:  # ENDED
                 return

@@ -16,12 +16,12 @@ import warnings
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from monarch._rust_bindings import ActorMeshHandle, CallReplies, PortHandle, ReplyQueue
+from monarch._rust_bindings import ActorMeshHandle, CallReplies, CastMode, PortHandle, ReplyQueue
 from monarch._src import config
 from monarch._src.actor import process
 from monarch._src.actor.actor import Actor, _class_info, _ClassInfo
 from monarch._src.actor.context import context, sender
-from monarch._src.actor.endpoint import Endpoint, _NotAnEndpoint
+from monarch._src.actor.endpoint import Endpoint, EndpointKind, _NotAnEndpoint
 
 # Re-exported: the errors of actor calls are imported from here too.
 from monarch._src.actor.errors import ActorError as ActorError
@@ -66,14 +66,14 @@ class _Shared:
         handle: ActorMeshHandle,
         *,
         info: _ClassInfo | None,
-        endpoints: dict[str, tuple[bool, bool]],
+        endpoints: dict[str, EndpointKind],
         client_owned: bool,
     ) -> None:
         self.handle = handle
         self.name = handle.name
         self.class_name = handle.class_name
         self.info = info
-        #: endpoint name -> (is_async, explicit_response_port)
+        #: How each endpoint is called, by name.
         self.endpoints = endpoints
         self.mesh = MeshInfo(self.name, self.class_name, handle.mesh_id, client_owned)
         #: Why the mesh was stopped from this process, once it was.
@@ -104,7 +104,7 @@ class ActorMesh(MeshTrait, Generic[A]):
         return self._shared.info
 
     @property
-    def _endpoints(self) -> dict[str, tuple[bool, bool]]:
+    def _endpoints(self) -> dict[str, EndpointKind]:
         return self._shared.endpoints
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[A]:
@@ -123,9 +123,9 @@ class ActorMesh(MeshTrait, Generic[A]):
         shared = self.__dict__.get("_shared")
         if shared is None:
             raise AttributeError(name)
-        kinds = shared.endpoints.get(name)
-        if kinds is not None:
-            ep: Endpoint[..., Any] = Endpoint(self, name, kinds[1])
+        kind = shared.endpoints.get(name)
+        if kind is not None:
+            ep: Endpoint[..., Any] = Endpoint(self, name, kind.explicit_response_port)
             self.__dict__[name] = ep  # later lookups skip __getattr__
             return ep
         if shared.info is not None and callable(getattr(shared.info.cls, name, None)):
@@ -154,22 +154,22 @@ class ActorMesh(MeshTrait, Generic[A]):
         self,
         method: str,
         payload: list[bytes | bytearray],
-        mode: str,
+        mode: CastMode,
         collect: Callable[[ValueMesh[Any]], Any] | None = None,
         port: PortHandle | None = None,
         index: int | None = None,
     ) -> Any:
-        """Cast ``method(payload)`` to the view: the future of its replies (``call``,
-        ``one``, ``choose``), or ``None`` (``broadcast``, ``port``)."""
+        """Cast ``method(payload)`` to the view: the future of its replies (``CALL``,
+        ``ONE``, ``CHOOSE``), or ``None`` (``BROADCAST``, ``PORT``)."""
         error = self._stopped_error(method)
         if error is not None:
-            if mode in ("broadcast", "port"):
+            if mode is CastMode.BROADCAST or mode is CastMode.PORT:
                 raise error
             return Future(impl=Failed(error))
         endpoint = f"{self._class_name}.{method}"
         _sync_fanout()
         n = self._count
-        if mode == "choose":
+        if mode is CastMode.CHOOSE:
             index = random.randrange(n)
         out = self._handle.cast(sender(), method, payload, mode, port, index, n)
         if out is None:
@@ -177,7 +177,7 @@ class ActorMesh(MeshTrait, Generic[A]):
         assert isinstance(out, CallReplies)
         shape = self._mesh_shape
         finish: Callable[[list[Any]], Any]
-        if mode == "call":
+        if mode is CastMode.CALL:
 
             def finish(values: list[Any]) -> Any:
                 vm = ValueMesh(shape, values)
@@ -203,7 +203,7 @@ class ActorMesh(MeshTrait, Generic[A]):
         if error is not None:
             return iter([Future(impl=Failed(error)) for _ in range(self._count)])
         _sync_fanout()
-        queue = self._handle.cast(sender(), method, payload, "stream")
+        queue = self._handle.cast(sender(), method, payload, CastMode.STREAM)
         assert isinstance(queue, ReplyQueue)
         endpoint = f"{self._class_name}.{method}"
         return iter(
@@ -256,7 +256,7 @@ class ActorMesh(MeshTrait, Generic[A]):
 
 
 def _rebuild_actor_mesh(
-    handle: ActorMeshHandle, endpoints: dict[str, tuple[bool, bool]], shape: Shape
+    handle: ActorMeshHandle, endpoints: dict[str, EndpointKind], shape: Shape
 ) -> ActorMesh[Any]:
     shared = _Shared(handle, info=None, endpoints=endpoints, client_owned=False)
     return ActorMesh(shared, shape, handle.view(shape))
@@ -299,8 +299,10 @@ def _spawn_parts(
         ) from e
 
 
-def _endpoint_kinds(info: _ClassInfo) -> dict[str, tuple[bool, bool]]:
-    return {n: (e._is_async, e._explicit_response_port) for n, e in info.endpoints.items()}
+def _endpoint_kinds(info: _ClassInfo) -> dict[str, EndpointKind]:
+    return {
+        n: EndpointKind(e._is_async, e._explicit_response_port) for n, e in info.endpoints.items()
+    }
 
 
 def spawn_actor_mesh(

@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable
 from typing import Any, Generic, Literal, TypeVar
 
-from monarch._rust_bindings import PortHandle, ReplyQueue
+from monarch._rust_bindings import CastMode, PortHandle, ReplyItem, ReplyQueue
 from monarch._src.actor import process
 from monarch._src.actor.context import sender
 from monarch._src.actor.endpoint import Endpoint
@@ -105,10 +105,10 @@ class PortReceiver(Generic[R]):
                 "message; open a new channel to receive more"
             )
 
-    def _take(self, item: tuple[int, int, list[bytes]]) -> Any:
+    def _take(self, item: ReplyItem) -> Any:
         self._received += 1
         value = decode([item], _CHANNEL, "a message")[0]
-        return (item[0], value) if self._ranked else value
+        return (item.index, value) if self._ranked else value
 
     def recv(self) -> Future[R]:
         """The next message, as a future (``get()`` or ``await`` it)."""
@@ -168,9 +168,9 @@ def send(
             raise ValueError(f"send(selection='choose') to {mesh._describe()}, which is empty")
         index = random.randrange(len(mesh))
     if port is None:
-        mesh._send(endpoint._name, payload, "broadcast", index=index)
+        mesh._send(endpoint._name, payload, CastMode.BROADCAST, index=index)
     else:
-        mesh._send(endpoint._name, payload, "port", port=port._handle, index=index)
+        mesh._send(endpoint._name, payload, CastMode.PORT, port=port._handle, index=index)
 
 
 class Accumulator(Generic[R, A]):

@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -53,6 +54,7 @@ from typing import (
     overload,
 )
 
+from monarch._rust_bindings import CastMode
 from monarch._src.actor.future import Future
 from monarch._src.actor.pickling import dumps, dumps_call
 from monarch._src.actor.value_mesh import ValueMesh
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Endpoint",
+    "EndpointKind",
     "EndpointProperty",
     "as_endpoint",
     "concurrent_endpoint",
@@ -328,6 +331,16 @@ def concurrent_endpoint(
 # --- caller side: the adverbs ---------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class EndpointKind:
+    """How the endpoints of a spawned mesh are called: whether the method is a
+    coroutine function, and whether it answers through an explicit response port. A
+    mesh reference carries one per endpoint name."""
+
+    is_async: bool
+    explicit_response_port: bool
+
+
 class Endpoint(Generic[P, R]):
     """``mesh.method``: the adverbs ``call``, ``call_one``, ``choose``, ``stream`` and
     ``broadcast``. Arguments are checked against the method's signature and pickled once,
@@ -363,7 +376,7 @@ class Endpoint(Generic[P, R]):
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call every actor of the view; a future of a ValueMesh of their replies."""
         fut: Future[ValueMesh[R]] = self._mesh._send(
-            self._name, self._payload(args, kwargs), "call"
+            self._name, self._payload(args, kwargs), CastMode.CALL
         )
         return fut
 
@@ -375,14 +388,16 @@ class Endpoint(Generic[P, R]):
                 f"call_one() needs a mesh of exactly 1 actor, but {self._mesh._describe()} "
                 f"has {n}; use call(), or slice the mesh down to one actor first"
             )
-        one: Future[R] = self._mesh._send(self._name, self._payload(args, kwargs), "one")
+        one: Future[R] = self._mesh._send(self._name, self._payload(args, kwargs), CastMode.ONE)
         return one
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one actor of the view, picked by the runtime."""
         if len(self._mesh) == 0:
             raise ValueError(f"choose() on {self._mesh._describe()}, which has no actors")
-        chosen: Future[R] = self._mesh._send(self._name, self._payload(args, kwargs), "choose")
+        chosen: Future[R] = self._mesh._send(
+            self._name, self._payload(args, kwargs), CastMode.CHOOSE
+        )
         return chosen
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[Future[R]]:
@@ -391,7 +406,7 @@ class Endpoint(Generic[P, R]):
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every actor without waiting for replies (exceptions fail the actor)."""
-        self._mesh._send(self._name, self._payload(args, kwargs), "broadcast")
+        self._mesh._send(self._name, self._payload(args, kwargs), CastMode.BROADCAST)
 
     # Hidden from type checkers, so that calling an endpoint of a mesh directly is a type
     # error, as it is an error at run time.
@@ -473,5 +488,5 @@ def as_endpoint(
     if name not in endpoints:
         info = mesh._info
         method = getattr(info.cls, name) if info is not None else None
-        endpoints[name] = (inspect.iscoroutinefunction(method), explicit_response_port)
+        endpoints[name] = EndpointKind(inspect.iscoroutinefunction(method), explicit_response_port)
     return Endpoint(mesh, name, explicit_response_port)

@@ -1,7 +1,8 @@
 """Turning replies into results: the Future implementations behind the adverbs.
 
 The runtime collects a call's replies (one per rank, reduced over the cast tree) and
-hands them over as items ``(index, status, parts)``; this module unpickles them:
+hands them over as ``ReplyItem`` records (``index``, ``status``, ``parts``); this module
+unpickles them:
 
 - status ``OK``: the value (its pickle, then its out-of-band buffers);
 - ``ERROR``: an ``ActorError`` the endpoint raised (the actor lives on);
@@ -19,14 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from monarch._rust_bindings import (
-    REPLY_ERROR,
-    REPLY_FAILED,
-    REPLY_OK,
-    REPLY_STOPPED,
-    CallReplies,
-    ReplyQueue,
-)
+from monarch._rust_bindings import CallReplies, ReplyItem, ReplyQueue, ReplyStatus
 from monarch._rust_bindings import Future as RustFuture
 from monarch._src.actor.errors import ActorError, SupervisionError
 from monarch._src.actor.pickling import loads_parts
@@ -36,10 +30,13 @@ __all__ = ["ERROR", "FAILED", "OK", "STOPPED", "CallFuture", "Failed", "RustWork
 
 R = TypeVar("R")
 
-#: Reply statuses (the runtime's).
-OK, ERROR, FAILED, STOPPED = REPLY_OK, REPLY_ERROR, REPLY_FAILED, REPLY_STOPPED
-
-Item = tuple[int, int, list[bytes]]
+#: Reply statuses (the runtime's). An item's status is one of these objects itself.
+OK, ERROR, FAILED, STOPPED = (
+    ReplyStatus.OK,
+    ReplyStatus.ERROR,
+    ReplyStatus.FAILED,
+    ReplyStatus.STOPPED,
+)
 
 
 class MeshInfo:
@@ -76,8 +73,8 @@ class MeshInfo:
             return index
 
 
-def _unanswered(item: Item, mesh: MeshInfo, endpoint: str) -> SupervisionError:
-    index, _status, parts = item
+def _unanswered(item: ReplyItem, mesh: MeshInfo, endpoint: str) -> SupervisionError:
+    index, parts = item.index, item.parts
     reason = parts[0].decode(errors="replace") if parts else "no reason given"
     return SupervisionError(
         f"actor mesh {mesh.name!r} ({mesh.class_name}) rank {mesh.rank(index)} cannot "
@@ -86,17 +83,18 @@ def _unanswered(item: Item, mesh: MeshInfo, endpoint: str) -> SupervisionError:
     )
 
 
-def _value(item: Item) -> Any:
-    parts = item[2]
-    return loads_parts(parts)
+def _value(item: ReplyItem) -> Any:
+    return loads_parts(item.parts)
 
 
-def decode(items: list[Item], mesh: MeshInfo, endpoint: str, raw: bool = False) -> list[Any]:
+def decode(items: list[ReplyItem], mesh: MeshInfo, endpoint: str, raw: bool = False) -> list[Any]:
     """The values of ``items`` in index order (their parts, when ``raw``), or raise the
     call's error."""
     error: ActorError | None = None
     for item in items:
-        status = item[1]
+        status = item.status
+        if status is OK:  # the common case first; the others compare by value
+            continue
         if status == FAILED or status == STOPPED:
             if status == FAILED and mesh.client_owned and mesh.mesh_id is not None:
                 await_verdict(mesh.mesh_id)
@@ -106,7 +104,7 @@ def decode(items: list[Item], mesh: MeshInfo, endpoint: str, raw: bool = False) 
     if error is not None:
         raise error
     if raw:
-        return [item[2] for item in items]
+        return [item.parts for item in items]
     return [_value(item) for item in items]
 
 
@@ -145,7 +143,7 @@ class CallFuture(Generic[R]):
 
     async def wait_async(self) -> R:
         items = await self._replies.wait()
-        if any(status == FAILED for _, status, _ in items) and self._mesh.client_owned:
+        if any(item.status == FAILED for item in items) and self._mesh.client_owned:
             import asyncio
 
             # The verdict wait blocks: keep it off the loop.

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from monarch._rust_bindings import (
     RdmaDropped,
     RdmaOwnerGone,
+    RdmaRegion,
     rdma_allow_peer_access,
     rdma_choose,
     rdma_deregister,
@@ -62,7 +63,9 @@ __all__ = [
     "is_rdma_available",
 ]
 
-Region = tuple[int, int, int, int, int, int]
+#: A registered region, as the bindings give it (``pid``, ``id``, ``addr``, ``len``,
+#: ``key``, ``slot``).
+Region = RdmaRegion
 
 
 class RDMATcpFallbackWarning(UserWarning):
@@ -232,7 +235,7 @@ class RDMABuffer:
 
     def size(self) -> int:
         """The buffer's size in bytes."""
-        return self._region[3]
+        return self._region.len
 
     @property
     def owner(self) -> str:
@@ -256,7 +259,7 @@ class RDMABuffer:
     def __repr__(self) -> str:
         return (
             f"RDMABuffer({self.size()} bytes, {self._device}, owner {self._owner}, "
-            f"id {self._region[1]})"
+            f"id {self._region.id})"
         )
 
     def _describe(self) -> str:
@@ -265,7 +268,7 @@ class RDMABuffer:
     def _is_local(self) -> bool:
         return self._host == _host_key()
 
-    def _route(self, local: Memory | None) -> str:
+    def _route(self, local: Memory | None) -> Literal["cma", "cuda_ipc", "ibverbs", "tcp"]:
         if self._is_local():
             if self._device != "cpu" or (local is not None and local.is_cuda):
                 return "cuda_ipc"
@@ -326,7 +329,7 @@ class RDMABuffer:
         _check_timeout(timeout)
         region = self._region
         if op == "write" and mem.nbytes < self.size():
-            region = (region[0], region[1], region[2], mem.nbytes, region[4], region[5])
+            region = region.with_len(mem.nbytes)
         if mem.nbytes == 0:
             return Future(impl=Done(None))
         via = self._route(mem)
@@ -365,8 +368,8 @@ class RDMABuffer:
     def drop(self) -> Future[None]:
         """Release the registration: later transfers fail. Works from the owner and from
         any holder of the handle; dropping twice is fine."""
-        if self._is_local() and self._region[0] == os.getpid():
-            rdma_deregister(self._region[1])
+        if self._is_local() and self._region.pid == os.getpid():
+            rdma_deregister(self._region.id)
             return Future(impl=Done(None))
         if self._server is None:
             return Future(impl=Done(None))
@@ -387,7 +390,7 @@ def _rebuild(
     buf._owner = owner
     buf._host = host
     buf._server = server
-    buf._region = tuple(region)  # type: ignore[assignment]
+    buf._region = region
     buf._device = device
     buf._writable = writable
     buf._cuda = cuda_handle

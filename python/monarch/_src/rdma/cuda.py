@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from monarch._rust_bindings import rdma_check_live, rdma_read, rdma_write
 
@@ -78,7 +78,7 @@ def _remote_view(buf: RDMABuffer, region: Region) -> Any:
     (device, handle, size, offset, rc_handle, rc_offset, ev_handle, ev_sync, start) = buf._cuda
     # One CUDA allocation (one IPC handle) holds many tensors: the key includes where
     # in it this storage lies.
-    key = (region[0], bytes(handle), int(offset), int(size))
+    key = (region.pid, bytes(handle), int(offset), int(size))
     with _lock:
         storage = _opened.pop(key, None)
         if storage is None:
@@ -91,7 +91,7 @@ def _remote_view(buf: RDMABuffer, region: Region) -> Any:
             del _opened[next(iter(_opened))]
     whole = torch.empty(0, dtype=torch.uint8, device=f"cuda:{device}")
     whole.set_(storage, 0, (storage.nbytes(),), (1,))
-    return whole[start : start + region[3]]
+    return whole[start : start + region.len]
 
 
 def _as_bytes(mem: Memory, n: int) -> Any:
@@ -105,7 +105,12 @@ def _as_bytes(mem: Memory, n: int) -> Any:
 
 
 def transfer(
-    buf: RDMABuffer, op: str, region: Region, mem: Memory, timeout: float, via: str
+    buf: RDMABuffer,
+    op: str,
+    region: Region,
+    mem: Memory,
+    timeout: float,
+    via: Literal["cma", "cuda_ipc", "ibverbs", "tcp"],
 ) -> None:
     """Copy between ``buf`` and local ``mem``, where one side is CUDA: with CUDA IPC
     when the owner is on this host (``via`` is ``"cuda_ipc"``), else through pinned
@@ -116,7 +121,7 @@ def transfer(
         _warn_once,
     )
 
-    n = region[3]
+    n = region.len
     torch = _require_cuda(buf)
     local = _as_bytes(mem, n)
     host_via = "cma" if via == "cuda_ipc" else via
