@@ -32,7 +32,7 @@ PY_LINT_PATHS := $(wildcard python tests examples benches)
 .DEFAULT_GOAL := help
 
 .PHONY: help install build-dev build-prod format lint lint-rust lint-python stubtest \
-	typecheck test test-rust test-python slurm-deps demo bench bench-peers bench-multihost bench-rdma bench-tensors docs all \
+	typecheck test test-deps test-rust test-python slurm-deps demo bench bench-peers bench-multihost bench-rdma bench-tensors docs all \
 	clean distclean
 
 help: ## Show this list of targets
@@ -81,7 +81,12 @@ typecheck: $(REQ_STAMP) ## mypy: the monarch package, examples/ and the code of 
 stubtest: install ## Check the .pyi stubs against the built extension
 	$(VENV_PYTHON) -m mypy.stubtest monarch._rust_bindings
 
-test: install test-rust test-python ## Install everything and run the whole test suite
+test: install test-deps test-rust test-python ## Install everything and run the whole test suite
+
+# What tests need beyond the venv: Slurm and munge for tests/slurm, installed when this runs
+# as root; elsewhere the script says what is missing and those tests skip with the reason.
+test-deps:
+	-tests/slurm/install_slurm.sh
 
 # Hard ceilings on each half of the suite, far above its normal run time, so that a bug
 # which slips past every per-test timeout still ends the run with an error, not a hang.

@@ -5,15 +5,7 @@ against the built module.
 """
 
 import asyncio
-from collections.abc import (
-    Generator,
-    ItemsView,
-    Iterator,
-    KeysView,
-    Mapping,
-    Sequence,
-    ValuesView,
-)
+from collections.abc import Generator, ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
 from types import GenericAlias
 from typing import (
     Any,
