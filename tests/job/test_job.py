@@ -58,7 +58,7 @@ def test_exports_are_the_contract() -> None:
     assert set(monarch.job.__all__) == {
         "JobTrait", "LocalJob", "ProcessJob", "JobState", "job_load", "job_loads",
         "load_current_job", "set_current_job", "DEFAULT_JOB_PATH",
-        "PortForwarder", "exec_command", "shell",
+        "PortForwarder", "exec_command", "shell", "SlurmJob",
     }  # fmt: skip
     assert all(hasattr(monarch.job, name) for name in monarch.job.__all__)
     assert DEFAULT_JOB_PATH == ".monarch/job_state.pkl"
@@ -408,10 +408,10 @@ def test_process_job_starts_workers_and_attaches(monkeypatch: pytest.MonkeyPatch
         assert calls == [
             {
                 "name": "trainers",
-                "ca": "trust_all_connections",
+                "ca": None,
                 "workers": [w.address for w in workers[:2]],
             },
-            {"name": "loaders", "ca": "trust_all_connections", "workers": [workers[2].address]},
+            {"name": "loaders", "ca": None, "workers": [workers[2].address]},
         ]
     finally:
         job.kill()

@@ -18,7 +18,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Generator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from monarch._rust_bindings import Extent as _Extent
 from monarch._rust_bindings import HostMeshHandle, ProcMeshHandle
@@ -28,15 +28,13 @@ from monarch._src.actor import cuda_devices, logs, process
 from monarch._src.actor import proc_bind as proc_binding
 from monarch._src.actor.actor import Actor
 from monarch._src.actor.actor_mesh import spawn_actor_mesh
+from monarch._src.actor.bootstrap_command import BootstrapCommand
 from monarch._src.actor.context import sender
 from monarch._src.actor.future import Done, Future
 from monarch._src.actor.pickling import dumps
 from monarch._src.actor.point import Point
 from monarch._src.actor.replies import RustWork
 from monarch._src.actor.shape import MeshTrait, Shape
-
-if TYPE_CHECKING:
-    from monarch._src.actor.workers import BootstrapCommand
 
 # How a host starts a proc by default, and how it starts that entry point's fork
 # server (a template interpreter every proc is forked from).
@@ -340,8 +338,6 @@ _Command = tuple[str, list[str], list[tuple[str, str]]]
 def _command_fields(command: Any, point: Point | None) -> tuple[str, list[str], dict[str, str]]:
     """``(program, args, env)`` of ``command``, a ``BootstrapCommand`` given to
     ``spawn_procs`` (for ``point``, when a per-point function returned it)."""
-    from monarch._src.actor.workers import BootstrapCommand
-
     where = "" if point is None else f" for point {dict(point)} (rank {point.rank})"
     if not isinstance(command, BootstrapCommand):
         given = "the function returned" if point is not None else "got"

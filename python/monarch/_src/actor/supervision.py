@@ -241,18 +241,32 @@ def _end_process(code: int) -> None:
         os._exit(code)
 
 
+#: Held while a failure is taken from the client's queue and judged: the exit sequence
+#: takes it to drain the queue, so that no failure is in the hands of the supervision
+#: thread, taken but not yet judged, when the exit reads the status. Reentrant: a
+#: failure judged on that thread may run the exit sequence there.
+_consuming = threading.RLock()
+
+#: How long the supervision thread waits for a failure before it lets the exit sequence
+#: take :data:`_consuming` (the most an exit waits for it).
+_POLL = 0.05
+
+
 def start_root_supervision(state: process.ProcessState) -> None:
     """The root client's thread that judges the failures reaching it."""
 
     def run() -> None:
         while not process.is_shut_down():
-            try:
-                failure = state.client.next_supervision(None)
-            except BaseException:  # the runtime is going away
-                return
-            if failure is None:
-                return
-            _judge(MeshFailure(failure))
+            with _consuming:
+                asked = time.monotonic()
+                try:
+                    failure = state.client.next_supervision(_POLL)
+                except BaseException:  # the runtime is going away
+                    return
+                if failure is not None:
+                    _judge(MeshFailure(failure))
+                elif time.monotonic() - asked < _POLL / 2:
+                    return  # nothing, before the wait was over: the queue is closed
 
     threading.Thread(target=run, name="monarch-supervision", daemon=True).start()
 
@@ -260,12 +274,13 @@ def start_root_supervision(state: process.ProcessState) -> None:
 def drain_at_exit(state: process.ProcessState) -> None:
     """At interpreter exit: judge the failures that arrived but were not judged yet,
     on this thread (the program is ending anyway; a raising hook sets the exit status
-    to 1)."""
-    while True:
-        try:
-            failure = state.client.next_supervision(0.0)
-        except BaseException:
-            return
-        if failure is None:
-            return
-        _judge(MeshFailure(failure))
+    to 1). Waits until the supervision thread holds no failure it took."""
+    with _consuming:
+        while True:
+            try:
+                failure = state.client.next_supervision(0.0)
+            except BaseException:
+                return
+            if failure is None:
+                return
+            _judge(MeshFailure(failure))

@@ -22,7 +22,6 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import NoReturn
 
 from monarch._rust_bindings import (
@@ -34,6 +33,7 @@ from monarch._rust_bindings import (
 )
 from monarch._src import config
 from monarch._src.actor import process
+from monarch._src.actor.bootstrap_command import BootstrapCommand, default_bootstrap_cmd
 from monarch._src.actor.future import Future
 from monarch._src.actor.proc_mesh import HostMesh
 
@@ -291,32 +291,6 @@ def attach_to_workers(
     mesh = HostMesh(handle, extent.region, owned=True, attached=True)
     mesh._name = name
     return mesh
-
-
-@dataclass
-class BootstrapCommand:
-    """How a host starts each proc: ``program`` run with ``args`` (``arg0`` as its
-    name) and ``env`` added to the host's environment."""
-
-    program: str
-    arg0: str | None = None
-    args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-
-    def with_env(self, env: dict[str, str]) -> BootstrapCommand:
-        """The same command with ``env`` added (later values win)."""
-        return BootstrapCommand(self.program, self.arg0, list(self.args), {**self.env, **env})
-
-
-def default_bootstrap_cmd() -> BootstrapCommand:
-    """The command hosts run for each proc: this interpreter running monarch's proc
-    entry point."""
-    return BootstrapCommand(
-        program=sys.executable,
-        arg0=sys.executable,
-        args=["-m", "monarch._src.actor.bootstrap"],
-        env={},
-    )
 
 
 def worker_command(address: str, python: str | None = None) -> list[str]:

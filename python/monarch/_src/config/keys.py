@@ -135,7 +135,8 @@ _ALL = [
             effect="When true, each host starts one template interpreter that has already "
             "imported monarch and forks every proc of the default bootstrap command from "
             "it (a spawn of many procs then takes a fraction of the time); false starts a "
-            "fresh interpreter per proc. A custom bootstrap_command always starts fresh.",
+            "fresh interpreter per proc. A bootstrap_command other than the default entry "
+            "point (or one that differs per proc) starts fresh interpreters.",
         ),
         Key(
             "spawn_fork_server_preload",

@@ -539,12 +539,17 @@ class SlurmJob(JobTrait):
             if status.state == "RUNNING":
                 return self._hostnames(status.nodelist)
             if not status.active:
-                why = (
-                    f" (its workers exited: check python_exe={self._python_exe!r}, which "
-                    "must run monarch on the nodes)"
-                    if status.state in ("FAILED", "COMPLETED")
-                    else ""
+                check = (
+                    f"check python_exe={self._python_exe!r}, which must run monarch on "
+                    "the nodes"
                 )
+                if status.state in ("FAILED", "COMPLETED"):
+                    why = f" (its workers exited: {check})"
+                elif status.state == "COMPLETING":
+                    # Cancelled, or every task exited: the log tail below tells which.
+                    why = f" (if it was not cancelled, its workers exited: {check})"
+                else:
+                    why = ""
                 raise SlurmError(
                     f"Slurm job {job_id} is {status.describe()}{why}, so it no longer runs "
                     "the workers of this SlurmJob; expected RUNNING; call job.kill() and "
