@@ -540,8 +540,7 @@ class SlurmJob(JobTrait):
                 return self._hostnames(status.nodelist)
             if not status.active:
                 check = (
-                    f"check python_exe={self._python_exe!r}, which must run monarch on "
-                    "the nodes"
+                    f"check python_exe={self._python_exe!r}, which must run monarch on the nodes"
                 )
                 if status.state in ("FAILED", "COMPLETED"):
                     why = f" (its workers exited: {check})"
