@@ -98,7 +98,7 @@ _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z +[A-Z]+ .*\n?", re.MULTILINE)
 
 def without_logs(text: str) -> str:
     """``text`` without the runtime's log lines (such as its warning that a
-    ``ProcessJob`` trusts all connections)."""
+    ``ProcessJob`` on Unix sockets)."""
     return _LOG_LINE.sub("", text)
 
 
