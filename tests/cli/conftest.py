@@ -97,8 +97,7 @@ _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z +[A-Z]+ .*\n?", re.MULTILINE)
 
 
 def without_logs(text: str) -> str:
-    """``text`` without the runtime's log lines (such as its warning that a
-    ``ProcessJob`` on Unix sockets)."""
+    """``text`` without the runtime's log lines (its warnings, such as a lost host's)."""
     return _LOG_LINE.sub("", text)
 
 
