@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pexpect
 import pytest
-
-from conftest import TIMEOUT, Project, assert_gone, cli_env, without_logs
+from cli_helpers import TIMEOUT, Project, assert_gone, cli_env, without_logs
 
 pytestmark = pytest.mark.timeout(300)
 

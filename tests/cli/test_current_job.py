@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_helpers import JOBS
 
-from conftest import JOBS
 from monarch._src.job import context
 from monarch.job import ProcessJob, load_current_job, set_current_job
 

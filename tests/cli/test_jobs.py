@@ -10,8 +10,7 @@ import sys
 import textwrap
 
 import pytest
-
-from conftest import TIMEOUT, Project, assert_gone, cli_env
+from cli_helpers import TIMEOUT, Project, assert_gone, cli_env
 
 pytestmark = pytest.mark.timeout(300)
 

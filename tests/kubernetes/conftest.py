@@ -11,29 +11,17 @@ and after the test checks that no process is left in the namespaces.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("kubernetes", reason="the Kubernetes tests need `pip install kubernetes`")
 
-HERE = Path(__file__).resolve().parent
-if str(HERE.parent) not in sys.path:  # for multihost.netns
-    sys.path.insert(0, str(HERE.parent))
+from k8s_env import REQUIRE_ENV, EventWaiter, FakeApiServer, FakeK8s, FakeKubelet
 
-from fake_apiserver import EventWaiter, FakeApiServer, FakeKubelet  # noqa: E402
-
-from multihost.netns import Cluster, available, cleanup_stale  # noqa: E402
-
-REQUIRE_ENV = "MONARCH_REQUIRE_NETNS"
-NAMESPACE = "monarch-test"
-#: Seconds a client script may run.
-CLIENT_TIMEOUT = 90.0
+from multihost.netns import Cluster, available, cleanup_stale
 
 
 @pytest.fixture(scope="session")
@@ -51,54 +39,6 @@ def k8s_hosts() -> Iterator[Cluster]:
         leftovers = cluster.destroy()
         if leftovers:
             pytest.fail(f"processes were left in the Kubernetes tests' hosts: {leftovers}")
-
-
-@dataclass
-class FakeK8s:
-    api: FakeApiServer
-    kubelet: FakeKubelet
-    cluster: Cluster
-    kubeconfig: Path
-    tmp: Path
-    events: EventWaiter
-
-    def run(self, script: Path, *args: str, timeout: float = CLIENT_TIMEOUT) -> tuple[int, str]:
-        """Run ``script ARGS`` in the client namespace (as a client pod would run);
-        its exit status and output."""
-        env = dict(os.environ)
-        for key in ("MONARCH_CLUSTER_SECRET", "MONARCH_CLUSTER_AUTH", "MONARCH_TLS_CA"):
-            env.pop(key, None)
-        env.pop("MONARCH_SPAWN_FORK_SERVER_PRELOAD", None)  # run as users run it
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(HERE.parents[1] / "python"), str(HERE), env.get("PYTHONPATH", "")]
-        )
-        done = self.cluster.client.run(
-            [sys.executable, str(script), *args],
-            timeout=timeout,
-            env=env,
-            cwd=self.tmp,
-            capture_output=True,
-            text=True,
-        )
-        return done.returncode, done.stdout + done.stderr
-
-    def client(self, *args: str, timeout: float = CLIENT_TIMEOUT) -> tuple[int, dict, str]:
-        """Run ``k8s_client.py ARGS``; its exit status, the JSON of its ``RESULT`` line
-        (or ``{}``) and its output."""
-        code, output = self.run(
-            HERE / "k8s_client.py",
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--namespace",
-            NAMESPACE,
-            *args,
-            timeout=timeout,
-        )
-        result: dict = {}
-        for line in output.splitlines():
-            if line.startswith("RESULT "):
-                result = json.loads(line.removeprefix("RESULT "))
-        return code, result, output
 
 
 @pytest.fixture

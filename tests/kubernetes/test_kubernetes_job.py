@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from conftest import NAMESPACE, FakeK8s
+from k8s_env import NAMESPACE, FakeK8s
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "python/monarch/_src/job/manifests"
 
