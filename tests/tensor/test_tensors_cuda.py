@@ -63,3 +63,28 @@ def test_cuda_and_cpu_tensors_do_not_mix_in_a_collective(gpus: ProcMesh) -> None
         on_cpu = torch.ones(2)
     with pytest.raises(TypeError, match="CROSS_DEVICE_REQUIRES_CUDA"):
         on_cpu.reduce("gpus", "sum", out=on_gpu)
+
+
+def _all_reduce(x: torch.Tensor, group: object) -> torch.Tensor:
+    import torch.distributed as dist
+
+    y = x.clone()
+    dist.all_reduce(y, group=group)  # type: ignore[arg-type]
+    return y
+
+
+def test_process_groups_in_remote_functions_take_cpu_and_cuda_tensors(gpus: ProcMesh) -> None:
+    """A ``RemoteProcessGroup`` is one group with gloo for CPU tensors and NCCL for CUDA
+    ones, as torch.distributed's default group is."""
+    from monarch import remote
+
+    n = gpus.size("gpus")
+    fn = remote(_all_reduce, propagate=lambda x, group: x)
+    with gpus.activate():
+        r = gpus.rank_tensor("gpus").float() + 1
+        pg = gpus.process_group("gpus")
+        on_cpu = fn(torch.ones(2) * r, pg)
+        on_gpu = fn(torch.ones(2, device="cuda") * r.cuda(), pg)
+    expected = n * (n + 1) / 2
+    assert inspect(on_cpu).tolist() == [expected] * 2
+    assert inspect(on_gpu).tolist() == [expected] * 2

@@ -436,10 +436,26 @@ class TensorWorker(Actor):
         return pg
 
     def _group_for(self, ref: GroupRef) -> Any:
+        """The group a remote function gets for a ``RemoteProcessGroup``: gloo for CPU
+        tensors and, where CUDA is present, NCCL for CUDA tensors, in one group (as
+        ``torch.distributed``'s default ``"cpu:gloo,cuda:nccl"``), so user code can reduce
+        either kind of tensor with it."""
         members = self._members(ref.vid, ref.dims)
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        pg = self._group(members, device)
-        _register_group(pg, members, device)
+        if not torch.cuda.is_available():
+            pg = self._group(members, "cpu")
+            _register_group(pg, members, "cpu")
+            return pg
+        key = (tuple(members), "cpu+cuda")
+        pg = self.groups.get(key)
+        if pg is None:
+            pg = _two_backend_group(
+                self._group(members, "cpu"),
+                self._group(members, "cuda"),
+                members.index(self.rank),
+                len(members),
+            )
+            self.groups[key] = pg
+        _register_group(pg, members, "cpu+cuda")
         return pg
 
     def _reduce(self, cmd: tuple[Any, ...]) -> None:
@@ -689,6 +705,18 @@ def _placeholders(value: Any) -> Any:
     return tree_map(make, value)
 
 
+def _two_backend_group(cpu: Any, cuda: Any, rank: int, size: int) -> Any:
+    """One ``ProcessGroup`` that sends CPU tensors through ``cpu`` (gloo) and CUDA
+    tensors through ``cuda`` (NCCL), built as ``torch.distributed`` builds its own
+    multi-backend groups."""
+    kinds = dist.ProcessGroup.BackendType
+    pg = dist.ProcessGroup(dist.HashStore(), rank, size)
+    pg._set_default_backend(kinds.NCCL)
+    pg._register_backend(torch.device("cpu"), kinds.GLOO, cpu)
+    pg._register_backend(torch.device("cuda"), kinds.NCCL, cuda)
+    return pg
+
+
 def _register_group(pg: Any, members: list[int], device: str) -> None:
     """Make ``pg`` usable with ``torch.distributed``'s functions (``dist.all_reduce(t,
     group=pg)``): register it as the c10d world registers the groups it creates."""
@@ -697,7 +725,7 @@ def _register_group(pg: Any, members: list[int], device: str) -> None:
     world: Any = c10d._world
     if pg in world.pg_map:
         return
-    backend = "nccl" if device == "cuda" else "gloo"
+    backend = {"cuda": "nccl", "cpu": "gloo"}.get(device, "cpu:gloo,cuda:nccl")
     world.pg_map[pg] = (backend, None)
     world.pg_names[pg] = f"monarch:{'.'.join(map(str, members))}:{device}"
     world.pg_group_ranks[pg] = {g: i for i, g in enumerate(members)}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs the tests that need a CUDA device on a machine that has one, with that machine's
+# own python3 and torch, against an extension built elsewhere (an abi3 build: any CPython
+# >= 3.10). Usage: tests/gpu/run_on_gpu.sh PATH/TO/_rust_bindings.abi3.so [OUTDIR]
+# Writes junit XML and the log to OUTDIR (default: a temp dir). No Rust toolchain needed.
+set -uo pipefail
+so=${1:?give the path of a built _rust_bindings.abi3.so}
+out=${2:-$(mktemp -d)}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cp "$so" "$root/python/monarch/_rust_bindings.abi3.so"
+export PYTHONPATH="$root/python" PYTHONUNBUFFERED=1
+cd "$root"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())'
+rc=0
+# The CUDA tests first (they must not be skipped here), then the CPU tensor and rdma
+# suites on this machine as a cross-check.
+timeout -k 10 240 python3 -m pytest -p no:cacheprovider -v -rs \
+  tests/tensor/test_tensors_cuda.py tests/rdma/test_rdma_cuda.py \
+  --junitxml="$out/cuda.xml" 2>&1 | tee "$out/cuda.log" || rc=1
+grep -q " skipped\| SKIPPED" "$out/cuda.log" && { echo "a CUDA test was skipped on a GPU machine"; rc=1; }
+timeout -k 10 240 python3 -m pytest -p no:cacheprovider -q -x \
+  tests/tensor tests/rdma/test_rdma.py \
+  --junitxml="$out/cpu.xml" 2>&1 | tail -40 | tee "$out/cpu.log" || rc=1
+exit $rc
