@@ -23,11 +23,13 @@ from monarch._src.actor.endpoint import Endpoint, as_endpoint, concurrent_endpoi
 from monarch._src.actor.errors import ActorError, SupervisionError
 from monarch._src.actor.extent import Extent
 from monarch._src.actor.future import Future
+from monarch._src.actor.ids import ProcId, Uid
 from monarch._src.actor.point import Point
 from monarch._src.actor.proc_mesh import HostMesh, ProcMesh, this_host, this_proc
 from monarch._src.actor.runtime import shutdown as _shutdown
 from monarch._src.actor.supervision import MeshFailure
 from monarch._src.actor.supervision import unhandled_fault_hook as _default_fault_hook
+from monarch._src.actor.telemetry import get_meter, span, traced
 from monarch._src.actor.value_mesh import ValueMesh
 from monarch._src.actor.workers import (
     BootstrapCommand,
@@ -38,6 +40,7 @@ from monarch._src.actor.workers import (
     hosts_from_config,
     run_worker_loop_forever,
 )
+from monarch.actor import config
 
 #: Called with each failure that reaches the client unhandled; assign your own function
 #: to decide (returning normally handles the failure). The default exits non-zero.
@@ -83,12 +86,15 @@ __all__ = [
     "Point",
     "Port",
     "PortReceiver",
+    "ProcId",
     "ProcMesh",
     "SupervisionError",
+    "Uid",
     "ValueMesh",
     "as_endpoint",
     "attach_to_workers",
     "concurrent_endpoint",
+    "config",
     "context",
     "current_actor_name",
     "current_rank",
@@ -97,12 +103,15 @@ __all__ = [
     "default_bootstrap_cmd",
     "enable_transport",
     "endpoint",
+    "get_meter",
     "get_or_spawn_controller",
     "hosts_from_config",
     "run_worker_loop_forever",
     "send",
     "shutdown_context",
+    "span",
     "this_host",
     "this_proc",
+    "traced",
     "unhandled_fault_hook",
 ]
