@@ -16,6 +16,7 @@ per name and attribute set. Recording costs a lock and a dictionary update.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import threading
 import time
@@ -105,20 +106,19 @@ def _reset_for_tests() -> None:
 # --- OpenTelemetry, when installed ------------------------------------------------------
 
 
-def _otel_trace() -> Any:
+def _optional(module: str) -> Any:
     try:
-        from opentelemetry import trace  # type: ignore[import-not-found]
+        return importlib.import_module(module)
     except ImportError:
         return None
-    return trace
+
+
+def _otel_trace() -> Any:
+    return _optional("opentelemetry.trace")
 
 
 def _otel_metrics() -> Any:
-    try:
-        from opentelemetry import metrics as otel_metrics  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return otel_metrics
+    return _optional("opentelemetry.metrics")
 
 
 # --- spans --------------------------------------------------------------------------------
