@@ -34,6 +34,8 @@ from monarch._src.job.job import job_loads as job_loads
 from monarch._src.job.job import load_current_job as load_current_job
 from monarch._src.job.job import set_current_job as set_current_job
 from monarch._src.job.slurm import SlurmJob as SlurmJob
+from monarch._src.job.telemetry import MeshAdminConfig as MeshAdminConfig
+from monarch._src.job.telemetry import TelemetryConfig as TelemetryConfig
 
 if _TYPE_CHECKING:
     from monarch._src.job.exec import exec_command as exec_command
@@ -68,9 +70,11 @@ __all__ = [
     "JobState",
     "JobTrait",
     "LocalJob",
+    "MeshAdminConfig",
     "PortForwarder",
     "ProcessJob",
     "SlurmJob",
+    "TelemetryConfig",
     "exec_command",
     "job_load",
     "job_loads",

@@ -48,7 +48,14 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from monarch._src.job.telemetry import (
+    MeshAdminConfig,
+    TelemetryConfig,
+    config_from_kwargs,
+    start_for_state,
+)
 
 if TYPE_CHECKING:
     from monarch.actor import HostMesh
@@ -78,6 +85,16 @@ class JobState:
 
     def __init__(self, hosts: Mapping[str, HostMesh]) -> None:
         self._hosts: dict[str, HostMesh] = dict(hosts)
+        #: The admin server's URL (with its token) when ``enable_admin()`` or
+        #: ``enable_telemetry()`` is on: ``monarch top URL`` and the JSON API.
+        self.admin_url: str | None = None
+        #: The web dashboard's URL (with its token), when monitoring is on.
+        self.dashboard_url: str | None = None
+        #: The admin server's base URL, when monitoring is on.
+        self.telemetry_url: str | None = None
+        #: Upstream's SQL query engine over telemetry tables: not provided (``None``).
+        self.query_engine: object | None = None
+        self.query_engine_client: object | None = None
 
     def __getattr__(self, name: str) -> HostMesh:
         # Only reached for names that are not real attributes. Dunder lookups (copy,
@@ -149,6 +166,8 @@ class JobTrait(ABC):
     # Class-level defaults, so that a job unpickled from an older layout still works.
     _status: _Status = "not_running"
     _apply_id: str | None = None
+    _admin: MeshAdminConfig | None = None
+    _telemetry: TelemetryConfig | None = None
 
     def __init__(self) -> None:
         self._status = "not_running"
@@ -189,6 +208,33 @@ class JobTrait(ABC):
         self._apply_id = str(uuid.uuid4())
         self._status = "running"
 
+    def enable_admin(self, config: MeshAdminConfig | None = None, **kwargs: Any) -> JobTrait:
+        """Serve the admin server (JSON API, ``/metrics``, the dashboard) from the
+        process that calls ``state()``; its URL is ``state().admin_url``. Takes a
+        :class:`MeshAdminConfig` or its fields as keywords. Returns the job."""
+        self._admin = config_from_kwargs(MeshAdminConfig, config, kwargs, "enable_admin")
+        return self
+
+    def enable_telemetry(
+        self,
+        config: TelemetryConfig | None = None,
+        *,
+        mesh_admin_config: MeshAdminConfig | None = None,
+        **kwargs: Any,
+    ) -> JobTrait:
+        """Turn monitoring on: ``state()`` starts the admin server and the dashboard
+        (``state().dashboard_url``; printed when ``include_dashboard``). Takes a
+        :class:`TelemetryConfig` or its fields as keywords, and optionally the admin
+        server's settings. Returns the job."""
+        self._telemetry = config_from_kwargs(TelemetryConfig, config, kwargs, "enable_telemetry")
+        if mesh_admin_config is not None:
+            self.enable_admin(mesh_admin_config)
+        return self
+
+    def _monitored(self, state: JobState) -> JobState:
+        start_for_state(state, self._admin, self._telemetry)
+        return state
+
     def state(self, cached_path: str | None = DEFAULT_JOB_PATH) -> JobState:
         """Connect to the allocation and return its host meshes (JOB-2).
 
@@ -204,14 +250,14 @@ class JobTrait(ABC):
         """
         running = self._running
         if running is not None:
-            return running._state()
+            return self._monitored(running._state())
         if cached_path is not None:
             cached = _load_cached(cached_path)
             if cached is not None:
                 if _can_run(cached, self):
                     logger.info("reusing the job saved at %s", cached_path)
                     self._status = _Reconnected(cached)
-                    return cached._state()
+                    return self._monitored(cached._state())
                 logger.info("the job saved at %s cannot run this one; killing it", cached_path)
                 try:
                     cached.kill()
@@ -222,7 +268,7 @@ class JobTrait(ABC):
         state = self._state()
         if cached_path is not None:
             self.dump(cached_path)
-        return state
+        return self._monitored(state)
 
     def kill(self) -> None:
         """End the allocation this job uses (its own, or the saved one it reconnected
