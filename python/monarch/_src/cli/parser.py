@@ -11,7 +11,7 @@ from monarch._src.cli.errors import CliError
 __all__ = ["VERBS", "add_verbs", "run"]
 
 #: The verbs this module adds.
-VERBS = frozenset({"apply", "exec", "shell", "kill", "context", "status"})
+VERBS = frozenset({"apply", "exec", "shell", "kill", "context", "status", "top"})
 
 _CONTEXTS = (
     "The job lives in the current context: a directory .monarch/<context>/ of the "
@@ -209,6 +209,18 @@ def _add_status(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
 
 
+def _add_top(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # The monitoring modules import only the standard library.
+    from monarch._src.monitoring import tui
+
+    top = verbs.add_parser(
+        "top",
+        help="watch a running program: its actors, their counters and its failures",
+        description=tui.DESCRIPTION,
+    )
+    tui.add_arguments(top)
+
+
 def add_verbs(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the job verbs to the ``monarch`` command's sub-parsers."""
     _add_apply(verbs)
@@ -217,10 +229,40 @@ def add_verbs(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     _add_kill(verbs)
     _add_context(verbs)
     _add_status(verbs)
+    _add_top(verbs)
+
+
+def _admin_status() -> None:
+    """The line ``monarch status`` adds when the program's admin URL is known: its
+    health and counts, asked with a 1 s timeout (the token is not printed)."""
+    from monarch._src.monitoring.client import (
+        AdminClient,
+        AdminError,
+        default_admin_url,
+        summary_line,
+    )
+
+    url = default_admin_url()
+    if url is None:
+        return
+    try:
+        client = AdminClient(url, timeout=1.0)
+    except ValueError as e:
+        print(f"admin: not asked: {e}", flush=True)
+        return
+    try:
+        line = summary_line(client.summary())
+    except AdminError as e:
+        line = f"not answering: {e}"
+    print(f"admin {client.base_url}: {line}", flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the job verb ``args.verb``; the command's exit status."""
+    if args.verb == "top":
+        from monarch._src.monitoring.tui import run as top
+
+        return top(args)
     from monarch._src.job.context import ContextError
 
     try:
@@ -230,7 +272,10 @@ def run(args: argparse.Namespace) -> int:
             return commands.run(args)
         from monarch._src.cli import jobs
 
-        return jobs.run(args)
+        status = jobs.run(args)
+        if args.verb == "status":
+            _admin_status()
+        return status
     except (CliError, ContextError) as e:
         print(f"monarch {args.verb}: {e}", file=sys.stderr)
         return e.status if isinstance(e, CliError) else 1

@@ -16,16 +16,16 @@ import json
 import os
 import shutil
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from monarch._src.monitoring.client import (
-    ENV_TOKEN,
-    ENV_URL,
-    AdminClient,
-    AdminError,
-    default_admin_url,
-)
-from monarch._src.monitoring.tui_render import Line, ViewState, render_lines
+if TYPE_CHECKING:
+    from monarch._src.monitoring.client import AdminClient
+    from monarch._src.monitoring.tui_render import Line
+
+# The same as monarch._src.monitoring.client's, which is imported only once a command
+# runs: parsing a command line imports neither urllib nor the renderer.
+ENV_URL = "MONARCH_ADMIN_URL"
+ENV_TOKEN = "MONARCH_ADMIN_TOKEN"
 
 __all__ = ["add_arguments", "main_tui", "run"]
 
@@ -95,6 +95,8 @@ class _Usage(Exception):
 
 
 def _client(args: argparse.Namespace) -> AdminClient:
+    from monarch._src.monitoring.client import AdminClient, default_admin_url
+
     if args.url and args.addr:
         raise _Usage("give URL or --addr HOST:PORT, not both")
     if args.refresh_ms < 50:
@@ -133,6 +135,8 @@ def _ansi(line: Line) -> str:
 
 
 def _once(client: AdminClient, args: argparse.Namespace) -> int:
+    from monarch._src.monitoring.tui_render import ViewState, render_lines
+
     if args.json:
         json.dump(client.snapshot(), sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
@@ -148,6 +152,8 @@ def _once(client: AdminClient, args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace, prog: str = "monarch top") -> int:
     """Run ``monarch top`` with the parsed ``args``; the exit status."""
+    from monarch._src.monitoring.client import AdminError
+
     try:
         client = _client(args)
     except _Usage as e:
