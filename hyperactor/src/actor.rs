@@ -61,6 +61,7 @@
 
 mod driven;
 mod runtime;
+pub mod stats;
 mod work_queue;
 
 use std::collections::HashMap;
@@ -84,6 +85,7 @@ use crate::supervision::{ActorStatus, SupervisionEvent};
 
 pub use driven::{DrivenActor, DrivenWork, Next};
 pub(crate) use runtime::{spawn_actor, ActorCell, Owner};
+pub use stats::{ActorStats, ActorStatsSnapshot};
 pub(crate) use work_queue::WorkQueue;
 pub use work_queue::{
     queue_high_water, DEFAULT_QUEUE_HIGH_WATER, MESSAGE_COST_OVERHEAD, QUEUE_HIGH_WATER_ENV,

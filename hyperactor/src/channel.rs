@@ -200,6 +200,17 @@ impl fmt::Debug for ChannelServer {
     }
 }
 
+/// Bytes this process wrote to and read from its links so far, frame prefixes included:
+/// `(sent, received)`. Frames of the `local` transport are not counted (they are not
+/// encoded).
+pub fn link_bytes() -> (u64, u64) {
+    use std::sync::atomic::Ordering;
+    (
+        frame::LINK_SENT.load(Ordering::Relaxed),
+        frame::LINK_RECEIVED.load(Ordering::Relaxed),
+    )
+}
+
 /// Starts a link to `addr` and returns its sending end.
 ///
 /// Never blocks: the connection is made by a runtime task, and frames

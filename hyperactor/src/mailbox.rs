@@ -21,6 +21,7 @@
 //!   close reason, so the proc returns the message to its sender (DEL-1).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{mpsc, oneshot};
@@ -113,6 +114,9 @@ struct MailboxState {
 pub struct Mailbox {
     actor_id: ActorId,
     state: Mutex<MailboxState>,
+    /// Messages put in a runtime task's queue and not yet taken (a driven queue
+    /// counts its own).
+    task_queued: AtomicUsize,
 }
 
 impl Mailbox {
@@ -138,6 +142,7 @@ impl Mailbox {
     fn build(actor_id: ActorId, work: Option<WorkSink>) -> Self {
         Self {
             actor_id,
+            task_queued: AtomicUsize::new(0),
             state: Mutex::new(MailboxState {
                 work,
                 ports: HashMap::new(),
@@ -268,13 +273,20 @@ impl Mailbox {
                 tx.send(envelope).map_err(closed_port)
             }
             None if index & HANDLER_PORT_BIT != 0 => match &state.work {
-                Some(work) => work.send(Work::Message(envelope)).map_err(|e| match e {
-                    Work::Message(envelope) => {
-                        let reason = format!("actor {} is not running", self.actor_id);
-                        undeliverable(envelope, reason)
-                    }
-                    Work::Stop => unreachable!("invariant: a message was sent"),
-                }),
+                Some(work) => work
+                    .send(Work::Message(envelope))
+                    .map(|()| {
+                        if matches!(work, WorkSink::Task(_)) {
+                            self.task_queued.fetch_add(1, Ordering::Relaxed);
+                        }
+                    })
+                    .map_err(|e| match e {
+                        Work::Message(envelope) => {
+                            let reason = format!("actor {} is not running", self.actor_id);
+                            undeliverable(envelope, reason)
+                        }
+                        Work::Stop => unreachable!("invariant: a message was sent"),
+                    }),
                 None => {
                     let reason = format!("{} has no handler for port {index}", self.actor_id);
                     Err(undeliverable(envelope, reason))
@@ -285,6 +297,22 @@ impl Mailbox {
                 Err(undeliverable(envelope, reason))
             }
         }
+    }
+
+    /// How many messages wait in the actor's queue.
+    pub fn queued(&self) -> usize {
+        match &self.lock().work {
+            Some(WorkSink::Driven(queue)) => queue.len(),
+            Some(WorkSink::Task(_)) => self.task_queued.load(Ordering::Relaxed),
+            None => 0,
+        }
+    }
+
+    /// The actor's task took a message from its queue.
+    pub(crate) fn dequeued(&self) {
+        let _ = self
+            .task_queued
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     }
 
     /// Asks the actor loop to stop after the messages already queued.

@@ -295,6 +295,17 @@ impl Proc {
         lock(&self.inner.links).clear();
     }
 
+    /// The counters of every actor of this proc (runtime and driven, children included;
+    /// clients are not actors), with its status and queue length.
+    pub fn actor_stats(&self) -> Vec<crate::actor::ActorStatsSnapshot> {
+        let roots: Vec<_> = lock(&self.inner.roots).clone();
+        let mut cells = Vec::new();
+        for root in &roots {
+            root.collect_tree(&mut cells);
+        }
+        cells.iter().map(|cell| cell.stats_snapshot()).collect()
+    }
+
     pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
         &self.inner.runtime
     }

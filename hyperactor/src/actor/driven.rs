@@ -176,6 +176,7 @@ impl DrivenActor {
     /// The next item if one is queued ([`Next::Timeout`] if none).
     pub fn try_next(&self) -> Next {
         self.cell.set_processing(false);
+        self.cell.stats.end();
         self.taken(self.queue.try_pop())
     }
 
@@ -183,6 +184,7 @@ impl DrivenActor {
     /// deadline). Call it from the driver's own thread, never from a runtime thread.
     pub fn next_blocking(&self, deadline: Option<Instant>) -> Next {
         self.cell.set_processing(false);
+        self.cell.stats.end();
         self.taken(self.queue.pop_blocking(deadline))
     }
 
@@ -193,6 +195,7 @@ impl DrivenActor {
     /// Cancel safe: an item is taken only when this returns.
     pub async fn next(&self) -> Next {
         self.cell.set_processing(false);
+        self.cell.stats.end();
         match self.queue.pop().await {
             Some(work) => self.taken(Popped::Item(work)),
             None => Next::Ended,
@@ -202,6 +205,25 @@ impl DrivenActor {
     /// The driver is done with the item it took (it counts as idle until the next one).
     pub fn idle(&self) {
         self.cell.set_processing(false);
+        self.cell.stats.end();
+    }
+
+    /// The driver starts handling a message of endpoint `label` (counted in the actor's
+    /// stats until the driver asks for the next item, calls [`DrivenActor::idle`], or the
+    /// actor ends).
+    pub fn begin(&self, label: &str) {
+        self.cell.stats.begin(label);
+    }
+
+    /// The message being handled failed (its endpoint raised): counted as an error when
+    /// it ends.
+    pub fn note_error(&self) {
+        self.cell.stats.note_error();
+    }
+
+    /// A copy of this actor's counters.
+    pub fn stats(&self) -> super::ActorStatsSnapshot {
+        self.cell.stats_snapshot()
     }
 
     /// How many items wait in the queue.
@@ -218,6 +240,7 @@ impl DrivenActor {
     /// Ends the actor gracefully: its status becomes `Stopped` and the messages still
     /// queued go back to their senders. False if it had ended already.
     pub fn stop(&self) -> bool {
+        self.cell.stats.end();
         let leftovers = self.queue.drain();
         self.cell.finish(&self.proc, Ok(()), leftovers)
     }
@@ -227,6 +250,8 @@ impl DrivenActor {
     /// failure of its own), and the messages still queued go back to their senders.
     /// False if it had ended already (only the first end counts).
     pub fn fail(&self, reason: impl Into<String>, caused_by: Option<SupervisionEvent>) -> bool {
+        self.cell.stats.note_error();
+        self.cell.stats.end();
         let leftovers = self.queue.drain();
         self.cell.finish(
             &self.proc,

@@ -55,6 +55,8 @@ pub(crate) struct ActorCell {
     /// watch so the per-message path does not notify anyone.
     status: watch::Sender<ActorStatus>,
     processing: AtomicBool,
+    /// Always-on counters (see [`super::stats`]).
+    pub(crate) stats: super::stats::ActorStats,
     children: Mutex<Vec<Arc<ActorCell>>>,
     abort: Mutex<Option<tokio::task::AbortHandle>>,
 }
@@ -155,6 +157,7 @@ impl ActorCell {
             owner: owner_id,
             status: watch::Sender::new(ActorStatus::Created),
             processing: AtomicBool::new(false),
+            stats: super::stats::ActorStats::default(),
             children: Mutex::new(Vec::new()),
             abort: Mutex::new(None),
         });
@@ -171,6 +174,21 @@ impl ActorCell {
             Owner::Mailbox(_) | Owner::Proc => proc.add_root(Arc::clone(&cell)),
         }
         Ok(cell)
+    }
+
+    /// A copy of this actor's counters, with its status and queue length.
+    pub(crate) fn stats_snapshot(&self) -> super::stats::ActorStatsSnapshot {
+        self.stats
+            .snapshot(self.id.clone(), self.status(), self.mailbox.queued())
+    }
+
+    /// This cell and its descendants, depth first.
+    pub(crate) fn collect_tree(self: &Arc<Self>, out: &mut Vec<Arc<ActorCell>>) {
+        out.push(Arc::clone(self));
+        let children: Vec<_> = lock(&self.children).clone();
+        for child in children {
+            child.collect_tree(out);
+        }
     }
 
     pub(crate) fn set_processing(&self, processing: bool) {
@@ -347,6 +365,7 @@ async fn drive<A: Actor>(
         match work {
             Work::Stop => return Ok(()),
             Work::Message(envelope) => {
+                cx.cell.mailbox.dequeued();
                 cx.cell.processing.store(true, Ordering::Relaxed);
                 let handled = handle_one(&mut actor, cx, &binder, envelope).await;
                 cx.cell.processing.store(false, Ordering::Relaxed);
@@ -358,6 +377,44 @@ async fn drive<A: Actor>(
 }
 
 async fn handle_one<A: Actor>(
+    actor: &mut A,
+    cx: &Context<A>,
+    binder: &Binder<A>,
+    envelope: Envelope,
+) -> Result<(), Failure> {
+    let stats = &cx.cell.stats;
+    stats.begin(endpoint_label(binder, envelope.header.dest.index()));
+    let outcome = handle_message(actor, cx, binder, envelope).await;
+    if outcome.is_err() {
+        stats.note_error();
+    }
+    stats.end();
+    outcome
+}
+
+/// The name a message to `port` is counted under: its handler's message type (without
+/// the module path), or the runtime port's name.
+fn endpoint_label<A: Actor>(binder: &Binder<A>, port: u64) -> &'static str {
+    match port {
+        UNDELIVERABLE_PORT => "__undeliverable__",
+        SUPERVISION_PORT => "__supervise__",
+        port => match binder.get(port) {
+            Some((_, type_name)) => short_type_name(type_name),
+            None => "__unknown__",
+        },
+    }
+}
+
+/// `a::b::C<d::E>` → `C<d::E>`: the last path segment before any generics.
+fn short_type_name(name: &'static str) -> &'static str {
+    let head = name.split('<').next().unwrap_or(name);
+    match head.rfind("::") {
+        Some(i) => &name[i + 2..],
+        None => name,
+    }
+}
+
+async fn handle_message<A: Actor>(
     actor: &mut A,
     cx: &Context<A>,
     binder: &Binder<A>,

@@ -48,6 +48,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::io;
 use std::io::IoSlice;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::OnceLock;
 
@@ -263,7 +264,9 @@ pub(crate) fn check(frame: &Frame) -> Result<(), FrameError> {
 /// As [`check`]; nothing is appended then.
 pub(crate) fn encode(frame: &Frame, out: &mut VecDeque<Bytes>) -> Result<(), FrameError> {
     check(frame)?;
-    let mut prefix = BytesMut::with_capacity(FIXED_PREFIX_LEN + 8 * frame.parts.len());
+    let prefix_len = FIXED_PREFIX_LEN + 8 * frame.parts.len();
+    LINK_SENT.fetch_add((prefix_len + frame.len()) as u64, Ordering::Relaxed);
+    let mut prefix = BytesMut::with_capacity(prefix_len);
     prefix.put_u32_le(MAGIC);
     // Both fit: `check` bounds the part count and the header length.
     prefix.put_u32_le(frame.parts.len() as u32);
@@ -280,6 +283,11 @@ pub(crate) fn encode(frame: &Frame, out: &mut VecDeque<Bytes>) -> Result<(), Fra
     );
     Ok(())
 }
+
+/// Bytes of frames encoded for links of this process (prefixes included).
+pub(crate) static LINK_SENT: AtomicU64 = AtomicU64::new(0);
+/// Bytes of frames read from links of this process (prefixes included).
+pub(crate) static LINK_RECEIVED: AtomicU64 = AtomicU64::new(0);
 
 /// Drops the first `written` bytes of `chunks`.
 pub(crate) fn advance(chunks: &mut VecDeque<Bytes>, written: usize) {
@@ -400,6 +408,8 @@ pub(crate) async fn read_frame_limited<R: AsyncBufRead + Unpin>(
     for len in lens {
         parts.push(read_exactly(reader, len).await?);
     }
+    let read = FIXED_PREFIX_LEN as u64 + 8 * nparts as u64 + total;
+    LINK_RECEIVED.fetch_add(read, Ordering::Relaxed);
     Ok(Some(Frame { header, parts }))
 }
 
