@@ -1,0 +1,111 @@
+//! The admin HTTP server of a Monarch job.
+//!
+//! It serves, under one base URL, the JSON API (version 1) a dashboard and a terminal UI
+//! read, a Server-Sent Events stream of the job's events, Prometheus metrics at
+//! `/metrics`, and the dashboard page itself (embedded in the binary). The contract is
+//! `MONITORING_SPEC.md`: section 1 (routes and records), 2 (security) and 3 (metric
+//! names).
+//!
+//! The server knows nothing of the runtime: its only input is a [`Source`], so it runs
+//! against a live job (the runtime implements [`Source`]) or a recorded one
+//! ([`RecordedSource`]). It runs on the caller's tokio runtime, so it answers while the
+//! Python interpreter is busy.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), monarch_admin::AdminError> {
+//! use std::sync::Arc;
+//! use monarch_admin::{AdminConfig, AdminServer, RecordedSource};
+//!
+//! let source = Arc::new(RecordedSource::from_file("recorded.json".as_ref())?);
+//! let server = AdminServer::start(AdminConfig::default(), source)?;
+//! println!("dashboard: {}", server.url());
+//! server.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+
+mod auth;
+mod config;
+mod metrics;
+mod recorded;
+mod routes;
+mod series;
+mod server;
+mod snapshot;
+mod sse;
+mod static_files;
+
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+
+pub use crate::config::AdminConfig;
+pub use crate::config::AdminError;
+pub use crate::metrics::render_metrics;
+pub use crate::recorded::RecordedSource;
+pub use crate::server::AdminServer;
+
+/// A log query: what `GET /v1/logs` asks a [`Source`] for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogQuery {
+    /// Case-insensitive substring the line must contain.
+    pub q: Option<String>,
+    /// Only records of this proc.
+    pub proc: Option<String>,
+    /// Only records of this actor's proc.
+    pub actor: Option<String>,
+    /// At most this many records, the newest ones.
+    pub limit: usize,
+}
+
+impl LogQuery {
+    /// Whether `line` matches the `q` of this query (case-insensitive substring).
+    pub fn matches_text(&self, line: &str) -> bool {
+        match &self.q {
+            None => true,
+            Some(q) if q.is_empty() => true,
+            Some(q) => line.to_lowercase().contains(&q.to_lowercase()),
+        }
+    }
+}
+
+/// What the server serves: the job's state, events, logs and actions. The runtime
+/// implements it for a live job; [`RecordedSource`] for a recorded one.
+pub trait Source: Send + Sync + 'static {
+    /// The whole snapshot (spec section 1 shape), gathered now.
+    fn snapshot(&self, timeout: Duration) -> BoxFuture<'static, Result<serde_json::Value, String>>;
+    /// Events with seq > since (oldest first), at most limit.
+    fn events_since(&self, since: u64, limit: usize) -> Vec<serde_json::Value>;
+    /// New events as they happen.
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<serde_json::Value>;
+    /// Log records matching the query (newest last).
+    fn logs(&self, q: &LogQuery) -> Vec<serde_json::Value>;
+    /// A stack dump of one proc: `{proc, pid, method, text}`.
+    fn stack(
+        &self,
+        proc: &str,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<serde_json::Value, String>>;
+    /// Kill a proc (actions only).
+    fn kill_proc(&self, proc: &str) -> BoxFuture<'static, Result<(), String>>;
+
+    /// The program's identity for `GET /v1/summary`: an object with any of `session`,
+    /// `program`, `pid`, `started_at` (and `now`, for a recording). The server fills
+    /// what is missing from its own process.
+    fn describe(&self) -> serde_json::Value {
+        serde_json::Value::Object(Default::default())
+    }
+
+    /// A fixed series (`{step_s, points}`) to serve instead of sampling, for a
+    /// recording; `None` (the default) lets the server sample snapshots itself.
+    fn recorded_series(&self) -> Option<serde_json::Value> {
+        None
+    }
+}
+
+/// Seconds since the Unix epoch, as the API writes times.
+pub(crate) fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
