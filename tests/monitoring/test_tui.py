@@ -28,6 +28,7 @@ from monarch._src.monitoring.client import (
 )
 from monarch._src.monitoring.tui_render import (
     ViewState,
+    clamp_scroll,
     failures,
     handle_key,
     render,
@@ -430,3 +431,17 @@ def test_the_terminal_ui(server: Any) -> None:
     finally:
         if child.isalive():
             child.terminate(force=True)
+
+
+def test_detail_scroll_stays_within_the_pane() -> None:
+    state = ViewState(view="actor", actor=BUSY, logs=DATA["logs"])
+    for _ in range(100):
+        handle_key(state, "j", SNAPSHOT)
+    clamp_scroll(SNAPSHOT, state, 80, 24)
+    bottom = render(SNAPSHOT, SUMMARY, state, 80, 24)
+    assert 0 < state.scroll < 100 and "step 39 loss 0.0250" in bottom[-2]
+    handle_key(state, "k", SNAPSHOT)
+    assert render(SNAPSHOT, SUMMARY, state, 80, 24)[3:-1] == bottom[2:-2]
+    handle_key(state, "h", SNAPSHOT)
+    clamp_scroll(SNAPSHOT, state, 80, 24)
+    assert state.scroll == 0

@@ -20,6 +20,7 @@ __all__ = [
     "Row",
     "Span",
     "ViewState",
+    "clamp_scroll",
     "failures",
     "handle_key",
     "render",
@@ -593,6 +594,25 @@ def _stack_body(snapshot: JSON, state: ViewState, width: int) -> list[Line]:
     return lines
 
 
+def _detail(snapshot: JSON, state: ViewState, width: int) -> tuple[list[Line], str]:
+    """The body and the key hints of the actor, stack and help views."""
+    if state.view == "actor":
+        return _actor_body(snapshot, state, width), "h back  j/k scroll  s stack  ? help  q quit"
+    if state.view == "stack":
+        return _stack_body(snapshot, state, width), "h back  j/k scroll  q quit"
+    return [Line(fit(" " + t, width).rstrip()) for t in HELP], "h back  q quit"
+
+
+def clamp_scroll(snapshot: JSON | None, state: ViewState, width: int, height: int) -> None:
+    """Keep ``state.scroll`` within what the detail view has to scroll at this size."""
+    if state.view == "tree":
+        state.scroll = 0
+        return
+    body, _ = _detail(snapshot or {}, state, max(width, 20))
+    room = max(height - 3, 1)
+    state.scroll = max(0, min(state.scroll, len(body) - room))
+
+
 def render_lines(
     snapshot: JSON | None, summary: JSON | None, state: ViewState, width: int, height: int
 ) -> list[Line]:
@@ -604,15 +624,7 @@ def render_lines(
     if state.view == "tree":
         lines += _tree_screen(snap, state, width, height)
         return lines[:height] if height > 0 else lines
-    if state.view == "actor":
-        body = _actor_body(snap, state, width)
-        hints = "h back  j/k scroll  s stack  ? help  q quit"
-    elif state.view == "stack":
-        body = _stack_body(snap, state, width)
-        hints = "h back  j/k scroll  q quit"
-    else:
-        body = [Line(fit(" " + t, width).rstrip()) for t in HELP]
-        hints = "h back  q quit"
+    body, hints = _detail(snap, state, width)
     if height <= 0:
         return lines + body
     room = max(height - len(lines) - 1, 1)

@@ -12,7 +12,12 @@ import time
 from typing import Any
 
 from monarch._src.monitoring.client import AdminClient, AdminError
-from monarch._src.monitoring.tui_render import ViewState, handle_key, render_lines
+from monarch._src.monitoring.tui_render import (
+    ViewState,
+    clamp_scroll,
+    handle_key,
+    render_lines,
+)
 
 __all__ = ["loop"]
 
@@ -112,6 +117,8 @@ class _Screen:
             if what == "refresh":
                 self.summary = self.client.summary()
                 self.snapshot = self.client.snapshot()
+                if state.message.endswith("(retrying)"):
+                    state.message = ""
                 if state.view == "actor":
                     self._ask("logs")
             elif what == "logs":
@@ -157,6 +164,8 @@ class _Screen:
             if name is None:
                 continue
             command = handle_key(self.state, name, self.snapshot)
+            height, width = screen.getmaxyx()
+            clamp_scroll(self.snapshot, self.state, width, height)
             if command == "quit":
                 return 0
             if command is not None:
