@@ -9,7 +9,7 @@
   const WINDOW_S = 900;
   const st = {
     summary: null, snap: null, series: null, events: [], lastSeq: 0,
-    showSystem: false, collapsed: new Set(), detailId: null, detail: null,
+    showSystem: false, open: new Map(), big: false, detailId: null, detail: null,
     busy: false, again: false, treeSig: "", failSig: "", authFailed: false, es: null,
   };
 
@@ -215,6 +215,7 @@
         x: x(t), y: H - 5, class: "tick", "text-anchor": i === 0 ? "start" : i === 3 ? "end" : "middle",
       }, i === 3 ? "now" : "-" + fmtAge(ago)));
     }
+    if (!pts.length) svg.append(sv("text", { x: L + pw / 2, y: T + ph / 2, class: "tick", "text-anchor": "middle" }, "collecting samples…"));
     svg.append(sv("line", { x1: L, x2: L, y1: T, y2: T + ph, class: "axis" }));
     svg.append(sv("line", { x1: L, x2: W - R, y1: T + ph, y2: T + ph, class: "axis" }));
     for (const ln of lines) {
@@ -269,10 +270,11 @@
 
   // ---- topology tree ----------------------------------------------------------------
   function node(key, summaryKids, kids, attrs) {
-    const open = !st.collapsed.has(key);
+    // Large jobs start with their procs folded; what the user opens or folds stays so.
+    const open = st.open.has(key) ? st.open.get(key) : !(st.big && key.startsWith("p:"));
     const d = h("details", Object.assign({ class: "node", "data-key": key, open }, attrs || {}),
       h("summary", null, summaryKids), h("div", { class: "kids" }, kids));
-    d.addEventListener("toggle", () => { if (d.open) st.collapsed.delete(key); else st.collapsed.add(key); });
+    d.addEventListener("toggle", () => { if (d.open !== open || st.open.has(key)) st.open.set(key, d.open); });
     return d;
   }
   function renderTree() {
@@ -286,6 +288,7 @@
     st.treeSig = sig;
     const focusKey = document.activeElement && document.activeElement.closest && document.activeElement.closest("[data-testid]");
     const focusId = focusKey ? focusKey.dataset.testid : null;
+    st.big = snap.procs.length > 32 || visible.length > 400;
     const byProc = new Map();
     for (const a of visible) {
       if (!byProc.has(a.proc)) byProc.set(a.proc, []);
@@ -578,12 +581,11 @@
   function start() {
     $("toggle-system").addEventListener("change", (e) => { st.showSystem = e.target.checked; if (st.snap) render(); });
     $("expand-all").addEventListener("click", () => {
-      st.collapsed.clear();
-      for (const d of $("tree").querySelectorAll("details")) d.open = true;
+      for (const d of $("tree").querySelectorAll("details.node")) { d.open = true; st.open.set(d.dataset.key, true); }
     });
     $("collapse-all").addEventListener("click", () => {
       for (const d of $("tree").querySelectorAll("details.node")) {
-        if (!d.dataset.key.startsWith("h:")) { d.open = false; st.collapsed.add(d.dataset.key); }
+        if (!d.dataset.key.startsWith("h:")) { d.open = false; st.open.set(d.dataset.key, false); }
       }
     });
     $("log-form").addEventListener("submit", searchLogs);

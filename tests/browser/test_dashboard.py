@@ -160,3 +160,14 @@ def test_stack_button_shows_the_text_or_a_readable_error(
     else:
         assert text.strip(), "the stack dump is empty"
     assert PROC in panel.text
+
+
+def test_a_lost_cookie_shows_how_to_sign_in(browser: Browser, dashboard_url: str) -> None:
+    if "token=" not in dashboard_url:
+        pytest.skip("this server asks for no token")
+    open_dashboard(browser, dashboard_url)
+    # The access cookie is HttpOnly: only the browser can drop it, as when it expires.
+    browser.driver.delete_all_cookies()
+    banner = browser.visible_testid("banner", timeout=5.0)
+    assert "?token=" in banner.text, banner.text
+    assert browser.by_testid("connection").get_attribute("data-state") == "down"
