@@ -424,6 +424,10 @@ def test_the_terminal_ui(server: Any) -> None:
         child.setwinsize(30, 100)  # resize-safe
         child.send("f")
         child.expect("failures only")
+        child.send("js")  # the failed proc's stack
+        child.expect("STACK of proc r3 pid 4103")
+        child.send("h")
+        child.expect("HANDLED")
         child.send("q")
         child.expect(pexpect.EOF)
         child.close()
