@@ -13,7 +13,8 @@ MATURIN := $(VENV)/bin/maturin
 # Python packages the venv needs to build, test and lint. Changing this list changes the
 # stamp file name, so the next `make install` installs again; otherwise pip is skipped.
 PY_REQUIREMENTS := maturin>=1.9.4,<2 pytest pytest-timeout ruff mypy cloudpickle matplotlib torch \
-	nbclient ipykernel nbformat pexpect kubernetes kubernetes-validate jsonschema
+	nbclient ipykernel nbformat pexpect kubernetes kubernetes-validate jsonschema selenium \
+	prometheus-client
 REQ_HASH := $(shell printf '%s' '$(PY_REQUIREMENTS)' | sha256sum | cut -c1-16)
 REQ_STAMP := $(VENV)/.requirements-$(REQ_HASH)
 
