@@ -10,7 +10,7 @@
   const st = {
     summary: null, snap: null, series: null, events: [], lastSeq: 0,
     showSystem: false, open: new Map(), big: false, detailId: null, detail: null,
-    busy: false, again: false, treeSig: "", failSig: "", authFailed: false, es: null,
+    busy: false, again: false, detailSig: "", meshSig: "", treeSig: "", failSig: "", authFailed: false, es: null,
   };
 
   // ---- small helpers ----------------------------------------------------------------
@@ -347,7 +347,7 @@
       `▶ ${a.current.endpoint} · ${fmtMs(a.current.since_ms)}`) : null;
     return h("a", {
       href: "#actor=" + encodeURIComponent(a.id), class: "actor" + (st.detailId === a.id ? " sel" : ""),
-      "data-testid": "actor-" + a.id, title: a.id, role: "treeitem",
+      "data-testid": "actor-" + a.id, title: a.id,
     }, h("span", { class: "dot s-" + a.status }), h("span", { class: "mono strong" }, actorLabel(a)),
     h("span", { class: "dim" }, a.class), badge(a.status), cur,
     h("span", { class: "stat" }, `${fmtNum(a.handled)} msgs`), a.errors ? h("span", { class: "stat bad" }, `${a.errors} err`) : null,
@@ -355,6 +355,9 @@
   }
   function renderMeshes(snap) {
     const ms = snap.meshes.filter((m) => st.showSystem || !m.system);
+    const sig = JSON.stringify(ms);
+    if (sig === st.meshSig) return;
+    st.meshSig = sig;
     $("meshes").replaceChildren(...ms.map((m) => {
       const ext = Object.entries(m.extent || {}).map(([k, v]) => `${k}=${v}`).join(" ");
       return h("div", { class: "mesh", "data-testid": "mesh-" + m.name, title: `mesh ${m.id} created ${clock(m.created)}` },
@@ -420,9 +423,14 @@
     try {
       const r = await api("v1/actor?id=" + encodeURIComponent(id));
       if (st.detailId !== id) return;
+      const sig = JSON.stringify(r);
+      if (!scroll && sig === st.detailSig) return;
+      st.detailSig = sig;
       const top = scroll ? 0 : panel.scrollTop;
       renderDetail(r.actor, r.logs || []);
       panel.scrollTop = top;
+      const lb = panel.querySelector(".logbox");
+      if (scroll && lb) lb.scrollTop = lb.scrollHeight;
     } catch (e) {
       if (st.detailId !== id) return;
       panel.replaceChildren(drawerHead("Actor", id, closeDetail),
@@ -546,8 +554,8 @@
     es.addEventListener("monarch", (m) => {
       let e;
       try { e = JSON.parse(m.data); } catch (_) { return; }
-      addEvents([e]);
-      refresh();
+      // The stream first replays what the page has already: refresh only for news.
+      if (addEvents([e]) && document.visibilityState === "visible") refresh();
     });
     es.addEventListener("error", () => {
       if (es.readyState === 2) {

@@ -121,9 +121,16 @@ class Browser:
 
     def wait(self, what: str, condition: Callable[[Any], Any], timeout: float = WAIT_S) -> Any:
         """Wait (bounded) until ``condition(driver)`` is truthy; fail saying ``what``."""
+        from selenium.common.exceptions import (
+            NoSuchElementException,
+            StaleElementReferenceException,
+        )
         from selenium.webdriver.support.ui import WebDriverWait
 
-        return WebDriverWait(self.driver, timeout).until(
+        # The page redraws parts of itself on each refresh: an element found a moment ago
+        # may be gone, and is then looked up again.
+        ignored = (NoSuchElementException, StaleElementReferenceException)
+        return WebDriverWait(self.driver, timeout, ignored_exceptions=ignored).until(
             condition, message=f"timed out after {timeout:g} s waiting for {what}"
         )
 
@@ -135,13 +142,9 @@ class Browser:
 
     def visible_testid(self, testid: str, timeout: float = WAIT_S) -> Any:
         """Wait until an element with this ``data-testid`` is displayed, and return it."""
-        from selenium.common.exceptions import NoSuchElementException
 
         def shown(_: Any) -> Any:
-            try:
-                el = self.by_testid(testid)
-            except NoSuchElementException:
-                return False
+            el = self.by_testid(testid)
             return el if el.is_displayed() else False
 
         return self.wait(f'[data-testid="{testid}"] to show', shown, timeout)
