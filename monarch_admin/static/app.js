@@ -286,8 +286,13 @@
     renderMeshes(snap);
     if (sig === st.treeSig) return;
     st.treeSig = sig;
-    const focusKey = document.activeElement && document.activeElement.closest && document.activeElement.closest("[data-testid]");
-    const focusId = focusKey ? focusKey.dataset.testid : null;
+    // Keep the keyboard focus across the redraw: the same link, button or folder.
+    const ae = document.activeElement;
+    let refocus = null;
+    if (ae && $("tree").contains(ae)) {
+      if (ae.dataset.testid) refocus = `[data-testid="${CSS.escape(ae.dataset.testid)}"]`;
+      else if (ae.tagName === "SUMMARY") refocus = `details[data-key="${CSS.escape(ae.parentElement.dataset.key)}"] > summary`;
+    }
     st.big = snap.procs.length > 32 || visible.length > 400;
     const byProc = new Map();
     for (const a of visible) {
@@ -310,10 +315,8 @@
       ], procs.map((p) => procNode(p, byProc.get(p.id) || [], meshById)), { "data-testid": "host-" + host.id });
     });
     $("tree").replaceChildren(...(tree.length ? tree : [h("div", { class: "empty" }, "no hosts yet")]));
-    if (focusId) {
-      const el = $("tree").querySelector(`[data-testid="${CSS.escape(focusId)}"]`);
-      if (el) el.focus();
-    }
+    const el = refocus && $("tree").querySelector(refocus);
+    if (el) el.focus();
   }
   function procNode(p, actors, meshById) {
     const groups = new Map();
@@ -326,7 +329,7 @@
     const exit = p.exit ? h("span", { class: "stat bad", title: p.exit.reason }, p.exit.reason) : null;
     return node("p:" + p.id, [
       h("span", { class: "kind" }, "proc"), h("span", { class: "dot s-" + p.status, title: p.status }),
-      mono(shortProc(p.id), "strong"), h("span", { class: "mono trunc dim id", title: p.id }, p.id),
+      mono(shortProc(p.id), "strong"), exit ? null : h("span", { class: "mono trunc dim id", title: p.id }, p.id),
       p.mesh ? h("span", { class: "chip" }, `${p.mesh}[${p.rank}]`) : null,
       h("span", { class: "stat" }, `pid ${p.pid}`), badge(p.status),
       h("span", { class: "stat" }, `RSS ${fmtBytes(p.rss)}`), h("span", { class: "stat" }, `CPU ${Math.round(p.cpu_pct)}%`),

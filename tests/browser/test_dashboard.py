@@ -101,7 +101,8 @@ def test_failure_links_to_the_actor_detail(
     assert failure.get_attribute("data-actor") == FAILED_ACTOR
     assert "infrastructure" in failure.text
     assert "Trainer" in failure.text
-    failure.find_element(By.CSS_SELECTOR, '[data-testid="failure-link"]').click()
+    # By keyboard: the link takes the focus and Enter follows it.
+    failure.find_element(By.CSS_SELECTOR, '[data-testid="failure-link"]').send_keys(Keys.ENTER)
     detail = browser.visible_testid("actor-detail")
     cause = browser.visible_testid("failure-cause")
     assert FAILED_CAUSE in cause.text
