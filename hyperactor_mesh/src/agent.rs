@@ -43,6 +43,7 @@ mod cast_out;
 mod control;
 pub mod liveness;
 mod local;
+mod monitor;
 pub mod output;
 mod replies;
 mod supervise;

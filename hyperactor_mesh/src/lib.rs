@@ -8,6 +8,7 @@ pub mod deferred;
 pub mod error;
 pub mod host;
 pub mod host_mesh;
+pub mod monitor;
 pub mod output;
 pub mod proc_mesh;
 pub mod shape;

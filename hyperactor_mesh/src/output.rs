@@ -50,6 +50,16 @@ pub mod files;
 pub mod sink;
 
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Lines of proc output this process dropped (LOG-3), over its life.
+static DROPPED_LINES: AtomicU64 = AtomicU64::new(0);
+
+/// How many lines of proc output this process dropped so far (its writer could not
+/// keep up, LOG-3).
+pub fn dropped_lines() -> u64 {
+    DROPPED_LINES.load(Ordering::Relaxed)
+}
 
 use hyperactor::PortId;
 use serde::{Deserialize, Serialize};

@@ -106,6 +106,35 @@ pub enum Control {
     /// Lines written by procs spawned for the receiving agent's process (from their
     /// host agent; see [`crate::output`]).
     Output(OutputBatch),
+    /// Asks an agent for a [`crate::monitor::ProcReport`] of its proc, sent to `reply`.
+    MonitorProc {
+        /// Where the report goes.
+        reply: PortId,
+    },
+    /// Asks a host agent for a `Result<`[`crate::monitor::HostReport`]`, String>`,
+    /// giving each of its procs `timeout_ms` to answer.
+    MonitorHost {
+        /// How long each proc gets.
+        timeout_ms: u64,
+        /// Where the report goes.
+        reply: PortId,
+    },
+    /// Asks an agent for the stacks of its process's threads: a
+    /// `Result<`[`crate::monitor::StackDump`]`, String>` sent to `reply`.
+    StackDump {
+        /// How long the dump may take.
+        timeout_ms: u64,
+        /// Where the dump goes.
+        reply: PortId,
+    },
+    /// Asks a host agent to kill `proc` (an admin action); its death is reported as
+    /// lost, killed on request.
+    KillProc {
+        /// The proc.
+        proc: ProcId,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// A request to spawn `count` procs named `name` running `commands`, owned by `owner`.
@@ -163,7 +192,7 @@ pub(super) struct HostState {
     subscribers: HashMap<ProcId, HashSet<PortId>>,
     pub(super) owners: HashMap<ProcId, ActorId>,
     pub(super) expected: HashSet<ProcId>,
-    dead: HashMap<ProcId, ProcDeath>,
+    pub(super) dead: HashMap<ProcId, ProcDeath>,
 }
 
 /// The host side of an agent that has a [`Host`].
@@ -280,6 +309,10 @@ impl Inner {
         let control = match control {
             Control::ProcDied(death) => return self.on_proc_died(death),
             Control::Output(batch) => return self.on_output(batch),
+            monitor @ (Control::MonitorProc { .. }
+            | Control::MonitorHost { .. }
+            | Control::StackDump { .. }
+            | Control::KillProc { .. }) => return self.on_monitor(monitor),
             Control::Heartbeat { from } => return self.on_heartbeat(from),
             Control::HeartbeatAck { proc } => return self.on_heartbeat_ack(&proc),
             Control::Abandon { reason } => {
@@ -352,7 +385,11 @@ impl Inner {
             | Control::Singleton { .. }
             | Control::Heartbeat { .. }
             | Control::HeartbeatAck { .. }
-            | Control::Abandon { .. } => {}
+            | Control::Abandon { .. }
+            | Control::MonitorProc { .. }
+            | Control::MonitorHost { .. }
+            | Control::StackDump { .. }
+            | Control::KillProc { .. } => {}
         }
     }
 

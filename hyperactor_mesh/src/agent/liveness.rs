@@ -175,6 +175,17 @@ impl Inner {
         procs.sort_by(|a, b| a.0.cmp(&b.0).then(b.2.cmp(&a.2)));
         procs.dedup_by(|a, b| a.0 == b.0);
         tracing::warn!(agent = %self.id, "host {host} is lost ({reason}); {} of its procs are failed", procs.len());
+        let mut event = crate::monitor::Event::new(
+            "host_lost",
+            format!(
+                "host {host} is lost ({reason}); {} of its procs are failed",
+                procs.len()
+            ),
+        );
+        event.host = Some(host.to_string());
+        event.class = Some("infrastructure".to_string());
+        event.cause = vec![reason.to_string()];
+        crate::monitor::events::record(event);
         let why = format!("its host {host} was lost: {reason}");
         for (proc, pid, owned) in procs {
             if lock(&self.dead).get(&proc).is_some_and(|d| d.confirmed) {

@@ -150,11 +150,45 @@ impl HostService {
 impl Inner {
     /// A batch of output arrived (on the delivering task).
     pub(super) fn on_output(&self, batch: OutputBatch) {
+        self.keep_output(&batch);
         let sink = lock(&self.output_sink).clone();
         match sink {
             Some(sink) => sink(batch),
             None => batch.write_to_terminal(),
         }
+    }
+}
+
+impl Inner {
+    /// Keeps `batch`'s lines in the logs ring (see [`crate::monitor::logs`]), each with
+    /// the id of the proc that wrote it when this process spawned it.
+    fn keep_output(&self, batch: &OutputBatch) {
+        let procs: Vec<String> = match lock(&self.owned).get(&batch.mesh_id) {
+            Some(owned) => owned
+                .ranks
+                .iter()
+                .map(|(t, _)| t.proc.to_string())
+                .collect(),
+            None => Vec::new(),
+        };
+        let time = crate::monitor::unix_now();
+        crate::monitor::logs::record(batch.lines.iter().map(|line| {
+            let proc = procs
+                .get(line.rank)
+                .cloned()
+                .unwrap_or_else(|| format!("{}[{}]", batch.mesh, line.rank));
+            crate::monitor::LogRecord {
+                time,
+                proc,
+                rank: line.rank,
+                stream: match line.stream {
+                    crate::output::OutputStream::Stdout => "stdout",
+                    crate::output::OutputStream::Stderr => "stderr",
+                }
+                .to_string(),
+                line: line.text.trim_end_matches('\n').to_string(),
+            }
+        }));
     }
 }
 

@@ -26,6 +26,18 @@ pub(super) struct OwnedMesh {
     pub(super) ranks: Vec<(CastTarget, Option<u32>)>,
     pub(super) view: ViewExtent,
     pub(super) stopped: bool,
+    /// When it was registered (Unix seconds).
+    pub(super) created: f64,
+}
+
+/// Records a `mesh_spawned` or `mesh_stopped` event for `mesh`.
+fn mesh_event(kind: &str, what: &str, mesh: &MeshInfo, extra: &str) {
+    let mut event = crate::monitor::Event::new(
+        kind,
+        format!("{what} '{}' ({}){extra}", mesh.name, mesh.class),
+    );
+    event.mesh = Some(mesh.name.clone());
+    crate::monitor::events::record(event);
 }
 
 /// What an owned mesh is made of.
@@ -83,6 +95,12 @@ impl ProcAgent {
     ) {
         self.inner
             .watch_targets(&ranks.iter().map(|(t, _)| t.clone()).collect::<Vec<_>>());
+        mesh_event(
+            "mesh_spawned",
+            "actor mesh",
+            &mesh,
+            &format!(" spawned on {} procs", ranks.len()),
+        );
         lock(&self.inner.owned).insert(
             mesh.id,
             OwnedMesh {
@@ -92,6 +110,7 @@ impl ProcAgent {
                 ranks,
                 view,
                 stopped: false,
+                created: crate::monitor::unix_now(),
             },
         );
     }
@@ -103,6 +122,12 @@ impl ProcAgent {
             .iter()
             .map(|p| (p.target(p.rank as u32), Some(p.pid)))
             .collect();
+        mesh_event(
+            "mesh_spawned",
+            "proc mesh",
+            &mesh,
+            &format!(" spawned with {} procs", procs.len()),
+        );
         lock(&self.inner.owned).insert(
             mesh.id,
             OwnedMesh {
@@ -112,6 +137,7 @@ impl ProcAgent {
                 ranks,
                 view: ViewExtent::default(),
                 stopped: false,
+                created: crate::monitor::unix_now(),
             },
         );
     }
@@ -119,6 +145,9 @@ impl ProcAgent {
     /// Records that mesh `id` was stopped: its procs' deaths are no longer failures.
     pub fn mark_stopped(&self, id: u64) {
         if let Some(mesh) = lock(&self.inner.owned).get_mut(&id) {
+            if !mesh.stopped {
+                mesh_event("mesh_stopped", "mesh", &mesh.mesh, " stopped");
+            }
             mesh.stopped = true;
         }
     }
@@ -264,6 +293,8 @@ impl Inner {
         if !self.mark_dead(&death, true) {
             return;
         }
+        let host = lock(&self.hosts).get(&proc).map(ToString::to_string);
+        crate::monitor::failures::note_proc_death(&death, host);
         self.handle_death(&proc, &death);
         lock(&self.handled_deaths).insert(proc);
         self.events.send_modify(|n| *n = n.wrapping_add(1));
@@ -348,6 +379,7 @@ impl Inner {
             }
         }
         for (owner, failure) in failures {
+            crate::monitor::failures::note_mesh_failure(&failure);
             self.report_to_owner(&owner, &failure);
         }
     }
@@ -469,6 +501,7 @@ impl Inner {
                 .filter(|m| which(m) && !m.stopped)
                 .map(|m| {
                     m.stopped = true;
+                    mesh_event("mesh_stopped", "mesh", &m.mesh, &format!(": {reason}"));
                     let kind = match &m.kind {
                         OwnedKind::Actors { actor } => OwnedKind::Actors {
                             actor: actor.clone(),

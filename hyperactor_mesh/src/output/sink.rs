@@ -98,10 +98,12 @@ impl State {
         }
         let size: usize = chunk.iter().map(|(_, t)| t.len()).sum();
         if self.bytes + size > MAX_QUEUED_BYTES {
-            self.dropped += chunk
+            let lines = chunk
                 .iter()
                 .map(|(_, t)| t.matches('\n').count())
                 .sum::<usize>();
+            self.dropped += lines;
+            super::DROPPED_LINES.fetch_add(lines as u64, std::sync::atomic::Ordering::Relaxed);
             return;
         }
         if self.dropped > 0 {

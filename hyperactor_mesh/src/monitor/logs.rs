@@ -1,0 +1,155 @@
+//! The logs ring: the last lines of each proc whose output reaches this process (the
+//! client's agent receives its procs' output, [`crate::output`]), at most
+//! [`LINES_PER_PROC`] lines and [`BYTES_PER_PROC`] bytes per proc, and a query over them.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, OnceLock};
+
+use serde::{Deserialize, Serialize};
+
+/// Lines kept per proc.
+pub const LINES_PER_PROC: usize = 2_000;
+/// Bytes of text kept per proc.
+pub const BYTES_PER_PROC: usize = 1 << 20;
+
+/// One line of a proc's output (the API's log record).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogRecord {
+    /// When it arrived here (Unix seconds).
+    pub time: f64,
+    /// The proc's id.
+    pub proc: String,
+    /// Its rank in its proc mesh.
+    pub rank: usize,
+    /// `stdout` or `stderr`.
+    pub stream: String,
+    /// The text.
+    pub line: String,
+}
+
+/// Which lines [`query`] returns.
+#[derive(Debug, Clone, Default)]
+pub struct LogQuery {
+    /// A substring of the line (case-insensitive); empty matches all.
+    pub text: Option<String>,
+    /// Only this proc's lines.
+    pub proc: Option<String>,
+    /// At most this many (the newest); 200 when `None`.
+    pub limit: Option<usize>,
+}
+
+#[derive(Default)]
+struct ProcLines {
+    lines: VecDeque<LogRecord>,
+    bytes: usize,
+}
+
+#[derive(Default)]
+struct Logs {
+    procs: HashMap<String, ProcLines>,
+    /// Lines evicted so far.
+    dropped: u64,
+}
+
+fn logs() -> &'static Mutex<Logs> {
+    static LOGS: OnceLock<Mutex<Logs>> = OnceLock::new();
+    LOGS.get_or_init(Mutex::default)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Keeps `records` (lines of procs, in arrival order), dropping each proc's oldest
+/// lines past the bounds.
+pub fn record(records: impl IntoIterator<Item = LogRecord>) {
+    let mut logs = lock(logs());
+    let mut dropped = 0;
+    for record in records {
+        let entry = logs.procs.entry(record.proc.clone()).or_default();
+        entry.bytes += record.line.len();
+        entry.lines.push_back(record);
+        while entry.lines.len() > LINES_PER_PROC || entry.bytes > BYTES_PER_PROC {
+            match entry.lines.pop_front() {
+                Some(old) => {
+                    entry.bytes -= old.line.len();
+                    dropped += 1;
+                }
+                None => break,
+            }
+        }
+    }
+    logs.dropped += dropped;
+}
+
+/// The lines matching `q`, oldest first (newest last), at most its limit.
+pub fn query(q: &LogQuery) -> Vec<LogRecord> {
+    let limit = q.limit.unwrap_or(200);
+    let needle = q.text.as_deref().unwrap_or("").to_lowercase();
+    let logs = lock(logs());
+    let matches = |r: &&LogRecord| needle.is_empty() || r.line.to_lowercase().contains(&needle);
+    let mut out: Vec<LogRecord> = match &q.proc {
+        Some(proc) => logs
+            .procs
+            .get(proc)
+            .map(|p| p.lines.iter().filter(matches).cloned().collect())
+            .unwrap_or_default(),
+        None => logs
+            .procs
+            .values()
+            .flat_map(|p| p.lines.iter().filter(matches).cloned())
+            .collect(),
+    };
+    out.sort_by(|a, b| a.time.total_cmp(&b.time));
+    let skip = out.len().saturating_sub(limit);
+    out.drain(..skip);
+    out
+}
+
+/// Lines evicted from the ring so far (older lines pushed out by newer ones).
+pub fn evicted() -> u64 {
+    lock(logs()).dropped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(proc: &str, time: f64, text: &str) -> LogRecord {
+        LogRecord {
+            time,
+            proc: proc.to_string(),
+            rank: 0,
+            stream: "stdout".to_string(),
+            line: text.to_string(),
+        }
+    }
+
+    #[test]
+    fn bounded_and_queried() {
+        record((0..LINES_PER_PROC + 10).map(|i| line("logs-test-a", i as f64, &format!("a {i}"))));
+        record([line("logs-test-b", 5.5, "Hello World")]);
+        let a = query(&LogQuery {
+            proc: Some("logs-test-a".into()),
+            limit: Some(usize::MAX),
+            ..Default::default()
+        });
+        assert_eq!(a.len(), LINES_PER_PROC);
+        assert_eq!(a[0].line, "a 10");
+        let hits = query(&LogQuery {
+            text: Some("hello".into()),
+            ..Default::default()
+        });
+        assert_eq!(hits.len(), 1);
+        assert_eq!(hits[0].proc, "logs-test-b");
+        let last = query(&LogQuery {
+            proc: Some("logs-test-a".into()),
+            limit: Some(2),
+            ..Default::default()
+        });
+        let texts: Vec<&str> = last.iter().map(|r| r.line.as_str()).collect();
+        let n = LINES_PER_PROC + 10;
+        assert_eq!(texts, [format!("a {}", n - 2), format!("a {}", n - 1)]);
+        assert!(evicted() >= 10);
+    }
+}
