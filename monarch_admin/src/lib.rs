@@ -90,7 +90,8 @@ pub trait Source: Send + Sync + 'static {
     fn kill_proc(&self, proc: &str) -> BoxFuture<'static, Result<(), String>>;
 
     /// The program's identity for `GET /v1/summary`: an object with any of `session`,
-    /// `program`, `pid`, `started_at` (and `now`, for a recording). The server fills
+    /// `program`, `pid`, `started_at` (and, for a recording, `now` and the message
+    /// `rate`). The server fills
     /// what is missing from its own process.
     fn describe(&self) -> serde_json::Value {
         serde_json::Value::Object(Default::default())

@@ -29,17 +29,24 @@ fn escape_into(out: &mut String, value: &str) {
     }
 }
 
+/// Writes a sample value as the format writes floats.
+fn write_number(out: &mut String, value: f64) {
+    if value.is_nan() {
+        out.push_str("NaN");
+    } else if value.is_infinite() {
+        out.push_str(if value > 0.0 { "+Inf" } else { "-Inf" });
+    } else if value == value.trunc() && value.abs() < 1e15 {
+        let _ = write!(out, "{}", value as i64);
+    } else {
+        let _ = write!(out, "{value}");
+    }
+}
+
 /// A sample value as the format writes floats.
 fn number(value: f64) -> String {
-    if value.is_nan() {
-        "NaN".into()
-    } else if value.is_infinite() {
-        if value > 0.0 { "+Inf" } else { "-Inf" }.into()
-    } else if value == value.trunc() && value.abs() < 1e15 {
-        format!("{}", value as i64)
-    } else {
-        format!("{value}")
-    }
+    let mut out = String::new();
+    write_number(&mut out, value);
+    out
 }
 
 /// A JSON value as a label value: strings as they are, numbers printed, null empty.
@@ -56,7 +63,7 @@ type Family = (&'static str, &'static str, &'static str, fn(&Value) -> f64);
 /// A gauge family: name, help, and the value of one record.
 type Gauge = (&'static str, &'static str, fn(&Value) -> f64);
 /// Endpoint histograms by (mesh, class, endpoint): buckets, sum in seconds, count.
-type Histograms = BTreeMap<(String, String, String), (Vec<u64>, f64, u64)>;
+type Histograms<'a> = BTreeMap<(&'a str, &'a str, &'a str), (Vec<u64>, f64, u64)>;
 
 struct Writer {
     out: String,
@@ -84,7 +91,7 @@ impl Writer {
             self.out.push('}');
         }
         self.out.push(' ');
-        self.out.push_str(&number(value));
+        write_number(&mut self.out, value);
         self.out.push('\n');
     }
 }
@@ -180,7 +187,7 @@ pub fn render_metrics(snapshot: &Value, events: &[Value]) -> String {
         };
         for (endpoint, stats) in endpoints {
             let entry = histograms
-                .entry((l[0].clone(), l[1].clone(), endpoint.clone()))
+                .entry((l[0].as_str(), l[1].as_str(), endpoint.as_str()))
                 .or_insert_with(|| (vec![0; bounds.len() + 1], 0.0, 0));
             if let Some(buckets) = stats["buckets"].as_array() {
                 for (slot, count) in entry.0.iter_mut().zip(buckets) {
@@ -207,7 +214,7 @@ pub fn render_metrics(snapshot: &Value, events: &[Value]) -> String {
         for (i, le) in les.iter().enumerate() {
             cumulative += buckets.get(i).copied().unwrap_or(0);
             let labels = [
-                ("mesh", mesh.as_str()),
+                ("mesh", *mesh),
                 ("class", class),
                 ("endpoint", endpoint),
                 ("le", le),
@@ -218,13 +225,9 @@ pub fn render_metrics(snapshot: &Value, events: &[Value]) -> String {
                 cumulative as f64,
             );
         }
-        let labels = [
-            ("mesh", mesh.as_str()),
-            ("class", class),
-            ("endpoint", endpoint),
-        ];
+        let labels = [("mesh", *mesh), ("class", class), ("endpoint", endpoint)];
         let inf = [
-            ("mesh", mesh.as_str()),
+            ("mesh", *mesh),
             ("class", class),
             ("endpoint", endpoint),
             ("le", "+Inf"),

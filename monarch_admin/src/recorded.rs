@@ -197,6 +197,9 @@ impl Source for RecordedSource {
                 out.insert(key.into(), v.clone());
             }
         }
+        if let Some(rate) = self.summary["messages"].get("rate") {
+            out.insert("rate".into(), rate.clone());
+        }
         Value::Object(out)
     }
 

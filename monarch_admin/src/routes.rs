@@ -389,19 +389,16 @@ pub(crate) fn summarize(snapshot: &Value, describe: &Value, rate: f64, started_a
 
 async fn summary(app: &App) -> Answer {
     let snapshot = snapshot(app).await?;
-    let rate = match app.source.recorded_series() {
+    let describe = app.source.describe();
+    let recorded_rate = describe.get("rate").and_then(Value::as_f64);
+    let rate = recorded_rate.or_else(|| match app.source.recorded_series() {
         Some(series) => series["points"]
             .as_array()
             .and_then(|p| p.last())
             .and_then(|p| p["rate"].as_f64()),
         None => app.series.last_rate(),
-    };
-    let value = summarize(
-        &snapshot,
-        &app.source.describe(),
-        rate.unwrap_or(0.0),
-        app.started_at,
-    );
+    });
+    let value = summarize(&snapshot, &describe, rate.unwrap_or(0.0), app.started_at);
     Ok(json_response(StatusCode::OK, value))
 }
 
