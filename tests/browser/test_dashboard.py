@@ -172,3 +172,20 @@ def test_a_lost_cookie_shows_how_to_sign_in(browser: Browser, dashboard_url: str
     banner = browser.visible_testid("banner", timeout=5.0)
     assert "?token=" in banner.text, banner.text
     assert browser.by_testid("connection").get_attribute("data-state") == "down"
+
+
+def test_busy_actor_detail_estimates_percentiles(browser: Browser, dashboard_url: str) -> None:
+    open_dashboard(browser, dashboard_url)
+    browser.by_testid(f"actor-{BUSY_ACTOR}").click()
+    browser.visible_testid("actor-detail")
+    current = browser.wait(
+        "the detail of the busy actor",
+        lambda _: browser.by_testid("detail-current").text,
+    )
+    assert current == "step for 2.35 s", current
+    # step: 10 calls <= 4096 us, 20 <= 8192 us, 10 <= 16384 us; linear within a bucket.
+    cells = browser.by_testid("endpoint-step").find_elements(By.TAG_NAME, "td")
+    name, count, errors, mean, p50, p99 = (c.text for c in cells[:6])
+    assert (name, count, errors, mean) == ("step", "40", "0", "20.0 ms")
+    assert (p50, p99) == ("6.14 ms", "16.1 ms")
+    assert "null" not in browser.by_testid("actor-detail").text
