@@ -163,6 +163,15 @@ class Browser:
         assert value is not None, "the browser reports no navigation timing"
         return float(value)
 
+    def first_render_ms(self) -> float:
+        """When the page drew its first snapshot (its ``monarch:first-render`` mark), in ms."""
+        value = self.driver.execute_script(
+            "const m = performance.getEntriesByName('monarch:first-render')[0];"
+            "return m ? m.startTime : null;"
+        )
+        assert value is not None, "the page has not drawn a snapshot"
+        return float(value)
+
     def prefer_dark(self, dark: bool = True) -> None:
         """Emulate ``prefers-color-scheme`` (headless chromium defaults to light)."""
         self.driver.execute_cdp_cmd(
