@@ -403,6 +403,11 @@
           h("span", { class: "dim" }, `pid ${p.pid}`)),
         h("div", { class: "fail-c" }, (p.exit && p.exit.reason) || p.status)));
     }
+    const MAX = 50;
+    if (items.length > MAX) {
+      const more = items.length - MAX;
+      items.splice(MAX, more, h("li", { class: "empty" }, `…and ${more} more (the tree marks every failed actor)`));
+    }
     $("failures").replaceChildren(items.length ? h("ul", { class: "fails" }, items)
       : h("div", { class: "empty good" }, "no failures"));
   }
