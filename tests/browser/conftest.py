@@ -46,7 +46,7 @@ def dashboard_url() -> Iterator[str]:
         yield override
         return
     try:
-        from monarch._rust_bindings import AdminConfig, AdminServer  # type: ignore[attr-defined]
+        from monarch._rust_bindings import AdminConfig, AdminServer
     except ImportError as e:
         _skip_or_fail(f"the admin server binding is not built ({e})")
         raise AssertionError("unreachable") from e
