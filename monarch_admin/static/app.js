@@ -10,7 +10,7 @@
   const st = {
     summary: null, snap: null, series: null, events: [], lastSeq: 0,
     showSystem: false, open: new Map(), big: false, detailId: null, detail: null,
-    busy: false, again: false, detailSig: "", meshSig: "", treeSig: "", failSig: "", authFailed: false, es: null,
+    busy: false, again: false, detailSig: "", meshSig: "", chartSig: "", treeSig: "", failSig: "", authFailed: false, es: null,
   };
 
   // ---- small helpers ----------------------------------------------------------------
@@ -182,7 +182,7 @@
     $("cards").replaceChildren(
       card("hosts", "Hosts", String(c.hosts), `${hostsUp} alive`, hostsUp < c.hosts ? "bad" : ""),
       card("procs", "Procs", String(c.procs), `${procsUp} running`, procsUp < c.procs ? "warn" : ""),
-      card("meshes", "Meshes", String(c.meshes), `${snap.meshes.filter((m) => m.kind === "actor").length} actor meshes`),
+      card("meshes", "Meshes", String(c.meshes), ((n) => `${n} actor mesh${n === 1 ? "" : "es"}`)(snap.meshes.filter((m) => m.kind === "actor").length)),
       card("actors", "Actors", String(c.actors), `+${sys} system`),
       card("failures", "Failures", String(fails), `${plural(c.failed_actors, "actor")} · ${plural(c.failed_procs, "proc")}`, fails ? "bad" : "good"),
       card("rate", "Messages/s", fmtNum(s.messages.rate), `${fmtNum(s.messages.handled)} handled · ${s.messages.errors} errors`),
@@ -255,8 +255,12 @@
     });
     svg.addEventListener("mouseleave", () => { tip.hidden = true; rule.setAttribute("visibility", "hidden"); });
   }
-  function renderCharts() {
+  function renderCharts(force) {
     const pts = st.series.points || [];
+    // Redraw only for new samples (or a resize): a redraw would drop the hover tooltip.
+    const sig = `${pts.length}:${pts.length ? pts[pts.length - 1].t : 0}`;
+    if (!force && sig === st.chartSig) return;
+    st.chartSig = sig;
     const col = (k) => pts.map((p) => p[k]);
     const delta = (k) => pts.map((p, i) => i ? Math.max(0, p[k] - pts[i - 1][k]) / (p.t - pts[i - 1].t || 1) : 0);
     const rate = (v) => v == null ? "—" : fmtNum(v) + "/s";
@@ -621,7 +625,7 @@
     });
     document.addEventListener("visibilitychange", () => { if (document.visibilityState === "visible") refresh(); });
     let rt = null;
-    window.addEventListener("resize", () => { clearTimeout(rt); rt = setTimeout(() => { if (st.series) renderCharts(); }, 150); });
+    window.addEventListener("resize", () => { clearTimeout(rt); rt = setTimeout(() => { if (st.series) renderCharts(true); }, 150); });
     setInterval(() => { if (document.visibilityState === "visible") refresh(); }, POLL_MS);
     refresh().then(fromHash);
     loadEvents().then(connectStream);
