@@ -43,6 +43,14 @@ def open_dashboard(browser: Browser, url: str) -> None:
     )
 
 
+def assert_no_console_errors(browser: Browser) -> None:
+    """No SEVERE console entry: no script error, no failed request of the page's own."""
+    # The browser asks for /favicon.ico by itself; the page has no icon (a data: URL would
+    # break the Content-Security-Policy), so a 404 there is not the page's error.
+    severe = [e for e in browser.severe_console_entries() if "/favicon.ico " not in e["message"]]
+    assert not severe, f"the console has errors: {severe}"
+
+
 def screenshot(browser: Browser, name: str, tmp_path: Path) -> Path:
     browser.driver.execute_script("document.activeElement && document.activeElement.blur()")
     target = (
@@ -71,10 +79,7 @@ def test_page_loads_without_console_errors(
     assert browser.by_testid("card-procs").text.split("\n")[1] == "4"
     size = browser.driver.execute_script("return [window.innerWidth, window.innerHeight]")
     assert tuple(size) == WINDOW, f"viewport is {size}, expected {WINDOW}"
-    # The browser asks for /favicon.ico by itself; the page has no icon (a data: URL would
-    # break the Content-Security-Policy), so a 404 there is not the page's error.
-    severe = [e for e in browser.severe_console_entries() if "/favicon.ico " not in e["message"]]
-    assert not severe, f"the console has errors: {severe}"
+    assert_no_console_errors(browser)
     screenshot(browser, "dashboard-overview.png", tmp_path)
 
 
@@ -96,6 +101,7 @@ def test_tree_shows_the_meshes_and_hides_system_actors(
     proc = browser.by_testid(f"proc-{PROC}").find_element(By.TAG_NAME, "summary").text
     for part in ("pid 4100", "running", "RSS", "CPU"):
         assert part in proc, f"{part!r} missing from the proc row {proc!r}"
+    assert_no_console_errors(browser)
 
 
 def test_failure_links_to_the_actor_detail(
@@ -125,6 +131,7 @@ def test_failure_links_to_the_actor_detail(
     # Escape closes it.
     browser.driver.switch_to.active_element.send_keys(Keys.ESCAPE)
     browser.wait("the detail to close", lambda _: not detail.is_displayed())
+    assert_no_console_errors(browser)
 
 
 def test_log_search_finds_a_line(browser: Browser, dashboard_url: str) -> None:
@@ -143,6 +150,7 @@ def test_log_search_finds_a_line(browser: Browser, dashboard_url: str) -> None:
     (line,) = browser.wait("exactly one matching log line", matched)
     assert "step 39 loss 0.0250" in line.text
     assert line.find_element(By.TAG_NAME, "mark").text == "loss 0.0250"
+    assert_no_console_errors(browser)
 
 
 def test_stack_button_shows_the_text_or_a_readable_error(
@@ -195,3 +203,4 @@ def test_busy_actor_detail_estimates_percentiles(browser: Browser, dashboard_url
     assert (name, count, errors, mean) == ("step", "40", "0", "20.0 ms")
     assert (p50, p99) == ("6.14 ms", "16.1 ms")
     assert "null" not in browser.by_testid("actor-detail").text
+    assert_no_console_errors(browser)
