@@ -183,3 +183,67 @@ class Browser:
 def css_string(text: str) -> str:
     """Escape ``text`` for a double-quoted CSS string."""
     return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+class PrefixProxy:
+    """A reverse proxy that serves ``upstream`` under a path prefix, as notebook proxies
+    do (``http://127.0.0.1:PORT/proxy/admin/...`` -> ``upstream/...``): it rewrites the
+    ``Host`` header and ``Location`` redirects, and streams the answers (event streams
+    included). For checking that the page uses relative URLs only."""
+
+    def __init__(self, upstream: str, prefix: str = "/proxy/admin/") -> None:
+        import http.client
+        import threading
+        import urllib.parse
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        target = urllib.parse.urlsplit(upstream)
+        host, port = target.hostname or "127.0.0.1", target.port or 80
+        self.prefix = prefix
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                if not self.path.startswith(prefix):
+                    self.send_error(404, f"outside the proxied prefix {prefix}")
+                    return
+                skip = {"host", "origin", "connection", "accept-encoding"}
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
+                conn = http.client.HTTPConnection(host, port, timeout=WAIT_S * 3)
+                try:
+                    conn.request("GET", "/" + self.path[len(prefix) :], headers=headers)
+                    answer = conn.getresponse()
+                    self.send_response(answer.status)
+                    for key, value in answer.getheaders():
+                        if key.lower() in ("connection", "transfer-encoding", "keep-alive"):
+                            continue
+                        if key.lower() == "location" and value.startswith("/"):
+                            value = prefix + value[1:]
+                        self.send_header(key, value)
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    while chunk := answer.read1(65536):
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                except OSError:
+                    pass  # the browser or the server went away
+                finally:
+                    conn.close()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, name="prefix-proxy", daemon=True
+        )
+        self.thread.start()
+
+    def url(self, query: str = "") -> str:
+        port = self.server.server_address[1]
+        return f"http://127.0.0.1:{port}{self.prefix}" + (f"?{query}" if query else "")
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(WAIT_S)

@@ -10,11 +10,12 @@ Screenshots go to ``tmp_path``; with ``MONARCH_UPDATE_SCREENSHOTS=1`` they repla
 from __future__ import annotations
 
 import os
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_helpers import WINDOW, Browser
+from browser_helpers import WINDOW, Browser, PrefixProxy
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
@@ -204,3 +205,23 @@ def test_busy_actor_detail_estimates_percentiles(browser: Browser, dashboard_url
     assert (p50, p99) == ("6.14 ms", "16.1 ms")
     assert "null" not in browser.by_testid("actor-detail").text
     assert_no_console_errors(browser)
+
+
+def test_the_page_works_behind_a_path_prefix(browser: Browser, dashboard_url: str) -> None:
+    """As behind a notebook proxy: every request of the page, the event stream included,
+    goes through the prefix."""
+    parts = urllib.parse.urlsplit(dashboard_url)
+    proxy = PrefixProxy(f"{parts.scheme}://{parts.netloc}/")
+    try:
+        open_dashboard(browser, proxy.url(parts.query))
+        assert urllib.parse.urlsplit(browser.driver.current_url).path == proxy.prefix
+        browser.wait(
+            "the event stream through the proxy",
+            lambda _: browser.by_testid("connection").get_attribute("data-state") == "live",
+        )
+        browser.by_testid("failure-link").click()
+        assert FAILED_CAUSE in browser.visible_testid("failure-cause").text
+        assert_no_console_errors(browser)
+    finally:
+        browser.close()  # before the proxy, which would wait for the open event stream
+        proxy.close()
