@@ -582,7 +582,7 @@
         setConn("down", "disconnected");
         st.es = null;
         setTimeout(connectStream, 5000);
-      } else setConn("poll", "reconnecting");
+      } else if ($("conn").dataset.state !== "down") setConn("poll", "reconnecting");
     });
   }
 
