@@ -43,6 +43,29 @@ pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// `value` as JSON text.
+///
+/// # Errors
+///
+/// If it does not serialize (a map with non-string keys; none of these records).
+pub fn to_json<T: Serialize>(value: &T) -> Result<String, String> {
+    serde_json::to_string(value).map_err(|e| e.to_string())
+}
+
+/// The body of `GET /v1/events`: `{"version", "items", "next"}` with the events of
+/// `seq > since` (oldest first, at most `limit`); `next` is the last one's `seq`.
+pub fn events_json(since: u64, limit: usize) -> Result<String, String> {
+    let items = events::since(since, limit);
+    let next = items.last().map_or(since, |e| e.seq);
+    to_json(&serde_json::json!({"version": API_VERSION, "items": items, "next": next}))
+}
+
+/// The body of `GET /v1/logs`: `{"version", "items"}` with the lines matching `q`.
+pub fn logs_json(q: &LogQuery) -> Result<String, String> {
+    let items = logs::query(q);
+    to_json(&serde_json::json!({"version": API_VERSION, "items": items}))
+}
+
 /// The whole tree, gathered now.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {

@@ -96,6 +96,7 @@ impl PyDrivenActor {
         match envelope.header.dest.index() {
             SUPERVISION_PORT => match envelope.payload.decode::<SupervisionEvent>() {
                 Ok(event) => {
+                    self.actor.begin("__supervise__");
                     delivery.kind = PyDeliveryKind::Supervise;
                     delivery.failure = Some(PyMeshFailure::from_event(event));
                 }
@@ -130,6 +131,7 @@ impl PyDrivenActor {
                 delivery.route = route;
                 match method {
                     Ok(method) => {
+                        self.actor.begin(&method);
                         delivery.kind = PyDeliveryKind::Call;
                         delivery.method = method;
                         delivery.parts = parts;
@@ -424,12 +426,17 @@ impl PyDelivery {
     /// Answers the call (`status`: a `ReplyStatus` or its code) with `parts`. Does
     /// nothing if nobody waits for a reply.
     fn reply(&self, status: &Bound<'_, PyAny>, parts: &Bound<'_, PyAny>) -> PyResult<()> {
+        let status = crate::reply::status_of(status)?;
+        if matches!(status, hyperactor_mesh::cast::reply::ReplyStatus::Error) {
+            // The endpoint raised: counted in the actor's stats.
+            self.actor.note_error();
+        }
         let Some((to, index)) = self.reply_to() else {
             return Ok(());
         };
         let item = ReplyItem {
             index,
-            status: crate::reply::status_of(status)?,
+            status,
             parts: extract_parts(parts)?,
         };
         let port = PyPortHandle {

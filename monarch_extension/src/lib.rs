@@ -12,6 +12,7 @@ pub mod delivery_kind;
 pub mod future;
 pub mod host_mesh;
 mod members;
+pub mod monitor;
 pub mod output;
 pub mod port;
 pub mod proc;
@@ -108,6 +109,7 @@ pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<supervision::PyMeshFailure>()?;
     m.add_class::<output::PyOutputReceiver>()?;
     shape::register(m)?;
+    monitor::register(m)?;
     rdma::register(m)?;
     m.add_class::<cast_mode::PyCastMode>()?;
     m.add_class::<reply::PyReplyStatus>()?;

@@ -21,7 +21,12 @@ impl PyMeshFailure {
     /// The failure carried by `event` (a minimal one naming the actor when the event
     /// carries none).
     pub fn from_event(event: SupervisionEvent) -> Self {
-        let failure = MeshFailure::from_event(&event).unwrap_or_else(|| MeshFailure {
+        let carried = MeshFailure::from_event(&event);
+        if let Some(failure) = &carried {
+            // An owner heard of it: recorded once as an `actor_failed` event.
+            hyperactor_mesh::monitor::failures::note_mesh_failure(failure);
+        }
+        let failure = carried.unwrap_or_else(|| MeshFailure {
             mesh: hyperactor_mesh::cast::codec::MeshInfo {
                 id: 0,
                 name: event.actor_id.name().to_string(),

@@ -65,6 +65,13 @@ __all__ = [
     "find",
     "lend_bytearray",
     "max_message_len",
+    "monitor_events",
+    "monitor_kill_proc",
+    "monitor_logs",
+    "monitor_record_event",
+    "monitor_snapshot",
+    "monitor_stack",
+    "monitor_stack_fd",
     "primary_ip",
     "rdma_allow_peer_access",
     "rdma_check_live",
@@ -137,6 +144,36 @@ def cluster_auth_env() -> list[tuple[str, str]]:
 
 def worker_proc_id(address: str) -> str:
     """The proc id of the worker at ``address``."""
+
+# Monitoring (JSON strings in the shapes of the monitoring API, version 1).
+
+def monitor_snapshot(timeout_s: float) -> str:
+    """Snapshot of every host, proc, mesh and actor this process knows (JSON)."""
+
+def monitor_events(since: int = 0, limit: int = 1000) -> str:
+    """Events with ``seq > since``, oldest first: ``{"version", "items", "next"}``."""
+
+def monitor_logs(q: str | None = None, proc: str | None = None, limit: int = 200) -> str:
+    """Kept proc output lines matching ``q`` (case-insensitive): ``{"version", "items"}``."""
+
+def monitor_stack(proc: str, timeout_s: float) -> str:
+    """Stacks of every thread of ``proc``: ``{"proc", "pid", "method", "text"}``."""
+
+def monitor_kill_proc(proc: str, reason: str = "killed from the admin") -> None:
+    """Kill ``proc`` through its host (an admin action)."""
+
+def monitor_record_event(
+    kind: str,
+    message: str,
+    mesh: str | None = None,
+    actor: str | None = None,
+    proc: str | None = None,
+    rank: int | None = None,
+) -> int:
+    """Record an event (``breakpoint``, say); returns its sequence number."""
+
+def monitor_stack_fd() -> tuple[int, int]:
+    """``(fd, signal)`` for ``faulthandler.register`` (stack dumps on request)."""
 
 def primary_ip() -> str | None:
     """This machine's primary IP address (never a loopback address), if any."""

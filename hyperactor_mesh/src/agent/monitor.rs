@@ -131,35 +131,51 @@ impl Inner {
         let me = self.proc.proc_id().to_string();
         let (live, dead) = {
             let state = lock(&host.state);
-            let live: Vec<(ProcId, u32)> = state
-                .handles
-                .values()
-                .map(|h| (h.proc_id().clone(), h.pid()))
-                .collect();
+            let live: Vec<crate::host::ProcHandle> = state.handles.values().cloned().collect();
             let dead: Vec<ProcDeath> = state.dead.values().cloned().collect();
             (live, dead)
         };
-        let asks = live.iter().map(|(proc, pid)| {
+        let asks = live.iter().map(|handle| {
+            let proc = handle.proc_id().clone();
             let (port, receiver) = self.client.open_once_port::<ProcReport>();
             self.send_control(
-                proc,
+                &proc,
                 &Control::MonitorProc {
                     reply: port.port_id().clone(),
                 },
             );
             let me = me.clone();
             async move {
-                match tokio::time::timeout(timeout, receiver.recv()).await {
-                    Ok(Ok(mut report)) => {
+                // A proc that dies meanwhile is not waited for: it is reported dead.
+                let answer = tokio::select! {
+                    answer = tokio::time::timeout(timeout, receiver.recv()) => {
+                        answer.ok().and_then(Result::ok)
+                    }
+                    status = handle.wait() => {
+                        let expected = lock(&host.state).expected.contains(&proc);
+                        let death = ProcDeath {
+                            proc_id: proc.clone(),
+                            pid: handle.pid(),
+                            end: ProcEnd::from_status(&status),
+                            expected,
+                        };
+                        return ProcReport {
+                            proc: dead_record(&death, Some(me)),
+                            actors: Vec::new(),
+                        };
+                    }
+                };
+                match answer {
+                    Some(mut report) => {
                         report.proc.host = Some(me);
                         report
                     }
-                    _ => {
-                        let mut proc = ProcRecord::bare(proc.to_string(), "running");
-                        proc.host = Some(me);
-                        proc.pid = Some(*pid);
+                    None => {
+                        let mut record = ProcRecord::bare(proc.to_string(), "running");
+                        record.host = Some(me);
+                        record.pid = Some(handle.pid());
                         ProcReport {
-                            proc,
+                            proc: record,
                             actors: Vec::new(),
                         }
                     }

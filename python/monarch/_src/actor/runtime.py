@@ -21,7 +21,7 @@ import base64
 import os
 import sys
 
-from monarch._rust_bindings import ProcAgent, set_max_frame_len
+from monarch._rust_bindings import monitor_stack_fd, ProcAgent, set_max_frame_len
 from monarch._src import config
 from monarch._src.actor import cuda_devices, logs, proc_bind, process, supervision
 from monarch._src.actor.actor_host import run_spawner, stop_all
@@ -51,6 +51,19 @@ def liveness() -> dict[str, float]:
     }
 
 
+def _register_stack_dumps() -> None:
+    """Let the agent dump this process's Python stacks on request, even when a thread
+    holds the GIL forever: ``faulthandler`` writes them from its signal handler to a pipe
+    the agent reads (see ``hyperactor_mesh::monitor::stack``)."""
+    import faulthandler
+
+    try:
+        fd, signum = monitor_stack_fd()
+        faulthandler.register(signum, file=fd, all_threads=True, chain=False)
+    except (OSError, RuntimeError, ValueError) as e:  # no pipe, or no such signal here
+        sys.stderr.write(f"[monarch] stack dumps are unavailable in this process: {e}\n")
+
+
 def bootstrap_root() -> process.ProcessState:
     """Create the root client's state (registered with :mod:`process`)."""
     _set_frame_limit()
@@ -63,6 +76,7 @@ def bootstrap_root() -> process.ProcessState:
     )
     agent.fanout = config.cached("cast_fanout")
     state = process.ProcessState(agent, is_root=True)
+    _register_stack_dumps()
     logs.install_actor_log_prefix()
     # Before the exit hook below, so that its own (flushing the procs' last lines)
     # runs after it.
@@ -85,6 +99,7 @@ def serve_child() -> None:
     agent = ProcAgent.bootstrap("auto", stop_timeout=_seconds("stop_actor_timeout"), **liveness())
     agent.fanout = config.cached("cast_fanout")
     state = process.ProcessState(agent, is_root=False)
+    _register_stack_dumps()
     state.root_proc = os.environ.get(ROOT_PROC_ENV)
     process.set_state(state)
     logs.install_actor_log_prefix()
