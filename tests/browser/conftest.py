@@ -12,9 +12,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from browser_helpers import Browser, find_browser, require_browser
+
+if TYPE_CHECKING:
+    from monarch._rust_bindings import AdminServer
 
 RECORDED = Path(__file__).resolve().parents[1] / "monitoring" / "fixtures" / "recorded.json"
 
@@ -45,13 +49,28 @@ def dashboard_url() -> Iterator[str]:
     if override:
         yield override
         return
+    server = recorded_server()
+    try:
+        yield str(server.url)
+    finally:
+        server.stop()
+
+
+def recorded_server() -> AdminServer:
+    """A new admin server over the recorded job (skips, or fails in CI, without it)."""
     try:
         from monarch._rust_bindings import AdminConfig, AdminServer
     except ImportError as e:
         _skip_or_fail(f"the admin server binding is not built ({e})")
         raise AssertionError("unreachable") from e
-    server = AdminServer.serve_recorded(str(RECORDED), AdminConfig())
+    return AdminServer.serve_recorded(str(RECORDED), AdminConfig())
+
+
+@pytest.fixture
+def own_server() -> Iterator[AdminServer]:
+    """A recorded server of the test's own, which the test may stop."""
+    server = recorded_server()
     try:
-        yield str(server.url)
+        yield server
     finally:
         server.stop()

@@ -225,3 +225,19 @@ def test_the_page_works_behind_a_path_prefix(browser: Browser, dashboard_url: st
     finally:
         browser.close()  # before the proxy, which would wait for the open event stream
         proxy.close()
+
+
+def test_a_stopped_server_shows_disconnected(browser: Browser, own_server: Any) -> None:
+    open_dashboard(browser, own_server.url)
+    browser.wait(
+        "the live indicator",
+        lambda _: browser.by_testid("connection").get_attribute("data-state") == "live",
+    )
+    own_server.stop()
+    browser.wait(
+        "the disconnected indicator",
+        lambda _: browser.by_testid("connection").get_attribute("data-state") == "down",
+    )
+    assert "Cannot refresh" in browser.visible_testid("banner").text
+    # What was on screen stays there to read.
+    assert browser.by_testid("mesh-trainers").is_displayed()
