@@ -33,7 +33,7 @@ PY_LINT_PATHS := $(wildcard python tests examples benches)
 .DEFAULT_GOAL := help
 
 .PHONY: help install build-dev build-prod format lint lint-rust lint-python stubtest \
-	typecheck test test-deps test-rust test-python slurm-deps demo bench bench-peers bench-multihost bench-rdma bench-tensors docs all \
+	typecheck test test-deps test-rust test-python slurm-deps browser-deps demo bench bench-peers bench-multihost bench-rdma bench-tensors docs all \
 	clean distclean
 
 help: ## Show this list of targets
@@ -88,6 +88,10 @@ test: install test-deps test-rust test-python ## Install everything and run the 
 # as root; elsewhere the script says what is missing and those tests skip with the reason.
 test-deps:
 	-tests/slurm/install_slurm.sh
+	-tests/browser/install_chromium.sh
+
+browser-deps: ## Install Chromium and its driver for tests/browser (root)
+	tests/browser/install_chromium.sh
 
 # Hard ceilings on each half of the suite, far above its normal run time, so that a bug
 # which slips past every per-test timeout still ends the run with an error, not a hang.
