@@ -5,6 +5,7 @@ use pyo3::types::PyDict;
 
 pub mod actor;
 pub mod actor_mesh;
+pub mod admin;
 pub mod agent;
 pub mod call;
 pub mod cast_mode;
@@ -111,6 +112,7 @@ pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     shape::register(m)?;
     monitor::register(m)?;
     rdma::register(m)?;
+    admin::register(m)?;
     m.add_class::<cast_mode::PyCastMode>()?;
     m.add_class::<reply::PyReplyStatus>()?;
     m.add_class::<reply::PyReplyItem>()?;

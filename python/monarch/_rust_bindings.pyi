@@ -31,6 +31,8 @@ __all__ = [
     "REPLY_OK",
     "REPLY_STOPPED",
     "ActorMeshHandle",
+    "AdminConfig",
+    "AdminServer",
     "CallReplies",
     "CastMode",
     "Client",
@@ -1030,3 +1032,50 @@ class Shape:
     def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
     def __reduce__(self) -> tuple[type[Shape], tuple[list[str], Slice]]: ...
+
+# --- the admin server (monarch_admin) ---------------------------------------------------
+
+@final
+class AdminConfig:
+    """How an ``AdminServer`` listens and whom it lets in."""
+
+    bind: str
+    allowed_hosts: list[str]
+    actions: bool
+    tls_cert: str | None
+    tls_key: str | None
+    token: str | None
+    def __new__(
+        cls,
+        bind: str = ...,
+        allowed_hosts: list[str] = ...,
+        actions: bool = False,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        token: str | None = None,
+    ) -> AdminConfig:
+        """``bind`` defaults to ``"127.0.0.1:0"`` (port 0: any free port), and
+        ``allowed_hosts`` to none beyond the local names."""
+
+@final
+class AdminServer:
+    """A running admin server (JSON API, event stream, /metrics and the dashboard)."""
+
+    @staticmethod
+    def serve_recorded(path: str, config: AdminConfig | None = None) -> AdminServer:
+        """Serve the recorded job in the JSON file at ``path``. Raises ``ValueError`` for
+        a bad file or setting, ``OSError`` if the address cannot be listened on."""
+    @property
+    def url(self) -> str:
+        """The URL to give users: the base URL with ``?token=``."""
+    @property
+    def base_url(self) -> str:
+        """The base URL, without the token."""
+    @property
+    def token(self) -> str:
+        """The access token."""
+    @property
+    def port(self) -> int:
+        """The port the server listens on."""
+    def stop(self) -> None:
+        """Stop serving: no new connections, event streams end. Idempotent."""
