@@ -159,9 +159,7 @@ def test_a_stuck_actor_shows_its_endpoint_and_its_stack(procs: ProcMesh) -> None
     assert dump["method"] in ("py-spy", "faulthandler")
     assert "sleeping_in_an_endpoint_for_the_stack_test" in dump["text"], dump["text"]
     pending.get(timeout=30)
-    snap = wait_until(
-        "idle again", lambda s: actors_of(s, "stuck")[0]["current"] is None
-    )
+    snap = wait_until("idle again", lambda s: actors_of(s, "stuck")[0]["current"] is None)
     assert actors_of(snap, "stuck")[0]["endpoints"]["stuck"]["count"] == 1
 
 
@@ -190,7 +188,10 @@ def test_proc_output_lands_in_the_logs_ring(procs: ProcMesh) -> None:
     assert {i["proc"] for i in items} <= {p["id"] for p in snap["procs"]}
 
 
-def test_a_sigkilled_proc_shows_failed_within_a_second(procs: ProcMesh, faults: Faults) -> None:
+def test_a_sigkilled_proc_shows_failed_within_a_second(
+    procs: ProcMesh,
+    faults: Faults,  # noqa: F811  (the fixture imported above)
+) -> None:
     counted = procs.spawn("killed", Counted)
     counted.a.call().get(timeout=30)
     snap = snapshot()

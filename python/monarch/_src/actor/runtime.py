@@ -21,7 +21,7 @@ import base64
 import os
 import sys
 
-from monarch._rust_bindings import monitor_stack_fd, ProcAgent, set_max_frame_len
+from monarch._rust_bindings import ProcAgent, monitor_stack_fd, set_max_frame_len
 from monarch._src import config
 from monarch._src.actor import cuda_devices, logs, proc_bind, process, supervision
 from monarch._src.actor.actor_host import run_spawner, stop_all
