@@ -72,8 +72,9 @@ pub fn monitor_stack(py: Python<'_>, proc: &str, timeout_s: f64) -> PyResult<Str
 
 /// Kills `proc` through its host (an admin action).
 #[pyfunction]
-#[pyo3(signature = (proc, reason="killed from the admin".to_string()))]
-pub fn monitor_kill_proc(proc: &str, reason: String) -> PyResult<()> {
+#[pyo3(signature = (proc, reason=None))]
+pub fn monitor_kill_proc(proc: &str, reason: Option<String>) -> PyResult<()> {
+    let reason = reason.unwrap_or_else(|| "killed from the admin".to_string());
     let agent = process_agent()?;
     let proc = proc_id(proc)?;
     let _guard = runtime()?.enter();

@@ -161,8 +161,9 @@ def monitor_logs(q: str | None = None, proc: str | None = None, limit: int = 200
 def monitor_stack(proc: str, timeout_s: float) -> str:
     """Stacks of every thread of ``proc``: ``{"proc", "pid", "method", "text"}``."""
 
-def monitor_kill_proc(proc: str, reason: str = "killed from the admin") -> None:
-    """Kill ``proc`` through its host (an admin action)."""
+def monitor_kill_proc(proc: str, reason: str | None = None) -> None:
+    """Kill ``proc`` through its host (an admin action); ``reason`` defaults to "killed
+    from the admin"."""
 
 def monitor_record_event(
     kind: str,
