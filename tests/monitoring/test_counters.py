@@ -15,6 +15,7 @@ import pytest
 from fault_recorder import Faults, _record_faults, faults  # noqa: F401  (fixtures)
 from monarch._rust_bindings import (
     monitor_events,
+    monitor_kill_proc,
     monitor_logs,
     monitor_snapshot,
     monitor_stack,
@@ -229,3 +230,24 @@ def test_a_sigkilled_proc_shows_failed_within_a_second(
     failed = [e for e in events if e["kind"] == "actor_failed" and e["mesh"] == "killed"]
     assert len(failed) == 1 and failed[0]["rank"] == 1, events
     assert failed[0]["class"] in ("infrastructure", "resource")
+
+
+def test_kill_proc_through_its_host(
+    procs: ProcMesh,
+    faults: Faults,  # noqa: F811  (the fixture imported above)
+) -> None:
+    counted = procs.spawn("admin_killed", Counted)
+    counted.a.call().get(timeout=30)
+    victim = actors_of(snapshot(), "admin_killed")[0]
+    monitor_kill_proc(victim["proc"], "a test asked")
+
+    def shows_lost(s: Snapshot) -> bool:
+        proc = next((p for p in s["procs"] if p["id"] == victim["proc"]), None)
+        return proc is not None and proc["status"] == "lost"
+
+    snap = wait_until("showing the proc lost", shows_lost)
+    proc = next(p for p in snap["procs"] if p["id"] == victim["proc"])
+    assert "a test asked" in proc["exit"]["reason"], proc
+    faults.wait_for(1, "admin_killed")
+    with pytest.raises(ValueError, match="not a proc id"):
+        monitor_kill_proc("nonsense", None)

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from monarch._rust_bindings import monitor_record_event
 from monarch._src.actor.actor import Actor
 from monarch._src.actor.actor_mesh import get_or_spawn_controller
 from monarch._src.actor.channel import Port
@@ -215,6 +216,19 @@ class DebugController(Actor):
         sid = self._next_sid
         self._next_sid += 1
         self._sessions[sid] = _Session(sid, name, info, port)
+        what = (
+            f"is in post-mortem after {info.post_mortem}"
+            if info.post_mortem is not None
+            else "is paused at a breakpoint"
+        )
+        monitor_record_event(
+            "breakpoint",
+            f"actor {name!r} rank {info.rank} {what} in {info.function} "
+            f"({info.filename}:{info.lineno})",
+            mesh=info.actor_name,
+            actor=info.actor_id,
+            rank=info.rank,
+        )
         return sid, name
 
     def _announce(self, s: _Session) -> None:
