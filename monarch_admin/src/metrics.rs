@@ -19,6 +19,10 @@ const EVENT_KINDS: [&str; 7] = [
 
 /// Writes `value` as a label value: `\`, `"` and newlines escaped.
 fn escape_into(out: &mut String, value: &str) {
+    if !value.bytes().any(|b| matches!(b, b'\\' | b'"' | b'\n')) {
+        out.push_str(value);
+        return;
+    }
     for c in value.chars() {
         match c {
             '\\' => out.push_str("\\\\"),

@@ -123,7 +123,8 @@ impl Series {
         }
         let last = self.last_request_ms.load(Ordering::Relaxed);
         last != 0
-            && self.epoch.elapsed().as_millis() as u64 + 1 - last <= WATCH_FOR.as_millis() as u64
+            && (self.epoch.elapsed().as_millis() as u64 + 1).saturating_sub(last)
+                <= WATCH_FOR.as_millis() as u64
     }
 
     /// The message rate of the newest point (computed from the last two samples).

@@ -236,7 +236,10 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let app = Arc::clone(&app);
         let service = service_fn(move |request| crate::routes::handle(Arc::clone(&app), request));
-        let builder = hyper::server::conn::http1::Builder::new();
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        // With a timer, a client that sends no complete request head within 30 s (the
+        // default `header_read_timeout`) is cut off instead of holding a task forever.
+        builder.timer(hyper_util::rt::TokioTimer::new());
         match &acceptor {
             None => {
                 let connection = builder.serve_connection(TokioIo::new(stream), service);
