@@ -1066,6 +1066,10 @@ class AdminServer:
     def serve_recorded(path: str, config: AdminConfig | None = None) -> AdminServer:
         """Serve the recorded job in the JSON file at ``path``. Raises ``ValueError`` for
         a bad file or setting, ``OSError`` if the address cannot be listened on."""
+    @staticmethod
+    def serve_live(agent: ProcAgent, config: AdminConfig | None = None) -> AdminServer:
+        """Serve this process's live job, as seen by ``agent`` (its mesh agent). Raises
+        ``ValueError`` for a bad setting, ``OSError`` if the address cannot be listened on."""
     @property
     def url(self) -> str:
         """The URL to give users: the base URL with ``?token=``."""
