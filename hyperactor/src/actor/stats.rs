@@ -397,5 +397,35 @@ mod tests {
             assert!(s.busy >= std::time::Duration::from_millis(6));
             Ok(())
         }
+
+        /// The per-message cost of the counters: run once with `MONARCH_ACTOR_STATS=0`
+        /// and once without, and compare (`cargo test -p hyperactor --lib
+        /// stats_cost -- --ignored --nocapture`).
+        #[tokio::test]
+        #[ignore = "a measurement, not a test"]
+        async fn stats_cost() -> Result<(), Box<dyn std::error::Error>> {
+            let proc = Proc::serve(ChannelTransport::Local, "stats-cost").await?;
+            let client = proc.client("main")?;
+            let worker = client.spawn::<Worker>("worker", ())?;
+            let port = worker.bind().port::<Work>();
+            let mut best = std::time::Duration::MAX;
+            for _ in 0..5 {
+                let n = 20_000u64;
+                let start = std::time::Instant::now();
+                for i in 0..n {
+                    client.call(&port, |r| Work(i, r)).await?;
+                }
+                best = best.min(start.elapsed() / n as u32);
+            }
+            println!(
+                "recording {}: {best:?} per call round trip (best of 5 x 20000)",
+                if super::super::stats_enabled() {
+                    "on"
+                } else {
+                    "off"
+                }
+            );
+            Ok(())
+        }
     }
 }
