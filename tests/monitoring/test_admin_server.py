@@ -196,3 +196,23 @@ def test_answers_while_python_is_busy(server: AdminServer) -> None:
     assert float(start) < ended, "the child was too slow to start; the spin proves nothing"
     assert float(done) < ended, f"the request waited for the spin to end ({out})"
     assert float(done) - float(start) < 1.0
+
+
+def test_serve_live_over_this_process() -> None:
+    from monarch._rust_bindings import monitor_record_event
+    from monarch._src.actor import process
+
+    srv = AdminServer.serve_live(process.get().agent, AdminConfig())
+    try:
+        snapshot = get_json(srv, "/v1/snapshot")
+        assert snapshot["version"] == 1 and len(snapshot["bucket_bounds_us"]) == 25
+        assert len(snapshot["procs"]) >= 1
+        summary = get_json(srv, "/v1/summary")
+        assert summary["health"] == "ok" and summary["pid"] > 0
+        seq = monitor_record_event("breakpoint", "from test_serve_live")
+        since = get_json(srv, f"/v1/events?since={seq - 1}")["items"]
+        assert [e["message"] for e in since] == ["from test_serve_live"]
+        status, _, body = request(srv, "/metrics", bearer(srv))
+        assert status == 200 and b"monarch_proc_up{" in body
+    finally:
+        srv.stop()
