@@ -175,6 +175,18 @@ struct NvmlMemory {
     used: u64,
 }
 
+/// `nvmlMemory_v2_t`: `used` leaves out the memory the driver reserves (as
+/// `nvidia-smi` shows it).
+#[repr(C)]
+#[derive(Default)]
+struct NvmlMemoryV2 {
+    version: c_uint,
+    total: u64,
+    reserved: u64,
+    free: u64,
+    used: u64,
+}
+
 #[repr(C)]
 #[derive(Default)]
 struct NvmlUtilization {
@@ -196,6 +208,7 @@ struct Nvml {
     handle: unsafe extern "C" fn(c_uint, *mut NvmlDevice) -> NvmlReturn,
     name: unsafe extern "C" fn(NvmlDevice, *mut c_char, c_uint) -> NvmlReturn,
     memory: unsafe extern "C" fn(NvmlDevice, *mut NvmlMemory) -> NvmlReturn,
+    memory_v2: Option<unsafe extern "C" fn(NvmlDevice, *mut NvmlMemoryV2) -> NvmlReturn>,
     utilization: unsafe extern "C" fn(NvmlDevice, *mut NvmlUtilization) -> NvmlReturn,
     processes:
         Option<unsafe extern "C" fn(NvmlDevice, *mut c_uint, *mut NvmlProcessInfo) -> NvmlReturn>,
@@ -242,6 +255,7 @@ fn nvml() -> Option<&'static Nvml> {
                 handle: symbol(lib, c"nvmlDeviceGetHandleByIndex_v2")?,
                 name: symbol(lib, c"nvmlDeviceGetName")?,
                 memory: symbol(lib, c"nvmlDeviceGetMemoryInfo")?,
+                memory_v2: symbol(lib, c"nvmlDeviceGetMemoryInfo_v2"),
                 utilization: symbol(lib, c"nvmlDeviceGetUtilizationRates")?,
                 processes: symbol(lib, c"nvmlDeviceGetComputeRunningProcesses_v3"),
             })
@@ -278,8 +292,23 @@ pub fn gpus() -> Vec<GpuRecord> {
             String::new()
         };
         let mut memory = NvmlMemory::default();
-        // SAFETY: a valid device and out pointer.
-        let _ = unsafe { (nvml.memory)(device, &mut memory) };
+        let mut v2 = NvmlMemoryV2 {
+            // NVML_STRUCT_VERSION(Memory, 2): the struct's size and the version in the
+            // top byte.
+            version: std::mem::size_of::<NvmlMemoryV2>() as c_uint | (2 << 24),
+            ..NvmlMemoryV2::default()
+        };
+        // SAFETY: a valid device and out pointer to the versioned struct.
+        let v2_ok = nvml
+            .memory_v2
+            .is_some_and(|f| unsafe { f(device, &mut v2) } == 0);
+        if v2_ok {
+            memory.total = v2.total;
+            memory.used = v2.used;
+        } else {
+            // SAFETY: a valid device and out pointer.
+            let _ = unsafe { (nvml.memory)(device, &mut memory) };
+        }
         let mut util = NvmlUtilization::default();
         // SAFETY: a valid device and out pointer.
         let _ = unsafe { (nvml.utilization)(device, &mut util) };
@@ -326,5 +355,18 @@ mod tests {
         );
         // Without NVML this is empty; with it, every GPU has a name.
         assert!(gpus().iter().all(|g| !g.name.is_empty()));
+    }
+
+    /// Prints this machine's GPUs as NVML reports them (for a check on a GPU machine).
+    #[test]
+    #[ignore = "prints what NVML says; run it on a GPU machine"]
+    fn print_gpus() {
+        let gpus = gpus();
+        println!("GPUS {}", serde_json::to_string(&gpus).unwrap_or_default());
+        assert!(!gpus.is_empty(), "no GPU found through NVML");
+        for g in &gpus {
+            assert!(g.mem_total > 0 && g.mem_used <= g.mem_total, "{g:?}");
+            assert!((0.0..=100.0).contains(&g.util_pct), "{g:?}");
+        }
     }
 }
