@@ -98,10 +98,10 @@ impl Inner {
         proc.link_sent = sent;
         proc.link_received = received;
         proc.log_lines_dropped = crate::output::dropped_lines();
+        // Copied before the agent's table is locked: no lock is held across the two.
+        let actor_stats = self.proc.actor_stats();
         let local = lock(&self.local);
-        let actors = self
-            .proc
-            .actor_stats()
+        let actors = actor_stats
             .iter()
             .map(|s| {
                 let mut record = ActorRecord::from_stats(s);
