@@ -6,9 +6,8 @@
 //! `MONITORING_SPEC.md`: section 1 (routes and records), 2 (security) and 3 (metric
 //! names).
 //!
-//! The server knows nothing of the runtime: its only input is a [`Source`], so it runs
-//! against a live job (the runtime implements [`Source`]) or a recorded one
-//! ([`RecordedSource`]). It runs on the caller's tokio runtime, so it answers while the
+//! The server's only input is a [`Source`], so it runs against a live job
+//! ([`LiveSource`], over the mesh layer) or a recorded one ([`RecordedSource`]). It runs on the caller's tokio runtime, so it answers while the
 //! Python interpreter is busy.
 //!
 //! ```no_run
@@ -26,6 +25,7 @@
 
 mod auth;
 mod config;
+mod live;
 mod metrics;
 mod recorded;
 mod routes;
@@ -41,6 +41,7 @@ use futures::future::BoxFuture;
 
 pub use crate::config::AdminConfig;
 pub use crate::config::AdminError;
+pub use crate::live::LiveSource;
 pub use crate::metrics::render_metrics;
 pub use crate::recorded::RecordedSource;
 pub use crate::server::AdminServer;

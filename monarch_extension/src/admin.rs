@@ -5,121 +5,13 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use futures::future::{BoxFuture, FutureExt};
-use hyperactor_mesh::agent::ProcAgent;
-use hyperactor_mesh::monitor;
+use monarch_admin::LiveSource;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
-use serde_json::Value;
-use tokio::sync::broadcast;
 
 use crate::agent::PyProcAgent;
 use crate::runtime::{check_may_block, runtime};
-
-/// The live job of this process as a [`monarch_admin::Source`]: snapshots from the mesh
-/// agent, events and logs from [`hyperactor_mesh::monitor`].
-pub struct LiveSource {
-    agent: ProcAgent,
-    events: broadcast::Sender<Value>,
-}
-
-impl std::fmt::Debug for LiveSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LiveSource").finish_non_exhaustive()
-    }
-}
-
-fn to_value<T: serde::Serialize>(value: &T) -> Value {
-    serde_json::to_value(value).unwrap_or_else(
-        |e| serde_json::json!({"error": format!("cannot serialize a monitoring record: {e}")}),
-    )
-}
-
-fn parse_proc(proc: &str) -> Result<hyperactor::ProcId, String> {
-    proc.parse()
-        .map_err(|e| format!("{proc:?} is not a proc id ({e}); expected an id from GET /v1/procs"))
-}
-
-impl LiveSource {
-    /// A source over `agent`; must be called within the runtime (it starts the task
-    /// that forwards events to subscribers).
-    pub fn new(agent: ProcAgent) -> LiveSource {
-        let (events, _) = broadcast::channel(1024);
-        // Weak, so the task ends (at the next event) once the source is gone.
-        let forward = events.downgrade();
-        let mut live = monitor::events::subscribe();
-        tokio::spawn(async move {
-            loop {
-                match live.recv().await {
-                    Ok(event) => {
-                        let Some(forward) = forward.upgrade() else {
-                            return;
-                        };
-                        // No subscriber now is fine: the event stays in the ring.
-                        let _ = forward.send(to_value(&event));
-                    }
-                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(broadcast::error::RecvError::Closed) => return,
-                }
-            }
-        });
-        LiveSource { agent, events }
-    }
-}
-
-impl monarch_admin::Source for LiveSource {
-    fn snapshot(&self, timeout: Duration) -> BoxFuture<'static, Result<Value, String>> {
-        let agent = self.agent.clone();
-        async move { Ok(to_value(&agent.monitor_snapshot(timeout).await)) }.boxed()
-    }
-
-    fn events_since(&self, since: u64, limit: usize) -> Vec<Value> {
-        monitor::events::since(since, limit)
-            .iter()
-            .map(to_value)
-            .collect()
-    }
-
-    fn subscribe(&self) -> broadcast::Receiver<Value> {
-        self.events.subscribe()
-    }
-
-    fn logs(&self, q: &monarch_admin::LogQuery) -> Vec<Value> {
-        // An actor's id is its proc's id, `/`, and its name and rank.
-        let proc = q.proc.clone().or_else(|| {
-            q.actor
-                .as_deref()
-                .and_then(|a| a.rsplit_once('/'))
-                .map(|(proc, _)| proc.to_string())
-        });
-        monitor::logs::query(&monitor::LogQuery {
-            text: q.q.clone(),
-            proc,
-            limit: Some(q.limit),
-        })
-        .iter()
-        .map(to_value)
-        .collect()
-    }
-
-    fn stack(&self, proc: &str, timeout: Duration) -> BoxFuture<'static, Result<Value, String>> {
-        let agent = self.agent.clone();
-        let proc = parse_proc(proc);
-        async move {
-            let dump = agent.stack_dump(&proc?, timeout).await?;
-            Ok(to_value(&dump))
-        }
-        .boxed()
-    }
-
-    fn kill_proc(&self, proc: &str) -> BoxFuture<'static, Result<(), String>> {
-        let result = parse_proc(proc)
-            .and_then(|proc| self.agent.kill_proc(&proc, "killed from the dashboard"));
-        futures::future::ready(result).boxed()
-    }
-}
 
 /// How an `AdminServer` listens and whom it lets in.
 #[pyclass(module = "monarch._rust_bindings", name = "AdminConfig")]
@@ -250,12 +142,14 @@ impl PyAdminServer {
         })
     }
 
-    /// Serves this process's live job, as seen by `agent` (the process's mesh agent).
+    /// Serves this process's live job, as seen by `agent` (the process's mesh agent);
+    /// `program` is what the summary calls the program (the script's name).
     #[staticmethod]
-    #[pyo3(signature = (agent, config = None))]
+    #[pyo3(signature = (agent, config = None, program = None))]
     fn serve_live(
         agent: PyRef<'_, PyProcAgent>,
         config: Option<PyRef<'_, PyAdminConfig>>,
+        program: Option<String>,
     ) -> PyResult<PyAdminServer> {
         let config = match config {
             Some(c) => c.to_config()?,
@@ -264,7 +158,7 @@ impl PyAdminServer {
         let rt = runtime()?;
         let source = {
             let _entered = rt.enter();
-            LiveSource::new(agent.agent().clone())
+            LiveSource::new(agent.agent().clone(), program.unwrap_or_default())
         };
         let server = monarch_admin::AdminServer::start_on(rt.handle(), config, Arc::new(source))
             .map_err(start_error)?;

@@ -1067,8 +1067,11 @@ class AdminServer:
         """Serve the recorded job in the JSON file at ``path``. Raises ``ValueError`` for
         a bad file or setting, ``OSError`` if the address cannot be listened on."""
     @staticmethod
-    def serve_live(agent: ProcAgent, config: AdminConfig | None = None) -> AdminServer:
-        """Serve this process's live job, as seen by ``agent`` (its mesh agent). Raises
+    def serve_live(
+        agent: ProcAgent, config: AdminConfig | None = None, program: str | None = None
+    ) -> AdminServer:
+        """Serve this process's live job, as seen by ``agent`` (its mesh agent);
+        ``program`` names the program in the summary. Raises
         ``ValueError`` for a bad setting, ``OSError`` if the address cannot be listened on."""
     @property
     def url(self) -> str:
