@@ -295,7 +295,11 @@ impl HostMesh {
         for (rank, proc) in procs.iter_mut().enumerate() {
             proc.rank = rank;
         }
-        agent.register_owned_procs(info.clone(), cx.actor_id().clone(), &procs);
+        let view = crate::cast::codec::ViewExtent {
+            labels: extent.labels().to_vec(),
+            sizes: extent.sizes().to_vec(),
+        };
+        agent.register_owned_procs_in(info.clone(), cx.actor_id().clone(), &procs, view);
         if let Some((host, reason)) = failure {
             agent.stop_owned(info.id, "its spawn failed").await;
             return Err(MeshError::SpawnProcs {

@@ -133,10 +133,13 @@ def test_counters_equal_the_calls_per_actor_and_endpoint(procs: ProcMesh) -> Non
         assert p["status"] == "running" and p["pid"] and p["rss"] > 0 and p["threads"] > 0
         assert p["host"] in {h["id"] for h in snap["hosts"]}
         assert p["mesh"] is not None and p["rank"] in (0, 1)
+        assert p["point"] == {"gpus": p["rank"]}
     meshes = {m["name"]: m for m in snap["meshes"]}
     assert meshes["counted"]["kind"] == "actor" and meshes["counted"]["status"] == "running"
     assert meshes["counted"]["extent"] == {"gpus": 2}
     assert meshes["counted"]["proc_mesh"] == p["mesh"]
+    assert meshes[p["mesh"]]["kind"] == "proc" and meshes[p["mesh"]]["extent"] == {"gpus": 2}
+    assert meshes[p["mesh"]]["class"] is None
     host = snap["hosts"][0]
     assert host["status"] == "alive" and host["cpus"] >= 1 and host["mem_total"] > 0
     kinds = {e["kind"] for e in json.loads(monitor_events(0, 10_000))["items"]}

@@ -118,6 +118,18 @@ impl ProcAgent {
     /// Records that `owner` owns the procs `procs` (a proc mesh it spawned): stopping
     /// `owner` stops them.
     pub fn register_owned_procs(&self, mesh: MeshInfo, owner: ActorId, procs: &[ProcInfo]) {
+        self.register_owned_procs_in(mesh, owner, procs, ViewExtent::default());
+    }
+
+    /// As [`ProcAgent::register_owned_procs`], for procs laid out in `view` (their
+    /// ranks' coordinates, shown by monitoring).
+    pub fn register_owned_procs_in(
+        &self,
+        mesh: MeshInfo,
+        owner: ActorId,
+        procs: &[ProcInfo],
+        view: ViewExtent,
+    ) {
         let ranks = procs
             .iter()
             .map(|p| (p.target(p.rank as u32), Some(p.pid)))
@@ -135,7 +147,7 @@ impl ProcAgent {
                 owner,
                 kind: OwnedKind::Procs,
                 ranks,
-                view: ViewExtent::default(),
+                view,
                 stopped: false,
                 created: crate::monitor::unix_now(),
             },
