@@ -212,6 +212,11 @@ async fn route(app: &Arc<App>, request: Request<Incoming>) -> Response<Body> {
     if let Err(message) = app.hosts.check(headers) {
         return error(StatusCode::FORBIDDEN, &message);
     }
+    // Browsers ask for an icon on their own; the page has none (a data: URL would break
+    // the Content-Security-Policy), so the answer is an empty one, not an error.
+    if path == "/favicon.ico" {
+        return respond(StatusCode::NO_CONTENT, "image/x-icon", "");
+    }
     if method == Method::GET {
         let (token, rest) = auth::take_token(&query);
         if let Some(token) = token {

@@ -46,9 +46,7 @@ def open_dashboard(browser: Browser, url: str) -> None:
 
 def assert_no_console_errors(browser: Browser) -> None:
     """No SEVERE console entry: no script error, no failed request of the page's own."""
-    # The browser asks for /favicon.ico by itself; the page has no icon (a data: URL would
-    # break the Content-Security-Policy), so a 404 there is not the page's error.
-    severe = [e for e in browser.severe_console_entries() if "/favicon.ico " not in e["message"]]
+    severe = browser.severe_console_entries()
     assert not severe, f"the console has errors: {severe}"
 
 

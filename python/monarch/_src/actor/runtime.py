@@ -84,6 +84,9 @@ def bootstrap_root() -> process.ProcessState:
     run_spawner(state)
     supervision.start_root_supervision(state)
     atexit.register(_shutdown_at_exit)
+    from monarch._src.monitoring.dashboard import start_from_config
+
+    start_from_config(agent)  # MONARCH_DASHBOARD
     return state
 
 

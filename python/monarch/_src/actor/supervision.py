@@ -198,6 +198,9 @@ def _judge(failure: MeshFailure) -> None:
                 flush=True,
             )
     if unhandled:
+        from monarch._src.monitoring.postmortem import write_postmortem
+
+        write_postmortem()  # when MONARCH_DASHBOARD_REPORT names a file; never raises
         # Outside the hook lock: the exit sequence judges the failures still queued,
         # on this thread when it runs here.
         _exit(1)

@@ -569,6 +569,30 @@ _ALL += [
     *_keys(
         _ADMIN,
         Key(
+            "dashboard",
+            "MONARCH_DASHBOARD",
+            STRING,
+            "",
+            "Start the admin server and dashboard when the program first uses the actor "
+            "API.",
+            effect="Empty or '0': off. '1' (or 'true'): serve on the loopback interface, a "
+            "free port. 'HOST:PORT': serve there. The URL, with its token, is printed to "
+            "stderr. Read by the client when it starts (see docs/monitoring.md).",
+            propagate=False,
+        ),
+        Key(
+            "dashboard_report",
+            "MONARCH_DASHBOARD_REPORT",
+            STRING,
+            "",
+            "Where to write a post-mortem HTML report when the program ends on a failure.",
+            effect="A file path; empty: no report. When the client ends the program "
+            "because of an unhandled failure, it writes one self-contained HTML page of "
+            "the last state there (health, failures with their causes, the tree, events, "
+            "the failed procs' last lines).",
+            propagate=False,
+        ),
+        Key(
             "mesh_admin_addr",
             "HYPERACTOR_MESH_ADMIN_ADDR",
             SOCKET_ADDR,

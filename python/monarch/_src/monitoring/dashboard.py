@@ -19,7 +19,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Dashboard", "current_dashboard", "start_dashboard", "stop_dashboard"]
+__all__ = [
+    "Dashboard",
+    "current_dashboard",
+    "start_dashboard",
+    "start_from_config",
+    "stop_dashboard",
+]
 
 _lock = threading.Lock()
 _current: Dashboard | None = None
@@ -112,6 +118,7 @@ def start_dashboard(
     tls_cert: str | None = None,
     tls_key: str | None = None,
     announce: bool = True,
+    agent: Any = None,
 ) -> Dashboard:
     """Start this process's admin server and dashboard, or return the running one.
 
@@ -121,7 +128,7 @@ def start_dashboard(
     enables the admin actions (killing a proc); the server is read-only without.
     ``tls_cert``/``tls_key`` (PEM paths) serve HTTPS. ``announce`` prints the URL (to
     stderr; in a notebook, a link). Starts the actor runtime of this process if it is
-    not running yet.
+    not running yet (``agent`` is for the runtime's own start, which passes its agent).
     """
     global _current
     options = _options(addr, allowed_hosts, actions, tls_cert, tls_key)
@@ -137,7 +144,8 @@ def start_dashboard(
         from monarch._rust_bindings import AdminConfig, AdminServer
         from monarch._src.actor import process
 
-        agent = process.get().agent
+        if agent is None:
+            agent = process.get().agent
         config = AdminConfig(
             bind=options.addr,
             allowed_hosts=list(options.allowed_hosts),
@@ -177,3 +185,21 @@ def stop_dashboard() -> None:
     running = _current
     if running is not None:
         running.stop()
+
+
+def start_from_config(agent: Any) -> None:
+    """Start the dashboard when the ``dashboard`` config (``MONARCH_DASHBOARD``) asks;
+    a bad value or a port in use is reported on stderr and leaves the program running."""
+    from monarch._src import config
+
+    value = str(config.get("dashboard") or "").strip()
+    if value.lower() in ("", "0", "false", "no", "off"):
+        return
+    try:
+        start_dashboard(value, agent=agent)
+    except Exception as e:
+        print(
+            f"monarch: MONARCH_DASHBOARD={value!r}: the dashboard did not start: {e}",
+            file=sys.stderr,
+            flush=True,
+        )
