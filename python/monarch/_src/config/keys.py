@@ -573,8 +573,7 @@ _ALL += [
             "MONARCH_DASHBOARD",
             STRING,
             "",
-            "Start the admin server and dashboard when the program first uses the actor "
-            "API.",
+            "Start the admin server and dashboard when the program first uses the actor API.",
             effect="Empty or '0': off. '1' (or 'true'): serve on the loopback interface, a "
             "free port. 'HOST:PORT': serve there. The URL, with its token, is printed to "
             "stderr. Read by the client when it starts (see docs/monitoring.md).",
