@@ -15,6 +15,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from monarch._src.monitoring.tui_render import STATUS_STYLE
+
 __all__ = ["render_report", "write_report"]
 
 JSON = dict[str, Any]
@@ -43,19 +45,6 @@ pre { background: #f6f6f6; padding: 0.6em; overflow-x: auto; white-space: pre-wr
 .err { color: #b00020; }
 """
 
-_STYLE = {
-    "alive": "ok",
-    "running": "ok",
-    "idle": "ok",
-    "ok": "ok",
-    "processing": "busy",
-    "initializing": "busy",
-    "stopping": "busy",
-    "degraded": "warn",
-    "failed": "bad",
-    "lost": "bad",
-}
-
 
 def _e(value: object) -> str:
     return html.escape("" if value is None else str(value), quote=True)
@@ -63,7 +52,7 @@ def _e(value: object) -> str:
 
 def _status(value: object) -> str:
     text = str(value or "?")
-    return f'<span class="s {_STYLE.get(text, "dim")}">{_e(text)}</span>'
+    return f'<span class="s {STATUS_STYLE.get(text, "dim")}">{_e(text)}</span>'
 
 
 def _when(t: object) -> str:

@@ -31,8 +31,9 @@ __all__ = [
 
 JSON = dict[str, Any]
 
-#: The style of each status of a host, proc, mesh or actor (and of the health).
-_STATUS_STYLE = {
+#: The style of each status of a host, proc, mesh or actor (and of the health); the
+#: post-mortem report uses the same classes.
+STATUS_STYLE = {
     "alive": "ok",
     "running": "ok",
     "idle": "ok",
@@ -72,7 +73,7 @@ HELP = [
 
 def status_style(status: object) -> str:
     """The style of a status (``ok``, ``busy``, ``warn``, ``bad`` or ``dim``)."""
-    return _STATUS_STYLE.get(str(status), "dim")
+    return STATUS_STYLE.get(str(status), "dim")
 
 
 @dataclass(frozen=True)
