@@ -16,10 +16,10 @@ rc=0
 # The CUDA tests first (they must not be skipped here), then the CPU tensor and rdma
 # suites on this machine as a cross-check.
 timeout -k 10 240 python3 -m pytest -p no:cacheprovider -v -rs \
-  tests/tensor/test_tensors_cuda.py tests/rdma/test_rdma_cuda.py \
+  tests/tensor/test_tensors_cuda.py tests/rdma/test_rdma_cuda.py tests/monitoring/test_gpu_monitoring.py \
   --junitxml="$out/cuda.xml" 2>&1 | tee "$out/cuda.log" || rc=1
 grep -q " skipped\| SKIPPED" "$out/cuda.log" && { echo "a CUDA test was skipped on a GPU machine"; rc=1; }
 timeout -k 10 240 python3 -m pytest -p no:cacheprovider -q -x \
-  tests/tensor tests/rdma/test_rdma.py \
+  tests/tensor tests/rdma/test_rdma.py tests/monitoring/test_counters.py tests/monitoring/test_dashboard_live.py \
   --junitxml="$out/cpu.xml" 2>&1 | tail -40 | tee "$out/cpu.log" || rc=1
 exit $rc
