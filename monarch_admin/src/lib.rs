@@ -98,6 +98,12 @@ pub trait Source: Send + Sync + 'static {
         serde_json::Value::Object(Default::default())
     }
 
+    /// The seq of the latest event (0 when none): a snapshot collected before it is not
+    /// reused after it. The default, 0, reuses snapshots by age alone.
+    fn latest_event_seq(&self) -> u64 {
+        0
+    }
+
     /// A fixed series (`{step_s, points}`) to serve instead of sampling, for a
     /// recording; `None` (the default) lets the server sample snapshots itself.
     fn recorded_series(&self) -> Option<serde_json::Value> {

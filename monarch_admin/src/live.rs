@@ -133,6 +133,10 @@ impl Source for LiveSource {
         futures::future::ready(result).boxed()
     }
 
+    fn latest_event_seq(&self) -> u64 {
+        monitor::events::latest_seq()
+    }
+
     fn describe(&self) -> Value {
         serde_json::json!({
             "session": self.session,

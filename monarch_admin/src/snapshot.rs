@@ -1,5 +1,8 @@
 //! Coalesced snapshots: concurrent requests share one collection, and a result at most
-//! [`REUSE_FOR`] old is reused, so an open dashboard costs the job little.
+//! [`REUSE_FOR`] old is reused, so an open dashboard costs the job little. Neither is
+//! used across an event: a collection that started before the source's latest event
+//! may not show it (a page refreshing on an `actor_failed` event must see the failure),
+//! so a request after an event gets a collection that started after it.
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -25,8 +28,11 @@ type InFlight = Shared<BoxFuture<'static, Collected>>;
 
 #[derive(Default)]
 struct State {
-    last: Option<(Instant, Arc<serde_json::Value>)>,
-    in_flight: Option<(u64, InFlight)>,
+    /// The last snapshot: when it was collected, the latest event seq when its
+    /// collection started, and the snapshot.
+    last: Option<(Instant, u64, Arc<serde_json::Value>)>,
+    /// The running collection: its generation, the latest event seq when it started.
+    in_flight: Option<(u64, u64, InFlight)>,
     generation: u64,
 }
 
@@ -50,19 +56,21 @@ impl SnapshotCache {
         }
     }
 
-    /// A snapshot at most [`REUSE_FOR`] old, collecting one if needed (shared with any
-    /// collection already running).
+    /// A snapshot at most [`REUSE_FOR`] old and not older than the latest event,
+    /// collecting one if needed (shared with a collection already running that started
+    /// after that event).
     pub(crate) async fn get(&self) -> Collected {
+        let latest = self.source.latest_event_seq();
         let (generation, future) = {
             let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((at, snapshot)) = &state.last {
-                if at.elapsed() <= REUSE_FOR {
+            if let Some((at, seq, snapshot)) = &state.last {
+                if at.elapsed() <= REUSE_FOR && *seq >= latest {
                     return Ok(Arc::clone(snapshot));
                 }
             }
             match &state.in_flight {
-                Some((generation, future)) => (*generation, future.clone()),
-                None => {
+                Some((generation, seq, future)) if *seq >= latest => (*generation, future.clone()),
+                _ => {
                     state.generation += 1;
                     let collect = self.source.snapshot(COLLECT_TIMEOUT);
                     let future: BoxFuture<'static, Collected> = async move {
@@ -85,19 +93,85 @@ impl SnapshotCache {
                     }
                     .boxed();
                     let shared = future.shared();
-                    state.in_flight = Some((state.generation, shared.clone()));
+                    state.in_flight = Some((state.generation, latest, shared.clone()));
                     (state.generation, shared)
                 }
             }
         };
         let result = future.await;
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if matches!(&state.in_flight, Some((g, _)) if *g == generation) {
+        if matches!(&state.in_flight, Some((g, _, _)) if *g == generation) {
             state.in_flight = None;
             if let Ok(snapshot) = &result {
-                state.last = Some((Instant::now(), Arc::clone(snapshot)));
+                state.last = Some((Instant::now(), latest, Arc::clone(snapshot)));
             }
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use serde_json::{json, Value};
+    use tokio::sync::broadcast;
+
+    use super::*;
+    use crate::LogQuery;
+
+    /// Each collection returns the number of collections so far; `seq` is the latest
+    /// event.
+    #[derive(Default)]
+    struct Counting {
+        collections: AtomicU64,
+        seq: AtomicU64,
+    }
+
+    impl Source for Counting {
+        fn snapshot(&self, _timeout: Duration) -> BoxFuture<'static, Result<Value, String>> {
+            let n = self.collections.fetch_add(1, Ordering::SeqCst) + 1;
+            async move { Ok(json!({ "n": n })) }.boxed()
+        }
+        fn events_since(&self, _since: u64, _limit: usize) -> Vec<Value> {
+            Vec::new()
+        }
+        fn subscribe(&self) -> broadcast::Receiver<Value> {
+            broadcast::channel(1).1
+        }
+        fn logs(&self, _q: &LogQuery) -> Vec<Value> {
+            Vec::new()
+        }
+        fn stack(&self, _proc: &str, _t: Duration) -> BoxFuture<'static, Result<Value, String>> {
+            async { Err("no stacks here".to_string()) }.boxed()
+        }
+        fn kill_proc(&self, _proc: &str) -> BoxFuture<'static, Result<(), String>> {
+            async { Ok(()) }.boxed()
+        }
+        fn latest_event_seq(&self) -> u64 {
+            self.seq.load(Ordering::SeqCst)
+        }
+    }
+
+    fn n(collected: Collected) -> u64 {
+        match collected {
+            Ok(v) => v["n"].as_u64().unwrap_or(0),
+            Err((_, e)) => panic!("no snapshot: {e}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_is_reused_until_an_event_happens() {
+        let source = Arc::new(Counting::default());
+        let cache = SnapshotCache::new(Arc::clone(&source) as Arc<dyn Source>);
+        assert_eq!(n(cache.get().await), 1);
+        assert_eq!(n(cache.get().await), 1, "reused within REUSE_FOR");
+        source.seq.store(7, Ordering::SeqCst);
+        assert_eq!(
+            n(cache.get().await),
+            2,
+            "an event makes the next request collect"
+        );
+        assert_eq!(n(cache.get().await), 2, "reused again until the next event");
     }
 }
