@@ -167,6 +167,20 @@ def measure_dashboard_open(dash: Any, procs: int, reps: int, quick: bool) -> dic
             watcher.kill()
             watcher.wait(timeout=30)
     snapshot_bytes = len(_get(dash, "v1/snapshot"))
+    idle_s = 4.0 if quick else 10.0
+    time.sleep(31)  # past the server's 30 s watch window: nobody watches now
+    idle_closed = _cpu_ms_per_s(idle_s)
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", _WATCHER, dash.base_url, dash.token],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert watcher.stdout is not None and watcher.stdout.readline().strip() == "watching"
+        idle_open = _cpu_ms_per_s(idle_s)
+    finally:
+        watcher.kill()
+        watcher.wait(timeout=30)
     pm.stop().get(timeout=120)
     closed, opened = statistics.median(rates["closed"]), statistics.median(rates["open"])
     return {
@@ -175,8 +189,43 @@ def measure_dashboard_open(dash: Any, procs: int, reps: int, quick: bool) -> dic
         "open": opened,
         "ratio": opened / closed,
         "snapshot_bytes": snapshot_bytes,
+        "idle_cpu_ms_per_s_closed": idle_closed,
+        "idle_cpu_ms_per_s_open": idle_open,
         "samples": rates,
     }
+
+
+def _tree_cpu_s() -> float:
+    """CPU seconds (user + system) used so far by this process and its descendants that
+    are still running (the procs), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        stats[int(entry)] = fields
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    total, todo = 0.0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        fields = stats.get(pid)
+        if fields is not None:
+            total += (int(fields[11]) + int(fields[12])) / tick
+        todo.extend(children.get(pid, []))
+    return total
+
+
+def _cpu_ms_per_s(seconds: float) -> float:
+    """CPU milliseconds per second the job (client and procs) uses while idle."""
+    start, t = _tree_cpu_s(), time.monotonic()
+    time.sleep(seconds)
+    return (_tree_cpu_s() - start) * 1000 / (time.monotonic() - t)
 
 
 class _Recorder:
@@ -352,7 +401,9 @@ def main() -> int:
     print(
         f"dashboard open, {o['procs']} procs: pipelined {o['open']:,.0f} vs "
         f"{o['closed']:,.0f} calls/s closed (ratio {o['ratio']:.3f}, budget "
-        f"{OPEN_RATIO_BUDGET}); snapshot {o['snapshot_bytes'] / 1024:.0f} KiB",
+        f"{OPEN_RATIO_BUDGET}); snapshot {o['snapshot_bytes'] / 1024:.0f} KiB; idle job "
+        f"{o['idle_cpu_ms_per_s_closed']:.0f} ms CPU/s closed, "
+        f"{o['idle_cpu_ms_per_s_open']:.0f} ms CPU/s with the page open",
         flush=True,
     )
     if o["ratio"] < OPEN_RATIO_BUDGET:
