@@ -165,6 +165,7 @@ bench: install ## Release build; hyperactor messaging bench; ours vs upstream Mo
 	-$(VENV_PYTHON) benches/rdma_bench.py $(BENCH_RDMA_ARGS)
 	-$(VENV_PYTHON) benches/tensor_bench.py $(BENCH_TENSORS_ARGS)
 	$(VENV_PYTHON) benches/log_bench.py
+	-$(VENV_PYTHON) benches/monitoring_bench.py
 
 bench-multihost: install ## Multi-host bench, ours vs upstream, over network-namespace hosts (root)
 	-$(MAKE) --no-print-directory -k bench-peers
