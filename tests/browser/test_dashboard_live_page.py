@@ -79,6 +79,9 @@ def open_live(browser: Browser, dashboard: Dashboard, mesh: str) -> None:
         "the first snapshot", lambda d: d.find_element(By.CSS_SELECTOR, "body[data-ready]")
     )
     browser.visible_testid(f"mesh-{mesh}")
+    # A long test session leaves many ended procs in the host's list, and the page folds
+    # the procs of large jobs: unfold them all.
+    browser.driver.find_element(By.ID, "expand-all").click()
 
 
 def assert_no_console_errors(browser: Browser) -> None:

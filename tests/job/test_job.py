@@ -58,7 +58,8 @@ def test_exports_are_the_contract() -> None:
     assert set(monarch.job.__all__) == {
         "JobTrait", "LocalJob", "ProcessJob", "JobState", "job_load", "job_loads",
         "load_current_job", "set_current_job", "DEFAULT_JOB_PATH",
-        "PortForwarder", "exec_command", "shell", "SlurmJob",
+        "PortForwarder", "exec_command", "shell", "SlurmJob", "TelemetryConfig",
+        "MeshAdminConfig",
     }  # fmt: skip
     assert all(hasattr(monarch.job, name) for name in monarch.job.__all__)
     assert DEFAULT_JOB_PATH == ".monarch/job_state.pkl"

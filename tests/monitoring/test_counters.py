@@ -89,7 +89,7 @@ def procs() -> Iterator[ProcMesh]:
 
 
 def test_counters_equal_the_calls_per_actor_and_endpoint(procs: ProcMesh) -> None:
-    counted = procs.spawn("counted", Counted)
+    counted = procs.spawn("mon_counted", Counted)
     n, m = 5, 3
     for _ in range(n):
         counted.a.call().get(timeout=30)
@@ -101,13 +101,13 @@ def test_counters_equal_the_calls_per_actor_and_endpoint(procs: ProcMesh) -> Non
             counted.b.call(False).get(timeout=30)
 
     def counted_all(snap: Snapshot) -> bool:
-        actors = actors_of(snap, "counted")
+        actors = actors_of(snap, "mon_counted")
         return len(actors) == 2 and all(a["handled"] == n + m for a in actors)
 
     snap = wait_until("all calls counted", counted_all)
     assert snap["version"] == 1
     assert len(snap["bucket_bounds_us"]) == 25
-    for rank, actor in enumerate(actors_of(snap, "counted")):
+    for rank, actor in enumerate(actors_of(snap, "mon_counted")):
         assert actor["rank"] == rank
         assert actor["class"] is not None and actor["class"].endswith("Counted")
         assert actor["system"] is False
@@ -126,7 +126,7 @@ def test_counters_equal_the_calls_per_actor_and_endpoint(procs: ProcMesh) -> Non
             eps["a"]["total_ms"] + eps["b"]["total_ms"], rel=1e-6
         )
     # Its procs are in the snapshot, running, with their host and this process's meshes.
-    proc_ids = {a["proc"] for a in actors_of(snap, "counted")}
+    proc_ids = {a["proc"] for a in actors_of(snap, "mon_counted")}
     procs_by_id = {p["id"]: p for p in snap["procs"]}
     for proc_id in proc_ids:
         p = procs_by_id[proc_id]
@@ -135,9 +135,9 @@ def test_counters_equal_the_calls_per_actor_and_endpoint(procs: ProcMesh) -> Non
         assert p["mesh"] is not None and p["rank"] in (0, 1)
         assert p["point"] == {"gpus": p["rank"]}
     meshes = {m["name"]: m for m in snap["meshes"]}
-    assert meshes["counted"]["kind"] == "actor" and meshes["counted"]["status"] == "running"
-    assert meshes["counted"]["extent"] == {"gpus": 2}
-    assert meshes["counted"]["proc_mesh"] == p["mesh"]
+    assert meshes["mon_counted"]["kind"] == "actor" and meshes["mon_counted"]["status"] == "running"
+    assert meshes["mon_counted"]["extent"] == {"gpus": 2}
+    assert meshes["mon_counted"]["proc_mesh"] == p["mesh"]
     assert meshes[p["mesh"]]["kind"] == "proc" and meshes[p["mesh"]]["extent"] == {"gpus": 2}
     assert meshes[p["mesh"]]["class"] is None
     host = snap["hosts"][0]
@@ -147,15 +147,15 @@ def test_counters_equal_the_calls_per_actor_and_endpoint(procs: ProcMesh) -> Non
 
 
 def test_a_stuck_actor_shows_its_endpoint_and_its_stack(procs: ProcMesh) -> None:
-    counted = procs.spawn("stuck", Counted)
+    counted = procs.spawn("mon_stuck", Counted)
     pending = counted.slice(gpus=0).stuck.call_one(4.0)
 
     def stuck_now(snap: Snapshot) -> bool:
-        actors = actors_of(snap, "stuck")
+        actors = actors_of(snap, "mon_stuck")
         return bool(actors) and (actors[0]["current"] or {}).get("endpoint") == "stuck"
 
     snap = wait_until("stuck in its endpoint", stuck_now)
-    actor = actors_of(snap, "stuck")[0]
+    actor = actors_of(snap, "mon_stuck")[0]
     assert actor["status"] == "processing"
     assert actor["current"]["since_ms"] >= 0
     dump = json.loads(monitor_stack(actor["proc"], 5.0))
@@ -163,8 +163,8 @@ def test_a_stuck_actor_shows_its_endpoint_and_its_stack(procs: ProcMesh) -> None
     assert dump["method"] in ("py-spy", "faulthandler")
     assert "sleeping_in_an_endpoint_for_the_stack_test" in dump["text"], dump["text"]
     pending.get(timeout=30)
-    snap = wait_until("idle again", lambda s: actors_of(s, "stuck")[0]["current"] is None)
-    assert actors_of(snap, "stuck")[0]["endpoints"]["stuck"]["count"] == 1
+    snap = wait_until("idle again", lambda s: actors_of(s, "mon_stuck")[0]["current"] is None)
+    assert actors_of(snap, "mon_stuck")[0]["endpoints"]["stuck"]["count"] == 1
 
 
 def test_the_client_can_dump_its_own_stack() -> None:
@@ -176,7 +176,7 @@ def test_the_client_can_dump_its_own_stack() -> None:
 
 
 def test_proc_output_lands_in_the_logs_ring(procs: ProcMesh) -> None:
-    counted = procs.spawn("talker", Counted)
+    counted = procs.spawn("mon_talker", Counted)
     marker = f"monitoring-log-marker-{os.getpid()}"
     counted.say.call(marker).get(timeout=30)
     deadline = time.monotonic() + 30
@@ -196,10 +196,10 @@ def test_a_sigkilled_proc_shows_failed_within_a_second(
     procs: ProcMesh,
     faults: Faults,  # noqa: F811  (the fixture imported above)
 ) -> None:
-    counted = procs.spawn("killed", Counted)
+    counted = procs.spawn("mon_killed", Counted)
     counted.a.call().get(timeout=30)
     snap = snapshot()
-    victim = actors_of(snap, "killed")[1]
+    victim = actors_of(snap, "mon_killed")[1]
     pid = next(p["pid"] for p in snap["procs"] if p["id"] == victim["proc"])
     assert pid == counted.slice(gpus=1).pid.call_one().get(timeout=30)
     since = json.loads(monitor_events(0, 10_000))["next"]
@@ -225,12 +225,12 @@ def test_a_sigkilled_proc_shows_failed_within_a_second(
     actor = next(a for a in snap["actors"] if a["id"] == victim["id"])
     assert actor["failure"]["class"] in ("infrastructure", "resource"), actor
     assert actor["failure"]["cause"], actor
-    assert {m["name"]: m for m in snap["meshes"]}["killed"]["status"] == "failed"
-    faults.wait_for(1, "killed")
+    assert {m["name"]: m for m in snap["meshes"]}["mon_killed"]["status"] == "failed"
+    faults.wait_for(1, "mon_killed")
     events = json.loads(monitor_events(since, 10_000))["items"]
     kinds = {(e["kind"], e["proc"]) for e in events}
     assert ("proc_exited", victim["proc"]) in kinds, events
-    failed = [e for e in events if e["kind"] == "actor_failed" and e["mesh"] == "killed"]
+    failed = [e for e in events if e["kind"] == "actor_failed" and e["mesh"] == "mon_killed"]
     assert len(failed) == 1 and failed[0]["rank"] == 1, events
     assert failed[0]["class"] in ("infrastructure", "resource")
 
@@ -239,9 +239,9 @@ def test_kill_proc_through_its_host(
     procs: ProcMesh,
     faults: Faults,  # noqa: F811  (the fixture imported above)
 ) -> None:
-    counted = procs.spawn("admin_killed", Counted)
+    counted = procs.spawn("mon_admin_killed", Counted)
     counted.a.call().get(timeout=30)
-    victim = actors_of(snapshot(), "admin_killed")[0]
+    victim = actors_of(snapshot(), "mon_admin_killed")[0]
     monitor_kill_proc(victim["proc"], "a test asked")
 
     def shows_lost(s: Snapshot) -> bool:
@@ -251,6 +251,6 @@ def test_kill_proc_through_its_host(
     snap = wait_until("showing the proc lost", shows_lost)
     proc = next(p for p in snap["procs"] if p["id"] == victim["proc"])
     assert "a test asked" in proc["exit"]["reason"], proc
-    faults.wait_for(1, "admin_killed")
+    faults.wait_for(1, "mon_admin_killed")
     with pytest.raises(ValueError, match="not a proc id"):
         monitor_kill_proc("nonsense", None)

@@ -10,7 +10,7 @@
 //! the hosts it watches.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hyperactor::{PortId, PortRef, ProcId, SendContext};
@@ -80,6 +80,21 @@ fn dead_record(death: &ProcDeath, host: Option<String>) -> ProcRecord {
     record
 }
 
+/// The longest a host waits for one of its procs to answer a monitor request.
+const PROC_ANSWER_DEADLINE: Duration = Duration::from_millis(300);
+
+/// The longest a snapshot waits for a host (which waits for its procs first).
+const HOST_ANSWER_DEADLINE: Duration = Duration::from_millis(1000);
+
+/// The wait for a host that did not answer the previous snapshot.
+const SILENT_HOST_WAIT: Duration = Duration::from_millis(100);
+
+/// The hosts that did not answer their last monitor request.
+fn silent_hosts() -> &'static Mutex<HashSet<ProcId>> {
+    static SILENT: std::sync::OnceLock<Mutex<HashSet<ProcId>>> = std::sync::OnceLock::new();
+    SILENT.get_or_init(Default::default)
+}
+
 impl Inner {
     /// This proc and its actors, as they are now.
     pub(super) fn proc_report(&self) -> ProcReport {
@@ -135,6 +150,10 @@ impl Inner {
             let dead: Vec<ProcDeath> = state.dead.values().cloned().collect();
             (live, dead)
         };
+        // A proc's agent answers from the runtime's threads in milliseconds; one that
+        // does not answer soon (frozen, or overloaded) must not hold up the host's
+        // answer: it is reported with what the host knows.
+        let timeout = timeout.min(PROC_ANSWER_DEADLINE);
         let asks = live.iter().map(|handle| {
             let proc = handle.proc_id().clone();
             let (port, receiver) = self.client.open_once_port::<ProcReport>();
@@ -476,15 +495,26 @@ impl ProcAgent {
                 if let Some(why) = inner.lost_reason(&host) {
                     return (host, Err(format!("lost: {why}")));
                 }
+                // A host that did not answer the last snapshot (its process is gone or
+                // frozen, and no heartbeat judged it lost yet) gets a short wait, so it
+                // does not slow every snapshot down; one that answers gets its time again.
+                let wait = if lock(silent_hosts()).contains(&host) {
+                    SILENT_HOST_WAIT
+                } else {
+                    timeout.min(HOST_ANSWER_DEADLINE)
+                };
                 let answer = inner
-                    .ask::<Result<HostReport, String>>(&host, timeout, |reply| {
-                        Control::MonitorHost {
-                            timeout_ms: millis(proc_timeout),
-                            reply,
-                        }
+                    .ask::<Result<HostReport, String>>(&host, wait, |reply| Control::MonitorHost {
+                        timeout_ms: millis(proc_timeout),
+                        reply,
                     })
                     .await
                     .and_then(|r| r);
+                if answer.is_ok() {
+                    lock(silent_hosts()).remove(&host);
+                } else {
+                    lock(silent_hosts()).insert(host.clone());
+                }
                 (host, answer)
             }
         });
