@@ -39,6 +39,8 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +146,23 @@ def _get(dash: Any, route: str) -> bytes:
         return bytes(r.read())
 
 
+@contextmanager
+def _watching(dash: Any) -> Iterator[None]:
+    """A watcher process doing what an open page does, for the block's duration."""
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", _WATCHER, dash.base_url, dash.token],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert watcher.stdout is not None and watcher.stdout.readline().strip() == "watching"
+        _get(dash, "v1/snapshot")  # the watcher's first round has started
+        yield
+    finally:
+        watcher.kill()
+        watcher.wait(timeout=30)
+
+
 def measure_dashboard_open(dash: Any, procs: int, reps: int, quick: bool) -> dict[str, Any]:
     pm = this_host().spawn_procs(per_host={"procs": procs})
     mesh = pm.spawn("bench_open", Ping)
@@ -154,33 +173,14 @@ def measure_dashboard_open(dash: Any, procs: int, reps: int, quick: bool) -> dic
     rates: dict[str, list[float]] = {"closed": [], "open": []}
     for _ in range(reps):
         rates["closed"].append(_pipelined(actor, n))
-        watcher = subprocess.Popen(
-            [sys.executable, "-c", _WATCHER, dash.base_url, dash.token],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert watcher.stdout is not None and watcher.stdout.readline().strip() == "watching"
-            _get(dash, "v1/snapshot")  # the watcher's first round has started
+        with _watching(dash):
             rates["open"].append(_pipelined(actor, n))
-        finally:
-            watcher.kill()
-            watcher.wait(timeout=30)
     snapshot_bytes = len(_get(dash, "v1/snapshot"))
     idle_s = 4.0 if quick else 10.0
     time.sleep(31)  # past the server's 30 s watch window: nobody watches now
     idle_closed = _cpu_ms_per_s(idle_s)
-    watcher = subprocess.Popen(
-        [sys.executable, "-c", _WATCHER, dash.base_url, dash.token],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert watcher.stdout is not None and watcher.stdout.readline().strip() == "watching"
+    with _watching(dash):
         idle_open = _cpu_ms_per_s(idle_s)
-    finally:
-        watcher.kill()
-        watcher.wait(timeout=30)
     pm.stop().get(timeout=120)
     closed, opened = statistics.median(rates["closed"]), statistics.median(rates["open"])
     return {

@@ -156,6 +156,25 @@ pub struct HostRecord {
     pub procs: Vec<String>,
 }
 
+impl HostRecord {
+    /// A host known only by its id and address (it did not answer), in `status`.
+    pub fn bare(id: String, addr: String, status: &str) -> Self {
+        HostRecord {
+            id,
+            addr,
+            hostname: String::new(),
+            status: status.to_string(),
+            heartbeat_age_ms: None,
+            load: [0.0; 3],
+            cpus: 0,
+            mem_total: 0,
+            mem_available: 0,
+            gpus: Vec::new(),
+            procs: Vec::new(),
+        }
+    }
+}
+
 /// How a proc ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExitRecord {

@@ -518,39 +518,22 @@ impl ProcAgent {
                 (host, answer)
             }
         });
+        // This process's own host (when it holds one), or just its own proc.
         let own = async {
             match &inner.host {
                 Some(host) => {
                     let report = inner.host_report(host, proc_timeout).await;
-                    (report.host, report.procs, report.actors)
+                    (Some(report.host), report.procs, report.actors)
                 }
                 None => {
                     let report = inner.proc_report();
-                    (
-                        HostRecord {
-                            id: String::new(),
-                            addr: String::new(),
-                            hostname: String::new(),
-                            status: String::new(),
-                            heartbeat_age_ms: None,
-                            load: [0.0; 3],
-                            cpus: 0,
-                            mem_total: 0,
-                            mem_available: 0,
-                            gpus: Vec::new(),
-                            procs: Vec::new(),
-                        },
-                        vec![report.proc],
-                        report.actors,
-                    )
+                    (None, vec![report.proc], report.actors)
                 }
             }
         };
         let (answers, (own_host, own_procs, own_actors)) =
             futures::future::join(futures::future::join_all(asks), own).await;
-        if inner.host.is_some() {
-            snapshot.hosts.push(own_host);
-        }
+        snapshot.hosts.extend(own_host);
         snapshot.procs.extend(own_procs);
         snapshot.actors.extend(own_actors);
         let acks = lock(&inner.host_acks).clone();
@@ -566,19 +549,13 @@ impl ProcAgent {
                 Err(why) => {
                     let lost = inner.lost_reason(&host).is_some();
                     tracing::debug!(agent = %inner.id, "host {host} did not answer a snapshot: {why}");
-                    snapshot.hosts.push(HostRecord {
-                        id: host.to_string(),
-                        addr: host.addr().to_string(),
-                        hostname: String::new(),
-                        status: if lost { "lost" } else { "alive" }.to_string(),
-                        heartbeat_age_ms: age,
-                        load: [0.0; 3],
-                        cpus: 0,
-                        mem_total: 0,
-                        mem_available: 0,
-                        gpus: Vec::new(),
-                        procs: Vec::new(),
-                    });
+                    let mut record = HostRecord::bare(
+                        host.to_string(),
+                        host.addr().to_string(),
+                        if lost { "lost" } else { "alive" },
+                    );
+                    record.heartbeat_age_ms = age;
+                    snapshot.hosts.push(record);
                 }
             }
         }
