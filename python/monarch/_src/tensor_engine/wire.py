@@ -18,6 +18,8 @@ __all__ = [
     "DEFINE_FN",
     "DEFINE_VIEW",
     "DELETE",
+    "ACTOR",
+    "ALIAS",
     "FAIL",
     "OP",
     "PEERS",
@@ -25,7 +27,10 @@ __all__ = [
     "RECV",
     "REDUCE",
     "SEND",
+    "SIGNAL",
+    "STREAM",
     "UNPACK",
+    "WAIT",
     "Failure",
     "GroupRef",
     "Ref",
@@ -65,6 +70,23 @@ UNPACK = 10
 #: ``(FAIL, seq, outs, error)``: a command that could not be sent (its arguments do not
 #: pickle): its outputs are failed with ``error``.
 FAIL = 11
+#: ``(STREAM, -1, sid, name)``: the commands after this one in the batch run on stream
+#: ``sid`` (named ``name``; created on first sight), until the next ``STREAM``. Every
+#: batch starts on stream 0, ``"main"``. ``DEFINE_FN``, ``DEFINE_VIEW`` and ``PEERS``
+#: are global: they take effect at once whatever stream is current.
+STREAM = 12
+#: ``(SIGNAL, -1, token)``: the current stream reached this point (``token`` is an
+#: engine-wide int; each is waited for by exactly one ``WAIT``).
+SIGNAL = 13
+#: ``(WAIT, -1, token)``: the current stream waits until ``SIGNAL token`` ran (on
+#: another stream; on CUDA the wait is an event wait on the device).
+WAIT = 14
+#: ``(ALIAS, seq, out, src)``: ``out`` is the value of ``src`` itself (a borrow: the
+#: current stream sees the origin stream's tensor; issued after a ``WAIT`` for it).
+ALIAS = 15
+#: ``(ACTOR, seq, payload, outs)``: tensors to and from actor endpoints (see
+#: ``monarch._src.tensor_engine.interop``).
+ACTOR = 16
 
 
 def outputs(cmd: tuple[Any, ...]) -> list[int]:
@@ -80,6 +102,10 @@ def outputs(cmd: tuple[Any, ...]) -> list[int]:
         return list(cmd[3])
     if op == FAIL:
         return list(cmd[2])
+    if op == ALIAS:
+        return [cmd[2]]
+    if op == ACTOR:
+        return list(cmd[3])
     return []
 
 

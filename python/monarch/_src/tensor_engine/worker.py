@@ -265,6 +265,10 @@ class TensorWorker(Actor):
                 self._unpack(cmd)
             elif op == wire.FAIL:
                 self._fail_outputs(cmd, Failure(cmd[1], self.rank, cmd[3], []))
+            elif op == wire.ACTOR:
+                from monarch._src.tensor_engine.interop import worker_actor_command
+
+                worker_actor_command(self, cmd)
         except BaseException as e:  # never let a command end the worker
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
