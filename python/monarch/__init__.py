@@ -61,6 +61,13 @@ if _TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from monarch._src.tensor_engine.tensor import Tensor as Tensor
     from monarch._src.tensor_engine.tensor import get_active_mesh as get_active_mesh
     from monarch._src.tensor_engine.tensor import no_mesh as no_mesh
+    from monarch._src.tensor_engine.coalescing import coalescing as coalescing
+    from monarch._src.tensor_engine.grad import grad_function as grad_function
+    from monarch._src.tensor_engine.grad import grad_generator as grad_generator
+    from monarch._src.tensor_engine.opaque import OpaqueRef as OpaqueRef
+    from monarch._src.tensor_engine.simulator import Simulator as Simulator
+    from monarch._src.tensor_engine.stream import Stream as Stream
+    from monarch._src.tensor_engine.stream import get_active_stream as get_active_stream
 
 #: Distributed tensors (``monarch._src.tensor_engine``), imported on first access so that
 #: ``import monarch`` does not import torch: name -> (module, attribute).
@@ -79,6 +86,13 @@ _LAZY = {
     "show": ("monarch._src.tensor_engine.api", "show"),
     "slice_mesh": ("monarch._src.tensor_engine.api", "slice_mesh"),
     "to_mesh": ("monarch._src.tensor_engine.api", "to_mesh"),
+    "Stream": ("monarch._src.tensor_engine.stream", "Stream"),
+    "get_active_stream": ("monarch._src.tensor_engine.stream", "get_active_stream"),
+    "coalescing": ("monarch._src.tensor_engine.coalescing", "coalescing"),
+    "grad_generator": ("monarch._src.tensor_engine.grad", "grad_generator"),
+    "grad_function": ("monarch._src.tensor_engine.grad", "grad_function"),
+    "Simulator": ("monarch._src.tensor_engine.simulator", "Simulator"),
+    "OpaqueRef": ("monarch._src.tensor_engine.opaque", "OpaqueRef"),
     "Extent": ("monarch._src.actor.extent", "Extent"),
     "Shape": ("monarch._src.actor.shape", "Shape"),
     "NDSlice": ("monarch._src.actor.slice", "Slice"),
@@ -105,18 +119,25 @@ __all__ = [
     "Extent",
     "NDSlice",
     "RemoteException",
+    "OpaqueRef",
     "RemoteProcessGroup",
     "Shape",
+    "Simulator",
+    "Stream",
     "Tensor",
     "__version__",
     "call_on_shard_and_fetch",
     "clear_runtime_config",
+    "coalescing",
     "configure",
     "configured",
     "fetch_shard",
     "get_active_mesh",
+    "get_active_stream",
     "get_global_config",
     "get_runtime_config",
+    "grad_function",
+    "grad_generator",
     "inspect",
     "no_mesh",
     "parametrize_config",

@@ -23,3 +23,21 @@ def preloading_torch() -> Iterator[None]:
     finally:
         if saved is not None:
             os.environ["MONARCH_SPAWN_FORK_SERVER_PRELOAD"] = saved
+
+
+#: A barrier only two threads of one worker process can pass together (see
+#: ``test_streams.py``: two streams of one worker run concurrently).
+_BARRIER_LOCK = __import__("threading").Lock()
+_BARRIERS: dict[str, object] = {}
+
+
+def meet_on_two_streams(x: torch.Tensor, name: str, timeout: float) -> torch.Tensor:
+    """Wait at barrier ``name`` for one other thread of this process; ``x + 1`` when
+    both came, else raise."""
+    import threading
+
+    with _BARRIER_LOCK:
+        barrier = _BARRIERS.setdefault(name, threading.Barrier(2))
+    assert isinstance(barrier, threading.Barrier)
+    barrier.wait(timeout)
+    return x + 1

@@ -21,23 +21,30 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from monarch._src.actor.future import Done, Future
 from monarch._src.actor.pickling import dumps
 from monarch._src.tensor_engine import _torch, wire
+from monarch._src.tensor_engine.coalescing import no_coalescing
 from monarch._src.tensor_engine.engine import View, engine_of, mapped
 from monarch._src.tensor_engine.errors import (
+    BORROWED,
     CROSS_DEVICE_REQUIRES_CUDA,
     DROPPED,
     LOCAL_TENSOR,
     REQUIRES_GRAD,
     WRONG_MESH,
+    WRONG_STREAM,
     RemoteException,
     bad_arguments,
 )
+from monarch._src.tensor_engine.stream import get_active_stream
 from monarch._src.tensor_engine.tensor import (
+    READ,
     Tensor,
     _Args,
+    _borrowed_where,
     _check_dims,
     _client_frames,
     _enc,
     _op_spec,
+    check_use,
     current_view,
 )
 
@@ -141,12 +148,13 @@ def fetch_shard(obj: Any, shard: dict[str, int] | None = None, **coords: int) ->
     if not positions:
         return Future(impl=Done(obj))
     tensors = [leaves[i] for i in positions]
+    no_coalescing("fetch_shard")
     view = _view_for(tensors, "fetch_shard")
     rank = _rank_at(view, coords, "fetch_shard")
     engine = view.engine
     engine.check()
     engine.flush()
-    fut = engine.workers_at(view, rank).fetch.call_one([t._h.ref.id for t in tensors])
+    fut = engine.fetch(view, rank, [t._h.ref.id for t in tensors], [t._stream.sid for t in tensors])
     # The tensors stay alive (and their refs valid) until the answer is built.
     keep = tensors
 
@@ -191,12 +199,13 @@ def call_on_shard_and_fetch(
     """Run ``remote_fn`` on the one rank at ``shard`` of the active mesh (or of its
     tensor arguments' mesh) and fetch what it returns."""
     fn = remote_fn if isinstance(remote_fn, Remote) else Remote(remote_fn)
+    no_coalescing("call_on_shard_and_fetch")
     view, eargs, ekwargs, _ = fn._encode(args, kwargs, "call_on_shard_and_fetch")
     rank = _rank_at(view, shard or {}, "call_on_shard_and_fetch")
     engine = view.engine
     engine.flush()
     return engine.workers_at(view, rank).call_function.call_one(  # type: ignore[no-any-return]
-        fn._spec, eargs, ekwargs
+        fn._spec, eargs, ekwargs, [get_active_stream().sid]
     )
 
 
@@ -223,6 +232,7 @@ def _reduce_one(
         raise ValueError(f"{what}: unknown reduction {reduction!r}; expected one of {REDUCTIONS}")
     tensors = [t] if out is None or out is t else [t, out]
     view = _view_for(tensors, what)
+    check_use(tensors, what, [out] if out is not None else [])
     names = _check_dims(view, dims, "reduce")
     engine = view.engine
     engine.check()
@@ -345,6 +355,9 @@ def _to_mesh_one(t: Tensor, src: View, mesh: ProcMesh) -> Tensor:
         raise bad_arguments("to_mesh", [("the tensor", LOCAL_TENSOR)])
     if t._h.dropped:
         raise bad_arguments("to_mesh", [("the tensor", DROPPED)])
+    if not t._aliases.access & READ:
+        raise bad_arguments("to_mesh", [(_borrowed_where("the tensor", t), BORROWED)])
+    stream = t._stream
     engine = src.engine
     if engine_of(mesh) is not engine:
         raise ValueError(
@@ -371,13 +384,14 @@ def _to_mesh_one(t: Tensor, src: View, mesh: ProcMesh) -> Tensor:
         with engine.lock:
             alias = torch.ops.aten.alias.default
             fid = engine.fn_id(alias, _op_spec(alias))
-            out = Tensor._new(t._meta, dest, engine.new_ref())
+            out = Tensor._new(t._meta, dest, engine.new_ref(), stream, t._aliases)
             seq = engine.next_seq()
             engine.issue(
                 dest,
                 (wire.OP, seq, fid, [t._h.ref], {}, [out._h.ref.id], ()),
                 fid,
                 _client_frames(),
+                stream,
             )
         return out
     engine.ensure_peers()
@@ -385,12 +399,12 @@ def _to_mesh_one(t: Tensor, src: View, mesh: ProcMesh) -> Tensor:
     for s, d in pairs:
         routes.setdefault(s, []).append(d)
     sources = {d: s for s, d in pairs}
-    out = Tensor._new(t._meta, dest, engine.new_ref())
+    out = Tensor._new(t._meta, dest, engine.new_ref(), stream)
     with engine.lock:
         seq = engine.next_seq()
         frames = _client_frames()
-        engine.issue(src, (wire.SEND, seq, t._h.ref.id, routes), 0, frames)
-        engine.issue(dest, (wire.RECV, seq, out._h.ref.id, sources), 0, frames)
+        engine.issue(src, (wire.SEND, seq, t._h.ref.id, routes), 0, frames, stream)
+        engine.issue(dest, (wire.RECV, seq, out._h.ref.id, sources), 0, frames, stream)
     return out
 
 
@@ -534,6 +548,12 @@ class Remote:
                 problems.append((f"tensor argument {i}", DROPPED))
             elif t._view.engine is not view.engine or t._view.slot != view.slot:
                 problems.append((f"tensor argument {i}", WRONG_MESH))
+            elif t._stream is not a.stream:
+                problems.append(
+                    (f"tensor argument {i} (on {t._stream}, active: {a.stream})", WRONG_STREAM)
+                )
+            elif not t._aliases.access & READ:
+                problems.append((_borrowed_where(f"tensor argument {i}", t), BORROWED))
             elif t.requires_grad and torch.is_grad_enabled():
                 problems.append((f"tensor argument {i}", REQUIRES_GRAD))
         if a.bad and not problems:
@@ -609,6 +629,7 @@ class Remote:
         return _ask_first_rank(view, "propagate", self._spec, margs, mkwargs)
 
     def _run_inspect(self, view: View, fid: int, eargs: Any, ekwargs: Any) -> Any:
+        no_coalescing(f"the remote function {self._name} with propagate='inspect'")
         engine = view.engine
         whole = engine.new_ref()
         with engine.lock:
@@ -617,7 +638,7 @@ class Remote:
                 view, (wire.CALL, seq, fid, eargs, ekwargs, [], whole.id), fid, _client_frames()
             )
         engine.flush()
-        described = _ask_first_rank(view, "describe", whole.id)
+        described = _ask_first_rank(view, "describe", whole.id, [get_active_stream().sid])
         if isinstance(described, wire.Failure):
             engine.dropped(view.slot, whole.id)
             raise _remote_error(view, described)
@@ -631,11 +652,12 @@ class Remote:
     # --- calling for values (the endpoint adverbs) -----------------------------------------
 
     def _values(self, adverb: str, args: Any, kwargs: Any) -> Any:
+        no_coalescing(f"{self._name}.{adverb}(...)")
         view, eargs, ekwargs, _ = self._encode(args, kwargs, adverb)
         view.engine.flush()
         assert view.workers is not None
         endpoint = view.workers.call_function
-        return getattr(endpoint, adverb)(self._spec, eargs, ekwargs)
+        return getattr(endpoint, adverb)(self._spec, eargs, ekwargs, [get_active_stream().sid])
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
         """Run on every rank of the active mesh; a future of the ``ValueMesh`` of the
@@ -668,7 +690,8 @@ class Remote:
         view, eargs, ekwargs, _ = self._encode(args, kwargs, "send")
         view.engine.flush()
         assert view.workers is not None
-        send(view.workers.call_function, (self._spec, eargs, ekwargs), {}, port, selection)  # type: ignore[arg-type]
+        sids = [get_active_stream().sid]
+        send(view.workers.call_function, (self._spec, eargs, ekwargs, sids), {}, port, selection)  # type: ignore[arg-type]
 
 
 def _tensors_of(described: Any, view: View) -> tuple[Any, list[int]]:

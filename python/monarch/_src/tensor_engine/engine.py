@@ -10,7 +10,11 @@ through, so no extra server or port is opened for it.
 
 Commands are buffered per engine and sent as one message per *flush*: before a fetch,
 when the target view changes, when the buffer is full (:data:`BATCH_MAX`), and by a
-flusher thread about :data:`FLUSH_DELAY` seconds after the first buffered command.
+flusher thread about :data:`FLUSH_DELAY` seconds after the first buffered command
+(not inside ``monarch.coalescing()``).
+
+Each command runs on a stream (``monarch.Stream``): a batch starts on stream 0
+(``"main"``) and a ``STREAM`` command switches the stream of the commands after it.
 """
 
 from __future__ import annotations
@@ -29,13 +33,24 @@ from monarch._src.actor.errors import SupervisionError
 from monarch._src.actor.future import Future
 from monarch._src.actor.pickling import dumps
 from monarch._src.tensor_engine import wire
+from monarch._src.tensor_engine.stream import _stack as _streams
 
 if TYPE_CHECKING:
     from monarch._src.actor.actor_mesh import ActorMesh
     from monarch._src.actor.proc_mesh import ProcMesh
     from monarch._src.actor.shape import Shape
+    from monarch._src.tensor_engine.stream import Stream
 
-__all__ = ["BATCH_MAX", "FLUSH_DELAY", "Controller", "Engine", "View", "engine_of"]
+__all__ = [
+    "BATCH_MAX",
+    "FLUSH_DELAY",
+    "Controller",
+    "Engine",
+    "View",
+    "coalescing_depth",
+    "engine_of",
+    "flush_all",
+]
 
 #: Commands buffered before a flush is forced.
 BATCH_MAX = 2048
@@ -45,6 +60,9 @@ FLUSH_DELAY = 0.001
 DELETE_ROUND = 0.05
 #: How many recent commands keep the client line that issued them (for errors).
 FRAME_RING = 1 << 16
+
+#: How many ``coalescing()`` blocks are open (the flusher does not flush inside one).
+coalescing_depth = [0]
 
 _ids = itertools.count(1)
 #: Live engines by id: the in-process controller reports failures through it.
@@ -94,8 +112,11 @@ class Engine:
         self.seq = 0
         self.pending: list[tuple[Any, ...]] = []
         self.pending_view: View | None = None
-        #: Refs dropped (by garbage collection, from any thread), by view slot.
-        self.deletes: collections.deque[tuple[int, int]] = collections.deque()
+        #: The stream of the last buffered command (a batch starts on "main").
+        self.pending_sid = 0
+        self._tokens = itertools.count(1)
+        #: Refs dropped (by garbage collection, from any thread): (slot, stream, ref).
+        self.deletes: collections.deque[tuple[int, int, int]] = collections.deque()
         self.views: dict[Shape, View] = {}
         self.slots: dict[Any, int] = {}
         self.fn_ids: dict[Any, int] = {}
@@ -132,6 +153,10 @@ class Engine:
 
     def new_ref(self) -> wire.Ref:
         return wire.Ref(next(self._refs))
+
+    def new_token(self) -> int:
+        """A fresh ``SIGNAL``/``WAIT`` token."""
+        return next(self._tokens)
 
     def view(self, mesh: ProcMesh) -> View:
         """The view for ``mesh`` (a view of this engine's root)."""
@@ -171,9 +196,19 @@ class Engine:
                 "spawn new procs to use tensors again"
             )
 
-    def issue(self, view: View, cmd: tuple[Any, ...], fid: int = 0, frame: Any = None) -> None:
-        """Buffer ``cmd`` for ``view`` (defining function ``fid`` there first if new).
-        ``cmd[1]`` must be the seq from :meth:`next_seq`."""
+    def issue(
+        self,
+        view: View,
+        cmd: tuple[Any, ...],
+        fid: int = 0,
+        frame: Any = None,
+        stream: Stream | None = None,
+    ) -> None:
+        """Buffer ``cmd`` for ``view`` on ``stream`` (default: the active stream),
+        defining function ``fid`` there first if new. ``cmd[1]`` must be the seq from
+        :meth:`next_seq` (or -1 for commands without outputs)."""
+        if stream is None:
+            stream = _streams[-1]
         with self.lock:
             if self.pending_view is not view:
                 if self.pending:
@@ -185,6 +220,9 @@ class Engine:
                 view.defined_fns.add(fid)
             if not pending:
                 self._wake.set()
+            if stream.sid != self.pending_sid:
+                pending.append((wire.STREAM, -1, stream.sid, stream.name))
+                self.pending_sid = stream.sid
             pending.append(cmd)
             if frame is not None:
                 self.frames[cmd[1] % FRAME_RING] = (cmd[1], frame)
@@ -201,10 +239,11 @@ class Engine:
         self.seq += 1
         return self.seq
 
-    def dropped(self, slot: int, ref: int) -> None:
-        """A tensor's ref is gone (any thread, garbage collection included: so this
-        takes no lock; the next flush, or the flusher's next round, sends it)."""
-        self.deletes.append((slot, ref))
+    def dropped(self, slot: int, ref: int, sid: int = 0) -> None:
+        """A tensor's ref (of stream ``sid``) is gone (any thread, garbage collection
+        included: so this takes no lock; the next flush, or the flusher's next round,
+        sends it)."""
+        self.deletes.append((slot, sid, ref))
 
     # --- flushing -------------------------------------------------------------------------
 
@@ -215,24 +254,28 @@ class Engine:
             raise self.failure
 
     def _flush_locked(self) -> None:
-        deletes: dict[int, list[int]] = {}
+        deletes: dict[int, dict[int, list[int]]] = {}
         pop = self.deletes.popleft
         while self.deletes:
-            slot, ref = pop()
-            deletes.setdefault(slot, []).append(ref)
+            slot, sid, ref = pop()
+            deletes.setdefault(slot, {}).setdefault(sid, []).append(ref)
         view = self.pending_view
         batches: list[tuple[View, list[tuple[Any, ...]]]] = []
+        current = self.pending_sid
+        self.pending_sid = 0
         if self.pending and view is not None:
             cmds = self.pending
             self.pending = []
             extra = deletes.pop(view.slot, None)
             if extra:
-                cmds.append((wire.DELETE, -1, extra))
+                _append_deletes(cmds, extra, current)
             batches.append((view, cmds))
         if deletes:
             by_slot = {v.slot: v for v in self.views.values()}
-            for slot, refs in deletes.items():
-                batches.append((by_slot[slot], [(wire.DELETE, -1, refs)]))
+            for slot, by_sid in deletes.items():
+                cmds = []
+                _append_deletes(cmds, by_sid, 0)
+                batches.append((by_slot[slot], cmds))
         for target, cmds in batches:
             self._send(target, cmds)
 
@@ -277,6 +320,11 @@ class Engine:
 
     # --- fetching -------------------------------------------------------------------------
 
+    def fetch(self, view: View, rank: int, refs: list[int], sids: list[int]) -> Future[Any]:
+        """The values of ``refs`` on global ``rank`` (``wire.Failure`` for failed
+        ones), once the streams ``sids`` ran the work issued before this call."""
+        return self.workers_at(view, rank).fetch.call_one(refs, sorted(set(sids)))  # type: ignore[no-any-return]
+
     def workers_at(self, view: View, rank: int) -> ActorMesh[Any]:
         """The worker of global ``rank`` (in ``view``), as a one-actor mesh."""
         coords = view.coords(rank)
@@ -297,6 +345,18 @@ class Engine:
         self.ports = [ports.item(**p) if p else ports.item() for p in _points(self.root)]
         root_view = self.view(self.root)
         self.issue(root_view, (wire.PEERS, -1, self.ports))
+
+
+def _append_deletes(
+    cmds: list[tuple[Any, ...]], by_sid: dict[int, list[int]], current: int
+) -> None:
+    """Append the deletes of ``by_sid`` to a batch whose last command ran on stream
+    ``current``: each on its own stream (after that stream's uses of the refs)."""
+    for sid in sorted(by_sid, key=lambda s: s != current):
+        if sid != current:
+            cmds.append((wire.STREAM, -1, sid, ""))
+            current = sid
+        cmds.append((wire.DELETE, -1, by_sid[sid]))
 
 
 def _sendable(cmd: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -333,7 +393,7 @@ def _flusher(ref: weakref.ReferenceType[Engine], wake: threading.Event) -> None:
         engine = ref()
         if engine is None or engine.closed:
             return
-        if engine.pending or engine.deletes:
+        if (engine.pending or engine.deletes) and not coalescing_depth[0]:
             try:
                 with engine.lock:
                     engine._flush_locked()
@@ -360,6 +420,17 @@ def engine_of(mesh: ProcMesh) -> Engine:
 
 
 _start_lock = threading.Lock()
+
+
+def flush_all() -> None:
+    """Send what every live engine has buffered (the end of a ``coalescing()`` block)."""
+    for engine in list(_engines.values()):
+        if engine.pending or engine.deletes:
+            try:
+                with engine.lock:
+                    engine._flush_locked()
+            except BaseException as e:  # the next use raises it
+                engine.fail(e)
 
 
 def engine_failed(engine_id: int, error: BaseException) -> None:

@@ -16,12 +16,15 @@ import traceback
 from typing import Any
 
 __all__ = [
+    "BORROWED",
     "CROSS_DEVICE_REQUIRES_CUDA",
     "DROPPED",
     "EXPLANATIONS",
     "LOCAL_TENSOR",
+    "MUTATING_BORROW",
     "REQUIRES_GRAD",
     "WRONG_MESH",
+    "WRONG_STREAM",
     "RemoteException",
     "bad_arguments",
 ]
@@ -31,6 +34,9 @@ WRONG_MESH = "WRONG_MESH"
 DROPPED = "DROPPED"
 REQUIRES_GRAD = "REQUIRES_GRAD"
 CROSS_DEVICE_REQUIRES_CUDA = "CROSS_DEVICE_REQUIRES_CUDA"
+WRONG_STREAM = "WRONG_STREAM"
+BORROWED = "BORROWED"
+MUTATING_BORROW = "MUTATING_BORROW"
 
 #: What each kind of bad argument means, and how to fix it.
 EXPLANATIONS = {
@@ -56,6 +62,20 @@ EXPLANATIONS = {
     CROSS_DEVICE_REQUIRES_CUDA: (
         "tensors on different devices (CPU and CUDA) were mixed in one collective or "
         "transfer; move them to one device first (`t.cuda()` or `t.cpu()`)"
+    ),
+    WRONG_STREAM: (
+        "a monarch tensor of another stream than the active one was passed; switch "
+        "streams with `with stream.activate():`, or bring the tensor to this stream "
+        "with `stream.borrow(t)`"
+    ),
+    BORROWED: (
+        "the tensor cannot be read: another stream borrowed it mutably "
+        "(`stream.borrow(t, mutable=True)`); drop that borrow first (`borrow.drop()`)"
+    ),
+    MUTATING_BORROW: (
+        "the operation would write the tensor, which is read-only while it is borrowed "
+        "(a borrowed tensor, or the origin of a read-only borrow); drop the borrow first, "
+        "or borrow it with `mutable=True`"
     ),
 }
 

@@ -23,6 +23,7 @@ import logging
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,21 +31,28 @@ import torch
 
 from monarch._src.tensor_engine import _torch, wire
 from monarch._src.tensor_engine.errors import (
+    BORROWED,
     DROPPED,
     LOCAL_TENSOR,
+    MUTATING_BORROW,
     WRONG_MESH,
+    WRONG_STREAM,
     bad_arguments,
 )
+from monarch._src.tensor_engine.stream import _stack as _streams
 
 if TYPE_CHECKING:
     from monarch._src.actor.proc_mesh import ProcMesh
     from monarch._src.tensor_engine.engine import Engine, View
+    from monarch._src.tensor_engine.stream import Borrow, Stream
 
 __all__ = [
     "Tensor",
     "activate",
+    "borrow",
     "current_view",
     "deactivate",
+    "end_borrow",
     "get_active_mesh",
     "no_mesh",
     "record",
@@ -67,27 +75,57 @@ _LIFT = {_aten.lift_fresh.default, _aten.lift_fresh_copy.default}
 
 class _Handle:
     """The ref of one tensor and its lifetime: when the last client tensor with it is
-    gone, the workers free the value."""
+    gone, the workers free the value (on the tensor's stream ``sid``)."""
 
-    __slots__ = ("__weakref__", "dropped", "engine", "ref", "slot")
+    __slots__ = ("__weakref__", "dropped", "engine", "ref", "sid", "slot")
 
-    def __init__(self, engine: Engine, ref: wire.Ref, slot: int) -> None:
+    def __init__(self, engine: Engine, ref: wire.Ref, slot: int, sid: int) -> None:
         self.engine = engine
         self.ref = ref
         self.slot = slot
+        self.sid = sid
         self.dropped = False
 
     def drop(self) -> None:
         if not self.dropped:
             self.dropped = True
-            self.engine.dropped(self.slot, self.ref.id)
+            self.engine.dropped(self.slot, self.ref.id, self.sid)
 
     def __del__(self) -> None:
         if not self.dropped:
             try:
-                self.engine.dropped(self.slot, self.ref.id)
+                self.engine.dropped(self.slot, self.ref.id, self.sid)
             except Exception:
                 pass  # interpreter exit
+
+
+#: Access bits of a tensor's storage (``_Aliases.access``).
+READ = 1
+WRITE = 2
+READ_WRITE = READ | WRITE
+
+
+class _Aliases:
+    """What the tensors sharing one storage (a tensor and its views) may do while
+    borrows of them live: ``access`` (:data:`READ` / :data:`WRITE` bits), the live
+    borrows of this storage, and, for a borrowed tensor, the borrow it came from."""
+
+    __slots__ = ("access", "borrows", "source")
+
+    def __init__(self, access: int = READ_WRITE, source: Borrow | None = None) -> None:
+        self.access = access
+        #: Weak: a borrow nobody holds is collected, and its ``__del__`` drops it.
+        self.borrows: weakref.WeakSet[Borrow] = weakref.WeakSet()
+        self.source = source
+
+    def recompute(self) -> None:
+        base = READ if self.source is not None and not self.source.mutable else READ_WRITE
+        if any(b.mutable for b in self.borrows):
+            self.access = 0
+        elif self.borrows:
+            self.access = base & READ
+        else:
+            self.access = base
 
 
 class Tensor(torch.Tensor):
@@ -101,15 +139,29 @@ class Tensor(torch.Tensor):
     _h: _Handle
     _view: View
     _meta: _torch.Meta
+    _stream: Stream
+    _aliases: _Aliases
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
     @staticmethod
-    def _new(meta: _torch.Meta, view: View, ref: wire.Ref) -> Tensor:
+    def _new(
+        meta: _torch.Meta,
+        view: View,
+        ref: wire.Ref,
+        stream: Stream | None = None,
+        aliases: _Aliases | None = None,
+    ) -> Tensor:
+        """A tensor on ``stream`` (default: the active one), sharing the storage
+        permissions ``aliases`` (default: its own)."""
         t: Tensor = _torch.make_wrapper(Tensor, meta)
+        if stream is None:
+            stream = _streams[-1]
         t._meta = meta
         t._view = view
-        t._h = _Handle(view.engine, ref, view.slot)
+        t._stream = stream
+        t._aliases = _Aliases() if aliases is None else aliases
+        t._h = _Handle(view.engine, ref, view.slot, stream.sid)
         return t
 
     @classmethod
@@ -127,6 +179,11 @@ class Tensor(torch.Tensor):
     def ref(self) -> int:
         """The id of this tensor's value on the workers."""
         return self._h.ref.id
+
+    @property
+    def stream(self) -> Stream:
+        """The stream this tensor belongs to (where operations on it run)."""
+        return self._stream
 
     @property
     def dropped(self) -> bool:
@@ -177,9 +234,11 @@ class Tensor(torch.Tensor):
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         state = "dropped, " if self._h.dropped else ""
+        on = "" if self._stream.sid == 0 else f", stream={self._stream.name!r}"
         return (
             f"monarch.Tensor({state}shape={tuple(self._meta[0])}, dtype={self.dtype}, "
-            f"device={self.device}, mesh={dict(self._view.shape.extent)}, ref={self._h.ref.id})"
+            f"device={self.device}, mesh={dict(self._view.shape.extent)}{on}, "
+            f"ref={self._h.ref.id})"
         )
 
     __str__ = __repr__
@@ -396,19 +455,24 @@ def _client_frames() -> list[tuple[str, int, str]]:
 class _Args:
     """What encoding the arguments of one operation found."""
 
-    __slots__ = ("bad", "key", "tensors")
+    __slots__ = ("bad", "key", "limited", "stream", "tensors")
 
     def __init__(self) -> None:
         self.tensors: list[Tensor] = []
         self.key: list[Any] = []
         self.bad = False
+        #: Some tensor's storage is borrowed (reads or writes may be forbidden).
+        self.limited = False
+        self.stream = _streams[-1]
 
 
 def _enc(x: Any, a: _Args) -> Any:
     if isinstance(x, Tensor):
         h = x._h
-        if h.dropped:
+        if h.dropped or x._stream is not a.stream:
             a.bad = True
+        if x._aliases.access != READ_WRITE:
+            a.limited = True
         a.tensors.append(x)
         a.key.append(x._meta)
         return h.ref
@@ -424,7 +488,9 @@ def _enc(x: Any, a: _Args) -> Any:
     return x
 
 
-def _problems(args: Sequence[Any], kwargs: dict[str, Any], view: View) -> list[tuple[str, str]]:
+def _problems(
+    args: Sequence[Any], kwargs: dict[str, Any], view: View, stream: Stream
+) -> list[tuple[str, str]]:
     """Every bad argument, named (the slow path, once something is wrong)."""
     out: list[tuple[str, str]] = []
 
@@ -434,6 +500,10 @@ def _problems(args: Sequence[Any], kwargs: dict[str, Any], view: View) -> list[t
                 out.append((where, DROPPED))
             elif x._view.engine is not view.engine or x._view.slot != view.slot:
                 out.append((where, WRONG_MESH))
+            elif x._stream is not stream:
+                out.append((f"{where} (on {x._stream}, active: {stream})", WRONG_STREAM))
+            elif not x._aliases.access & READ:
+                out.append((_borrowed_where(where, x), BORROWED))
         elif isinstance(x, (list, tuple)):
             for i, v in enumerate(x):
                 walk(v, f"{where}[{i}]")
@@ -472,8 +542,12 @@ def record(func: Any, args: Sequence[Any], kwargs: dict[str, Any], view: View | 
     if view is None:
         view = tensors[0]._view
     engine = view.engine
-    if a.bad or any(t._view.slot != view.slot or t._view.engine is not engine for t in tensors):
-        problems = _problems(args, kwargs, view)
+    if (
+        a.bad
+        or a.limited
+        or any(t._view.slot != view.slot or t._view.engine is not engine for t in tensors)
+    ):
+        problems = _problems(args, kwargs, view, a.stream)
         if problems:
             error = bad_arguments(str(func), problems)
             _local.argument_error = error
@@ -489,15 +563,19 @@ def record(func: Any, args: Sequence[Any], kwargs: dict[str, Any], view: View | 
         spec = _infer(func, args, kwargs, tensors)
         if key is not None:
             _cache[key] = spec
+    if a.limited:
+        _check_writes(func, spec, tensors)
     outs: list[int] = []
     new_ref = engine.new_ref
+    stream = a.stream
+    shared = tensors[0]._aliases if tensors and _is_view_op(func) else None
 
     def build(s: tuple[Any, ...]) -> Any:
         kind = s[0]
         if kind == "new":
             ref = new_ref()
             outs.append(ref.id)
-            return Tensor._new(s[1], view, ref)
+            return Tensor._new(s[1], view, ref, stream, shared)
         if kind == "in":
             t = tensors[s[1]]
             outs.append(t._h.ref.id)
@@ -526,6 +604,145 @@ def _op_spec(func: Any) -> tuple[Any, ...]:
     return ("op", func.namespace, func._opname, func._overloadname)
 
 
+#: operator -> whether its outputs are views of its first input.
+_view_ops: dict[Any, bool] = {}
+
+
+def _is_view_op(func: Any) -> bool:
+    known = _view_ops.get(func)
+    if known is None:
+        try:
+            returns = func._schema.returns
+            known = any(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+        except Exception:
+            known = False
+        _view_ops[func] = known
+    return known
+
+
+def _written(spec: Any, tensors: list[Tensor]) -> list[Tensor]:
+    """The input tensors an operator writes (in place, ``out=``, or without outputs)."""
+    entries: list[Any] = []
+    if spec[0] == "one":
+        entries = [spec[1]]
+    elif spec[0] == "seq":
+        entries = list(spec[2])
+    out = [tensors[e[1]] for e in entries if e[0] == "in"]
+    out += [tensors[i] for i in spec[3]]
+    return out
+
+
+def _check_writes(func: Any, spec: Any, tensors: list[Tensor]) -> None:
+    problems = [
+        (_borrowed_where(f"argument {tensors.index(t)}", t), MUTATING_BORROW)
+        for t in _written(spec, tensors)
+        if not t._aliases.access & WRITE
+    ]
+    if problems:
+        error = bad_arguments(str(func), problems)
+        _local.argument_error = error
+        raise error
+
+
+def check_use(tensors: Sequence[Tensor], what: str, written: Sequence[Tensor] = ()) -> None:
+    """Raise ``TypeError`` if ``tensors`` cannot be used on the active stream (another
+    stream's, or borrowed away) or ``written`` cannot be written (borrowed read-only)."""
+    stream = _streams[-1]
+    problems: list[tuple[str, str]] = []
+    for i, t in enumerate(tensors):
+        if t._stream is not stream:
+            problems.append((f"tensor {i} (on {t._stream}, active: {stream})", WRONG_STREAM))
+        elif not t._aliases.access & READ:
+            problems.append((_borrowed_where(f"tensor {i}", t), BORROWED))
+    for t in written:
+        if not t._aliases.access & WRITE:
+            problems.append((_borrowed_where("the output", t), MUTATING_BORROW))
+    if problems:
+        raise bad_arguments(what, problems)
+
+
+def _borrowed_where(where: str, t: Tensor) -> str:
+    """``where``, with where the borrows of ``t``'s storage were made."""
+    aliases = t._aliases
+    if aliases.source is not None and aliases.source.dropped:
+        return f"{where} (a view of a borrowed tensor whose borrow was dropped)"
+    borrows = list(aliases.borrows)
+    if aliases.source is not None:
+        borrows.append(aliases.source)
+    if not borrows:
+        return where
+    made = "; ".join(
+        f"{'mutable' if b.mutable else 'read-only'} borrow to {b.stream} made at "
+        + (f"{b._frames[-1][0]}:{b._frames[-1][1]}" if b._frames else "?")
+        for b in borrows
+    )
+    return f"{where} ({made})"
+
+
+# --- borrows ----------------------------------------------------------------------------
+
+
+def borrow(to: Stream, t: Tensor, mutable: bool) -> tuple[Tensor, Borrow]:
+    """``to.borrow(t, mutable)`` (see ``Stream.borrow``)."""
+    from monarch._src.tensor_engine.stream import Borrow
+
+    what = f"{to}.borrow(t, mutable={mutable})"
+    if not isinstance(t, Tensor):
+        raise bad_arguments(what, [("t", LOCAL_TENSOR)])
+    if t._h.dropped:
+        raise bad_arguments(what, [("t", DROPPED)])
+    if t._stream is to:
+        raise ValueError(
+            f"{what}: the tensor is already on {to}; borrow a tensor of another stream"
+        )
+    access = t._aliases.access
+    if not access & READ:
+        raise bad_arguments(what, [(_borrowed_where("t", t), BORROWED)])
+    if mutable and not access & WRITE:
+        raise bad_arguments(what, [(_borrowed_where("t", t), MUTATING_BORROW)])
+    view = t._view
+    engine = view.engine
+    engine.check()
+    frames = _client_frames()
+    ref = engine.new_ref()
+    b = Borrow(t, None, mutable, to, frames)  # type: ignore[arg-type]
+    mine = _Aliases(READ_WRITE if mutable else READ, b)
+    borrowed = Tensor._new(t._meta, view, ref, to, mine)
+    b.borrowed = borrowed
+    with engine.lock:
+        token = engine.new_token()
+        engine.issue(view, (wire.SIGNAL, -1, token), 0, None, t._stream)
+        engine.issue(view, (wire.WAIT, -1, token), 0, None, to)
+        seq = engine.next_seq()
+        engine.issue(view, (wire.ALIAS, seq, ref.id, t._h.ref.id), 0, frames, to)
+    t._aliases.borrows.add(b)
+    t._aliases.recompute()
+    return borrowed, b
+
+
+def end_borrow(b: Borrow) -> None:
+    """``b.drop()``: drop the borrowed tensor on the borrowing stream and make the
+    origin stream wait for that stream's use of it."""
+    origin = b.origin
+    view = origin._view
+    engine = view.engine
+    borrowed = b.borrowed
+    try:
+        if engine.failure is None and not engine.closed:
+            with engine.lock:
+                token = engine.new_token()
+                engine.issue(view, (wire.SIGNAL, -1, token), 0, None, b.stream)
+                borrowed._h.drop()
+                engine.issue(view, (wire.WAIT, -1, token), 0, None, origin._stream)
+        else:
+            borrowed._h.drop()
+    finally:
+        borrowed._aliases.access = 0
+        aliases = origin._aliases
+        aliases.borrows.discard(b)
+        aliases.recompute()
+
+
 def _lift(func: Any, args: Sequence[Any], view: View) -> Any:
     """``torch.tensor(data)`` under an active mesh: the data goes with the command."""
     local = args[0]
@@ -533,7 +750,7 @@ def _lift(func: Any, args: Sequence[Any], view: View) -> Any:
     engine.check()
     ref = engine.new_ref()
     fid = engine.fn_id(_aten.clone.default, _op_spec(_aten.clone.default))
-    out = Tensor._new(_torch.meta_of(local), view, ref)
+    out = Tensor._new(_torch.meta_of(local), view, ref, _streams[-1])
     with engine.lock:
         seq = engine.next_seq()
         engine.issue(

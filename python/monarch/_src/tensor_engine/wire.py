@@ -14,12 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "ACTOR",
+    "ALIAS",
     "CALL",
     "DEFINE_FN",
     "DEFINE_VIEW",
     "DELETE",
-    "ACTOR",
-    "ALIAS",
     "FAIL",
     "OP",
     "PEERS",

@@ -15,13 +15,23 @@ its shape so that its peers do not wait for it.
 Point-to-point transfers (``to_mesh``) go over monarch ports: the sender sends its
 value to the receiving worker's port; the receiver waits for it (bounded by the
 collective timeout).
+
+Streams: the commands of stream 0 (``"main"``) run on the actor's own thread as they
+arrive; every other stream has a thread of its own (and, on CUDA, a CUDA stream) fed by
+a queue, so streams run concurrently. Their values share one table; ``SIGNAL``/``WAIT``
+order them where the client asked (borrows). Collectives use process groups per stream,
+so two streams' collectives never interleave on one group.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import logging
 import os
+import queue
 import re
+import threading
 import traceback
 from typing import Any
 
@@ -58,6 +68,53 @@ _REDUCE_OPS = {
 POOL_MIN_BYTES = 1 << 20
 #: How many buffers of one size the pool keeps.
 POOL_PER_SIZE = 4
+
+logger = logging.getLogger(__name__)
+
+
+class _StreamThread:
+    """A stream other than "main" on this worker: a thread running the chunks of
+    commands queued for it, in order."""
+
+    def __init__(self, worker: TensorWorker, sid: int, name: str) -> None:
+        self.worker = worker
+        self.sid = sid
+        self.name = name or f"stream-{sid}"
+        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.cuda = torch.cuda.Stream() if torch.cuda.is_available() else None  # type: ignore[no-untyped-call]
+        self.thread = threading.Thread(
+            target=self._loop, name=f"monarch-stream-{self.name}", daemon=True
+        )
+        self.thread.start()
+
+    def _loop(self) -> None:
+        worker = self.worker
+        worker._local.sid = self.sid
+        context: Any = (
+            torch.cuda.stream(self.cuda) if self.cuda is not None else contextlib.nullcontext()
+        )
+        with context:
+            while True:
+                item = self.queue.get()
+                if item is None:
+                    return
+                if isinstance(item, threading.Event):
+                    item.set()
+                    continue
+                execute = worker._execute
+                for cmd in item:
+                    execute(cmd)
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until the work queued before this call ran."""
+        done = threading.Event()
+        self.queue.put(done)
+        return done.wait(timeout)
+
+
+class _Local(threading.local):
+    #: The stream of the running command (0 on the actor's thread).
+    sid = 0
 
 
 def _collective_timeout() -> float:
@@ -162,6 +219,13 @@ class TensorWorker(Actor):
         self.receiver: Any
         self.port, self.receiver = Channel.open()
         self.inbox: dict[tuple[int, int], Any] = {}
+        self.inbox_changed = threading.Condition()
+        self.pump: threading.Thread | None = None
+        self.streams: dict[int, _StreamThread] = {}
+        self._local = _Local()
+        #: SIGNAL token -> [reached, CUDA event or None] (see ``_signal``).
+        self.signals: dict[int, list[Any]] = {}
+        self.signals_lock = threading.Lock()
         self.seq = -1
         #: Why a whole batch could not be read, if one could not.
         self.broken: Failure | None = None
@@ -176,12 +240,55 @@ class TensorWorker(Actor):
             self.broken = self._failure(-1, e)
             return
         execute = self._execute
-        for cmd in cmds:
-            execute(cmd)
+        sid = 0
+        start = 0
+        stream_op = wire.STREAM
+        for i, cmd in enumerate(cmds):
+            op = cmd[0]
+            if op == stream_op:
+                self._dispatch(sid, cmds, start, i)
+                sid = cmd[2]
+                if sid and sid not in self.streams:
+                    self.streams[sid] = _StreamThread(self, sid, cmd[3])
+                start = i + 1
+            elif op in _GLOBAL and sid:
+                # Definitions take effect at once, whatever the stream.
+                self._dispatch(sid, cmds, start, i)
+                execute(cmd)
+                start = i + 1
+        self._dispatch(sid, cmds, start, len(cmds))
+
+    def _dispatch(self, sid: int, cmds: list[Any], start: int, end: int) -> None:
+        if start >= end:
+            return
+        if sid == 0:
+            execute = self._execute
+            for i in range(start, end):
+                execute(cmds[i])
+        else:
+            self.streams[sid].queue.put(cmds[start:end])
+
+    def _sync(self, sids: list[int] | None) -> None:
+        """Wait until the streams ``sids`` (every stream: ``None``) ran the work that
+        arrived before now ("main" runs on this thread, so it has)."""
+        timeout = _collective_timeout()
+        for sid in self.streams if sids is None else sids:
+            stream = self.streams.get(sid)
+            if stream is not None and not stream.drain(timeout):
+                raise TimeoutError(
+                    f"rank {self.rank}: {stream.name!r} did not reach the point asked for "
+                    f"within {timeout} s (`tensor_collective_timeout`): a command on it is "
+                    "stuck (a collective whose peers did not come?)"
+                )
 
     @endpoint
-    def fetch(self, refs: list[int]) -> list[Any]:
-        """The values of ``refs``, as CPU tensors (``Failure`` for failed ones)."""
+    def fetch(self, refs: list[int], sids: list[int] | None = None) -> list[Any]:
+        """The values of ``refs``, as CPU tensors (``Failure`` for failed ones), once
+        the streams ``sids`` ran the work issued before the fetch."""
+        try:
+            self._sync(sids)
+        except TimeoutError as e:
+            return [Failure(-1, self.rank, f"TimeoutError: {e}\n", [], "timeout") for _ in refs]
         out = []
         for ref in refs:
             value = self._value(ref)
@@ -201,9 +308,12 @@ class TensorWorker(Actor):
         return out
 
     @endpoint
-    def call_function(self, spec: tuple[Any, ...], args: Any, kwargs: Any) -> Any:
-        """Run a remote function now (its ``call``/``call_one``/... adverbs) and give
-        its value back."""
+    def call_function(
+        self, spec: tuple[Any, ...], args: Any, kwargs: Any, sids: list[int] | None = None
+    ) -> Any:
+        """Run a remote function now (its ``call``/``call_one``/... adverbs), after the
+        work of the streams ``sids`` issued before, and give its value back."""
+        self._sync(sids)
         fn = self._resolve_fn(spec)
         failed: list[Failure] = []
         args = self._resolve(args, failed)
@@ -224,7 +334,8 @@ class TensorWorker(Actor):
         return _describe(fn(*args, **kwargs))
 
     @endpoint
-    def describe(self, ref: int) -> Any:
+    def describe(self, ref: int, sids: list[int] | None = None) -> Any:
+        self._sync(sids)
         value = self._value(ref)
         if isinstance(value, Failure):
             return value
@@ -265,6 +376,12 @@ class TensorWorker(Actor):
                 self._unpack(cmd)
             elif op == wire.FAIL:
                 self._fail_outputs(cmd, Failure(cmd[1], self.rank, cmd[3], []))
+            elif op == wire.SIGNAL:
+                self._signal(cmd[2])
+            elif op == wire.WAIT:
+                self._wait(cmd[2])
+            elif op == wire.ALIAS:
+                self.values[cmd[2]] = self._value(cmd[3])
             elif op == wire.ACTOR:
                 from monarch._src.tensor_engine.interop import worker_actor_command
 
@@ -273,6 +390,39 @@ class TensorWorker(Actor):
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
             self._fail_outputs(cmd, self._failure(cmd[1], e))
+
+    # --- streams ------------------------------------------------------------------------
+
+    def _signal_slot(self, token: int) -> list[Any]:
+        with self.signals_lock:
+            slot = self.signals.get(token)
+            if slot is None:
+                slot = self.signals[token] = [threading.Event(), None]
+            return slot
+
+    def _signal(self, token: int) -> None:
+        slot = self._signal_slot(token)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record()
+            slot[1] = event
+        slot[0].set()
+
+    def _wait(self, token: int) -> None:
+        slot = self._signal_slot(token)
+        timeout = _collective_timeout()
+        if not slot[0].wait(timeout):
+            logger.warning(
+                "rank %s: a stream waited %s s for another stream's borrow point and goes on "
+                "without it (tensor_collective_timeout); the other stream is stuck",
+                self.rank,
+                timeout,
+            )
+            return
+        if slot[1] is not None:
+            torch.cuda.current_stream().wait_event(slot[1])
+        with self.signals_lock:
+            self.signals.pop(token, None)
 
     def _fail_outputs(self, cmd: tuple[Any, ...], failure: Failure) -> None:
         for out in wire.outputs(cmd):
@@ -410,14 +560,17 @@ class TensorWorker(Actor):
         return members
 
     def _group(self, members: list[int], device: str) -> Any:
-        key = (tuple(members), device)
+        """The process group of ``members`` for ``device`` tensors on the current
+        stream (each stream has its own, so their collectives never interleave)."""
+        sid = self._local.sid
+        key = (tuple(members), device, sid)
         pg = self.groups.get(key)
         if pg is None:
             timeout = _collective_timeout()
             # The Python store must outlive the group: torch keeps only its C++ half.
             mesh_store = MeshStore(self.controller, timeout)
             self.stores.append(mesh_store)
-            store = _PrefixStore(f"pg/{device}/{'.'.join(map(str, members))}/", mesh_store)
+            store = _PrefixStore(f"pg/{device}/{sid}/{'.'.join(map(str, members))}/", mesh_store)
             rank = members.index(self.rank)
             td = datetime.timedelta(seconds=timeout)
             if device == "cuda":
@@ -449,7 +602,7 @@ class TensorWorker(Actor):
             pg = self._group(members, "cpu")
             _register_group(pg, members, "cpu")
             return pg
-        key = (tuple(members), "cpu+cuda")
+        key = (tuple(members), "cpu+cuda", self._local.sid)
         pg = self.groups.get(key)
         if pg is None:
             pg = _two_backend_group(
@@ -555,7 +708,7 @@ class TensorWorker(Actor):
                 result = src.reshape(-1)
             else:
                 result = empty(src.numel(), src.dtype, src.device)
-            key = ".".join(map(str, members))
+            key = self._group_key(members)
             count = self.shm_counts.get(key, 0) + 1
             self.shm_counts[key] = count
             shm.allreduce(
@@ -573,8 +726,12 @@ class TensorWorker(Actor):
         pg.allreduce([result], opts).wait()
         return result
 
+    def _group_key(self, members: list[int]) -> str:
+        """The members and the current stream, as a key of per-group state."""
+        return f"{self._local.sid}/{'.'.join(map(str, members))}"
+
     def _shm_store(self, members: list[int]) -> Any:
-        key = ".".join(map(str, members))
+        key = self._group_key(members)
         store = self.shm_stores.get(key)
         if store is None:
             store = shm.Prefixed(MeshStore(self.controller, _collective_timeout()), f"shm/{key}/")
@@ -592,7 +749,7 @@ class TensorWorker(Actor):
             or (reduction == "avg" and not src.dtype.is_floating_point)
         ):
             return False
-        key = ".".join(map(str, members))
+        key = self._group_key(members)
         known = self.shm_groups.get(key)
         if known is None:
             known = shm.same_host(self._shm_store(members), members, self.rank)
@@ -602,7 +759,7 @@ class TensorWorker(Actor):
     def _arrive(self, members: list[int], device: str) -> None:
         """Tell the controller this rank reached its next collective of this group (so
         that a timeout can name the ranks that did not)."""
-        key = f"{device}/{'.'.join(map(str, members))}"
+        key = f"{device}/{self._group_key(members)}"
         count = self.arrivals.get(key, 0) + 1
         self.arrivals[key] = count
         self.controller.arrive.broadcast(key, self.rank, count)
@@ -621,7 +778,7 @@ class TensorWorker(Actor):
         )
 
     def _missing(self, members: list[int], device: str) -> list[int]:
-        key = f"{device}/{'.'.join(map(str, members))}"
+        key = f"{device}/{self._group_key(members)}"
         mine = self.arrivals.get(key, 0)
         try:
             counts = self.controller.arrivals_of.call_one(key).get(timeout=10)
@@ -639,7 +796,9 @@ class TensorWorker(Actor):
             value = value.detach()
         for dest in dests:
             if dest == self.rank:
-                self.inbox[(seq, self.rank)] = value
+                with self.inbox_changed:
+                    self.inbox[(seq, self.rank)] = value
+                    self.inbox_changed.notify_all()
             else:
                 assert self.peers is not None, "no peer ports (PEERS) were sent"
                 self.peers[dest].send((seq, self.rank, value))
@@ -649,17 +808,36 @@ class TensorWorker(Actor):
         src = sources[self.rank]
         key = (seq, src)
         timeout = _collective_timeout()
-        while key not in self.inbox:
-            try:
-                s, sender, value = self.receiver.recv().get(timeout=timeout)
-            except TimeoutError:
+        if src != self.rank and self.pump is None:
+            self.pump = threading.Thread(
+                target=self._pump, name="monarch-tensor-inbox", daemon=True
+            )
+            self.pump.start()
+        with self.inbox_changed:
+            if not self.inbox_changed.wait_for(lambda: key in self.inbox, timeout):
                 raise RuntimeError(
                     f"to_mesh: rank {self.rank} received nothing from rank {src} within "
                     f"{timeout} s (`tensor_collective_timeout`); the sender may have died"
-                ) from None
-            self.inbox[(s, sender)] = value
-        value = self.inbox.pop(key)
+                )
+            value = self.inbox.pop(key)
         self.values[out] = value
+
+    def _pump(self) -> None:
+        """Move what peers send to this worker's port into the inbox (any stream may
+        be waiting for it)."""
+        while True:
+            try:
+                s, sender, value = self.receiver.recv().get()
+            except Exception:
+                logger.exception("rank %s: the tensor inbox stopped", self.rank)
+                return
+            with self.inbox_changed:
+                self.inbox[(s, sender)] = value
+                self.inbox_changed.notify_all()
+
+
+#: Commands that define things for every stream (run at once, in any stream's place).
+_GLOBAL = frozenset((wire.DEFINE_FN, wire.DEFINE_VIEW, wire.PEERS))
 
 
 def _import_path(path: str, qualname: str | None) -> Any:
