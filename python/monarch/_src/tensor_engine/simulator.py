@@ -1,0 +1,896 @@
+"""``monarch.Simulator``: a simulated mesh with no processes.
+
+``Simulator(hosts, gpus)`` gives a mesh (``sim.mesh``, dimensions ``"host"`` and
+``"gpu"``) that records torch programs exactly as a proc mesh does (``with
+sim.mesh.activate():``, ``reduce``, streams, remote functions...), but sends the
+commands to a cost model instead of tensor workers: each command gets a duration on an
+assumed accelerator (:class:`~monarch._src.tensor_engine.sim_model.CostModel`), and
+the commands of every rank and stream are placed in simulated time. The result is a
+timeline (a Chrome trace, opened in Perfetto or ``chrome://tracing``: one process per
+rank, one thread per stream) and a summary (``sim.display()``), to see how streams
+overlap before renting GPUs.
+
+The simulator models time, not values: no operator runs, and a fetch
+(``monarch.inspect``, ``fetch_shard``) returns zeros of the tensor's shape and dtype.
+Remote functions run once, in this process, only to learn the shapes of their results
+(on fake tensors, or on zeros when that fails).
+
+Guide: ``docs/simulator.md``.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from monarch._src.actor.future import Done, Future
+from monarch._src.actor.proc_mesh import ProcMesh
+from monarch._src.actor.shape import Shape
+from monarch._src.actor.slice import Slice
+from monarch._src.tensor_engine import wire
+from monarch._src.tensor_engine.engine import Engine, View
+from monarch._src.tensor_engine.sim_model import (
+    GROUP,
+    RUN,
+    SIGNAL,
+    WAIT,
+    CostModel,
+    Task,
+    Timeline,
+    format_us,
+    numel,
+)
+
+if TYPE_CHECKING:
+    from monarch._src.actor.actor import Actor
+
+__all__ = [
+    "CostModel",
+    "SimulatedEngine",
+    "SimulatedMesh",
+    "Simulator",
+    "SimulatorBackendMode",
+    "SimulatorTraceMode",
+]
+
+
+class SimulatorBackendMode(enum.Enum):
+    """What the simulator does with the recorded commands (``simulate_mode=``)."""
+
+    #: Simulate, and write the trace at exit (the default).
+    SIMULATE = enum.auto()
+    #: Simulate; write no trace file (``display()`` and ``summary()`` still work).
+    SIMULATE_WITH_REPORT_ONLY = enum.auto()
+    #: Record the commands for a later replay: not supported.
+    COMMAND_HISTORY = enum.auto()
+    #: SIMULATE and COMMAND_HISTORY: not supported.
+    EVERYTHING = enum.auto()
+
+
+class SimulatorTraceMode(enum.Enum):
+    """What the trace shows (``trace_mode=``)."""
+
+    #: Only the controller (the client's batches of commands, in wall-clock time).
+    CONTROLLER_TRACE_ONLY = enum.auto()
+    #: Only the streams of every rank (the default).
+    STREAM_ONLY = enum.auto()
+    #: Both; a command then starts no earlier than the client sent it.
+    EVERYTHING = enum.auto()
+
+
+def _mode(value: Any, cls: type[enum.Enum], what: str) -> Any:
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str) and value.upper() in cls.__members__:
+        return cls[value.upper()]
+    choices = [m.lower() for m in cls.__members__]
+    raise ValueError(
+        f"Simulator({what}={value!r}): expected one of {choices} (or a {cls.__name__})"
+    )
+
+
+def _count(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"Simulator({what}={value!r}): expected a positive int")
+    if value < 1:
+        raise ValueError(f"Simulator({what}={value}): expected a positive int (1 or more)")
+    return value
+
+
+class Simulator:
+    """A simulated mesh of ``hosts`` x ``gpus`` ranks with no processes.
+
+    ``sim.mesh`` is used like a proc mesh for tensors; the commands recorded on it are
+    placed in simulated time by a cost model (``cost_model=``: a :class:`CostModel`
+    or a dict of its settings; H100-class defaults). ``sim.display()`` prints a
+    summary; ``sim.exit()`` (or ``sim.mesh.exit()``, or the end of a ``with`` block)
+    writes the trace to ``trace_path`` (a Chrome trace JSON: open it in
+    https://ui.perfetto.dev).
+
+    ``simulate_mode``: ``"simulate"`` (default) or ``"simulate_with_report_only"``
+    (no trace file); ``"command_history"``/``"everything"`` (record for replay) raise
+    ``NotImplementedError``. ``trace_mode``: ``"stream_only"`` (default: one track per
+    rank and stream), ``"controller_trace_only"`` (the client's batches) or
+    ``"everything"`` (both). ``upload_trace=True`` and ``build_ir=True`` raise
+    ``NotImplementedError``; ``command_history_path`` is accepted and unused;
+    ``group_workers`` is accepted and ignored (every rank is simulated).
+    """
+
+    def __init__(
+        self,
+        hosts: int,
+        gpus: int,
+        *,
+        simulate_mode: str | SimulatorBackendMode = SimulatorBackendMode.SIMULATE,
+        trace_mode: str | SimulatorTraceMode = SimulatorTraceMode.STREAM_ONLY,
+        upload_trace: bool = False,
+        trace_path: str = "trace.json",
+        command_history_path: str = "command_history.pkl",
+        group_workers: bool = False,
+        build_ir: bool = False,
+        cost_model: CostModel | Mapping[str, Any] | None = None,
+    ) -> None:
+        self.hosts = _count(hosts, "hosts")
+        self.gpus = _count(gpus, "gpus")
+        self.simulate_mode: SimulatorBackendMode = _mode(
+            simulate_mode, SimulatorBackendMode, "simulate_mode"
+        )
+        self.trace_mode: SimulatorTraceMode = _mode(trace_mode, SimulatorTraceMode, "trace_mode")
+        if self.simulate_mode in (
+            SimulatorBackendMode.COMMAND_HISTORY,
+            SimulatorBackendMode.EVERYTHING,
+        ):
+            raise NotImplementedError(
+                f"Simulator(simulate_mode={self.simulate_mode.name.lower()!r}): recording "
+                "the commands for a later replay is not supported; use 'simulate' (writes "
+                "the trace) or 'simulate_with_report_only'"
+            )
+        if upload_trace:
+            raise NotImplementedError(
+                "Simulator(upload_trace=True): uploading traces is not supported; open the "
+                "file written to trace_path in https://ui.perfetto.dev instead"
+            )
+        if build_ir:
+            raise NotImplementedError(
+                "Simulator(build_ir=True): the simulator builds no IR graph; leave "
+                "build_ir=False (the trace and summary() describe the program)"
+            )
+        if not isinstance(trace_path, (str, os.PathLike)):
+            raise TypeError(f"Simulator(trace_path={trace_path!r}): expected a file path")
+        self.trace_path = os.path.abspath(trace_path)
+        self.command_history_path = command_history_path
+        self.group_workers = group_workers
+        self.cost_model = CostModel.of(cost_model)
+        self.world_size = self.hosts * self.gpus
+        self._timeline = Timeline(self.world_size)
+        self._lock = threading.Lock()
+        self._t0 = time.monotonic()
+        self._last_send = 0.0
+        self._exited = False
+        self._fns: dict[int, Any] = {}
+        self._ops: dict[int, tuple[str, Any, bool]] = {}
+        self._names: dict[int, str] = {}
+        self._views: dict[int, Shape] = {}
+        #: ref -> tensor metadata (size, stride, offset, dtype, device).
+        self.metas: dict[int, Any] = {}
+        #: whole ref of a ``propagate="inspect"`` call -> (fid, args, kwargs).
+        self._wholes: dict[int, tuple[int, Any, Any]] = {}
+        self._signalled: set[tuple[int, int]] = set()
+        _install_meta_hook()
+        shape = Shape(["host", "gpu"], Slice.new_row_major([self.hosts, self.gpus]))
+        self.mesh = SimulatedMesh(shape, self)
+        self._engine = SimulatedEngine(self.mesh, self)
+        self.mesh._tensor_engine.append(self._engine)
+
+    # --- the public interface -----------------------------------------------------------
+
+    def __enter__(self) -> Simulator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.exit()
+
+    def __repr__(self) -> str:
+        return f"Simulator(hosts={self.hosts}, gpus={self.gpus})"
+
+    def exit(self) -> None:
+        """Finish: send what is recorded, write the trace (unless
+        ``simulate_mode="simulate_with_report_only"``) and take no more work. Calling
+        it again does nothing."""
+        if self._exited:
+            return
+        self._engine.close()
+        self._exited = True
+        self.mesh._stopped.append("the simulation ended (Simulator.exit)")
+        if self.simulate_mode is SimulatorBackendMode.SIMULATE:
+            self.write_trace()
+
+    def write_trace(self, path: str | None = None) -> str:
+        """Write the trace now to ``path`` (default ``trace_path``) and return that
+        path."""
+        self._settle()
+        target = os.path.abspath(path) if path is not None else self.trace_path
+        with self._lock:
+            self._timeline.run()
+            self._timeline.write(
+                target,
+                streams=self.trace_mode is not SimulatorTraceMode.CONTROLLER_TRACE_ONLY,
+                controller=self.trace_mode is not SimulatorTraceMode.STREAM_ONLY,
+            )
+        return target
+
+    def stats(self) -> dict[str, Any]:
+        """The simulated time so far: ``elapsed_us`` (until the last command of any
+        rank ends) and ``streams``, one dict per rank and stream with ``rank``,
+        ``stream``, ``busy_us``, ``idle_us``, ``overlap_us`` (busy while another stream
+        of the rank is busy) and ``commands``."""
+        self._settle()
+        with self._lock:
+            self._timeline.run()
+            return {
+                "elapsed_us": self._timeline.elapsed_us(),
+                "streams": self._timeline.stats(),
+                "stuck": self._timeline.stuck(),
+            }
+
+    def summary(self) -> str:
+        """:meth:`stats` as a table."""
+        s = self.stats()
+        total = s["elapsed_us"]
+        lines = [
+            f"simulated {self.world_size} ranks (host={self.hosts}, gpu={self.gpus}): "
+            f"{format_us(total)}"
+        ]
+        header = ("rank", "stream", "commands", "busy", "idle", "overlap")
+        rows = [
+            (
+                str(r["rank"]),
+                r["stream"],
+                str(r["commands"]),
+                format_us(r["busy_us"]),
+                format_us(r["idle_us"]),
+                format_us(r["overlap_us"]),
+            )
+            for r in s["streams"]
+        ]
+        widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+        for row in (header, *rows):
+            lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        for rank, stream, name in s["stuck"]:
+            lines.append(
+                f"rank {rank}, stream {stream!r}: stuck at {name} (what it waits for never "
+                "happened)"
+            )
+        return "\n".join(lines)
+
+    def display(self) -> None:
+        """Print :meth:`summary` (and where the trace is written)."""
+        text = self.summary()
+        if self.simulate_mode is SimulatorBackendMode.SIMULATE:
+            text += f"\ntrace: {self.trace_path} (written at exit; open in https://ui.perfetto.dev)"
+        print(text)
+
+    def upload(self) -> None:
+        raise NotImplementedError(
+            "Simulator.upload(): uploading traces is not supported; open the file written "
+            "to trace_path in https://ui.perfetto.dev instead"
+        )
+
+    def export_ir(self, ir_path: str) -> None:
+        raise NotImplementedError(
+            "Simulator.export_ir(): the simulator builds no IR graph (build_ir is not supported)"
+        )
+
+    # --- commands -----------------------------------------------------------------------
+
+    def _settle(self) -> None:
+        if not self._exited:
+            self._engine.flush()
+
+    def _now_us(self) -> float:
+        return (time.monotonic() - self._t0) * 1e6
+
+    def _batch(self, view: View, cmds: list[tuple[Any, ...]]) -> None:
+        """Place a batch of commands sent to ``view`` on its ranks' streams."""
+        with self._lock:
+            now = self._now_us()
+            tl = self._timeline
+            tl.controller.append(
+                (f"{len(cmds)} commands to {dict(view.shape.extent)}", self._last_send, now)
+            )
+            self._last_send = now
+            earliest = now if self.trace_mode is SimulatorTraceMode.EVERYTHING else 0.0
+            ranks = view.shape.ranks()
+            sid = 0
+            for cmd in cmds:
+                op = cmd[0]
+                if op == wire.STREAM:
+                    sid = cmd[2]
+                    if cmd[3] or sid not in tl.stream_names:
+                        tl.stream_names[sid] = cmd[3] or f"stream {sid}"
+                elif op == wire.DEFINE_FN:
+                    self._fns[cmd[1]] = cmd[2]
+                elif op == wire.DEFINE_VIEW:
+                    self._views[cmd[2]] = cmd[3]
+                elif op == wire.DELETE:
+                    for ref in cmd[2]:
+                        self.metas.pop(ref, None)
+                        self._wholes.pop(ref, None)
+                elif op == wire.SIGNAL:
+                    for r in ranks:
+                        self._signalled.add((cmd[2], r))
+                        tl.add(r, sid, Task(SIGNAL, "signal", 0.0, key=(cmd[2], r)))
+                elif op == wire.WAIT:
+                    for r in ranks:
+                        if (cmd[2], r) in self._signalled:
+                            tl.add(r, sid, Task(WAIT, "wait", 0.0, key=(cmd[2], r)))
+                elif op == wire.REDUCE:
+                    self._reduce(cmd, view, sid, earliest)
+                elif op == wire.SEND:
+                    self._p2p_send(cmd, sid, earliest)
+                elif op == wire.RECV:
+                    self._p2p_recv(cmd, view, sid, earliest)
+                else:
+                    work = self._work(cmd)
+                    if work is None:
+                        continue
+                    name, dur, cat, args = work
+                    for r in ranks:
+                        tl.add(r, sid, Task(RUN, name, dur, cat, args=args, earliest=earliest))
+
+    def _frame(self, seq: int, args: dict[str, Any]) -> dict[str, Any]:
+        args["seq"] = seq
+        frames = self._engine.frames_of(seq)
+        if frames:
+            file, line, fn = frames[-1]
+            args["at"] = f"{file}:{line} ({fn})"
+        return args
+
+    def _work(self, cmd: tuple[Any, ...]) -> tuple[str, float, str, dict[str, Any]] | None:
+        """The name, duration, category and trace arguments of an ordinary command
+        (``None``: it takes no time and is not shown)."""
+        op = cmd[0]
+        cost = self.cost_model
+        if op == wire.OP:
+            _, seq, fid, args, kwargs, outs, _writes = cmd
+            name, fn, is_view = self._op(fid)
+            if is_view:
+                return None
+            inputs = _tensors_in((args, kwargs), self.metas)
+            outputs = [self.metas[o] for o in outs if o in self.metas]
+            nbytes = 0
+            if not name.split(".")[1 if "." in name else 0].startswith("empty"):
+                nbytes = sum(_nbytes(m) for m in inputs) + sum(_nbytes(m) for m in outputs)
+            flops = _flops(fn, args, kwargs, outputs, self.metas)
+            first = (inputs or outputs or [None])[0]
+            dtype = _dtype_name(first[3]) if first is not None else "default"
+            info: dict[str, Any] = {"bytes": nbytes}
+            if flops:
+                info["flops"] = flops
+            return (name, cost.compute_us(flops, nbytes, dtype), "compute", self._frame(seq, info))
+        if op == wire.CALL:
+            _, seq, fid, args, kwargs, outs, whole = cmd
+            if whole is not None:
+                self._wholes[whole] = (fid, args, kwargs)
+            inputs = _tensors_in((args, kwargs), self.metas)
+            outputs = [self.metas[o] for o in outs if o in self.metas]
+            nbytes = sum(_nbytes(m) for m in inputs) + sum(_nbytes(m) for m in outputs)
+            fname = self._names.get(fid)
+            if fname is None:
+                fname = self._names[fid] = _fn_name(self._fns.get(fid))
+            return (
+                fname,
+                cost.compute_us(0, nbytes, "default"),
+                "remote",
+                self._frame(seq, {"bytes": nbytes}),
+            )
+        if op == wire.RANK:
+            return ("rank", cost.kernel_overhead_us, "compute", self._frame(cmd[1], {}))
+        # PEERS, UNPACK, ALIAS, FAIL, ACTOR: no device time.
+        return None
+
+    def _op(self, fid: int) -> tuple[str, Any, bool]:
+        entry = self._ops.get(fid)
+        if entry is None:
+            import torch
+
+            spec = self._fns.get(fid)
+            fn: Any = None
+            if spec is not None and spec[0] == "op":
+                _, namespace, opname, overload = spec
+                try:
+                    fn = getattr(getattr(getattr(torch.ops, namespace), opname), overload)
+                except AttributeError:
+                    fn = None
+                name = f"{namespace}.{opname}" + ("" if overload == "default" else f".{overload}")
+            else:
+                name = _fn_name(spec)
+            is_view = bool(getattr(fn, "is_view", False))
+            entry = self._ops[fid] = (name, fn, is_view)
+        return entry
+
+    def _groups(self, view: View, vid: int, dims: Sequence[str]) -> dict[int, tuple[int, ...]]:
+        shape = self._views.get(vid) or view.shape
+        out = {}
+        for r in view.shape.ranks():
+            point = shape.coordinates(r)
+            sub = shape
+            for label in shape.labels:
+                if label not in dims:
+                    sub = sub.select(label, point[label])
+            out[r] = tuple(sub.ranks())
+        return out
+
+    def _inter_host(self, ranks: Sequence[int]) -> bool:
+        return len({r // self.gpus for r in ranks}) > 1
+
+    def _reduce(self, cmd: tuple[Any, ...], view: View, sid: int, earliest: float) -> None:
+        _, seq, _out, _inp, vid, dims, reduction, scatter, _inplace, (size, dtype, _dev) = cmd
+        if reduction == "stack":
+            kind = "all_to_all" if scatter else "all_gather"
+        else:
+            kind = "reduce_scatter" if scatter else "all_reduce"
+        nbytes = numel(size) * _itemsize(dtype)
+        name = kind if reduction == "stack" else f"{kind}({reduction})"
+        cache: dict[tuple[int, ...], tuple[float, dict[str, Any]]] = {}
+        for r, members in self._groups(view, vid, dims).items():
+            got = cache.get(members)
+            if got is None:
+                dur = self.cost_model.collective_us(
+                    kind, nbytes, len(members), self._inter_host(members)
+                )
+                info = self._frame(seq, {"bytes": nbytes, "ranks": list(members)})
+                got = cache[members] = (dur, info)
+            dur, info = got
+            task = Task(
+                GROUP,
+                name,
+                dur,
+                "collective",
+                key=("reduce", seq, members),
+                n=len(members),
+                args=info,
+                earliest=earliest,
+            )
+            self._timeline.add(r, sid, task)
+
+    def _p2p_send(self, cmd: tuple[Any, ...], sid: int, earliest: float) -> None:
+        _, seq, ref, routes = cmd
+        meta = self.metas.get(ref)
+        nbytes = _nbytes(meta) if meta is not None else 0
+        for src, dsts in routes.items():
+            for dst in dsts:
+                if dst == src:
+                    continue
+                dur = self.cost_model.collective_us("send", nbytes, 2, self._inter_host((src, dst)))
+                info = self._frame(seq, {"bytes": nbytes, "to": dst})
+                task = Task(GROUP, "send", dur, "p2p", key=("p2p", seq, src, dst), n=2, args=info)
+                task.earliest = earliest
+                self._timeline.add(src, sid, task)
+
+    def _p2p_recv(self, cmd: tuple[Any, ...], view: View, sid: int, earliest: float) -> None:
+        _, seq, out, sources = cmd
+        meta = self.metas.get(out)
+        nbytes = _nbytes(meta) if meta is not None else 0
+        for dst in view.shape.ranks():
+            src = sources.get(dst)
+            if src is None:
+                continue
+            if src == dst:
+                dur = self.cost_model.compute_us(0, 2 * nbytes, "default")
+                info = self._frame(seq, {"bytes": nbytes})
+                self._timeline.add(dst, sid, Task(RUN, "copy", dur, args=info, earliest=earliest))
+                continue
+            dur = self.cost_model.collective_us("send", nbytes, 2, self._inter_host((src, dst)))
+            info = self._frame(seq, {"bytes": nbytes, "from": src})
+            task = Task(GROUP, "recv", dur, "p2p", key=("p2p", seq, src, dst), n=2, args=info)
+            task.earliest = earliest
+            self._timeline.add(dst, sid, task)
+
+    # --- what workers would answer ------------------------------------------------------
+
+    def _zeros(self, ref: int) -> Any:
+        import torch
+
+        from monarch._src.tensor_engine import _torch
+
+        meta = self.metas.get(ref)
+        if meta is None:
+            raise RuntimeError(
+                f"the simulator knows no tensor with ref {ref}: it was freed, or made "
+                "outside the simulated mesh"
+            )
+        with _torch.disable_modes():
+            return torch.zeros(tuple(meta[0]), dtype=meta[3])
+
+    def _placeholders(self, value: Any) -> Any:
+        """``value`` with every ref replaced by zeros of its tensor's metadata."""
+        from torch.utils._pytree import tree_map
+
+        def make(x: Any) -> Any:
+            if isinstance(x, wire.Ref):
+                return self._zeros(x.id)
+            if isinstance(x, wire.GroupRef):
+                raise NotImplementedError(
+                    "the simulator cannot run a remote function that takes a process group "
+                    "(monarch.RemoteProcessGroup): there are no processes to form one"
+                )
+            return x
+
+        return tree_map(make, value)
+
+    def _run_remote(self, spec: tuple[Any, ...], args: Any, kwargs: Any) -> Any:
+        from monarch._src.tensor_engine import _torch
+
+        fn = _resolve_fn(spec)
+        args, kwargs = self._placeholders((list(args), dict(kwargs)))
+        with _torch.disable_modes():
+            return fn(*args, **kwargs)
+
+    def _propagate(self, spec: tuple[Any, ...], args: Any, kwargs: Any) -> Any:
+        """What a remote function's result looks like, from a run on fake tensors of
+        the inputs' metadata (or, when that fails, on zeros)."""
+        import torch
+        from torch.utils._pytree import tree_map
+
+        from monarch._src.tensor_engine import _torch
+
+        fn = _resolve_fn(spec)
+
+        def to_meta(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                return wire.TensorMeta(tuple(x.shape), tuple(x.stride()), x.dtype, str(x.device))
+            return x
+
+        def fake(x: Any) -> Any:
+            if isinstance(x, wire.TensorMeta):
+                size = tuple(x.size)
+                return _torch.fake_of((size, tuple(x.stride), 0, x.dtype, torch.device(x.device)))
+            return x
+
+        with _torch.disable_modes():
+            try:
+                with _torch.fake_mode():
+                    fargs, fkwargs = tree_map(fake, (list(args), dict(kwargs)))
+                    out = fn(*fargs, **fkwargs)
+                return tree_map(to_meta, out)
+            except Exception:
+                pass
+
+            def zeros(x: Any) -> Any:
+                if isinstance(x, wire.TensorMeta):
+                    return torch.zeros(tuple(x.size), dtype=x.dtype)
+                return x
+
+            zargs, zkwargs = tree_map(zeros, (list(args), dict(kwargs)))
+            return tree_map(to_meta, fn(*zargs, **zkwargs))
+
+    def _describe(self, whole: int) -> Any:
+        entry = self._wholes.get(whole)
+        if entry is None:
+            raise RuntimeError(f"the simulator has no result under ref {whole}")
+        fid, args, kwargs = entry
+        spec = self._fns[fid]
+        metas = self._placeholders_meta((args, kwargs))
+        return self._propagate(spec, *metas)
+
+    def _placeholders_meta(self, value: Any) -> Any:
+        from torch.utils._pytree import tree_map
+
+        def make(x: Any) -> Any:
+            if isinstance(x, wire.Ref):
+                m = self.metas[x.id]
+                return wire.TensorMeta(m[0], m[1], m[3], str(m[4]))
+            return x
+
+        args, kwargs = value
+        return tree_map(make, (list(args), dict(kwargs)))
+
+
+# --- the mesh and the engine ---------------------------------------------------------------
+
+
+class SimulatedMesh(ProcMesh):
+    """The mesh of a :class:`Simulator`: a proc mesh with no processes. Tensors work
+    on it as on a proc mesh; actors cannot be spawned on it. ``exit()`` ends the
+    simulation (and writes the trace)."""
+
+    def __init__(self, shape: Shape, sim: Simulator) -> None:
+        super().__init__(None, shape)  # type: ignore[arg-type]
+        self._sim = sim
+
+    def _new_with_shape(self, shape: Shape) -> SimulatedMesh:
+        view = SimulatedMesh(shape, self._sim)
+        view._stopped = self._stopped
+        view._root = self._root
+        view._tensor_engine = self._tensor_engine
+        return view
+
+    def _describe(self) -> str:
+        return f"simulated mesh with extent {self.sizes}"
+
+    @property
+    def simulator(self) -> Simulator:
+        return self._sim
+
+    def spawn(self, name: str, Class: type[Actor], *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            f"spawn({name!r}): a simulated mesh has no processes, so actors cannot run on "
+            "it; the simulator runs tensor programs only (spawn actors on real procs: "
+            "this_host().spawn_procs(...))"
+        )
+
+    @property
+    def initialized(self) -> Future[bool]:
+        return Future(impl=Done(True))
+
+    @property
+    def host_mesh(self) -> Any:
+        raise NotImplementedError("a simulated mesh has no host mesh")
+
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """End the simulation (as :meth:`Simulator.exit`)."""
+        self._sim.exit()
+        return Future(impl=Done(None))
+
+    def exit(self) -> None:
+        """End the simulation and write the trace (:meth:`Simulator.exit`)."""
+        self._sim.exit()
+
+    async def logging_option(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        raise TypeError("a simulated mesh cannot be pickled: it exists only in this process")
+
+    def __repr__(self) -> str:
+        return f"SimulatedMesh({self.sizes})"
+
+
+class SimulatedEngine(Engine):
+    """The tensor engine of a simulated mesh: no controller and no workers; each
+    batch of commands goes to the simulator instead of the network, and what workers
+    would answer (fetches, remote functions' shapes) is answered here."""
+
+    def __init__(self, root: ProcMesh, sim: Simulator) -> None:
+        self.sim = sim
+        super().__init__(root)
+
+    def _start(self) -> None:
+        self.controller = None  # type: ignore[assignment]
+        self.workers = _Workers(self.sim, self.root._shape)
+
+    def _send(self, view: View, cmds: list[tuple[Any, ...]]) -> None:
+        if self.failure is not None or self.closed:
+            return
+        try:
+            self.sim._batch(view, cmds)
+        except Exception as e:
+            self.fail(
+                RuntimeError(
+                    f"the simulator could not simulate a batch of commands: {type(e).__name__}: {e}"
+                )
+            )
+
+    def ensure_peers(self) -> None:
+        self.ports = []
+
+
+class _Workers:
+    """What stands for the workers of part of a simulated mesh: their endpoints
+    answer at once, in this process."""
+
+    def __init__(self, sim: Simulator, shape: Shape) -> None:
+        self._sim = sim
+        self._shape = shape
+
+    def _new_with_shape(self, shape: Shape) -> _Workers:
+        return _Workers(self._sim, shape)
+
+    @property
+    def fetch(self) -> _Endpoint:
+        sim = self._sim
+        return _Endpoint(self._shape, lambda refs, *_: [sim._zeros(r) for r in refs])
+
+    @property
+    def call_function(self) -> _Endpoint:
+        return _Endpoint(self._shape, self._sim._run_remote)
+
+    @property
+    def propagate(self) -> _Endpoint:
+        return _Endpoint(self._shape, self._sim._propagate)
+
+    @property
+    def describe(self) -> _Endpoint:
+        return _Endpoint(self._shape, self._sim._describe)
+
+    def __getattr__(self, name: str) -> Any:
+        raise NotImplementedError(
+            f"the simulator has no tensor worker endpoint {name!r}: this operation needs "
+            "real processes"
+        )
+
+
+class _Raised:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def wait(self, timeout: float | None) -> Any:
+        raise self.error
+
+    async def wait_async(self) -> Any:
+        raise self.error
+
+
+def _answer(fn: Callable[..., Any], args: tuple[Any, ...]) -> Future[Any]:
+    try:
+        return Future(impl=Done(fn(*args)))
+    except Exception as e:
+        return Future(impl=_Raised(e))
+
+
+class _Endpoint:
+    """An endpoint of simulated workers: every rank would answer the same, so the
+    function runs once."""
+
+    def __init__(self, shape: Shape, fn: Callable[..., Any]) -> None:
+        self._shape = shape
+        self._fn = fn
+
+    def call_one(self, *args: Any) -> Future[Any]:
+        return _answer(self._fn, args)
+
+    def choose(self, *args: Any) -> Future[Any]:
+        return _answer(self._fn, args)
+
+    def call(self, *args: Any) -> Future[Any]:
+        from monarch._src.actor.value_mesh import ValueMesh
+
+        shape = self._shape
+        return _answer(lambda *a: ValueMesh(shape, [self._fn(*a)] * len(shape.ranks())), args)
+
+    def broadcast(self, *args: Any) -> None:
+        self._fn(*args)
+
+    def stream(self, *args: Any) -> Iterator[Future[Any]]:
+        for _ in self._shape.ranks():
+            yield _answer(self._fn, args)
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def _resolve_fn(spec: tuple[Any, ...]) -> Any:
+    import importlib
+
+    from monarch._src.actor.pickling import loads
+
+    kind = spec[0]
+    if kind == "path":
+        if len(spec) > 2:
+            module, qualname = spec[1], spec[2]
+        else:
+            module, _, qualname = spec[1].rpartition(".")
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        return obj
+    if kind == "pickle":
+        return loads(spec[1])
+    raise ValueError(f"the simulator cannot run the function {spec!r}")
+
+
+def _fn_name(spec: Any) -> str:
+    if spec is None:
+        return "remote function"
+    if spec[0] == "op":
+        return f"{spec[1]}.{spec[2]}"
+    if spec[0] == "path":
+        return str(spec[2] if len(spec) > 2 else spec[1].rpartition(".")[2])
+    try:
+        return str(getattr(_resolve_fn(spec), "__qualname__", "remote function"))
+    except Exception:
+        return "remote function"
+
+
+def _tensors_in(value: Any, metas: dict[int, Any]) -> list[Any]:
+    """The metadata of every tensor in ``value`` (refs, and local tensors sent with a
+    command), each once."""
+    import torch
+
+    out: list[Any] = []
+    seen: set[int] = set()
+
+    def walk(x: Any) -> None:
+        if isinstance(x, wire.Ref):
+            if x.id not in seen and x.id in metas:
+                seen.add(x.id)
+                out.append(metas[x.id])
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, torch.Tensor):
+            out.append((tuple(x.shape), (), 0, x.dtype, x.device))
+
+    walk(value)
+    return out
+
+
+def _itemsize(dtype: Any) -> int:
+    return int(getattr(dtype, "itemsize", 4))
+
+
+def _nbytes(meta: Any) -> int:
+    return numel(meta[0]) * _itemsize(meta[3])
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+_flop_formulas: dict[Any, Any] | None = None
+
+
+def _flops(fn: Any, args: Any, kwargs: Any, outputs: list[Any], metas: dict[int, Any]) -> int:
+    """The floating-point operations of operator ``fn`` (from torch's flop counter
+    formulas: matmuls, convolutions, attention; 0 for the others)."""
+    global _flop_formulas
+    if fn is None:
+        return 0
+    if _flop_formulas is None:
+        from torch.utils import flop_counter
+
+        _flop_formulas = dict(getattr(flop_counter, "flop_registry", {}))
+    formula = _flop_formulas.get(getattr(fn, "overloadpacket", None))
+    if formula is None:
+        return 0
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def shape(x: Any) -> Any:
+        if isinstance(x, wire.Ref):
+            m = metas.get(x.id)
+            return torch.Size(m[0]) if m is not None else torch.Size([])
+        return x
+
+    try:
+        sargs, skwargs = tree_map(shape, (list(args), dict(kwargs)))
+        sizes = [torch.Size(m[0]) for m in outputs]
+        out = sizes[0] if len(sizes) == 1 else tuple(sizes)
+        return int(formula(*sargs, out_val=out, **skwargs))
+    except Exception:
+        return 0
+
+
+_hook_lock = threading.Lock()
+_hook_installed = False
+
+
+def _install_meta_hook() -> None:
+    """Make ``Tensor._new`` tell a simulated engine the metadata of each tensor it
+    binds (the commands carry refs only). Installed on the first ``Simulator``; for
+    other engines it costs one type check per new tensor."""
+    global _hook_installed
+    with _hook_lock:
+        if _hook_installed:
+            return
+        from monarch._src.tensor_engine.tensor import Tensor
+
+        original = Tensor._new
+
+        def _new(meta: Any, view: View, ref: wire.Ref, *args: Any, **kwargs: Any) -> Tensor:
+            t = original(meta, view, ref, *args, **kwargs)
+            engine = view.engine
+            if type(engine) is SimulatedEngine:
+                engine.sim.metas[ref.id] = meta
+            return t
+
+        Tensor._new = staticmethod(_new)  # type: ignore[method-assign]
+        _hook_installed = True
