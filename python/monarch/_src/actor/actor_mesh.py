@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import random
 import warnings
+import weakref
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -80,6 +81,9 @@ class _Shared:
         self.stopped: str | None = None
         #: Why the mesh could not be spawned (raised by every use), if it could not.
         self.broken: BaseException | None = None
+        #: The root proc mesh it was spawned on, when spawned by this process (the
+        #: tensor engine checks that tensors passed to its endpoints live there).
+        self.procs: weakref.ref[ProcMesh] | None = None
 
 
 class ActorMesh(MeshTrait, Generic[A]):
@@ -321,6 +325,7 @@ def spawn_actor_mesh(
     handle = proc_mesh._handle.spawn(who, name, info.name, parts)
     shared = _Shared(handle, info=info, endpoints=_endpoint_kinds(info), client_owned=client_owned)
     shared.broken = broken
+    shared.procs = weakref.ref(proc_mesh._root)
     mesh: ActorMesh[Any] = ActorMesh(shared, proc_mesh._shape, handle)
     state.owned[handle.mesh_id] = mesh
     return mesh

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import (
@@ -346,17 +347,24 @@ class Endpoint(Generic[P, R]):
     ``broadcast``. Arguments are checked against the method's signature and pickled once,
     at call time."""
 
-    def __init__(self, mesh: ActorMesh[Any], name: str, explicit: bool = False) -> None:
+    def __init__(
+        self, mesh: ActorMesh[Any], name: str, explicit: bool = False, propagate: Any = None
+    ) -> None:
         self._mesh = mesh
         self._name = name
         self._explicit = explicit
+        #: ``as_endpoint(..., propagate=)``'s (an ``@endpoint``'s own is on its property).
+        self._propagate = propagate
 
     def _qualname(self) -> str:
         return f"{self._mesh._class_name}.{self._name}"
 
-    def _payload(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes | bytearray]:
+    def _property(self) -> EndpointProperty[..., Any] | None:
         info = self._mesh._info
-        ep = info.endpoints.get(self._name) if info is not None else None
+        return info.endpoints.get(self._name) if info is not None else None
+
+    def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        ep = self._property()
         if ep is not None:
             try:
                 ep._check_args(args, kwargs)
@@ -364,9 +372,17 @@ class Endpoint(Generic[P, R]):
                 raise TypeError(
                     f"wrong arguments for endpoint {self._qualname()}{ep._signature}: {e}"
                 ) from None
+
+    def _payload(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes | bytearray]:
+        """The pickled call; raises :class:`_TensorArguments` when the arguments hold
+        distributed tensors (monarch tensors never pickle, so this costs nothing
+        otherwise)."""
+        self._check(args, kwargs)
         try:
             return dumps_call(args, kwargs)
         except Exception as e:
+            if _carries_tensors(args, kwargs):
+                raise _TensorArguments(self._qualname()) from None
             culprit = _find_unpicklable(args, kwargs)
             raise TypeError(
                 f"cannot send a call to endpoint {self._qualname()}: argument {culprit} "
@@ -375,9 +391,11 @@ class Endpoint(Generic[P, R]):
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call every actor of the view; a future of a ValueMesh of their replies."""
-        fut: Future[ValueMesh[R]] = self._mesh._send(
-            self._name, self._payload(args, kwargs), CastMode.CALL
-        )
+        try:
+            payload = self._payload(args, kwargs)
+        except _TensorArguments:
+            return _with_tensors(self, "call", args, kwargs)  # type: ignore[no-any-return]
+        fut: Future[ValueMesh[R]] = self._mesh._send(self._name, payload, CastMode.CALL)
         return fut
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
@@ -388,25 +406,51 @@ class Endpoint(Generic[P, R]):
                 f"call_one() needs a mesh of exactly 1 actor, but {self._mesh._describe()} "
                 f"has {n}; use call(), or slice the mesh down to one actor first"
             )
-        one: Future[R] = self._mesh._send(self._name, self._payload(args, kwargs), CastMode.ONE)
+        try:
+            payload = self._payload(args, kwargs)
+        except _TensorArguments:
+            return _with_tensors(self, "call_one", args, kwargs)  # type: ignore[no-any-return]
+        one: Future[R] = self._mesh._send(self._name, payload, CastMode.ONE)
         return one
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one actor of the view, picked by the runtime."""
         if len(self._mesh) == 0:
             raise ValueError(f"choose() on {self._mesh._describe()}, which has no actors")
-        chosen: Future[R] = self._mesh._send(
-            self._name, self._payload(args, kwargs), CastMode.CHOOSE
-        )
+        try:
+            payload = self._payload(args, kwargs)
+        except _TensorArguments:
+            return _with_tensors(self, "choose", args, kwargs)  # type: ignore[no-any-return]
+        chosen: Future[R] = self._mesh._send(self._name, payload, CastMode.CHOOSE)
         return chosen
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[Future[R]]:
         """Call every actor; yields one future per actor, in reply arrival order."""
-        return self._mesh._stream(self._name, self._payload(args, kwargs))
+        try:
+            payload = self._payload(args, kwargs)
+        except _TensorArguments:
+            return _with_tensors(self, "stream", args, kwargs)  # type: ignore[no-any-return]
+        return self._mesh._stream(self._name, payload)
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every actor without waiting for replies (exceptions fail the actor)."""
-        self._mesh._send(self._name, self._payload(args, kwargs), CastMode.BROADCAST)
+        try:
+            payload = self._payload(args, kwargs)
+        except _TensorArguments:
+            _with_tensors(self, "broadcast", args, kwargs)
+            return
+        self._mesh._send(self._name, payload, CastMode.BROADCAST)
+
+    def rref(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the endpoint on every actor of the view, which must be the procs of the
+        active mesh, as a step of the distributed-tensor program: the tensors it
+        returns become distributed tensors (monarch tensors, one shard per actor),
+        without waiting. Their shapes come from the endpoint's ``propagate`` function
+        (``@endpoint(propagate=fn)``), called with the arguments (fake tensors for
+        monarch tensors)."""
+        from monarch._src.tensor_engine.interop import rref
+
+        return rref(self, args, kwargs)  # type: ignore[no-any-return]
 
     # Hidden from type checkers, so that calling an endpoint of a mesh directly is a type
     # error, as it is an error at run time.
@@ -418,6 +462,36 @@ class Endpoint(Generic[P, R]):
                 f"{self._name}.call(...), .call_one(...), .choose(...), .stream(...) or "
                 ".broadcast(...)"
             )
+
+
+class _TensorArguments(TypeError):
+    """The arguments of an endpoint call hold distributed tensors (monarch tensors): the
+    adverbs hand such calls to the tensor engine."""
+
+    def __init__(self, qualname: str) -> None:
+        super().__init__(
+            f"the arguments of {qualname} hold monarch tensors: pass them with the endpoint's "
+            "call, call_one, choose, stream, broadcast or rref, which deliver each actor "
+            "its local shard"
+        )
+
+
+def _carries_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the arguments hold monarch tensors (only possible once the tensor engine
+    was imported; the check imports nothing otherwise)."""
+    if "monarch._src.tensor_engine.tensor" not in sys.modules:
+        return False
+    from monarch._src.tensor_engine.interop import has_tensors
+
+    return has_tensors(args, kwargs)
+
+
+def _with_tensors(
+    endpoint: Endpoint[..., Any], adverb: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    from monarch._src.tensor_engine.interop import call
+
+    return call(endpoint, adverb, args, kwargs)
 
 
 def _find_unpicklable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -489,4 +563,4 @@ def as_endpoint(
         info = mesh._info
         method = getattr(info.cls, name) if info is not None else None
         endpoints[name] = EndpointKind(inspect.iscoroutinefunction(method), explicit_response_port)
-    return Endpoint(mesh, name, explicit_response_port)
+    return Endpoint(mesh, name, explicit_response_port, propagate)

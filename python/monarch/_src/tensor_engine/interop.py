@@ -1,0 +1,434 @@
+"""Distributed tensors and actor endpoints.
+
+Passing monarch tensors to an endpoint of an actor mesh that lives on the same procs
+(``actors.method.call(t)``, and ``call_one``, ``choose``, ``stream``, ``broadcast``)
+delivers each actor its own shard: the call becomes a command of the tensor engine,
+``(ACTOR, seq, payload, outs)``, so each worker runs it after the commands that
+produced the tensors. The worker replaces the tensors by its local shards and sends
+the call to the actor of the same proc, with the reply port of the client's call (the
+client's future gets the replies as for any call). The actor gets a copy of its shard
+as it was at that point of the program.
+
+``actors.method.rref(...)`` runs an endpoint as a step of the program: each worker
+sends the call to its proc's actor and waits for the result (at most
+``tensor_collective_timeout``); the tensors in it become the shards of new monarch
+tensors, whose shapes the endpoint's ``propagate`` function gave the client. If the
+endpoint raises, those tensors are failed: fetching them raises ``RemoteException``
+naming the rank.
+
+A payload is ``(kind, actor_mesh, method, args, kwargs, port, targets, count, metas)``:
+``kind`` is ``"call"`` or ``"rref"``, ``args``/``kwargs`` the arguments with
+:class:`~monarch._src.tensor_engine.wire.Ref` for monarch tensors, ``port`` where
+replies go (``None``: nowhere, a broadcast; an rref's go to the worker), ``targets``
+the global rank -> index in the actor mesh view of each actor to call, ``count`` the
+size of that view, and ``metas`` the ``(size, dtype)`` of each output of an rref.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from monarch._rust_bindings import CastMode
+from monarch._src.actor.future import Future
+from monarch._src.actor.pickling import loads_parts
+from monarch._src.actor.replies import OK, Failed, MeshInfo, decode
+from monarch._src.actor.value_mesh import ValueMesh
+from monarch._src.tensor_engine import wire
+from monarch._src.tensor_engine.engine import View
+from monarch._src.tensor_engine.errors import DROPPED, WRONG_MESH, bad_arguments
+from monarch._src.tensor_engine.tensor import Tensor, _client_frames, current_view
+
+if TYPE_CHECKING:
+    from monarch._src.actor.actor_mesh import ActorMesh
+    from monarch._src.actor.endpoint import Endpoint
+
+__all__ = ["call", "has_tensors", "rref", "worker_actor_command"]
+
+_ADVERBS = ("call", "call_one", "choose", "stream", "broadcast")
+
+
+def has_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the pytree ``(args, kwargs)`` holds a monarch tensor."""
+    leaves, _ = tree_flatten((list(args), kwargs))
+    return any(isinstance(leaf, Tensor) for leaf in leaves)
+
+
+# --- the client ---------------------------------------------------------------------------
+
+
+def _encode(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[list[Any], dict[str, Any], list[Tensor]]:
+    """The arguments with each monarch tensor replaced by its ref, and the tensors."""
+    leaves, spec = tree_flatten((list(args), kwargs))
+    tensors: list[Tensor] = []
+    out = []
+    for leaf in leaves:
+        if isinstance(leaf, Tensor):
+            tensors.append(leaf)
+            out.append(leaf._h.ref)
+        else:
+            out.append(leaf)
+    eargs, ekwargs = tree_unflatten(out, spec)
+    return eargs, ekwargs, tensors
+
+
+def _view_of(tensors: list[Tensor], qualname: str, active: View | None) -> View:
+    """The view the command runs on: the active mesh's when there is one (every tensor
+    must live there), else the tensors' own."""
+    view = active if active is not None else tensors[0]._view
+    problems = []
+    for i, t in enumerate(tensors):
+        if t._h.dropped:
+            problems.append((f"tensor {i}", DROPPED))
+        elif t._view.engine is not view.engine or t._view.slot != view.slot:
+            problems.append((f"tensor {i}", WRONG_MESH))
+    if problems:
+        raise bad_arguments(f"endpoint {qualname}", problems)
+    return view
+
+
+def _targets(mesh: ActorMesh[Any], view: View, qualname: str, exact: bool) -> dict[int, int]:
+    """Global rank -> index in ``mesh`` of each of its actors, after checking that they
+    live on the procs of ``view`` (all of them, when ``exact``)."""
+    ref = mesh._shared.procs
+    root = ref() if ref is not None else None
+    if root is not view.engine.root:
+        where = "procs this process did not spawn it on" if root is None else repr(root)
+        raise ValueError(
+            f"endpoint {qualname}: the monarch tensors passed to it live on "
+            f"{view.engine.root!r}, but {mesh._describe()} lives on {where}; an actor "
+            "receives the shards of tensors on its own proc only: spawn the actors on the "
+            "tensors' procs (`procs.spawn(...)`), or move the tensors there first "
+            "(`monarch.to_mesh(t, procs)`)"
+        )
+    ranks = list(mesh._shape.ranks())
+    mine = set(view.shape.ranks())
+    extra = [r for r in ranks if r not in mine]
+    if extra or (exact and len(mine) != len(ranks)):
+        need = "the same procs as" if exact else "procs among those of"
+        raise ValueError(
+            f"endpoint {qualname}: {mesh._describe()} (global ranks {ranks}) must be on "
+            f"{need} the mesh the tensors are used on (global ranks {sorted(mine)}); slice "
+            "the actor mesh, or activate the mesh of its procs (`with procs.activate():`)"
+        )
+    return {r: i for i, r in enumerate(ranks)}
+
+
+def _issue(view: View, payload: tuple[Any, ...], outs: list[int]) -> None:
+    engine = view.engine
+    engine.check()
+    with engine.lock:
+        seq = engine.next_seq()
+        engine.issue(view, (wire.ACTOR, seq, payload, outs), 0, _client_frames())
+
+
+def call(
+    endpoint: Endpoint[..., Any], adverb: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """An endpoint adverb whose arguments hold monarch tensors (see the module docs):
+    what the adverb gives for a plain call."""
+    assert adverb in _ADVERBS, adverb
+    mesh = endpoint._mesh
+    name = endpoint._name
+    qualname = endpoint._qualname()
+    eargs, ekwargs, tensors = _encode(args, kwargs)
+    active = current_view()
+    if active is not None and tensors[0]._view.engine is not active.engine:
+        active = None  # the tensors say where it runs
+    view = _view_of(tensors, qualname, active)
+    targets = _targets(mesh, view, qualname, exact=False)
+    n = len(targets)
+    if adverb == "call_one" and n != 1:
+        raise ValueError(
+            f"call_one() needs a mesh of exactly 1 actor, but {mesh._describe()} has {n}; "
+            "use call(), or slice the mesh down to one actor first"
+        )
+    if adverb == "choose":
+        if n == 0:
+            raise ValueError(f"choose() on {mesh._describe()}, which has no actors")
+        pick = random.randrange(n)
+        targets = {r: i for r, i in targets.items() if i == pick}
+    error = mesh._stopped_error(name)
+    if error is not None:
+        if adverb == "broadcast":
+            raise error
+        if adverb == "stream":
+            return iter([Future(impl=Failed(error)) for _ in range(n)])
+        return Future(impl=Failed(error))
+    from monarch._src.actor import process
+    from monarch._src.actor.pickling import dumps
+
+    try:
+        dumps((eargs, ekwargs))
+    except Exception as e:
+        raise TypeError(
+            f"cannot send a call to endpoint {qualname}: an argument cannot be pickled "
+            f"({type(e).__name__}: {e})"
+        ) from e
+    queue = None if adverb == "broadcast" else process.get().agent.reply_queue()
+    port = queue.port() if queue is not None else None
+    payload = ("call", mesh, name, eargs, ekwargs, port, targets, n, None)
+    _issue(view, payload, [])
+    view.engine.flush()
+    if queue is None:
+        return None
+    info = mesh._view_info()
+    if adverb == "stream":
+        return iter([Future(impl=_Replies(queue, 1, view, info, qualname, None)) for _ in range(n)])
+    if adverb == "call":
+        shape = mesh._shape
+        return Future(
+            impl=_Replies(queue, n, view, info, qualname, lambda values: ValueMesh(shape, values))
+        )
+    return Future(impl=_Replies(queue, 1, view, info, qualname, None))
+
+
+class _InputFailed:
+    """A worker's reply in place of the actor's: a tensor argument holds no value on
+    its rank (the work producing it failed)."""
+
+    __slots__ = ("failure", "index")
+
+    def __init__(self, failure: wire.Failure, index: int) -> None:
+        self.failure = failure
+        #: The index of the actor it stands for in the call's view.
+        self.index = index
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_InputFailed, (self.failure, self.index))
+
+
+class _Replies:
+    """The replies of a call sent by the workers (a Future implementation): ``count``
+    of them from ``queue``, in the view's order; ``finish`` builds the result (the one
+    value when ``None``)."""
+
+    def __init__(
+        self, queue: Any, count: int, view: View, info: MeshInfo, qualname: str, finish: Any
+    ) -> None:
+        self._queue = queue
+        self._count = count
+        self._view = view
+        self._info = info
+        self._qualname = qualname
+        self._finish = finish
+        self._items: dict[int, Any] = {}
+
+    def wait(self, timeout: float | None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(self._items) < self._count:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                item = self._queue.get(left)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"{self._qualname}: not all replies arrived within {timeout} s (the call "
+                    "waits for the tensor work before it); get() again or await to collect it"
+                ) from None
+            self._take(item)
+        return self._result()
+
+    async def wait_async(self) -> Any:
+        while len(self._items) < self._count:
+            item = self._queue.try_get()
+            if item is None:
+                item = await self._queue.recv()
+            self._take(item)
+        return self._result()
+
+    def _take(self, item: Any) -> None:
+        """Keep a reply by the index of the actor it stands for (a worker's own reply,
+        ``_InputFailed``, names it)."""
+        if item.status is OK:
+            value = loads_parts(item.parts)
+            index = value.index if isinstance(value, _InputFailed) else item.index
+            self._items[index] = (item, value)
+        else:
+            self._items[item.index] = (item, None)
+
+    def _result(self) -> Any:
+        from monarch._src.tensor_engine.api import _remote_error
+
+        pairs = [self._items[i] for i in sorted(self._items)]
+        # The actors' errors first, as for any call; then a failed input.
+        decode([item for item, _ in pairs if item.status is not OK], self._info, self._qualname)
+        values = [value for _, value in pairs]
+        for v in values:
+            if isinstance(v, _InputFailed):
+                raise _remote_error(self._view, v.failure)
+        if self._finish is None:
+            return values[0]
+        return self._finish(values)
+
+
+def rref(endpoint: Endpoint[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``actors.method.rref(...)`` (see the module docs): the endpoint's result with
+    its tensors as monarch tensors on the active mesh."""
+    from monarch._src.tensor_engine.api import _propagate_fake, _tensors_of
+
+    mesh = endpoint._mesh
+    qualname = endpoint._qualname()
+    endpoint._check(args, kwargs)
+    prop = endpoint._property()
+    propagate = endpoint._propagate
+    if propagate is None and prop is not None:
+        propagate = prop._propagate
+    if not callable(propagate):
+        raise ValueError(
+            f"{qualname}.rref(...) needs to know the shapes of the endpoint's tensors "
+            f"without running it, but its propagate is {propagate!r}: declare it with "
+            "`@endpoint(propagate=fn)`, where fn takes the endpoint's arguments (fake "
+            "tensors for monarch tensors) and returns a result of the same structure"
+        )
+    eargs, ekwargs, tensors = _encode(args, kwargs)
+    active = current_view()
+    if active is None:
+        if not tensors:
+            raise ValueError(
+                f"{qualname}.rref(...): no mesh is active to make the result's tensors on; "
+                "call it inside `with procs.activate():` (procs: the actors' proc mesh)"
+            )
+        active = tensors[0]._view
+    view = _view_of(tensors, qualname, active) if tensors else active
+    targets = _targets(mesh, view, qualname, exact=True)
+    error = mesh._stopped_error(endpoint._name)
+    if error is not None:
+        raise error
+    described = _propagate_fake(propagate, args, kwargs)
+    result, outs = _tensors_of(described, view)
+    leaves, _ = tree_flatten(result)
+    metas = [(tuple(t.shape), t.dtype) for t in leaves if isinstance(t, Tensor)]
+    payload = ("rref", mesh, endpoint._name, eargs, ekwargs, None, targets, len(targets), metas)
+    _issue(view, payload, outs)
+    return result
+
+
+# --- the worker ---------------------------------------------------------------------------
+
+
+def worker_actor_command(worker: Any, cmd: tuple[Any, ...]) -> None:
+    """Run ``(ACTOR, seq, payload, outs)`` on ``worker`` (a ``TensorWorker``): see the
+    module docs. An exception fails ``outs``."""
+    _, seq, payload, outs = cmd
+    kind, mesh, method, eargs, ekwargs, port, targets, count, metas = payload
+    index = targets.get(worker.rank)
+    if index is None:
+        return  # no actor of the call on this proc
+    failed: list[wire.Failure] = []
+    args, kwargs = _resolve(worker, (eargs, ekwargs), failed)
+    if kind == "call":
+        _deliver(worker, seq, mesh, method, args, kwargs, port, index, count, failed)
+    elif kind == "rref":
+        if failed:
+            for out in outs:
+                worker.values[out] = failed[0]
+            return
+        _run(worker, mesh, method, args, kwargs, index, count, metas, outs)
+    else:
+        raise ValueError(f"unknown actor command {kind!r}")
+
+
+def _resolve(worker: Any, value: Any, failed: list[wire.Failure]) -> Any:
+    """``value`` with each ref replaced by this rank's shard (detached: an actor gets
+    values, not a piece of the worker's autograd graph)."""
+    leaves, spec = tree_flatten(value)
+    out = []
+    for leaf in leaves:
+        if type(leaf) is wire.Ref:
+            v = worker._value(leaf.id)
+            if type(v) is wire.Failure:
+                failed.append(v)
+            elif isinstance(v, torch.Tensor):
+                v = v.detach()
+            out.append(v)
+        else:
+            out.append(leaf)
+    return tree_unflatten(out, spec)
+
+
+def _deliver(
+    worker: Any,
+    seq: int,
+    mesh: ActorMesh[Any],
+    method: str,
+    args: Any,
+    kwargs: Any,
+    port: Any,
+    index: int,
+    count: int,
+    failed: list[wire.Failure],
+) -> None:
+    from monarch._src.actor.context import sender
+    from monarch._src.actor.pickling import dumps_call, dumps_value
+
+    failure = failed[0] if failed else None
+    parts = None
+    if failure is None:
+        try:
+            parts = dumps_call(tuple(args), dict(kwargs))
+        except Exception as e:
+            failure = worker._failure(seq, e)
+    if failure is not None or parts is None:
+        # The caller hears why (a broadcast's caller waits for nothing).
+        if port is not None and failure is not None:
+            port.send(sender(), OK, dumps_value(_InputFailed(failure, index)))
+        return
+    mode = CastMode.PORT if port is not None else CastMode.BROADCAST
+    mesh._handle.cast(sender(), method, parts, mode, port, index, count)
+
+
+def _run(
+    worker: Any,
+    mesh: ActorMesh[Any],
+    method: str,
+    args: Any,
+    kwargs: Any,
+    index: int,
+    count: int,
+    metas: list[tuple[tuple[int, ...], torch.dtype]],
+    outs: list[int],
+) -> None:
+    """An rref on this rank: call the local actor, wait for its result, keep its
+    tensors under ``outs`` (this blocks the worker's thread, never the actor's: every
+    actor runs on a thread of its own)."""
+    from monarch._src import config
+    from monarch._src.actor import process
+    from monarch._src.actor.context import sender
+    from monarch._src.actor.pickling import dumps_call
+
+    qualname = f"{mesh._class_name}.{method}"
+    parts = dumps_call(tuple(args), dict(kwargs))
+    queue = process.get().agent.reply_queue()
+    mesh._handle.cast(sender(), method, parts, CastMode.PORT, queue.port(), index, count)
+    timeout = float(config.get("tensor_collective_timeout"))
+    try:
+        item = queue.get(timeout)
+    except TimeoutError:
+        raise TimeoutError(
+            f"{qualname}.rref(...): the actor at index {index} did not return within "
+            f"{timeout} s (tensor_collective_timeout); its result is lost"
+        ) from None
+    result = decode([item], mesh._view_info(), qualname)[0]
+    leaves, _ = tree_flatten(result)
+    tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    if len(tensors) != len(outs):
+        raise ValueError(
+            f"{qualname}.rref(...): the endpoint returned {len(tensors)} tensors, but its "
+            f"propagate function said {len(outs)}; make them agree"
+        )
+    for i, (t, (size, dtype)) in enumerate(zip(tensors, metas, strict=True)):
+        if tuple(t.shape) != tuple(size) or t.dtype != dtype:
+            raise ValueError(
+                f"{qualname}.rref(...): tensor {i} of the endpoint's result is "
+                f"{tuple(t.shape)} {t.dtype}, but its propagate function said {tuple(size)} "
+                f"{dtype}; make them agree"
+            )
+    values = worker.values
+    for out, t in zip(outs, tensors, strict=True):
+        values[out] = t

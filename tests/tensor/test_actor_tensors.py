@@ -1,0 +1,280 @@
+"""Distributed tensors and actor endpoints: monarch tensors passed to an endpoint of
+actors on the same procs arrive as each actor's local shard, in program order;
+``endpoint.rref`` makes an endpoint's results distributed tensors (see docs/tensors.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+import monarch
+from monarch import RemoteException, fetch_shard
+from monarch.actor import Actor, ProcMesh, context, endpoint
+
+T = 30  # seconds: the bound on every wait
+
+
+class Shards(Actor):
+    """Reports what it receives, with its own rank."""
+
+    def __init__(self) -> None:
+        self.kept: list[Any] = []
+
+    @endpoint
+    def got(self, x: torch.Tensor, scale: int = 1, extra: Any = None) -> Any:
+        rank = context().actor_instance.rank.rank
+        if extra is not None:
+            return rank, (x * scale).tolist(), extra
+        return rank, (x * scale).tolist()
+
+    @endpoint
+    def keep(self, x: torch.Tensor) -> None:
+        self.kept.append(x.tolist())
+
+    @endpoint
+    def kept_then(self, x: torch.Tensor) -> Any:
+        return self.kept, x.tolist()
+
+    @endpoint(propagate=lambda: torch.zeros((), dtype=torch.int64))
+    def thread_id(self) -> torch.Tensor:
+        return torch.tensor(threading.get_ident(), dtype=torch.int64)
+
+    @endpoint(propagate=lambda x: (x.sum(0), {"twice": x * 2}))
+    def summed(self, x: torch.Tensor) -> Any:
+        return x.sum(0), {"twice": x * 2}
+
+    @endpoint(propagate=lambda n: torch.zeros(n))
+    def ranked(self, n: int) -> torch.Tensor:
+        return torch.full((n,), float(context().actor_instance.rank.rank))
+
+    @endpoint(propagate=lambda x: x)
+    def refuse_on_rank_2(self, x: torch.Tensor) -> torch.Tensor:
+        if context().actor_instance.rank.rank == 2:
+            raise ValueError("rank 2 refuses")
+        return x + 1
+
+    @endpoint(propagate=lambda x: x)
+    def wrong_shape(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(7)
+
+    @endpoint
+    def no_propagate(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class AsyncShards(Actor):
+    @endpoint(propagate=lambda x: x)
+    async def inc(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
+@pytest.fixture(scope="module")
+def actors(mesh: ProcMesh) -> Any:
+    a = mesh.spawn("shards", Shards)
+    a.initialized.get(timeout=60)
+    return a
+
+
+def _by_rank(values: Any) -> dict[int, Any]:
+    out = {}
+    for _, (rank, *rest) in values.items():
+        out[rank] = rest
+    return out
+
+
+def _rank_values(mesh: ProcMesh) -> Any:
+    """Inside an active block: a (2,)-tensor holding ``[10 r + 1, 10 r + 2]`` on rank r."""
+    r = mesh.rank_tensor(("hosts", "gpus")).float()
+    return r * 10 + torch.tensor([1.0, 2.0])
+
+
+def _expected(r: int, plus: float = 0.0) -> list[float]:
+    return [10.0 * r + 1 + plus, 10.0 * r + 2 + plus]
+
+
+# --- tensors to endpoints -------------------------------------------------------------------
+
+
+def test_each_actor_gets_its_own_shard(mesh: ProcMesh, actors: Any) -> None:
+    with mesh.activate():
+        x = _rank_values(mesh)
+        got = actors.got.call(x, scale=2, extra={"plain": torch.ones(1), "n": 3}).get(timeout=T)
+    assert len(got) == 4
+    for point, (rank, value, extra) in got.items():
+        assert rank == 2 * point["hosts"] + point["gpus"]
+        assert value == [2 * v for v in _expected(rank)]
+        assert extra["n"] == 3 and torch.equal(extra["plain"], torch.ones(1))
+    # Outside an active block the tensors' own mesh is used; tensors nested in
+    # containers are delivered too.
+    got2 = actors.got.call(x, extra=[x, {"y": x}]).get(timeout=T)
+    for _, (rank, value, extra) in got2.items():
+        assert value == _expected(rank)
+        assert extra[0].tolist() == _expected(rank) and extra[1]["y"].tolist() == _expected(rank)
+
+
+def test_the_call_runs_after_the_ops_that_produced_its_tensors(mesh: ProcMesh, actors: Any) -> None:
+    with mesh.activate():
+        x = _rank_values(mesh)
+        y = x
+        for _ in range(200):
+            y = y + 1
+        x.add_(1000)  # in place, before the call: visible to it
+        fut_y = actors.got.call(y)
+        fut_x = actors.got.call(x)
+        x.add_(5)  # after the call: the actor got its shard as it was at the call
+        fut_x2 = actors.got.call(x)
+    assert _by_rank(fut_y.get(timeout=T)) == {r: [_expected(r, 200)] for r in range(4)}
+    assert _by_rank(fut_x.get(timeout=T)) == {r: [_expected(r, 1000)] for r in range(4)}
+    assert _by_rank(fut_x2.get(timeout=T)) == {r: [_expected(r, 1005)] for r in range(4)}
+
+
+def test_call_one_choose_stream_and_broadcast(mesh: ProcMesh, actors: Any) -> None:
+    with mesh.activate():
+        x = _rank_values(mesh)
+        # A slice of the actors gets the shards of its own procs.
+        one = actors.slice(hosts=1, gpus=0).got.call_one(x).get(timeout=T)
+        assert one == (2, _expected(2))
+        rank, value = actors.got.choose(x).get(timeout=T)
+        assert value == _expected(rank)
+        streamed = [f.get(timeout=T) for f in actors.got.stream(x)]
+        assert sorted(streamed) == [(r, _expected(r)) for r in range(4)]
+        sliced = actors.slice(gpus=1).got.call(x).get(timeout=T)
+        assert _by_rank(sliced) == {1: [_expected(1)], 3: [_expected(3)]}
+        # broadcast: nothing comes back; a later tensor call is delivered after it.
+        assert actors.keep.broadcast(x) is None
+        kept = actors.kept_then.call(x + 1).get(timeout=T)
+    for _, (kept_values, now) in kept.items():
+        assert now[0] % 10 == 2  # 10 r + 2
+        r = int(now[0]) // 10
+        assert kept_values[-1] == _expected(r)
+    with pytest.raises(ValueError, match="exactly 1 actor"):
+        actors.got.call_one(x)
+
+
+def test_awaiting_a_tensor_call(mesh: ProcMesh, actors: Any) -> None:
+    with mesh.activate():
+        x = _rank_values(mesh)
+
+    async def main() -> Any:
+        return await asyncio.wait_for(actors.got.call(x), T)
+
+    assert _by_rank(asyncio.run(main())) == {r: [_expected(r)] for r in range(4)}
+
+
+def test_tensors_of_other_procs_are_refused(
+    mesh: ProcMesh, own_mesh: ProcMesh, actors: Any
+) -> None:
+    with mesh.activate():
+        x = _rank_values(mesh)
+    elsewhere = own_mesh.spawn("elsewhere", Shards)
+    with pytest.raises(ValueError, match="an actor receives the shards of tensors on its own"):
+        elsewhere.got.call(x)
+    # Actors on procs the tensors' mesh does not have.
+    with mesh.slice(hosts=0).activate():
+        half = torch.ones(2)
+    with pytest.raises(ValueError, match=r"global ranks \[0, 1, 2, 3\]\) must be on procs"):
+        actors.got.call(half)
+    # Other arguments are still checked against the signature.
+    with pytest.raises(TypeError, match="wrong arguments for endpoint"):
+        actors.got.call(x, 1, 2, 3)
+
+
+def test_a_failed_input_fails_the_call(mesh: ProcMesh, actors: Any) -> None:
+    with mesh.activate():
+        bad = torch.ones(2, 3).index_select(0, torch.tensor([7]))  # fails on the workers
+    with pytest.raises(RemoteException, match="out of range"):
+        actors.got.call(bad).get(timeout=T)
+    with mesh.activate():
+        x = _rank_values(mesh)
+    assert _by_rank(actors.got.call(x).get(timeout=T)) == {r: [_expected(r)] for r in range(4)}
+
+
+# --- rref -----------------------------------------------------------------------------------
+
+
+def test_rref_makes_distributed_tensors(mesh: ProcMesh, actors: Any) -> None:
+    with mesh.activate():
+        x = _rank_values(mesh)
+        total, rest = actors.summed.rref(x)
+        ranked = actors.ranked.rref(3)
+        later = total * 2 + ranked.sum()  # used as any monarch tensor
+    assert isinstance(total, monarch.Tensor) and total.shape == ()
+    assert isinstance(rest["twice"], monarch.Tensor) and rest["twice"].shape == (2,)
+    assert isinstance(ranked, monarch.Tensor) and ranked.shape == (3,)
+    for h in range(2):
+        for g in range(2):
+            r = 2 * h + g
+            got_total, got_rest, got_ranked, got_later = fetch_shard(
+                (total, rest, ranked, later), hosts=h, gpus=g
+            ).get(timeout=T)
+            assert got_total.item() == sum(_expected(r))
+            assert got_rest["twice"].tolist() == [2 * v for v in _expected(r)]
+            assert got_ranked.tolist() == [float(r)] * 3
+            assert got_later.item() == 2 * sum(_expected(r)) + 3 * r
+
+
+def test_rref_on_an_async_actor_does_not_deadlock(mesh: ProcMesh) -> None:
+    a = mesh.spawn("async_shards", AsyncShards)
+    with mesh.activate():
+        x = _rank_values(mesh)
+        y = a.inc.rref(a.inc.rref(x))
+    assert fetch_shard(y, hosts=1, gpus=1).get(timeout=T).tolist() == _expected(3, 2)
+
+
+def test_an_endpoint_raising_under_rref_fails_its_outputs(mesh: ProcMesh, actors: Any) -> None:
+    with mesh.activate():
+        x = _rank_values(mesh)
+        y = actors.refuse_on_rank_2.rref(x)
+        z = y + 1
+        wrong = actors.wrong_shape.rref(x)
+        after = x + 1
+    assert fetch_shard(y, hosts=0, gpus=1).get(timeout=T).tolist() == _expected(1, 1)
+    with pytest.raises(RemoteException, match="rank 2 refuses") as info:
+        fetch_shard(z, hosts=1, gpus=0).get(timeout=T)
+    assert info.value.rank == 2
+    assert "refuse_on_rank_2.rref(x)" in str(info.value)  # the client line
+    with pytest.raises(RemoteException, match="propagate function said"):
+        fetch_shard(wrong).get(timeout=T)
+    # The workers go on.
+    assert fetch_shard(after, hosts=1, gpus=0).get(timeout=T).tolist() == _expected(2, 1)
+    # A failed rref output passed to an endpoint fails that call.
+    with pytest.raises(RemoteException, match="rank 2 refuses"):
+        actors.got.call(y).get(timeout=T)
+
+
+def test_rref_needs_propagate_and_the_actors_procs(mesh: ProcMesh, actors: Any) -> None:
+    with mesh.activate():
+        x = _rank_values(mesh)
+        with pytest.raises(ValueError, match=r"@endpoint\(propagate=fn\)"):
+            actors.no_propagate.rref(x)
+        with pytest.raises(ValueError, match="must be on the same procs as"):
+            actors.slice(hosts=0).summed.rref(x)
+    with pytest.raises(ValueError, match="no mesh is active"):
+        actors.ranked.rref(3)
+
+
+def test_the_endpoint_runs_on_another_thread_than_the_worker(mesh: ProcMesh, actors: Any) -> None:
+    # The worker waits for an rref's result on its own thread: the actor must answer on
+    # another one.
+    @monarch.remote(propagate=lambda: torch.zeros((), dtype=torch.int64))
+    def worker_thread() -> torch.Tensor:
+        return torch.tensor(threading.get_ident(), dtype=torch.int64)
+
+    with mesh.activate():
+        on_worker = worker_thread()
+        on_actor = actors.thread_id.rref()
+    for g in range(2):
+        w, a = fetch_shard((on_worker, on_actor), hosts=1, gpus=g).get(timeout=T)
+        assert w.item() != a.item()
+
+
+def test_import_monarch_actor_does_not_import_torch() -> None:
+    code = "import sys, monarch.actor; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
