@@ -209,7 +209,7 @@ class Timeline:
             t = q[self.heads[skey]]
             ready = max(self.free[skey], t.earliest)
             if t.kind == WAIT:
-                at = self.signals.get(t.key)
+                at = self.signals.pop(t.key, None)
                 if at is None:
                     break
                 t.start = t.end = max(ready, at)

@@ -327,6 +327,7 @@ class Simulator:
                 elif op == wire.WAIT:
                     for r in ranks:
                         if (cmd[2], r) in self._signalled:
+                            self._signalled.discard((cmd[2], r))
                             tl.add(r, sid, Task(WAIT, "wait", 0.0, key=(cmd[2], r)))
                 elif op == wire.REDUCE:
                     self._reduce(cmd, view, sid, earliest)
@@ -678,6 +679,12 @@ class SimulatedEngine(Engine):
 
     def ensure_peers(self) -> None:
         self.ports = []
+
+    def fetch(self, view: View, rank: int, refs: list[int], sids: list[int]) -> Future[Any]:
+        """Zeros of each tensor's shape and dtype (the simulator models time, not
+        values)."""
+        sim = self.sim
+        return _answer(lambda: [sim._zeros(r) for r in refs], ())
 
 
 class _Workers:
