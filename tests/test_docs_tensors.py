@@ -48,6 +48,8 @@ def test_the_tensors_guide_runs(tmp_path: Path) -> None:
     assert "5 3" in lines and "[0, 1, 2, 3]" in lines  # the collectives
     assert "[20.0, 20.0, 20.0]" in lines  # to_mesh
     assert "[3.0, 3.0] [6.0, 6.0]" in lines  # the remote function and its values
+    assert "[1.0, 1.0, 1.0, 1.0]" in lines  # the reduce on the comms stream
+    assert "[4950.0, 4950.0, 4950.0]" in lines  # coalescing()
 
 
 @pytest.mark.timeout(240)
