@@ -150,6 +150,30 @@ def test_inter_host_collectives_are_slower(trace_path: Path) -> None:
     assert reduces[1]["dur"] > reduces[0]["dur"]
 
 
+def test_moves_between_slices_and_gathers(trace_path: Path) -> None:
+    with monarch.Simulator(hosts=2, gpus=2, trace_path=str(trace_path)) as sim:
+        first, second = sim.mesh.slice(host=0), sim.mesh.slice(host=1)
+        with first.activate():
+            x: Any = torch.randn(128, 128)
+        y = x.to_mesh(second)
+        assert monarch.inspect(y, gpu=1).shape == (128, 128)
+        with sim.mesh.activate():
+            t: Any = torch.randn(16, 16)
+            assert tuple(t.reduce(("host", "gpu"), "stack").shape) == (4, 16, 16)
+        total = monarch.call_on_shard_and_fetch(monarch.remote(torch.sum), t, shard={"host": 1})
+        assert total.get() == 0
+    tracks = _tracks(_load(trace_path))
+    for rank, kind in ((0, "send"), (1, "send"), (2, "recv"), (3, "recv")):
+        events = tracks[(f"rank {rank}", "main")]
+        p2p = [e for e in events if e["cat"] == "p2p"]
+        assert [e["name"] for e in p2p] == [kind], (rank, events)
+        assert [e["name"] for e in events if e["cat"] == "collective"] == ["all_gather"]
+    # A send and its receive run at the same time.
+    send = next(e for e in tracks[("rank 0", "main")] if e["cat"] == "p2p")
+    recv = next(e for e in tracks[("rank 2", "main")] if e["cat"] == "p2p")
+    assert (send["ts"], send["dur"]) == (recv["ts"], recv["dur"])
+
+
 def test_controller_trace_modes(tmp_path: Path) -> None:
     for mode, streams, controller in (
         ("everything", True, True),
@@ -199,7 +223,7 @@ def test_simulated_mesh_has_no_procs() -> None:
         t = torch.ones(4)
     assert monarch.inspect(t).shape == (4,)
     sim.exit()
-    with pytest.raises(RuntimeError, match="shut down"), sim.mesh.activate():
+    with pytest.raises(RuntimeError, match=r"simulation .* has ended"), sim.mesh.activate():
         pass
 
 
@@ -228,6 +252,8 @@ def test_bad_arguments() -> None:
         monarch.Simulator(hosts=1, gpus=1, upload_trace=True)
     with pytest.raises(NotImplementedError, match="IR"):
         monarch.Simulator(hosts=1, gpus=1, build_ir=True)
+    with pytest.raises(ValueError, match="does not exist"):
+        monarch.Simulator(hosts=1, gpus=1, trace_path="/nonexistent-folder/trace.json")
     with pytest.raises(TypeError, match="cost_model"):
         monarch.Simulator(hosts=1, gpus=1, cost_model=3)  # type: ignore[arg-type]
 

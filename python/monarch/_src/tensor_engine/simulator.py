@@ -162,6 +162,12 @@ class Simulator:
         if not isinstance(trace_path, (str, os.PathLike)):
             raise TypeError(f"Simulator(trace_path={trace_path!r}): expected a file path")
         self.trace_path = os.path.abspath(trace_path)
+        folder = os.path.dirname(self.trace_path)
+        if not os.path.isdir(folder):
+            raise ValueError(
+                f"Simulator(trace_path={str(trace_path)!r}): the folder {folder!r} does not "
+                "exist; create it first or give another path"
+            )
         self.command_history_path = command_history_path
         self.group_workers = group_workers
         self.cost_model = CostModel.of(cost_model)
@@ -524,7 +530,7 @@ class Simulator:
 
         return tree_map(make, value)
 
-    def _run_remote(self, spec: tuple[Any, ...], args: Any, kwargs: Any) -> Any:
+    def _run_remote(self, spec: tuple[Any, ...], args: Any, kwargs: Any, *_sids: Any) -> Any:
         from monarch._src.tensor_engine import _torch
 
         fn = _resolve_fn(spec)
@@ -532,7 +538,7 @@ class Simulator:
         with _torch.disable_modes():
             return fn(*args, **kwargs)
 
-    def _propagate(self, spec: tuple[Any, ...], args: Any, kwargs: Any) -> Any:
+    def _propagate(self, spec: tuple[Any, ...], args: Any, kwargs: Any, *_sids: Any) -> Any:
         """What a remote function's result looks like, from a run on fake tensors of
         the inputs' metadata (or, when that fails, on zeros)."""
         import torch
@@ -570,7 +576,7 @@ class Simulator:
             zargs, zkwargs = tree_map(zeros, (list(args), dict(kwargs)))
             return tree_map(to_meta, fn(*zargs, **zkwargs))
 
-    def _describe(self, whole: int) -> Any:
+    def _describe(self, whole: int, *_sids: Any) -> Any:
         entry = self._wholes.get(whole)
         if entry is None:
             raise RuntimeError(f"the simulator has no result under ref {whole}")
@@ -676,6 +682,14 @@ class SimulatedEngine(Engine):
                     f"the simulator could not simulate a batch of commands: {type(e).__name__}: {e}"
                 )
             )
+
+    def check(self) -> None:
+        if self.closed and self.failure is None:
+            raise RuntimeError(
+                f"the simulation of {self.root!r} has ended (Simulator.exit() was called, and "
+                "the trace written); make a new monarch.Simulator to simulate more"
+            )
+        super().check()
 
     def ensure_peers(self) -> None:
         self.ports = []
