@@ -34,6 +34,15 @@ class Shards(Actor):
             return rank, (x * scale).tolist(), extra
         return rank, (x * scale).tolist()
 
+    @endpoint(explicit_response_port=True)
+    def via_port(self, port: Any, x: torch.Tensor) -> None:
+        port.send((context().actor_instance.rank.rank, x.tolist()))
+
+    @endpoint
+    def scribble(self, x: torch.Tensor) -> list[float]:
+        x.add_(1)  # the actor's copy only
+        return x.tolist()
+
     @endpoint
     def keep(self, x: torch.Tensor) -> None:
         self.kept.append(x.tolist())
@@ -158,6 +167,17 @@ def test_call_one_choose_stream_and_broadcast(mesh: ProcMesh, actors: Any) -> No
         actors.got.call_one(x)
 
 
+def test_explicit_port_endpoints_and_the_actors_copy(mesh: ProcMesh, actors: Any) -> None:
+    with mesh.activate():
+        x = _rank_values(mesh)
+        via_port = actors.via_port.call(x).get(timeout=T)
+        scribbled = actors.scribble.call(x).get(timeout=T)
+    assert _by_rank(via_port) == {r: [_expected(r)] for r in range(4)}
+    assert sorted(scribbled.values()) == [_expected(r, 1) for r in range(4)]
+    # The actor changed its copy, not the distributed tensor.
+    assert fetch_shard(x, hosts=1, gpus=1).get(timeout=T).tolist() == _expected(3)
+
+
 def test_awaiting_a_tensor_call(mesh: ProcMesh, actors: Any) -> None:
     with mesh.activate():
         x = _rank_values(mesh)
@@ -278,3 +298,23 @@ def test_the_endpoint_runs_on_another_thread_than_the_worker(mesh: ProcMesh, act
 def test_import_monarch_actor_does_not_import_torch() -> None:
     code = "import sys, monarch.actor; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_calls_run_on_their_tensors_stream_and_rref_on_the_active_one(
+    mesh: ProcMesh, actors: Any
+) -> None:
+    other = monarch.Stream("actor_side")
+    with mesh.activate():
+        x = _rank_values(mesh)
+        with other.activate():
+            y = _rank_values(mesh) + 100
+            # A call goes on its tensors' stream (here "actor_side", whatever is active).
+            got = actors.got.call(y)
+            z = actors.summed.rref(y)[0]
+            with pytest.raises(TypeError, match="WRONG_STREAM"):
+                actors.summed.rref(x)
+        with pytest.raises(TypeError, match="WRONG_STREAM"):
+            actors.got.call(x, extra=y)
+    assert _by_rank(got.get(timeout=T)) == {r: [_expected(r, 100)] for r in range(4)}
+    assert z.stream is other
+    assert fetch_shard(z, hosts=1, gpus=1).get(timeout=T).item() == sum(_expected(3, 100))

@@ -364,6 +364,7 @@ class Endpoint(Generic[P, R]):
         return info.endpoints.get(self._name) if info is not None else None
 
     def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Raise ``TypeError`` if the arguments do not fit the endpoint's signature."""
         ep = self._property()
         if ep is not None:
             try:
@@ -377,7 +378,15 @@ class Endpoint(Generic[P, R]):
         """The pickled call; raises :class:`_TensorArguments` when the arguments hold
         distributed tensors (monarch tensors never pickle, so this costs nothing
         otherwise)."""
-        self._check(args, kwargs)
+        info = self._mesh._info
+        ep = info.endpoints.get(self._name) if info is not None else None
+        if ep is not None:
+            try:
+                ep._check_args(args, kwargs)
+            except TypeError as e:
+                raise TypeError(
+                    f"wrong arguments for endpoint {self._qualname()}{ep._signature}: {e}"
+                ) from None
         try:
             return dumps_call(args, kwargs)
         except Exception as e:

@@ -40,8 +40,21 @@ from monarch._src.actor.replies import OK, Failed, MeshInfo, decode
 from monarch._src.actor.value_mesh import ValueMesh
 from monarch._src.tensor_engine import wire
 from monarch._src.tensor_engine.engine import View
-from monarch._src.tensor_engine.errors import DROPPED, WRONG_MESH, bad_arguments
-from monarch._src.tensor_engine.tensor import Tensor, _client_frames, current_view
+from monarch._src.tensor_engine.errors import (
+    BORROWED,
+    DROPPED,
+    WRONG_MESH,
+    WRONG_STREAM,
+    bad_arguments,
+)
+from monarch._src.tensor_engine.stream import Stream, get_active_stream
+from monarch._src.tensor_engine.tensor import (
+    READ,
+    Tensor,
+    _borrowed_where,
+    _client_frames,
+    current_view,
+)
 
 if TYPE_CHECKING:
     from monarch._src.actor.actor_mesh import ActorMesh
@@ -78,9 +91,10 @@ def _encode(
     return eargs, ekwargs, tensors
 
 
-def _view_of(tensors: list[Tensor], qualname: str, active: View | None) -> View:
+def _view_of(tensors: list[Tensor], qualname: str, active: View | None, stream: Stream) -> View:
     """The view the command runs on: the active mesh's when there is one (every tensor
-    must live there), else the tensors' own."""
+    must live there), else the tensors' own. Every tensor must be on ``stream`` and
+    readable (not lent out by a mutable borrow)."""
     view = active if active is not None else tensors[0]._view
     problems = []
     for i, t in enumerate(tensors):
@@ -88,6 +102,10 @@ def _view_of(tensors: list[Tensor], qualname: str, active: View | None) -> View:
             problems.append((f"tensor {i}", DROPPED))
         elif t._view.engine is not view.engine or t._view.slot != view.slot:
             problems.append((f"tensor {i}", WRONG_MESH))
+        elif t._stream is not stream:
+            problems.append((f"tensor {i} (on {t._stream}, the call's: {stream})", WRONG_STREAM))
+        elif not t._aliases.access & READ:
+            problems.append((_borrowed_where(f"tensor {i}", t), BORROWED))
     if problems:
         raise bad_arguments(f"endpoint {qualname}", problems)
     return view
@@ -120,12 +138,12 @@ def _targets(mesh: ActorMesh[Any], view: View, qualname: str, exact: bool) -> di
     return {r: i for i, r in enumerate(ranks)}
 
 
-def _issue(view: View, payload: tuple[Any, ...], outs: list[int]) -> None:
+def _issue(view: View, payload: tuple[Any, ...], outs: list[int], stream: Stream) -> None:
     engine = view.engine
     engine.check()
     with engine.lock:
         seq = engine.next_seq()
-        engine.issue(view, (wire.ACTOR, seq, payload, outs), 0, _client_frames())
+        engine.issue(view, (wire.ACTOR, seq, payload, outs), 0, _client_frames(), stream)
 
 
 def call(
@@ -141,7 +159,9 @@ def call(
     active = current_view()
     if active is not None and tensors[0]._view.engine is not active.engine:
         active = None  # the tensors say where it runs
-    view = _view_of(tensors, qualname, active)
+    # On its tensors' stream, as upstream (the first tensor's; the others must agree).
+    stream = tensors[0]._stream
+    view = _view_of(tensors, qualname, active, stream)
     targets = _targets(mesh, view, qualname, exact=False)
     n = len(targets)
     if adverb == "call_one" and n != 1:
@@ -174,7 +194,7 @@ def call(
     queue = None if adverb == "broadcast" else process.get().agent.reply_queue()
     port = queue.port() if queue is not None else None
     payload = ("call", mesh, name, eargs, ekwargs, port, targets, n, None)
-    _issue(view, payload, [])
+    _issue(view, payload, [], stream)
     view.engine.flush()
     if queue is None:
         return None
@@ -295,7 +315,8 @@ def rref(endpoint: Endpoint[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
                 "call it inside `with procs.activate():` (procs: the actors' proc mesh)"
             )
         active = tensors[0]._view
-    view = _view_of(tensors, qualname, active) if tensors else active
+    stream = get_active_stream()
+    view = _view_of(tensors, qualname, active, stream) if tensors else active
     targets = _targets(mesh, view, qualname, exact=True)
     error = mesh._stopped_error(endpoint._name)
     if error is not None:
@@ -305,7 +326,7 @@ def rref(endpoint: Endpoint[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
     leaves, _ = tree_flatten(result)
     metas = [(tuple(t.shape), t.dtype) for t in leaves if isinstance(t, Tensor)]
     payload = ("rref", mesh, endpoint._name, eargs, ekwargs, None, targets, len(targets), metas)
-    _issue(view, payload, outs)
+    _issue(view, payload, outs, stream)
     return result
 
 
