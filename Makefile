@@ -33,7 +33,7 @@ PY_LINT_PATHS := $(wildcard python tests examples benches)
 .DEFAULT_GOAL := help
 
 .PHONY: help install build-dev build-prod format lint lint-rust lint-python stubtest \
-	typecheck test test-deps test-rust test-python slurm-deps browser-deps demo bench bench-peers bench-multihost bench-rdma bench-tensors docs all \
+	typecheck test test-deps test-rust test-python slurm-deps browser-deps demo bench bench-peers bench-multihost bench-rdma bench-tensors bench-ddp docs all \
 	clean distclean
 
 help: ## Show this list of targets
@@ -164,6 +164,7 @@ bench: install ## Release build; hyperactor messaging bench; ours vs upstream Mo
 	-$(VENV_PYTHON) benches/multihost_bench.py $(BENCH_MULTIHOST_ARGS)
 	-$(VENV_PYTHON) benches/rdma_bench.py $(BENCH_RDMA_ARGS)
 	-$(VENV_PYTHON) benches/tensor_bench.py $(BENCH_TENSORS_ARGS)
+	-$(VENV_PYTHON) benches/ddp_tensors_bench.py $(BENCH_DDP_ARGS)
 	$(VENV_PYTHON) benches/log_bench.py
 	-$(VENV_PYTHON) benches/monitoring_bench.py
 
@@ -180,6 +181,9 @@ bench-rdma: install ## monarch.rdma bench, ours vs upstream: same host, and betw
 bench-tensors: install ## Distributed tensors bench: ours vs upstream, and the gloo all_reduce floor
 	-$(MAKE) --no-print-directory -k bench-peers
 	$(VENV_PYTHON) benches/tensor_bench.py $(BENCH_TENSORS_ARGS)
+
+bench-ddp: install ## Data-parallel tensors bench: reductions on a comms stream vs the main stream
+	$(VENV_PYTHON) benches/ddp_tensors_bench.py $(BENCH_DDP_ARGS)
 
 docs: | $(VENV_PYTHON) ## Build the Rust API docs into target/doc
 	$(CARGO) doc --workspace --no-deps
