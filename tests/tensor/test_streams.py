@@ -88,6 +88,14 @@ def test_streams_of_one_worker_run_concurrently(mesh: ProcMesh) -> None:
             assert inspect(got_b, hosts=h, gpus=g).tolist() == [1.0, 1.0]
 
 
+def test_remote_functions_on_a_stream_see_the_actor_context(mesh: ProcMesh) -> None:
+    rank_of = remote("tests_tensor_helpers.my_actor_rank", propagate=lambda x: x)
+    with mesh.activate():
+        with Stream("side").activate():
+            got = rank_of(torch.zeros(1))
+    assert inspect(got, hosts=1, gpus=1).tolist() == [3.0]
+
+
 def test_a_collective_on_its_own_stream_while_main_computes(mesh: ProcMesh) -> None:
     comms = Stream("comms")
     with mesh.activate():

@@ -41,3 +41,10 @@ def meet_on_two_streams(x: torch.Tensor, name: str, timeout: float) -> torch.Ten
     assert isinstance(barrier, threading.Barrier)
     barrier.wait(timeout)
     return x + 1
+
+
+def my_actor_rank(x: torch.Tensor) -> torch.Tensor:
+    """``x`` plus the rank of the worker actor running this (its context)."""
+    from monarch.actor import context
+
+    return x + context().actor_instance.rank.rank

@@ -26,6 +26,7 @@ so two streams' collectives never interleave on one group.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime
 import logging
 import os
@@ -82,8 +83,13 @@ class _StreamThread:
         self.name = name or f"stream-{sid}"
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.cuda = torch.cuda.Stream() if torch.cuda.is_available() else None  # type: ignore[no-untyped-call]
+        # The thread runs in a copy of the actor's context, so remote functions on a
+        # stream see the same `monarch.actor.context()` as on "main".
         self.thread = threading.Thread(
-            target=self._loop, name=f"monarch-stream-{self.name}", daemon=True
+            target=contextvars.copy_context().run,
+            args=(self._loop,),
+            name=f"monarch-stream-{self.name}",
+            daemon=True,
         )
         self.thread.start()
 
