@@ -16,7 +16,7 @@ import torch
 
 import monarch
 from monarch import RemoteException, fetch_shard
-from monarch.actor import Actor, ProcMesh, context, endpoint
+from monarch.actor import Actor, ProcMesh, as_endpoint, context, endpoint
 
 T = 30  # seconds: the bound on every wait
 
@@ -76,6 +76,9 @@ class Shards(Actor):
     @endpoint
     def no_propagate(self, x: torch.Tensor) -> torch.Tensor:
         return x
+
+    def plain_double(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
 
 
 class AsyncShards(Actor):
@@ -276,6 +279,11 @@ def test_rref_needs_propagate_and_the_actors_procs(mesh: ProcMesh, actors: Any) 
             actors.no_propagate.rref(x)
         with pytest.raises(ValueError, match="must be on the same procs as"):
             actors.slice(hosts=0).summed.rref(x)
+        # as_endpoint(..., propagate=) gives a plain method one.
+        doubled = as_endpoint(actors.plain_double, propagate=lambda x: x).rref(x)
+    assert fetch_shard(doubled, hosts=1, gpus=0).get(timeout=T).tolist() == [
+        2 * v for v in _expected(2)
+    ]
     with pytest.raises(ValueError, match="no mesh is active"):
         actors.ranked.rref(3)
 
