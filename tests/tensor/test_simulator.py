@@ -122,6 +122,19 @@ def test_durations_scale_with_sizes(trace_path: Path) -> None:
     assert reduces[1]["dur"] > 2 * reduces[0]["dur"]
 
 
+def test_cuda_tensors_need_no_gpu(trace_path: Path) -> None:
+    # A program written for GPUs records on a host without any.
+    with monarch.Simulator(hosts=1, gpus=2, trace_path=str(trace_path)) as sim:
+        with sim.mesh.activate():
+            w: Any = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+            y = torch.relu(w @ w).sum()
+            assert y.device.type == "cuda"
+            value = monarch.inspect(y)
+        assert value.dtype == torch.bfloat16 and value.device.type == "cpu"
+    names = [e["name"] for e in _tracks(_load(trace_path))[("rank 0", "main")]]
+    assert names[:3] == ["aten.randn", "aten.mm", "aten.relu"], names
+
+
 def test_cost_model_settings() -> None:
     model = CostModel.of({"memory_gb_per_s": 1000.0, "matmul_tflops": {"float32": 100.0}})
     assert model.memory_gb_per_s == 1000.0

@@ -873,18 +873,23 @@ def _flops(fn: Any, args: Any, kwargs: Any, outputs: list[Any], metas: dict[int,
     if formula is None:
         return 0
     import torch
-    from torch.utils._pytree import tree_map
 
     def shape(x: Any) -> Any:
         if isinstance(x, wire.Ref):
             m = metas.get(x.id)
             return torch.Size(m[0]) if m is not None else torch.Size([])
+        if type(x) is list or type(x) is tuple:
+            return type(x)(shape(v) for v in x)
         return x
 
     try:
-        sargs, skwargs = tree_map(shape, (list(args), dict(kwargs)))
+        sargs = [shape(a) for a in args]
+        skwargs = {k: shape(v) for k, v in kwargs.items()}
         sizes = [torch.Size(m[0]) for m in outputs]
         out = sizes[0] if len(sizes) == 1 else tuple(sizes)
+        inner = getattr(formula, "__wrapped__", None)
+        if inner is not None:  # the formula on shapes, which ours already are
+            return int(inner(*sargs, out_shape=out, **skwargs))
         return int(formula(*sargs, out_val=out, **skwargs))
     except Exception:
         return 0
@@ -896,8 +901,9 @@ _hook_installed = False
 
 def _install_meta_hook() -> None:
     """Make ``Tensor._new`` tell a simulated engine the metadata of each tensor it
-    binds (the commands carry refs only). Installed on the first ``Simulator``; for
-    other engines it costs one type check per new tensor."""
+    binds (the commands carry refs only), and let CUDA tensors be recorded on a
+    simulated mesh without CUDA. Installed on the first ``Simulator``; for other
+    engines it costs one type check per new tensor."""
     global _hook_installed
     with _hook_lock:
         if _hook_installed:
@@ -914,4 +920,29 @@ def _install_meta_hook() -> None:
             return t
 
         Tensor._new = staticmethod(_new)  # type: ignore[method-assign]
+        _skip_cuda_init_when_simulating()
         _hook_installed = True
+
+
+def _skip_cuda_init_when_simulating() -> None:
+    """Let a program on a simulated mesh make CUDA tensors on a host without CUDA:
+    torch initializes CUDA before a CUDA factory (``torch.randn(..., device="cuda")``)
+    reaches the recording; while a simulated mesh is the active mesh and CUDA is not
+    available, that initialization is skipped (nothing runs on a device anyway)."""
+    import torch
+
+    from monarch._src.tensor_engine.tensor import current_view
+
+    original: Any = torch.cuda._lazy_init
+
+    def _lazy_init() -> None:
+        view = current_view()
+        if (
+            view is not None
+            and type(view.engine) is SimulatedEngine
+            and not torch.cuda.is_available()
+        ):
+            return
+        original()
+
+    torch.cuda._lazy_init = _lazy_init
