@@ -194,7 +194,11 @@ def test_monarch_tensors_give_the_local_gradients(mesh: ProcMesh) -> None:
                 r.copy_(torch.tensor(p.detach().numpy()))
         loss = remote(torch.tensor(x.numpy())).pow(2).mean()
         gen = grad_generator(loss, list(remote.parameters())[::-1])
-        got = list(gen)[::-1]
-    assert all(isinstance(g, monarch.Tensor) for g in got)
+        got = [next(gen)]
+        # the caller may leave another stream active: the backward stays on its own
+        with monarch.Stream("other").activate():
+            got += list(gen)
+        got = got[::-1]
+    assert all(isinstance(g, monarch.Tensor) and g.stream.name == "main" for g in got)
     _close(list(monarch.inspect(got, hosts=1, gpus=1)), list(want))
     _close(list(monarch.inspect(got)), list(want))

@@ -14,6 +14,7 @@ autograd function whose backward pass is ``backward``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import heapq
 import types
@@ -22,6 +23,9 @@ from typing import Any
 
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
+
+from monarch._src.tensor_engine.stream import get_active_stream
+from monarch._src.tensor_engine.tensor import Tensor
 
 __all__ = ["GradientGenerator", "grad_function", "grad_generator"]
 
@@ -79,6 +83,18 @@ def _conform(grad: torch.Tensor, metadata: Any) -> torch.Tensor:
     if grad.dtype != metadata.dtype:
         grad = grad.to(metadata.dtype)
     return grad
+
+
+def _on_stream_of(grads: list[torch.Tensor | None]) -> Any:
+    """Activates the stream of the first monarch tensor of ``grads`` (the stream the
+    backward pass runs on), so that a node runs there whatever stream the caller left
+    active between two gradients."""
+    for g in grads:
+        if isinstance(g, Tensor):
+            if g.stream is not get_active_stream():
+                return g.stream.activate()
+            break
+    return contextlib.nullcontext()
 
 
 class _Node:
@@ -194,23 +210,23 @@ class GradientGenerator:
         edges = node.next_functions
         self.nodes_run += 1
         outputs: Sequence[torch.Tensor | None]
-        with torch.no_grad():
+        with torch.no_grad(), _on_stream_of(inputs):
             if _is_python_node(node):
                 outputs = self._run_python(node, inputs, edges)
             else:
                 out = node(*inputs)
                 outputs = out if isinstance(out, tuple) else (out,)
-        del inputs
-        for (nxt, nr), g in zip(edges, outputs, strict=False):
-            if nxt is None:
-                continue
-            t = self._states[nxt]
-            if g is not None:
-                self._add(t, nr, g)
-            t.pending_in[nr] -= 1
-            t.pending -= 1
-            if t.pending == 0 and t.needed:
-                self._push(t)
+            del inputs
+            for (nxt, nr), g in zip(edges, outputs, strict=False):
+                if nxt is None:
+                    continue
+                t = self._states[nxt]
+                if g is not None:
+                    self._add(t, nr, g)
+                t.pending_in[nr] -= 1
+                t.pending -= 1
+                if t.pending == 0 and t.needed:
+                    self._push(t)
 
     @staticmethod
     def _run_python(
@@ -289,8 +305,9 @@ def grad_generator(
     Ask for the parameters in the reverse order of their use in the forward pass (last
     layer first) to get each gradient after the least work.
 
-    Works on monarch tensors (the backward operations are recorded like any other) and
-    on local torch tensors.
+    Works on monarch tensors (the backward operations are recorded like any other, on
+    the stream of the gradients they read, whatever stream is active when ``next()``
+    is called) and on local torch tensors.
     """
     if isinstance(roots, torch.Tensor):
         roots = [roots]
