@@ -83,7 +83,12 @@ def test_single_stream_trace(trace_path: Path) -> None:
     sim.exit()  # a second exit does nothing
     assert _children() <= before, "the simulator must not start processes"
 
-    tracks = _tracks(_load(trace_path))
+    trace = _load(trace_path)
+    # Perfetto: no pid 0, and no thread id shared by two processes.
+    threads = {(e["pid"], e["tid"]) for e in trace["traceEvents"]}
+    assert min(pid for pid, _ in threads) >= 1
+    assert len({tid for _, tid in threads}) == len(threads)
+    tracks = _tracks(trace)
     assert set(tracks) == {(f"rank {r}", "main") for r in range(4)}
     for events in tracks.values():
         names = [e["name"] for e in events]

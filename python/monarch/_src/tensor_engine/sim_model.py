@@ -305,8 +305,10 @@ class Timeline:
         if streams:
             for rank in sorted({r for r, _ in self.queues}):
                 pid = rank + 1
-                events.append(_meta("process_name", pid, 0, f"rank {rank}"))
-                events.append(_meta("process_sort_index", pid, 0, rank, key="sort_index"))
+                # Process metadata on the process's "main thread" (tid = pid, as on
+                # Linux): no thread id is shared by two processes.
+                events.append(_meta("process_name", pid, pid, f"rank {rank}"))
+                events.append(_meta("process_sort_index", pid, pid, rank, key="sort_index"))
                 for sid in sorted(s for r, s in self.queues if r == rank):
                     tid = next_tid
                     next_tid += 1
@@ -334,8 +336,8 @@ class Timeline:
         if controller:
             pid = self.world_size + 1
             tid = next_tid
-            events.append(_meta("process_name", pid, 0, "controller"))
-            events.append(_meta("process_sort_index", pid, 0, -1, key="sort_index"))
+            events.append(_meta("process_name", pid, pid, "controller"))
+            events.append(_meta("process_sort_index", pid, pid, -1, key="sort_index"))
             events.append(_meta("thread_name", pid, tid, "client"))
             for name, start, end in self.controller:
                 events.append(
