@@ -728,9 +728,10 @@ def _hashable(x: Any) -> Any:
 
 
 def _propagate_fake(propagate: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-    """Run ``propagate`` on fake tensors; its tensors become metadata."""
+    """Run ``propagate`` on fake tensors; its tensors become metadata. (Its own
+    operations are not recorded on the active mesh.)"""
     mode = _torch.fake_mode()
-    with mode:
+    with _torch.disable_modes(), mode:
 
         def to_fake(x: Any) -> Any:
             if isinstance(x, Tensor):

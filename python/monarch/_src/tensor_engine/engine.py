@@ -104,6 +104,14 @@ class View:
 class Engine:
     """The tensor engine of one proc mesh (see the module docs)."""
 
+    #: Whether :meth:`tensor_made` is called for each new tensor (the simulator's
+    #: engine, which needs the metadata that commands do not carry).
+    tracks_meta = False
+
+    def tensor_made(self, ref: int, meta: Any) -> None:
+        """A tensor bound to ``ref`` with metadata ``meta`` was made (called only when
+        :attr:`tracks_meta`)."""
+
     def __init__(self, root: ProcMesh) -> None:
         self.id = next(_ids)
         self.root = root

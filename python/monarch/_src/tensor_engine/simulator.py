@@ -667,6 +667,11 @@ class SimulatedEngine(Engine):
         self.sim = sim
         super().__init__(root)
 
+    tracks_meta = True
+
+    def tensor_made(self, ref: int, meta: Any) -> None:
+        self.sim.metas[ref] = meta
+
     def _start(self) -> None:
         self.controller = None  # type: ignore[assignment]
         self.workers = _Workers(self.sim, self.root._shape)
@@ -900,26 +905,12 @@ _hook_installed = False
 
 
 def _install_meta_hook() -> None:
-    """Make ``Tensor._new`` tell a simulated engine the metadata of each tensor it
-    binds (the commands carry refs only), and let CUDA tensors be recorded on a
-    simulated mesh without CUDA. Installed on the first ``Simulator``; for other
-    engines it costs one type check per new tensor."""
+    """Let CUDA tensors be recorded on a simulated mesh without CUDA (installed on the
+    first ``Simulator``)."""
     global _hook_installed
     with _hook_lock:
         if _hook_installed:
             return
-        from monarch._src.tensor_engine.tensor import Tensor
-
-        original = Tensor._new
-
-        def _new(meta: Any, view: View, ref: wire.Ref, *args: Any, **kwargs: Any) -> Tensor:
-            t = original(meta, view, ref, *args, **kwargs)
-            engine = view.engine
-            if type(engine) is SimulatedEngine:
-                engine.sim.metas[ref.id] = meta
-            return t
-
-        Tensor._new = staticmethod(_new)  # type: ignore[method-assign]
         _skip_cuda_init_when_simulating()
         _hook_installed = True
 

@@ -161,7 +161,10 @@ class Tensor(torch.Tensor):
         t._view = view
         t._stream = stream
         t._aliases = _Aliases() if aliases is None else aliases
-        t._h = _Handle(view.engine, ref, view.slot, stream.sid)
+        engine = view.engine
+        t._h = _Handle(engine, ref, view.slot, stream.sid)
+        if engine.tracks_meta:
+            engine.tensor_made(ref.id, meta)
         return t
 
     @classmethod
