@@ -50,6 +50,7 @@ def test_the_tensors_guide_runs(tmp_path: Path) -> None:
     assert "[3.0, 3.0] [6.0, 6.0]" in lines  # the remote function and its values
     assert "[1.0, 1.0, 1.0, 1.0]" in lines  # the reduce on the comms stream
     assert "[4950.0, 4950.0, 4950.0]" in lines  # coalescing()
+    assert "[2.0, 4.0] [20.0, 20.0, 20.0, 20.0]" in lines  # tensors and actors
 
 
 @pytest.mark.timeout(240)
