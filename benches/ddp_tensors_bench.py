@@ -17,8 +17,11 @@ version goes first, each runs ``--steps`` steps and one fetch of the last loss (
 waits for the steps to end); the time per step is that over ``--steps``. The table
 gives the median (and the range) over the repetitions, the time the client spent
 recording the steps (before the fetch), and the ratio overlapped / main stream (under
-1: the overlap wins). Last, each replica's losses are checked against the same training
-in one process (plain torch, the whole batch): both must match.
+1: the overlap wins). A third replica, timed after both in each repetition, runs the
+same steps without the reductions: the difference between it and the main-stream
+version is the reductions' cost, the most an overlap could hide. Last, the losses of
+the two versions are checked against the same training in one process (plain torch,
+the whole batch): both must match.
 
 Usage: ``.venv/bin/python benches/ddp_tensors_bench.py [--reps N] [--steps N] [--quick]
 [--out FILE]``; ``make bench-ddp`` (also part of ``make bench``). Writes JSON (default
@@ -46,6 +49,8 @@ CALL_TIMEOUT_S = 120.0
 #: The largest difference allowed between a distributed loss and the one-process one.
 LOSS_TOLERANCE = 1e-3
 MODES = ("main", "overlapped")
+#: Timed beside them, outside the ratio: the same steps without the reductions.
+COMPUTE = "compute only"
 
 
 def _load_example() -> ModuleType:
@@ -59,13 +64,15 @@ def _load_example() -> ModuleType:
     return mod
 
 
-def _timed(ex: ModuleType, replica: Any, comms: Any, start: int, steps: int) -> tuple[float, float]:
+def _timed(
+    replica: Any, comms: Any, start: int, steps: int, reduce: bool = True
+) -> tuple[float, float]:
     """Seconds per step of ``steps`` steps, wall and recording only."""
     import monarch
 
     t0 = time.perf_counter()
     for i in range(start, start + steps):
-        replica.step(i, comms)
+        replica.step(i, comms, reduce)
     t1 = time.perf_counter()
     monarch.fetch_shard(replica.losses[-1]).get(timeout=CALL_TIMEOUT_S)
     t2 = time.perf_counter()
@@ -111,16 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     mesh = this_host().spawn_procs(per_host={"gpus": PROCS})
     try:
         mesh.initialized.get(timeout=CALL_TIMEOUT_S)
-        replicas = {m: ex.Replica(mesh, cfg) for m in MODES}
-        streams = {"main": None, "overlapped": ex.comms_stream()}
-        done = {m: 0 for m in MODES}
-        for m in MODES:
-            _timed(ex, replicas[m], streams[m], 0, args.warmup)
+        every = (*MODES, COMPUTE)
+        replicas = {m: ex.Replica(mesh, cfg) for m in every}
+        streams = {"main": None, "overlapped": ex.comms_stream(), COMPUTE: None}
+        done = {m: 0 for m in every}
+        for m in every:
+            _timed(replicas[m], streams[m], 0, args.warmup, m != COMPUTE)
             done[m] = args.warmup
         for rep in range(args.reps):
             order = MODES if rep % 2 == 0 else MODES[::-1]
-            for m in order:
-                wall, rec = _timed(ex, replicas[m], streams[m], done[m], args.steps)
+            for m in (*order, COMPUTE):
+                wall, rec = _timed(replicas[m], streams[m], done[m], args.steps, m != COMPUTE)
                 done[m] += args.steps
                 run = {
                     "rep": rep,
@@ -149,7 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[str, ...]] = [
         ("version", "per step (median)", "range", "recording (median)", "runs")
     ]
-    for m in MODES:
+    names = {
+        "main": "main stream",
+        "overlapped": "overlapped (comms stream)",
+        COMPUTE: "no reductions (compute only)",
+    }
+    for m in (*MODES, COMPUTE):
         walls = [r["step_ms"] for r in runs if r["mode"] == m]
         recs = [r["record_ms"] for r in runs if r["mode"] == m]
         if not walls:
@@ -158,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         med[m] = {"step_ms": statistics.median(walls), "record_ms": statistics.median(recs)}
         rows.append(
             (
-                "overlapped (comms stream)" if m == "overlapped" else "main stream",
+                names[m],
                 f"{med[m]['step_ms']:.1f} ms",
                 f"{min(walls):.1f}-{max(walls):.1f} ms",
                 f"{med[m]['record_ms']:.1f} ms",
@@ -166,12 +179,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     ratio = None
-    if len(med) == 2:
+    if "main" in med and "overlapped" in med:
         ratio = med["overlapped"]["step_ms"] / med["main"]["step_ms"]
     per_rep = []
     for rep in range(args.reps):
         pair = {r["mode"]: r["step_ms"] for r in runs if r["rep"] == rep}
-        if len(pair) == 2:
+        if "main" in pair and "overlapped" in pair:
             per_rep.append(pair["overlapped"] / pair["main"])
 
     mode = "quick" if args.quick else "full"
@@ -190,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     if ratio is not None:
         spread = ", ".join(f"{x:.2f}" for x in per_rep)
         print(f"\noverlapped / main stream: {ratio:.2f} (median; per repetition: {spread})")
+    if "main" in med and COMPUTE in med:
+        cost = med["main"]["step_ms"] - med[COMPUTE]["step_ms"]
+        print(
+            f"the reductions add {cost:.1f} ms to a step on the main stream: what an "
+            "overlap could hide at most"
+        )
     for m, c in check.items():
         print(f"{m}: {c['steps']} steps, losses within {c['max_loss_diff']:.1e} of one process")
     if status != "ok":

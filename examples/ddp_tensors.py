@@ -124,10 +124,11 @@ class Replica:
         self.params = list(self.model.parameters())
         self.losses: list[torch.Tensor] = []
 
-    def step(self, i: int, comms: Any = None) -> None:
+    def step(self, i: int, comms: Any = None, reduce: bool = True) -> None:
         """Step ``i`` of training: forward and backward on this rank's shard, the
         gradients averaged across ranks (on ``comms``, a ``monarch.Stream``, if given;
-        else on the active stream), then SGD."""
+        else on the active stream), then SGD. ``reduce=False`` leaves the gradients
+        unreduced (each rank then trains alone: for timing the computation only)."""
         cfg = self.cfg
         with self.mesh.activate():
             out = self.model(self.x[i % cfg.batches])
@@ -137,7 +138,9 @@ class Replica:
             borrows = []
             for g in monarch.grad_generator(loss, last_first):
                 assert isinstance(g, monarch.Tensor)  # every parameter is used
-                if comms is None:
+                if not reduce:
+                    pass
+                elif comms is None:
                     g.reduce_(self.dim, "avg")
                 else:
                     # Reduce on the comms stream while the main stream goes on with the
