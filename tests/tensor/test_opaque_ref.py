@@ -196,3 +196,19 @@ def test_propagate_functions_get_placeholders(mesh: ProcMesh) -> None:
         out = read(make(9))
     assert seen == ["OpaqueRef"]
     assert inspect(out).item() == 9.0
+
+
+def test_handles_on_another_stream(mesh: ProcMesh) -> None:
+    """A handle made on a stream is used there, shapes learned by running the function
+    on rank 0 (which waits for that stream to make the value)."""
+    side = monarch.Stream("opaque_side")
+    make = remote(make_counter, propagate=lambda start: OpaqueRef(None))
+    with mesh.activate():
+        with side.activate():
+            counter = make(6)
+            assert counter._key.stream is side
+            first = remote(read_counter)(counter)  # cached propagation, on rank 0
+            remote(bump, propagate=lambda c, by: None)(counter, 1)
+            second = remote(read_counter, propagate=lambda c: torch.empty(()))(counter)
+    assert inspect(first, hosts=1, gpus=1).item() == 6.0
+    assert inspect(second, hosts=0, gpus=0).item() == 7.0

@@ -38,7 +38,11 @@ Limits:
   return handles that cannot be read on the client either;
 - a handle is checked when a worker reads it, not when it is passed: a handle passed
   to a remote function on another mesh, or read on another stream than the one that
-  created it, is not caught on the client (the read fails or races);
+  created it, is not caught on the client (the read fails or races). A dropped handle
+  raises ``TypeError`` at the call, except for functions with ``propagate="inspect"``;
+- with the default ``propagate`` (run the function on rank 0 to learn its output
+  shapes), that run reads rank 0's real value (a function that changes the value
+  changes it twice on rank 0: give such functions a ``propagate`` function);
 - handles are not hashable (the engine's cache of output shapes would otherwise keep
   them, and their values, alive).
 """
@@ -115,11 +119,13 @@ class OpaqueRef:
     the module documentation. ``OpaqueRef(value)`` inside a remote function makes a
     new one; ``.value`` (inside a remote function) reads or sets this rank's value."""
 
-    __slots__ = ("__weakref__", "_key", "_ref")
+    __slots__ = ("__weakref__", "_key", "_ref", "_sid")
     __hash__ = None  # type: ignore[assignment]
 
     _key: Any
     _ref: int | None
+    #: The stream of the key, for a handle the client sent.
+    _sid: int
 
     def __init__(self, value: Any = None) -> None:
         if _fake_mode_active():
@@ -130,6 +136,7 @@ class OpaqueRef:
             with _torch.disable_modes():
                 self._key = torch.zeros((), dtype=torch.int64)
             self._ref = None
+            self._sid = 0
             return
         key = torch.tensor(next(_counter), dtype=torch.int64)
         if _current_worker() is None:
@@ -141,21 +148,23 @@ class OpaqueRef:
             )
         self._key = key
         self._ref = None
+        self._sid = 0
         _table[key] = value
 
     @classmethod
-    def _rebuild(cls, key: Any, ref: int | None) -> OpaqueRef:
+    def _rebuild(cls, key: Any, ref: int | None, sid: int = 0) -> OpaqueRef:
         r = cls.__new__(cls)
         r._key = key
         r._ref = ref
+        r._sid = sid
         return r
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         key = self._key
         if _is_monarch(key):
             # A client handle: the workers find the key by its id.
-            return (OpaqueRef._rebuild, (None, key.ref))
-        return (OpaqueRef._rebuild, (key, self._ref))
+            return (OpaqueRef._rebuild, (None, key.ref, key.stream.sid))
+        return (OpaqueRef._rebuild, (key, self._ref, self._sid))
 
     def __repr__(self) -> str:
         key = self._key
@@ -209,7 +218,7 @@ class OpaqueRef:
             and self._ref is not None
             and not (isinstance(key, torch.Tensor) and key in _table)
         ):
-            found = self._lookup(self._ref, what)
+            found = self._lookup(self._ref, self._sid, what)
             if key is None:
                 self._key = found
             return found
@@ -225,14 +234,20 @@ class OpaqueRef:
             raise self._unknown()
         return key
 
-    def _lookup(self, ref: int, what: str) -> Any:
-        """The key tensor that the worker running this command holds for ``ref``."""
+    def _lookup(self, ref: int, sid: int, what: str) -> Any:
+        """The key tensor that the worker running this command holds for ``ref`` (made
+        on stream ``sid``)."""
         from monarch._src.tensor_engine.wire import Failure
 
         worker = _current_worker()
         if worker is None:
             raise _client_error(what)
         held = worker.values.get(ref, _MISSING)
+        if held is _MISSING and sid != 0 and getattr(worker._local, "sid", 0) == 0:
+            # On the actor's own thread (shape propagation, or a command of "main"):
+            # the stream that makes the key may not have got there yet.
+            worker._sync([sid])
+            held = worker.values.get(ref, _MISSING)
         if held is _MISSING:
             raise RuntimeError(
                 f"OpaqueRef(ref={ref}) has no value on rank {worker.rank}: it was dropped "
@@ -274,14 +289,14 @@ class OpaqueRef:
                 return None
         return key
 
-    def _context(self) -> int | None:
+    def _context(self) -> tuple[int, int] | None:
         key = self._key
         if _is_monarch(key):
-            return int(key.ref)
-        return self._ref
+            return (int(key.ref), int(key.stream.sid))
+        return None if self._ref is None else (self._ref, self._sid)
 
 
-def _flatten(r: OpaqueRef) -> tuple[list[Any], int | None]:
+def _flatten(r: OpaqueRef) -> tuple[list[Any], tuple[int, int] | None]:
     key = r._key
     if _is_monarch(key):
         if key.dropped:
@@ -298,11 +313,11 @@ def _flatten(r: OpaqueRef) -> tuple[list[Any], int | None]:
     return [r._leaf()], r._context()
 
 
-def _unflatten(leaves: Any, context: int | None) -> OpaqueRef:
+def _unflatten(leaves: Any, context: tuple[int, int] | None) -> OpaqueRef:
     (key,) = leaves
-    if _is_monarch(key):
-        context = None
-    return OpaqueRef._rebuild(key, context)
+    if _is_monarch(key) or context is None:
+        return OpaqueRef._rebuild(key, None)
+    return OpaqueRef._rebuild(key, *context)
 
 
 register_pytree_node(
