@@ -103,6 +103,7 @@ def test_a_model_lives_on_each_rank_and_runs_on_monarch_tensors(mesh: ProcMesh, 
 def test_values_are_set_and_a_returned_handle_shares_the_value(mesh: ProcMesh) -> None:
     make = remote(make_counter, propagate=lambda start: OpaqueRef(None))
     add = remote(bump, propagate=lambda counter, by: None)
+    add_shapes_on_rank_0 = remote(bump)  # the rank-0 run to learn shapes sets nothing
     read = remote(read_counter, propagate=lambda counter: torch.empty(()))
     same = remote(pass_through, propagate=lambda counter: OpaqueRef(None))
     with mesh.activate():
@@ -110,10 +111,12 @@ def test_values_are_set_and_a_returned_handle_shares_the_value(mesh: ProcMesh) -
         add(counter, 2)
         other = same(counter)
         add(other, 10)
+        add_shapes_on_rank_0(other, 100)
         a, b = read(counter), read(other)
     assert other._key.ref != counter._key.ref  # two handles, one value
-    assert inspect(a, hosts=1, gpus=1).item() == 17.0
-    assert inspect(b, hosts=0, gpus=1).item() == 17.0
+    for h, g in RANKS:
+        assert inspect(a, hosts=h, gpus=g).item() == 117.0
+    assert inspect(b, hosts=0, gpus=1).item() == 117.0
 
 
 def test_a_value_is_freed_with_the_clients_handle(mesh: ProcMesh) -> None:

@@ -41,8 +41,9 @@ Limits:
   created it, is not caught on the client (the read fails or races). A dropped handle
   raises ``TypeError`` at the call, except for functions with ``propagate="inspect"``;
 - with the default ``propagate`` (run the function on rank 0 to learn its output
-  shapes), that run reads rank 0's real value (a function that changes the value
-  changes it twice on rank 0: give such functions a ``propagate`` function);
+  shapes), that run reads rank 0's real value; setting ``.value`` there does nothing,
+  but a function that changes the value in place changes it twice on rank 0: give
+  such functions a ``propagate`` function;
 - handles are not hashable (the engine's cache of output shapes would otherwise keep
   them, and their values, alive).
 """
@@ -190,7 +191,12 @@ class OpaqueRef:
 
     @value.setter
     def value(self, v: Any) -> None:
-        _table[self._resolve("set the value of")] = v
+        key = self._resolve("set the value of")
+        if self._ref is not None and self._key is not key:
+            # The handle of a run that only learns output shapes (its key is a
+            # placeholder): the value stays as it is.
+            return
+        _table[key] = v
 
     def drop(self) -> None:
         """Free the values of this handle on every worker now (a client handle only;
