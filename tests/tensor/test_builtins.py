@@ -162,6 +162,27 @@ def test_the_cuda_variants_run_on_cpu_only_workers(mesh: ProcMesh) -> None:
     assert states == []
 
 
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device on this machine (torch.cuda)"
+)
+def test_the_cuda_generators_are_seeded_saved_and_restored(mesh: ProcMesh) -> None:
+    one = mesh.slice(hosts=0, gpus=0)
+    with one.activate():
+        manual_seed_all_cuda_remote(11)
+        states = get_rng_state_all_cuda_remote()
+        a = torch.rand(4, device="cuda")
+        set_rng_state_all_cuda_remote(states)
+        b = torch.rand(4, device="cuda")
+        manual_seed_cuda_remote(11)
+        c = torch.rand(4, device="cuda")
+    torch.cuda.manual_seed(11)
+    expected = torch.rand(4, device="cuda").cpu()
+    assert len(states) >= 1 and states[0].dtype == torch.uint8
+    assert torch.equal(inspect(a), expected)
+    assert torch.equal(inspect(b), expected)
+    assert torch.equal(inspect(c), expected)
+
+
 def test_make_deterministic(mesh: ProcMesh) -> None:
     # On one rank only: torch.use_deterministic_algorithms imports torch._inductor, which
     # takes seconds per proc.
