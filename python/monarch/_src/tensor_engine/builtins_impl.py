@@ -51,16 +51,16 @@ def _builtin(fn: Any, name: str, propagate: Any) -> Remote:
 
 
 def _log(*args: Any, level: int = logging.WARNING, **kwargs: Any) -> None:
-    """``log_remote(msg, *args, level=logging.WARNING, **kwargs)``: log
-    ``msg % args`` on every rank of the active mesh, to the ``"monarch.builtins.log"``
-    logger (what ``logging.Logger.log`` takes). The procs' log lines reach the client
-    like their other output."""
+    """``log_remote(msg, *args, level=logging.WARNING, **kwargs)``: log ``msg % args``
+    on every rank of the active mesh, to the ``"monarch.builtins.log"`` logger (what
+    ``logging.Logger.log`` takes). The procs' log lines reach the client like their
+    other output."""
     logging.getLogger(LOGGER_NAME).log(level, *args, **kwargs)
 
 
 def _set_logging_level(level: int | str) -> None:
-    """``set_logging_level_remote(level)``: set the
-    level of the ``"monarch.builtins.log"`` logger on every rank of the active mesh."""
+    """``set_logging_level_remote(level)``: set the level of the
+    ``"monarch.builtins.log"`` logger on every rank of the active mesh."""
     logging.getLogger(LOGGER_NAME).setLevel(level)
 
 
@@ -73,10 +73,10 @@ set_logging_level_remote = _builtin(_set_logging_level, "set_logging_level_remot
 
 
 def _set_manual_seed(seed: int, process_idx: Any = 0) -> None:
-    """``set_manual_seed_remote(seed, process_idx=0)``: seed
-    the random generators of every rank (CPU and every CUDA device, as
-    ``torch.manual_seed``) with ``seed ^ process_idx``. The same ``seed`` gives every rank
-    the same numbers (those of a local ``torch.manual_seed(seed)``); pass
+    """``set_manual_seed_remote(seed, process_idx=0)``: seed the random generators of
+    every rank (CPU and every CUDA device, as ``torch.manual_seed``) with
+    ``seed ^ process_idx``. The same ``seed`` gives every rank the same numbers (those
+    of a local ``torch.manual_seed(seed)``); pass
     ``process_idx=mesh.rank_tensor(dims)`` (a monarch tensor) for a different seed per
     rank."""
     torch.manual_seed(int(seed) ^ int(process_idx))
@@ -89,61 +89,60 @@ def _cpu_state_like() -> torch.Tensor:
 
 
 def _get_rng_state() -> torch.Tensor:
-    """``get_rng_state_remote()``: the state of each rank's
-    CPU random generator (``torch.get_rng_state()``), as a monarch uint8 tensor; give it
-    to ``set_rng_state_remote`` to restore it."""
+    """``get_rng_state_remote()``: the state of each rank's CPU random generator
+    (``torch.get_rng_state()``), as a monarch uint8 tensor; give it to
+    ``set_rng_state_remote`` to restore it."""
     return torch.get_rng_state()
 
 
 def _set_rng_state(new_state: torch.Tensor) -> None:
-    """``set_rng_state_remote(new_state)``: set each rank's
-    CPU random generator to its shard of ``new_state`` (from ``get_rng_state_remote``)."""
+    """``set_rng_state_remote(new_state)``: set each rank's CPU random generator to its
+    shard of ``new_state`` (from ``get_rng_state_remote``)."""
     torch.set_rng_state(new_state)
 
 
 def _seed() -> None:
-    """``seed_remote()``: seed every rank's generators with a
-    non-deterministic seed (``torch.seed()``; the seed is not returned)."""
+    """``seed_remote()``: seed every rank's generators with a non-deterministic seed
+    (``torch.seed()``; the seed is not returned)."""
     torch.seed()
 
 
 def _random_seed() -> None:
-    """``random_seed_remote()``: same as ``seed_remote()``
-    (``torch.random.seed()``)."""
+    """``random_seed_remote()``: same as ``seed_remote()`` (``torch.random.seed()``)."""
     torch.random.seed()
 
 
 def _manual_seed_cuda(seed: int) -> None:
-    """``manual_seed_cuda_remote(seed)``: seed the current
-    CUDA device's generator on every rank (``torch.cuda.manual_seed``; without CUDA torch
-    keeps it for when CUDA starts). ``set_manual_seed_remote`` seeds CPU and CUDA."""
+    """``manual_seed_cuda_remote(seed)``: seed the current CUDA device's generator on
+    every rank (``torch.cuda.manual_seed``; without CUDA torch keeps it for when CUDA
+    starts). ``set_manual_seed_remote`` seeds CPU and CUDA."""
     torch.cuda.manual_seed(int(seed))
 
 
 def _manual_seed_all_cuda(seed: int) -> None:
-    """``manual_seed_all_cuda_remote(seed)``: seed
-    every CUDA device's generator on every rank (``torch.cuda.manual_seed_all``)."""
+    """``manual_seed_all_cuda_remote(seed)``: seed every CUDA device's generator on
+    every rank (``torch.cuda.manual_seed_all``)."""
     torch.cuda.manual_seed_all(int(seed))
 
 
 def _get_rng_state_all_cuda() -> list[torch.Tensor]:
-    """``get_rng_state_all_cuda_remote()``: the
-    states of every CUDA device's generator on each rank (``torch.cuda.get_rng_state_all``),
-    a list of monarch uint8 tensors (empty where the workers have no CUDA device); the CPU
-    generator's is ``get_rng_state_remote()``."""
+    """``get_rng_state_all_cuda_remote()``: the states of every CUDA device's generator
+    on each rank (``torch.cuda.get_rng_state_all``), a list of monarch uint8 tensors
+    (empty where the workers have no CUDA device); the CPU generator's is
+    ``get_rng_state_remote()``."""
     return list(torch.cuda.get_rng_state_all())
 
 
 def _set_rng_state_all_cuda(states: list[torch.Tensor]) -> None:
-    """``set_rng_state_all_cuda_remote(states)``:
-    restore the states from ``get_rng_state_all_cuda_remote`` on every rank."""
+    """``set_rng_state_all_cuda_remote(states)``: restore the states from
+    ``get_rng_state_all_cuda_remote`` on every rank."""
     torch.cuda.set_rng_state_all(states)
 
 
 def _make_deterministic() -> None:
-    """``make_deterministic()``: make torch choose
-    deterministic algorithms on every rank (``torch.use_deterministic_algorithms(True)``,
-    deterministic cuDNN without benchmarking, and the fixed cuBLAS workspace they need)."""
+    """``make_deterministic()``: make torch choose deterministic algorithms on every
+    rank (``torch.use_deterministic_algorithms(True)``, deterministic cuDNN without
+    benchmarking, and the fixed cuBLAS workspace they need)."""
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
