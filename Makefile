@@ -96,7 +96,7 @@ browser-deps: ## Install Chromium and its driver for tests/browser (root)
 # Hard ceilings on each half of the suite, far above its normal run time, so that a bug
 # which slips past every per-test timeout still ends the run with an error, not a hang.
 TEST_RUST_LIMIT ?= 1800
-TEST_PYTHON_LIMIT ?= 1200
+TEST_PYTHON_LIMIT ?= 1500
 
 test-rust: | $(VENV_PYTHON) ## cargo test --workspace (unit, integration and doc tests)
 	timeout -k 30 $(TEST_RUST_LIMIT) $(CARGO) test --workspace
@@ -110,7 +110,7 @@ test-python: $(REQ_STAMP) ## Run pytest (build the extension first: make install
 slurm-deps: ## Install Slurm and munge for tests/slurm (root; no daemon is started)
 	tests/slurm/install_slurm.sh
 
-demo: install ## Install everything, run the demos: Rust ping-pong and native mesh, Python tour, DDP, RDMA, tensors
+demo: install ## Install everything, run the demos: Rust ping-pong and native mesh, Python tour, DDP, RDMA, tensors, DDP on tensors
 	$(CARGO) run --release -p hyperactor --example ping_pong
 	$(CARGO) run --release -p hyperactor_mesh --example mesh_demo
 	$(VENV_PYTHON) examples/ping_pong.py
@@ -118,6 +118,7 @@ demo: install ## Install everything, run the demos: Rust ping-pong and native me
 	$(VENV_PYTHON) examples/ddp_spmd.py
 	$(VENV_PYTHON) examples/parameter_server.py
 	$(VENV_PYTHON) examples/distributed_tensors.py
+	$(VENV_PYTHON) examples/ddp_tensors.py
 
 # `make bench` compares this project with upstream Monarch (PyPI `torchmonarch`) and Ray,
 # each installed once into a venv of its own under $(BENCH_DIR) (ignored by git). The

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import itertools
 import sys
-from types import FrameType
 from typing import Any
 
 import torch
@@ -85,26 +84,12 @@ def _is_monarch(t: Any) -> bool:
 
 
 def _current_worker() -> Any:
-    """The tensor worker running the current command (or endpoint), or None."""
+    """The tensor worker of this process, or None (the client)."""
     if "monarch._src.tensor_engine.worker" not in sys.modules:
         return None
-    from monarch._src.actor.context import _current
-    from monarch._src.tensor_engine.worker import TensorWorker
+    from monarch._src.tensor_engine.worker import this_worker
 
-    ctx = _current.get()
-    if ctx is not None:
-        obj = getattr(ctx.actor_instance._hosted, "obj", None)
-        if isinstance(obj, TensorWorker):
-            return obj
-    # A thread of the worker other than the actor's own (a stream's) has no actor
-    # context: the worker is the `self` of the command being run.
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, TensorWorker):
-            return candidate
-        frame = frame.f_back
-    return None
+    return this_worker()
 
 
 def _client_error(what: str) -> RuntimeError:

@@ -47,7 +47,7 @@ from monarch._src.actor.pickling import loads
 from monarch._src.tensor_engine import shm, wire
 from monarch._src.tensor_engine.wire import Failure, GroupRef, Ref, TensorMeta
 
-__all__ = ["MeshStore", "TensorWorker"]
+__all__ = ["MeshStore", "TensorWorker", "this_worker"]
 
 #: torch's store base class (its stubs hide it behind a platform check).
 _StoreBase: Any = getattr(dist, "Store")  # noqa: B009
@@ -204,6 +204,8 @@ class TensorWorker(Actor):
     """Runs the commands of one tensor engine on this proc (see the module docs)."""
 
     def __init__(self, controller: Any) -> None:
+        global _this_worker
+        _this_worker = self
         self.controller = controller
         self.rank = context().actor_instance.rank.rank
         self.values: dict[int, Any] = {}
@@ -840,6 +842,15 @@ class TensorWorker(Actor):
             with self.inbox_changed:
                 self.inbox[(s, sender)] = value
                 self.inbox_changed.notify_all()
+
+
+#: The tensor worker of this process (a proc belongs to one mesh: it has at most one).
+_this_worker: TensorWorker | None = None
+
+
+def this_worker() -> TensorWorker | None:
+    """The tensor worker of this process, if it has one."""
+    return _this_worker
 
 
 #: Commands that define things for every stream (run at once, in any stream's place).
