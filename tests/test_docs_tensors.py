@@ -51,6 +51,7 @@ def test_the_tensors_guide_runs(tmp_path: Path) -> None:
     assert "[1.0, 1.0, 1.0, 1.0]" in lines  # the reduce on the comms stream
     assert "[4950.0, 4950.0, 4950.0]" in lines  # coalescing()
     assert "[2.0, 4.0] [20.0, 20.0, 20.0, 20.0]" in lines  # tensors and actors
+    assert "True (5, 2)" in lines  # builtins and OpaqueRef
 
 
 @pytest.mark.timeout(240)
