@@ -57,6 +57,25 @@ build-dev: $(REQ_STAMP) ## Build the extension in debug mode into .venv (maturin
 build-prod: $(REQ_STAMP) ## Build the extension in release mode into .venv
 	$(MATURIN_DEVELOP) --release
 
+# Distributions for `pip install` (docs/install.md). The wheel holds the release extension
+# (abi3: one wheel for every CPython >= 3.10), the package with its stubs, py.typed and
+# manifests, and the console scripts; maturin reuses the release build of `make install`
+# in target/ (seconds then) and tags the wheel manylinux for the oldest glibc its symbols
+# allow. tools/dist_check.py checks what is inside and prints the size.
+DIST_DIR ?= dist
+
+.PHONY: wheel sdist
+
+wheel: $(REQ_STAMP) ## Build the release wheel (abi3, manylinux) into dist/ and print its size
+	rm -f $(DIST_DIR)/monarch-*.whl
+	$(MATURIN) build --release --interpreter $(VENV_PYTHON) --out $(DIST_DIR)
+	$(VENV_PYTHON) tools/dist_check.py wheel $(DIST_DIR)/monarch-*.whl
+
+sdist: $(REQ_STAMP) ## Build the source distribution into dist/
+	rm -f $(DIST_DIR)/monarch-*.tar.gz
+	$(MATURIN) sdist --out $(DIST_DIR)
+	$(VENV_PYTHON) tools/dist_check.py sdist $(DIST_DIR)/monarch-*.tar.gz
+
 format: $(REQ_STAMP) ## Format Rust and Python sources in place
 	$(CARGO) fmt --all
 	$(VENV)/bin/ruff format $(PY_LINT_PATHS)

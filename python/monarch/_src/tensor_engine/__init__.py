@@ -20,3 +20,16 @@ Modules:
 
 Guide: ``docs/tensors.md``.
 """
+
+import importlib.util as _importlib_util
+
+# Every way into distributed tensors (``monarch.Tensor`` and the other lazy names of
+# ``monarch``, ``ProcMesh.activate()``, ``monarch.builtins``) imports this package first:
+# without torch, say what to install instead of a bare "No module named 'torch'".
+if _importlib_util.find_spec("torch") is None:
+    raise ModuleNotFoundError(
+        "monarch's distributed tensors need PyTorch, which is not installed in this "
+        "Python environment: pip install torch (actors, meshes and monarch.rdma on CPU "
+        "memory work without it)",
+        name="torch",
+    )
