@@ -240,7 +240,7 @@ def test_rust_api_is_copied_and_linked(site: Site) -> None:
 
 def test_broken_link_or_anchor_fails_the_build(tmp_path: Path) -> None:
     """A copy of the config with an extra page that links to a missing page and to a
-    missing anchor: the strict build fails and names both."""
+    missing anchor: the strict build fails on these two warnings and no other."""
     _check_requirements()
     import yaml
 
@@ -252,12 +252,11 @@ def test_broken_link_or_anchor_fails_the_build(tmp_path: Path) -> None:
     config = yaml.safe_load(CONFIG.read_text())
     config["docs_dir"] = str(docs)
     config["hooks"] = [str(REPO / h) for h in config["hooks"]]
-    for plugin in config["plugins"]:
-        if isinstance(plugin, dict) and "mkdocstrings" in plugin:
-            python = plugin["mkdocstrings"]["handlers"]["python"]
-            python["paths"] = [str(REPO / p) for p in python["paths"]]
-            options = python["options"]
-            options["extensions"] = [str(REPO / e) for e in options["extensions"]]
+    # Without the API reference (most of the build's time), which the check of links
+    # does not need: the API pages then show their `:::` lines as text.
+    config["plugins"] = [
+        p for p in config["plugins"] if not (isinstance(p, dict) and "mkdocstrings" in p)
+    ]
     config["nav"].append({"Broken": "broken.md"})
     copy = tmp_path / "mkdocs.yml"
     copy.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -266,3 +265,5 @@ def test_broken_link_or_anchor_fails_the_build(tmp_path: Path) -> None:
     assert out.returncode != 0, f"the build passed despite broken links:\n{log}"
     assert "no_such_page.md" in log, log
     assert "no-such-anchor" in log, log
+    warnings = [line for line in log.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 2, log
