@@ -211,7 +211,7 @@ bench-ddp: install ## Data-parallel tensors bench: reductions on a comms stream 
 # anchors included, fail the build. Its packages have a stamp of their own, so that the
 # main requirements (and so every other target) are unaffected. `make docs DOCS_RUST=0`
 # leaves out the Rust API (cargo doc: about 35 s from a tree that clippy has checked).
-DOCS_REQUIREMENTS := mkdocs>=1.6,<2 mkdocstrings[python]>=0.29
+DOCS_REQUIREMENTS := mkdocs>=1.6,<2 mkdocstrings[python]>=0.29 pymdown-extensions pygments
 DOCS_STAMP := $(VENV)/.docs-requirements-$(shell printf '%s' '$(DOCS_REQUIREMENTS)' | sha256sum | cut -c1-16)
 DOCS_RUST ?= 1
 CARGO_DOC_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target)/doc)

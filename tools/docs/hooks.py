@@ -10,6 +10,7 @@ Pages made at build time, never committed:
   such as ``examples/kubernetes/``): its docstring (or leading comment) as text, then
   the code;
 - ``readme.md`` and ``changelog.md``: the repository's README and CHANGELOG;
+- ``css/pygments.css``: the colours of the code, highlighted at build time;
 - ``rust.md``: the Rust API, with the output of ``cargo doc`` copied under ``rust/`` when
   ``MONARCH_DOCS_RUST`` names it (the Makefile sets it; ``make docs DOCS_RUST=0`` leaves
   the Rust API out).
@@ -34,6 +35,7 @@ from typing import Any
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
+from pygments.formatters import HtmlFormatter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rest_text import rest_to_markdown
@@ -313,6 +315,7 @@ def on_files(files: Files, /, *, config: MkDocsConfig) -> Files:
     def add(src_uri: str, content: str) -> None:
         files.append(File.generated(config, src_uri, content=content))
 
+    add("css/pygments.css", HtmlFormatter(style="default").get_style_defs(".highlight"))
     add("api/monarch.md", monarch_page())
     for name, sources in example_sources().items():
         add(f"examples/{name}.md", example_page(name, sources))
