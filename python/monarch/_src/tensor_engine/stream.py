@@ -24,6 +24,8 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import torch
+
     from monarch._src.tensor_engine.tensor import Tensor
 
 __all__ = ["MAIN", "Borrow", "Stream", "StreamActivation", "get_active_stream"]
@@ -60,7 +62,7 @@ class Stream:
         _stack.append(self)
         return StreamActivation(self)
 
-    def borrow(self, t: Tensor, mutable: bool = False) -> tuple[Tensor, Borrow]:
+    def borrow(self, t: torch.Tensor, mutable: bool = False) -> tuple[Tensor, Borrow]:
         """``(t_here, borrow)``: the tensor ``t`` of another stream, usable on this
         one. ``t_here`` sees ``t`` as its stream left it at this call. Until
         ``borrow.drop()``: with ``mutable=False`` neither stream may write ``t``; with
@@ -68,7 +70,7 @@ class Stream:
         at all. ``drop()`` makes ``t``'s stream wait for this stream's use of it."""
         from monarch._src.tensor_engine.tensor import borrow as _borrow
 
-        return _borrow(self, t, bool(mutable))
+        return _borrow(self, t, bool(mutable))  # type: ignore[arg-type]
 
 
 #: The default stream.
