@@ -129,7 +129,7 @@ test-python: $(REQ_STAMP) ## Run pytest (build the extension first: make install
 slurm-deps: ## Install Slurm and munge for tests/slurm (root; no daemon is started)
 	tests/slurm/install_slurm.sh
 
-demo: install ## Install everything, run the demos: Rust ping-pong and native mesh, Python tour, DDP, RDMA, tensors, DDP on tensors
+demo: install ## Install everything, run the demos: Rust ping-pong and native mesh, Python tour, DDP, RDMA, tensors, DDP on tensors, crawler, RL
 	$(CARGO) run --release -p hyperactor --example ping_pong
 	$(CARGO) run --release -p hyperactor_mesh --example mesh_demo
 	$(VENV_PYTHON) examples/ping_pong.py
@@ -138,6 +138,8 @@ demo: install ## Install everything, run the demos: Rust ping-pong and native me
 	$(VENV_PYTHON) examples/parameter_server.py
 	$(VENV_PYTHON) examples/distributed_tensors.py
 	$(VENV_PYTHON) examples/ddp_tensors.py
+	$(VENV_PYTHON) examples/web_crawler.py
+	$(VENV_PYTHON) examples/reinforcement_learning.py
 
 # `make bench` compares this project with upstream Monarch (PyPI `torchmonarch`) and Ray,
 # each installed once into a venv of its own under $(BENCH_DIR) (ignored by git). The
