@@ -28,7 +28,7 @@ export PYO3_BUILD_EXTENSION_MODULE := 1
 
 MATURIN_DEVELOP := VIRTUAL_ENV=$(abspath $(VENV)) $(MATURIN) develop
 # `examples/` is not tracked until it has files; only lint the directories that exist.
-PY_LINT_PATHS := $(wildcard python tests examples benches)
+PY_LINT_PATHS := $(wildcard python tests examples benches tools)
 
 .DEFAULT_GOAL := help
 
@@ -237,7 +237,7 @@ all: lint test ## Lint and test everything
 
 clean: ## Remove build outputs and caches (keeps .venv)
 	$(CARGO) clean
-	rm -rf dist .pytest_cache .ruff_cache .mypy_cache
+	rm -rf dist site .pytest_cache .ruff_cache .mypy_cache
 	find python -name '*.so' -delete
 	find python tests -name __pycache__ -type d -prune -exec rm -rf {} +
 
