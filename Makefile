@@ -225,7 +225,7 @@ $(DOCS_STAMP): | $(VENV_PYTHON)
 	touch $@
 
 docs: $(DOCS_STAMP) ## Build the documentation site into site/ (DOCS_RUST=0: without the Rust API)
-	$(if $(filter 1,$(DOCS_RUST)),$(CARGO) doc --workspace --no-deps)
+	$(if $(filter 1,$(DOCS_RUST)),RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps)
 	$(DOCS_RUST_ENV) $(VENV)/bin/mkdocs build --strict --site-dir site
 
 .PHONY: docs-serve

@@ -17,7 +17,7 @@
 //! - MB-2 (exactly once for once ports): a once port is removed from the table by the
 //!   delivery that consumes it, under the mailbox lock, so a second message to it is
 //!   returned as undeliverable.
-//! - MB-3 (closed means returned): after [`Mailbox::close`] every delivery fails with the
+//! - MB-3 (closed means returned): after `Mailbox::close` every delivery fails with the
 //!   close reason, so the proc returns the message to its sender (DEL-1).
 
 use std::collections::HashMap;

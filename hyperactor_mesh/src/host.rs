@@ -80,7 +80,7 @@ pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(30);
 const STDERR_CLOSE_LIMIT: Duration = Duration::from_secs(1);
 
 /// How long a proc whose link failed may take to be reaped before the host counts it
-/// as lost (see [`Host::watch_link`]).
+/// as lost (see `Host::watch_link`).
 pub const LOST_GRACE: Duration = Duration::from_millis(200);
 
 /// How long the host waits, after it reaped a proc, for the proc's output pipes to be

@@ -16,7 +16,7 @@ use tokio::sync::broadcast;
 
 use crate::{LogQuery, Source};
 
-/// The live job of this process as a [`Source`]: see the [module docs](self).
+/// The live job of this process as a [`Source`]: see the `live` module's docs.
 pub struct LiveSource {
     agent: ProcAgent,
     events: broadcast::Sender<Value>,

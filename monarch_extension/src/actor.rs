@@ -9,7 +9,7 @@
 //! and reports its failure (`DrivenActor.fail`) to the mesh's owner.
 //!
 //! A Python message's payload is `[method name (UTF-8), pickle, buffers...]`, sent to
-//! the handler port [`PY_MESSAGE_PORT`].
+//! the handler port [`py_message_port`].
 
 use std::sync::OnceLock;
 

@@ -1,6 +1,6 @@
 //! `DeliveryKind`: what one item of a driven actor's queue is (see [`crate::actor`]).
 //!
-//! `Delivery.kind` hands out the class's own members (see [`crate::members`]), so a
+//! `Delivery.kind` hands out the class's own members (see `crate::members`), so a
 //! loop over deliveries may compare them with `is`.
 
 use pyo3::prelude::*;

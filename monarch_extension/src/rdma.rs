@@ -1,5 +1,5 @@
 //! The bindings of `monarch.rdma`: registration in this process's
-//! [`Registry`](monarch_rdma::Registry), and transfers to and from registered memory of
+//! [`Registry`], and transfers to and from registered memory of
 //! other processes with the backend the Python layer chose (same-host cross-memory
 //! copies, TCP, ibverbs), run off the GIL on the runtime's blocking pool.
 //!

@@ -3,7 +3,7 @@
 //! [`hyperactor_mesh::cast::reply`]'s types.
 //!
 //! The statuses a Python item carries are the members of `ReplyStatus` themselves
-//! (see [`crate::members`]): `item.status is ReplyStatus.OK` holds, and building an
+//! (see `crate::members`): `item.status is ReplyStatus.OK` holds, and building an
 //! item allocates the item and its parts list only. `ReplyStatus` compares equal to
 //! its code (`ReplyStatus.ERROR == 1`), which `Delivery.reply` and `PortHandle.send`
 //! also accept.

@@ -125,14 +125,14 @@ pub fn pace(py: Python<'_>, proc: &hyperactor::Proc) -> PyResult<()> {
     Ok(())
 }
 
-/// Set once the interpreter starts exiting (see [`prepare_exit`]).
+/// Set once the interpreter starts exiting (see [`_prepare_exit`]).
 static EXITING: AtomicBool = AtomicBool::new(false);
-/// The thread that called [`prepare_exit`]: the one finalizing the interpreter.
+/// The thread that called [`_prepare_exit`]: the one finalizing the interpreter.
 static EXIT_THREAD: OnceLock<std::thread::ThreadId> = OnceLock::new();
 /// How many threads Python did not create are inside [`attach_from_rust`].
 static ATTACHED_FROM_RUST: AtomicUsize = AtomicUsize::new(0);
 
-/// How long [`prepare_exit`] waits for runtime threads to leave Python.
+/// How long [`_prepare_exit`] waits for runtime threads to leave Python.
 const EXIT_DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
 /// Never returns on a thread other than the finalizing one once the interpreter exits.
@@ -150,7 +150,7 @@ fn park_if_exiting() {
 }
 
 /// Runs `f` without the GIL and takes it back, unless the interpreter started exiting
-/// meanwhile (see [`park_if_exiting`]). Every GIL-free wait of the bindings goes
+/// meanwhile (see `park_if_exiting`). Every GIL-free wait of the bindings goes
 /// through here.
 pub fn detach<T, F>(py: Python<'_>, f: F) -> T
 where
@@ -165,7 +165,7 @@ where
 }
 
 /// Runs `f` with the GIL from a thread Python did not create (a runtime thread), or
-/// does nothing once the interpreter is exiting. [`prepare_exit`] waits for the calls
+/// does nothing once the interpreter is exiting. [`_prepare_exit`] waits for the calls
 /// in progress, so none is inside Python when finalization starts.
 pub fn attach_from_rust<F: FnOnce(Python<'_>)>(f: F) {
     ATTACHED_FROM_RUST.fetch_add(1, Ordering::SeqCst);

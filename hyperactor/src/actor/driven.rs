@@ -82,7 +82,7 @@ pub enum Next {
     Ended,
 }
 
-/// A driven actor: see the [module docs](self). Clones share the actor.
+/// A driven actor: see the `actor::driven` module's docs. Clones share the actor.
 #[derive(Clone)]
 pub struct DrivenActor {
     cell: Arc<ActorCell>,

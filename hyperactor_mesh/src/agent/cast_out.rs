@@ -73,7 +73,7 @@ impl ProcAgent {
     }
 
     /// Casts `parts` from `origin` to actor `actor` on every target (in view order):
-    /// see the [module docs](self) and [`crate::cast`]. `view` is the extent the
+    /// see the `cast_out` module's docs and [`crate::cast`]. `view` is the extent the
     /// targets' indices refer to; replies (per `mode`) go to `reply`.
     #[allow(clippy::too_many_arguments)]
     pub fn cast(

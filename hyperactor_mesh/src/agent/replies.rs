@@ -292,7 +292,9 @@ impl ReplySink for CallInner {
 
 /// The replies of one call, collected under a key of this process's reply router: one
 /// item per expected index (REP-1), complete when every index answered or one cannot
-/// (a [`ReplyStatus::Failed`] or [`ReplyStatus::Stopped`] item ends the wait at once). Dropping it frees the key.
+/// (a [`ReplyStatus::Failed`](crate::cast::reply::ReplyStatus::Failed) or
+/// [`ReplyStatus::Stopped`](crate::cast::reply::ReplyStatus::Stopped) item ends the wait
+/// at once). Dropping it frees the key.
 pub struct CallReplies {
     agent: Weak<Inner>,
     to: ReplyTo,

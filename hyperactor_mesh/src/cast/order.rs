@@ -3,7 +3,7 @@
 //! procs and others went directly.
 //!
 //! Every cast entry carries a sequence number per (sending agent, target actor,
-//! receiving proc), counted from 1 by the sender ([`Sequencer::next_seq`]). The receiving
+//! receiving proc), counted from 1 by the sender ([`Outgoing::next_seq`]). The receiving
 //! agent keeps, per (sender, actor), the next number it expects, and holds back any
 //! message that arrives early until the gap before it is filled
 //! ([`Sequencer::arrive`]).
