@@ -44,6 +44,8 @@ from monarch._src.tensor_engine.tensor import (
     _client_frames,
     _enc,
     _op_spec,
+    access_of,
+    aliases_of,
     check_use,
     current_view,
 )
@@ -355,7 +357,7 @@ def _to_mesh_one(t: Tensor, src: View, mesh: ProcMesh) -> Tensor:
         raise bad_arguments("to_mesh", [("the tensor", LOCAL_TENSOR)])
     if t._h.dropped:
         raise bad_arguments("to_mesh", [("the tensor", DROPPED)])
-    if not t._aliases.access & READ:
+    if not access_of(t) & READ:
         raise bad_arguments("to_mesh", [(_borrowed_where("the tensor", t), BORROWED)])
     stream = t._stream
     engine = src.engine
@@ -384,7 +386,7 @@ def _to_mesh_one(t: Tensor, src: View, mesh: ProcMesh) -> Tensor:
         with engine.lock:
             alias = torch.ops.aten.alias.default
             fid = engine.fn_id(alias, _op_spec(alias))
-            out = Tensor._new(t._meta, dest, engine.new_ref(), stream, t._aliases)
+            out = Tensor._new(t._meta, dest, engine.new_ref(), stream, aliases_of(t))
             seq = engine.next_seq()
             engine.issue(
                 dest,
@@ -552,7 +554,7 @@ class Remote:
                 problems.append(
                     (f"tensor argument {i} (on {t._stream}, active: {a.stream})", WRONG_STREAM)
                 )
-            elif not t._aliases.access & READ:
+            elif not access_of(t) & READ:
                 problems.append((_borrowed_where(f"tensor argument {i}", t), BORROWED))
             elif t.requires_grad and torch.is_grad_enabled():
                 problems.append((f"tensor argument {i}", REQUIRES_GRAD))

@@ -53,6 +53,7 @@ from monarch._src.tensor_engine.tensor import (
     Tensor,
     _borrowed_where,
     _client_frames,
+    access_of,
     current_view,
 )
 
@@ -104,7 +105,7 @@ def _view_of(tensors: list[Tensor], qualname: str, active: View | None, stream: 
             problems.append((f"tensor {i}", WRONG_MESH))
         elif t._stream is not stream:
             problems.append((f"tensor {i} (on {t._stream}, the call's: {stream})", WRONG_STREAM))
-        elif not t._aliases.access & READ:
+        elif not access_of(t) & READ:
             problems.append((_borrowed_where(f"tensor {i}", t), BORROWED))
     if problems:
         raise bad_arguments(f"endpoint {qualname}", problems)

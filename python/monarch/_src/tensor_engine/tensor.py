@@ -140,7 +140,9 @@ class Tensor(torch.Tensor):
     _view: View
     _meta: _torch.Meta
     _stream: Stream
-    _aliases: _Aliases
+    #: ``None`` until a borrow or a view needs it (most tensors never do): read and
+    #: write, no borrows.
+    _aliases: _Aliases | None
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
@@ -160,7 +162,7 @@ class Tensor(torch.Tensor):
         t._meta = meta
         t._view = view
         t._stream = stream
-        t._aliases = _Aliases() if aliases is None else aliases
+        t._aliases = aliases
         engine = view.engine
         t._h = _Handle(engine, ref, view.slot, stream.sid)
         if engine.tracks_meta:
@@ -474,7 +476,8 @@ def _enc(x: Any, a: _Args) -> Any:
         h = x._h
         if h.dropped or x._stream is not a.stream:
             a.bad = True
-        if x._aliases.access != READ_WRITE:
+        al = x._aliases
+        if al is not None and al.access != READ_WRITE:
             a.limited = True
         a.tensors.append(x)
         a.key.append(x._meta)
@@ -505,7 +508,7 @@ def _problems(
                 out.append((where, WRONG_MESH))
             elif x._stream is not stream:
                 out.append((f"{where} (on {x._stream}, active: {stream})", WRONG_STREAM))
-            elif not x._aliases.access & READ:
+            elif not access_of(x) & READ:
                 out.append((_borrowed_where(where, x), BORROWED))
         elif isinstance(x, (list, tuple)):
             for i, v in enumerate(x):
@@ -571,7 +574,7 @@ def record(func: Any, args: Sequence[Any], kwargs: dict[str, Any], view: View | 
     outs: list[int] = []
     new_ref = engine.new_ref
     stream = a.stream
-    shared = tensors[0]._aliases if tensors and _is_view_op(func) else None
+    shared = aliases_of(tensors[0]) if tensors and _is_view_op(func) else None
 
     def build(s: tuple[Any, ...]) -> Any:
         kind = s[0]
@@ -639,7 +642,7 @@ def _check_writes(func: Any, spec: Any, tensors: list[Tensor]) -> None:
     problems = [
         (_borrowed_where(f"argument {tensors.index(t)}", t), MUTATING_BORROW)
         for t in _written(spec, tensors)
-        if not t._aliases.access & WRITE
+        if not access_of(t) & WRITE
     ]
     if problems:
         error = bad_arguments(str(func), problems)
@@ -655,18 +658,34 @@ def check_use(tensors: Sequence[Tensor], what: str, written: Sequence[Tensor] = 
     for i, t in enumerate(tensors):
         if t._stream is not stream:
             problems.append((f"tensor {i} (on {t._stream}, active: {stream})", WRONG_STREAM))
-        elif not t._aliases.access & READ:
+        elif not access_of(t) & READ:
             problems.append((_borrowed_where(f"tensor {i}", t), BORROWED))
     for t in written:
-        if not t._aliases.access & WRITE:
+        if not access_of(t) & WRITE:
             problems.append((_borrowed_where("the output", t), MUTATING_BORROW))
     if problems:
         raise bad_arguments(what, problems)
 
 
+def access_of(t: Tensor) -> int:
+    """What ``t`` may be used for now (:data:`READ` / :data:`WRITE` bits)."""
+    aliases = t._aliases
+    return READ_WRITE if aliases is None else aliases.access
+
+
+def aliases_of(t: Tensor) -> _Aliases:
+    """``t``'s storage permissions, made on first need."""
+    aliases = t._aliases
+    if aliases is None:
+        aliases = t._aliases = _Aliases()
+    return aliases
+
+
 def _borrowed_where(where: str, t: Tensor) -> str:
     """``where``, with where the borrows of ``t``'s storage were made."""
     aliases = t._aliases
+    if aliases is None:
+        return where
     if aliases.source is not None and aliases.source.dropped:
         return f"{where} (a view of a borrowed tensor whose borrow was dropped)"
     borrows = list(aliases.borrows)
@@ -698,7 +717,7 @@ def borrow(to: Stream, t: Tensor, mutable: bool) -> tuple[Tensor, Borrow]:
         raise ValueError(
             f"{what}: the tensor is already on {to}; borrow a tensor of another stream"
         )
-    access = t._aliases.access
+    access = access_of(t)
     if not access & READ:
         raise bad_arguments(what, [(_borrowed_where("t", t), BORROWED)])
     if mutable and not access & WRITE:
@@ -718,8 +737,9 @@ def borrow(to: Stream, t: Tensor, mutable: bool) -> tuple[Tensor, Borrow]:
         engine.issue(view, (wire.WAIT, -1, token), 0, None, to)
         seq = engine.next_seq()
         engine.issue(view, (wire.ALIAS, seq, ref.id, t._h.ref.id), 0, frames, to)
-    t._aliases.borrows.add(b)
-    t._aliases.recompute()
+    origin = aliases_of(t)
+    origin.borrows.add(b)
+    origin.recompute()
     return borrowed, b
 
 
@@ -740,8 +760,8 @@ def end_borrow(b: Borrow) -> None:
         else:
             borrowed._h.drop()
     finally:
-        borrowed._aliases.access = 0
-        aliases = origin._aliases
+        aliases_of(borrowed).access = 0
+        aliases = aliases_of(origin)
         aliases.borrows.discard(b)
         aliases.recompute()
 
