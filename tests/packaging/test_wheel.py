@@ -294,3 +294,58 @@ def test_a_client_drives_two_loopback_workers(
         [str(venv / "python"), str(script), *workers], env=cluster_env, cwd=tmp_path, timeout=120
     )
     assert "4 procs on 2 workers" in out.stdout
+
+
+TENSORS_LATER = """
+import torch
+
+import monarch
+from monarch.actor import this_host
+
+mesh = this_host().spawn_procs(per_host={"gpus": 2})
+with mesh.activate():
+    x = torch.ones(2, 3) * (mesh.rank_tensor("gpus") + 1)
+    total = x.reduce("gpus", "sum")
+print("tensors", monarch.inspect(total).tolist())
+mesh.stop().get()
+"""
+
+
+@pytest.mark.timeout(1200)
+def test_torch_installed_later_enables_tensors_without_a_rebuild(
+    venv: Path, user_env: dict[str, str], tmp_path: Path
+) -> None:
+    """torch made importable in the wheel's venv afterwards (this environment's own,
+    through a ``.pth`` file after the venv's packages, so the wheel's monarch still
+    wins): distributed tensors work, with the same extension."""
+    import torch
+
+    site = Path(
+        _run(
+            [
+                str(venv / "python"),
+                "-c",
+                "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+            ],
+            env=user_env,
+            cwd=tmp_path,
+            timeout=60,
+        ).stdout.strip()
+    )
+    torch_site = Path(torch.__file__).resolve().parents[1]
+    pth = site / "zz_torch_later.pth"
+    pth.write_text(f"{torch_site}\n")
+    try:
+        script = tmp_path / "tensors_later.py"
+        script.write_text(TENSORS_LATER)
+        out = _run([str(venv / "python"), str(script)], env=user_env, cwd=tmp_path, timeout=180)
+        assert "tensors [[3.0, 3.0, 3.0], [3.0, 3.0, 3.0]]" in out.stdout, out.stdout
+        where = _run(
+            [str(venv / "python"), "-c", "import monarch; print(monarch.__file__)"],
+            env=user_env,
+            cwd=tmp_path,
+            timeout=60,
+        ).stdout
+        assert str(site) in where, where  # the wheel's monarch, not this checkout's
+    finally:
+        pth.unlink()
