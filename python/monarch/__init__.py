@@ -57,17 +57,17 @@ if _TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from monarch._src.tensor_engine.api import show as show
     from monarch._src.tensor_engine.api import slice_mesh as slice_mesh
     from monarch._src.tensor_engine.api import to_mesh as to_mesh
-    from monarch._src.tensor_engine.errors import RemoteException as RemoteException
-    from monarch._src.tensor_engine.tensor import Tensor as Tensor
-    from monarch._src.tensor_engine.tensor import get_active_mesh as get_active_mesh
-    from monarch._src.tensor_engine.tensor import no_mesh as no_mesh
     from monarch._src.tensor_engine.coalescing import coalescing as coalescing
+    from monarch._src.tensor_engine.errors import RemoteException as RemoteException
     from monarch._src.tensor_engine.grad import grad_function as grad_function
     from monarch._src.tensor_engine.grad import grad_generator as grad_generator
     from monarch._src.tensor_engine.opaque import OpaqueRef as OpaqueRef
     from monarch._src.tensor_engine.simulator import Simulator as Simulator
     from monarch._src.tensor_engine.stream import Stream as Stream
     from monarch._src.tensor_engine.stream import get_active_stream as get_active_stream
+    from monarch._src.tensor_engine.tensor import Tensor as Tensor
+    from monarch._src.tensor_engine.tensor import get_active_mesh as get_active_mesh
+    from monarch._src.tensor_engine.tensor import no_mesh as no_mesh
 
 #: Distributed tensors (``monarch._src.tensor_engine``), imported on first access so that
 #: ``import monarch`` does not import torch: name -> (module, attribute).
@@ -118,8 +118,8 @@ __all__ = [
     "Encoding",
     "Extent",
     "NDSlice",
-    "RemoteException",
     "OpaqueRef",
+    "RemoteException",
     "RemoteProcessGroup",
     "Shape",
     "Simulator",
