@@ -127,6 +127,26 @@ def test_to_mesh_on_a_stream(mesh: ProcMesh) -> None:
     assert inspect(moved, gpus=1).tolist() == [10.0, 20.0, 30.0]
 
 
+def test_to_mesh_sends_on_one_stream_and_receives_on_another(mesh: ProcMesh) -> None:
+    """Upstream cannot run this: rank 1 both sends (on main) and receives (on side)."""
+    side = Stream("side")
+    with mesh.activate():
+        r = mesh.rank_tensor(("hosts", "gpus")).float() + 1
+    source = monarch.slice_mesh(r, gpus=1)  # global ranks 1 and 3
+    got = source.to_mesh(mesh.slice(hosts=0), stream=side)  # to global ranks 0 and 1
+    assert got.stream is side
+    same = monarch.to_mesh(r, mesh, stream=side)  # same ranks: a copy received on side
+    with side.activate():
+        got = got * 10
+        same.add_(100)  # a copy: the original stays as it was
+    assert inspect(got, gpus=0).item() == 20.0  # from global rank 1
+    assert inspect(got, gpus=1).item() == 40.0  # from global rank 3
+    assert inspect(same, hosts=1, gpus=1).item() == 104.0
+    assert inspect(r, hosts=1, gpus=1).item() == 4.0
+    with pytest.raises(TypeError, match=r"expected a monarch\.Stream"):
+        r.to_mesh(mesh, stream="side")  # type: ignore[arg-type]
+
+
 # --- borrows --------------------------------------------------------------------------------
 
 

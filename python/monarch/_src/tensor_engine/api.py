@@ -34,7 +34,7 @@ from monarch._src.tensor_engine.errors import (
     RemoteException,
     bad_arguments,
 )
-from monarch._src.tensor_engine.stream import get_active_stream
+from monarch._src.tensor_engine.stream import Stream, get_active_stream
 from monarch._src.tensor_engine.tensor import (
     READ,
     Tensor,
@@ -352,7 +352,9 @@ def reduce_(
 # --- moving between meshes --------------------------------------------------------------------
 
 
-def _to_mesh_one(t: Tensor, src: View, mesh: ProcMesh) -> Tensor:
+def _to_mesh_one(t: Tensor, src: View, mesh: ProcMesh, to: Stream | None = None) -> Tensor:
+    """``t`` (its shards on ``src``) on ``mesh``, as a tensor of stream ``to`` (default:
+    ``t``'s own): sent on ``t``'s stream, received on ``to``."""
     if not isinstance(t, Tensor):
         raise bad_arguments("to_mesh", [("the tensor", LOCAL_TENSOR)])
     if t._h.dropped:
@@ -360,6 +362,10 @@ def _to_mesh_one(t: Tensor, src: View, mesh: ProcMesh) -> Tensor:
     if not access_of(t) & READ:
         raise bad_arguments("to_mesh", [(_borrowed_where("the tensor", t), BORROWED)])
     stream = t._stream
+    if to is None:
+        to = stream
+    elif not isinstance(to, Stream):
+        raise TypeError(f"to_mesh(stream=...): expected a monarch.Stream, got {to!r}")
     engine = src.engine
     if engine_of(mesh) is not engine:
         raise ValueError(
@@ -381,7 +387,7 @@ def _to_mesh_one(t: Tensor, src: View, mesh: ProcMesh) -> Tensor:
             "to every destination rank). Use slice_mesh(t, ...) to pick the source ranks"
         )
     engine.check()
-    if all(s == d for s, d in pairs) and dest.slot == t._view.slot:
+    if all(s == d for s, d in pairs) and dest.slot == t._view.slot and to is stream:
         # Same ranks in the same order: the same shards, bound to the new view.
         with engine.lock:
             alias = torch.ops.aten.alias.default
@@ -401,19 +407,21 @@ def _to_mesh_one(t: Tensor, src: View, mesh: ProcMesh) -> Tensor:
     for s, d in pairs:
         routes.setdefault(s, []).append(d)
     sources = {d: s for s, d in pairs}
-    out = Tensor._new(t._meta, dest, engine.new_ref(), stream)
+    out = Tensor._new(t._meta, dest, engine.new_ref(), to)
     with engine.lock:
         seq = engine.next_seq()
         frames = _client_frames()
         engine.issue(src, (wire.SEND, seq, t._h.ref.id, routes), 0, frames, stream)
-        engine.issue(dest, (wire.RECV, seq, out._h.ref.id, sources), 0, frames, stream)
+        engine.issue(dest, (wire.RECV, seq, out._h.ref.id, sources), 0, frames, to)
     return out
 
 
-def to_mesh(tensors: Any, mesh: ProcMesh) -> Any:
+def to_mesh(tensors: Any, mesh: ProcMesh, stream: Stream | None = None) -> Any:
     """Every monarch tensor of the pytree ``tensors``, on ``mesh`` (see
-    ``Tensor.to_mesh``)."""
-    return tree_map(lambda t: t.to_mesh(mesh) if isinstance(t, Tensor) else t, tensors)
+    ``Tensor.to_mesh``), received on ``stream`` (default: each tensor's own)."""
+    return tree_map(
+        lambda t: t.to_mesh(mesh, stream) if isinstance(t, (Tensor, MeshSlice)) else t, tensors
+    )
 
 
 class MeshSlice:
@@ -423,7 +431,7 @@ class MeshSlice:
         self.tensors = tensors
         self.coords = coords
 
-    def to_mesh(self, mesh: ProcMesh) -> Any:
+    def to_mesh(self, mesh: ProcMesh, stream: Stream | None = None) -> Any:
         def move(t: Any) -> Any:
             if not isinstance(t, Tensor):
                 return t
@@ -432,7 +440,7 @@ class MeshSlice:
                 part = view.mesh.slice(**self.coords)
             except (TypeError, ValueError, IndexError) as e:
                 raise type(e)(f"slice_mesh: {e}") from None
-            return _to_mesh_one(t, view.engine.view(part), mesh)
+            return _to_mesh_one(t, view.engine.view(part), mesh, stream)
 
         return tree_map(move, self.tensors)
 

@@ -224,12 +224,14 @@ class Tensor(torch.Tensor):
 
         return _reduce_one(self, dims, reduction, scatter, mesh, self)
 
-    def to_mesh(self, mesh: ProcMesh) -> Tensor:
+    def to_mesh(self, mesh: ProcMesh, stream: Stream | None = None) -> Tensor:
         """This tensor on ``mesh``: each rank of ``mesh`` gets the shard of the rank at
-        the same position (or, from a one-rank source, the only shard)."""
+        the same position (or, from a one-rank source, the only shard). The result
+        belongs to ``stream`` (default: this tensor's stream), which receives it while
+        this tensor's stream sends it."""
         from monarch._src.tensor_engine.api import _to_mesh_one
 
-        return _to_mesh_one(self, self._view, mesh)
+        return _to_mesh_one(self, self._view, mesh, stream)
 
     def slice_mesh(self, **coords: int | slice) -> Any:
         """The shards of part of this tensor's mesh, to move with ``.to_mesh(...)``."""

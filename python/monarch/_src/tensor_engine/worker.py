@@ -804,8 +804,11 @@ class TensorWorker(Actor):
             value = value.detach()
         for dest in dests:
             if dest == self.rank:
+                # A copy, as a peer receives one (the two may be used on different
+                # streams, and in place).
+                copy = value.clone() if isinstance(value, torch.Tensor) else value
                 with self.inbox_changed:
-                    self.inbox[(seq, self.rank)] = value
+                    self.inbox[(seq, self.rank)] = copy
                     self.inbox_changed.notify_all()
             else:
                 assert self.peers is not None, "no peer ports (PEERS) were sent"
