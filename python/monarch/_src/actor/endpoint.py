@@ -378,15 +378,7 @@ class Endpoint(Generic[P, R]):
         """The pickled call; raises :class:`_TensorArguments` when the arguments hold
         distributed tensors (monarch tensors never pickle, so this costs nothing
         otherwise)."""
-        info = self._mesh._info
-        ep = info.endpoints.get(self._name) if info is not None else None
-        if ep is not None:
-            try:
-                ep._check_args(args, kwargs)
-            except TypeError as e:
-                raise TypeError(
-                    f"wrong arguments for endpoint {self._qualname()}{ep._signature}: {e}"
-                ) from None
+        self._check(args, kwargs)
         try:
             return dumps_call(args, kwargs)
         except Exception as e:
