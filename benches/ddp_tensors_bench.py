@@ -23,9 +23,20 @@ version is the reductions' cost, the most an overlap could hide. Last, the losse
 the two versions are checked against the same training in one process (plain torch,
 the whole batch): both must match.
 
+``--network RATE`` runs the same measurement with one proc on each of 4 simulated hosts
+instead (network namespaces, as the multi-host tests build them; needs root, else it
+says why and skips): each host's interface sends at most RATE (a ``tc`` token bucket,
+e.g. ``1gbit``), a worker agent (``monarch worker``) runs in each host and this script
+runs again as the client in the cluster's client namespace, reducing over ``"hosts"``
+with gloo over TCP. There the reductions wait on the links, not on the processors, as
+between the machines of a cluster; on one host of 2 cores they compete with the
+computation for the same cores.
+
 Usage: ``.venv/bin/python benches/ddp_tensors_bench.py [--reps N] [--steps N] [--quick]
-[--out FILE]``; ``make bench-ddp`` (also part of ``make bench``). Writes JSON (default
-``.bench/results/ddp_tensors.json``); prints one JSON line per timed run as it goes.
+[--network RATE] [--out FILE]``; ``make bench-ddp`` (also part of ``make bench``) runs it
+on this host and with ``--network $(BENCH_DDP_NETWORK)``. Writes JSON (default
+``.bench/results/ddp_tensors.json``, ``ddp_tensors_network.json`` with ``--network``);
+prints one JSON line per timed run as it goes.
 """
 
 from __future__ import annotations
@@ -34,7 +45,9 @@ import argparse
 import datetime
 import importlib.util
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,6 +55,10 @@ from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benches"))
+
+from bench_common import loadavg, machine_line, print_rows, save_results  # noqa: E402
+
 #: Procs of the mesh (data-parallel ranks).
 PROCS = 4
 #: The longest a spawn or a fetch may take.
@@ -79,17 +96,9 @@ def _timed(
     return (t2 - t0) / steps, (t1 - t0) / steps
 
 
-def main(argv: list[str] | None = None) -> int:
-    # torch first: the procs fork from a template process that has then imported it.
-    import torch
-
-    sys.path.insert(0, str(ROOT / "benches"))
-    from bench_common import loadavg, machine_line, print_rows, save_results
-
-    from monarch.actor import this_host
-
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(ROOT / ".bench" / "results" / "ddp_tensors.json"))
+    parser.add_argument("--out", default=None, help="JSON results (.bench/results/...)")
     parser.add_argument("--reps", type=int, default=5, help="timed runs per version (5)")
     parser.add_argument("--steps", type=int, default=10, help="steps per timed run (10)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (3)")
@@ -97,11 +106,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=4, help="linear layers (4)")
     parser.add_argument("--batch", type=int, default=64, help="samples per rank (64)")
     parser.add_argument("--quick", action="store_true", help="a small model, 2 short runs")
+    parser.add_argument(
+        "--network",
+        metavar="RATE",
+        help="one proc on each of 4 simulated hosts (network namespaces, needs root), "
+        "each host's link limited to RATE (tc tbf, e.g. 1gbit, 500mbit)",
+    )
+    parser.add_argument("--run-timeout", type=int, default=900, help="seconds (--network)")
+    # Internal: the client of --network, run in the cluster's client namespace.
+    parser.add_argument("--attach", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.reps, args.steps, args.warmup, args.hidden, args.batch = 2, 3, 1, 64, 16
-    ex = _load_example()
-    cfg = ex.Config(
+    if args.out is None:
+        name = "ddp_tensors_network.json" if args.network else "ddp_tensors.json"
+        args.out = str(ROOT / ".bench" / "results" / name)
+    return args
+
+
+def _config(ex: ModuleType, args: argparse.Namespace) -> Any:
+    return ex.Config(
         in_dim=256,
         hidden=args.hidden,
         out_dim=16,
@@ -109,17 +133,19 @@ def main(argv: list[str] | None = None) -> int:
         batch_per_rank=args.batch,
         lr=0.01,
     )
-    n_params = sum(p.numel() for p in ex.make_model(cfg).parameters())
-    started = datetime.datetime.now(datetime.timezone.utc)
-    t_start = time.perf_counter()
+
+
+def _measure(
+    ex: ModuleType, cfg: Any, mesh: Any, dim: str, args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+    """Both versions and the compute-only replica on ``mesh`` (data-parallel over
+    ``dim``): the timed runs, the loss check against one process, and the status."""
     runs: list[dict[str, Any]] = []
-    status = "ok"
     check: dict[str, Any] = {}
-    mesh = this_host().spawn_procs(per_host={"gpus": PROCS})
+    status = "ok"
     try:
-        mesh.initialized.get(timeout=CALL_TIMEOUT_S)
         every = (*MODES, COMPUTE)
-        replicas = {m: ex.Replica(mesh, cfg) for m in every}
+        replicas = {m: ex.Replica(mesh, cfg, dim) for m in every}
         streams = {"main": None, "overlapped": ex.comms_stream(), COMPUTE: None}
         done = {m: 0 for m in every}
         for m in every:
@@ -149,10 +175,56 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         status = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         print(f"failed: {status}", flush=True)
+    return runs, check, status
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    if args.network and not args.attach:
+        return _drive_cluster(args, argv if argv is not None else sys.argv[1:])
+    # torch first: the procs fork from a template process that has then imported it.
+    import torch
+
+    from monarch.actor import attach_to_workers, enable_transport, this_host
+
+    ex = _load_example()
+    cfg = _config(ex, args)
+    n_params = sum(p.numel() for p in ex.make_model(cfg).parameters())
+    started = datetime.datetime.now(datetime.timezone.utc)
+    t_start = time.perf_counter()
+    if args.attach:
+        # One proc on each simulated host: the reductions cross the shaped links.
+        enable_transport("tcp")
+        hosts = attach_to_workers(workers=args.attach.split(","), ca=None)
+        mesh, dim = hosts.spawn_procs(per_host={"gpus": 1}), "hosts"
+        where = f"{PROCS} hosts (network namespaces), 1 proc each, links of {args.network}"
+    else:
+        mesh, dim = this_host().spawn_procs(per_host={"gpus": PROCS}), "gpus"
+        where = f"{PROCS} procs on this host"
+    try:
+        mesh.initialized.get(timeout=CALL_TIMEOUT_S)
+        if mesh.size(dim) != PROCS:
+            raise RuntimeError(f"the mesh has {mesh.size(dim)} ranks on {dim!r}, not {PROCS}")
+        runs, check, status = _measure(ex, cfg, mesh, dim, args)
     finally:
         mesh.stop().get(timeout=60)
     elapsed = time.perf_counter() - t_start
+    return _report(args, cfg, n_params, runs, check, status, started, elapsed, where, torch)
 
+
+def _report(
+    args: argparse.Namespace,
+    cfg: Any,
+    n_params: int,
+    runs: list[dict[str, Any]],
+    check: dict[str, Any],
+    status: str,
+    started: datetime.datetime,
+    elapsed: float,
+    where: str,
+    torch: Any,
+) -> int:
+    """Prints the table and writes the JSON results; the exit status."""
     med: dict[str, dict[str, float]] = {}
     rows: list[tuple[str, ...]] = [
         ("version", "per step (median)", "range", "recording (median)", "runs")
@@ -194,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(machine_line())
     print(
-        f"{mode}: {PROCS} procs, MLP {cfg.in_dim}-{cfg.hidden}x{cfg.layers - 1}-"
+        f"{mode}: {where}; MLP {cfg.in_dim}-{cfg.hidden}x{cfg.layers - 1}-"
         f"{cfg.out_dim} ({n_params:,} parameters, {n_params * 4 / 2**20:.1f} MiB of "
         f"gradients a step), {cfg.batch_per_rank} samples per rank; {args.reps} runs of "
         f"{args.steps} steps per version, alternating which goes first\n"
@@ -219,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed_s": elapsed,
         "machine": machine_line(),
         "mode": mode,
+        "where": where,
+        "network": args.network,
         "reps": args.reps,
         "params": {
             "procs": PROCS,
@@ -238,6 +312,73 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = Path(args.out)
     return save_results(out, out.parent, result, [{"status": status}])
+
+
+def _shape(host: Any, rate: str) -> None:
+    """Limit what ``host`` sends to ``rate`` (a token bucket on its interface: a NIC of
+    that speed; every host sends through its own, so each link is that fast)."""
+    bits = _rate_bits(rate)
+    burst = max(64 << 10, bits // 8 // 250)  # at least one 4 ms tick of tokens
+    argv = ["tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", rate]
+    argv += ["burst", str(burst), "latency", "50ms"]
+    done = host.run(argv, timeout=30, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"`{' '.join(argv)}` in {host.name} failed: {done.stderr.strip()}")
+
+
+def _rate_bits(rate: str) -> int:
+    """Bits a second of a tc rate (``1gbit``, ``500mbit``, ``100kbit``, ``1000000bit``)."""
+    units = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+    for unit in sorted(units, key=len, reverse=True):
+        if rate.lower().endswith(unit):
+            try:
+                return int(float(rate[: -len(unit)]) * units[unit])
+            except ValueError:
+                break
+    raise SystemExit(f"--network {rate!r}: give a rate as tc takes it, e.g. 1gbit or 500mbit")
+
+
+def _drive_cluster(args: argparse.Namespace, argv: list[str]) -> int:
+    """``--network``: 4 simulated hosts with shaped links, a worker in each, and this
+    script again as the client, in the cluster's client namespace."""
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "benches"))
+    from multihost_bench import PORT, Side, start_workers, stop_workers
+    from tests.multihost.netns import Cluster, available, cleanup_stale
+
+    _rate_bits(args.network)
+    ok, reason = available()
+    if not ok:
+        print(f"ddp bench --network skipped: {reason}")
+        return 0
+    cleanup_stale()
+    logs = Path(args.out).parent / "ddp-network-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    side = Side("ours", Path(sys.executable), None)
+    files: list[Any] = []
+    workers: list[subprocess.Popen[bytes]] = []
+    with Cluster.create(PROCS) as cluster:
+        try:
+            for h in cluster.hosts:
+                _shape(h, args.network)
+            env = side.env(f"ddp-{os.getpid()}")
+            worker_logs = [logs / f"worker-h{i}.log" for i in range(PROCS)]
+            workers = start_workers(cluster.hosts, side, env, worker_logs, files)
+            addresses = ",".join(f"tcp://{h.ip}:{PORT}" for h in cluster.hosts)
+            client = cluster.client.popen(
+                [sys.executable, __file__, *argv, "--attach", addresses], env=env
+            )
+            try:
+                return client.wait(timeout=args.run_timeout)
+            except subprocess.TimeoutExpired:
+                client.kill()
+                client.wait(10)
+                print(f"the client ran past --run-timeout ({args.run_timeout} s)")
+                return 1
+        finally:
+            stop_workers(workers)
+            for f in files:
+                f.close()
 
 
 if __name__ == "__main__":

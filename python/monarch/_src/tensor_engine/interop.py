@@ -41,20 +41,16 @@ from monarch._src.actor.value_mesh import ValueMesh
 from monarch._src.tensor_engine import wire
 from monarch._src.tensor_engine.engine import View
 from monarch._src.tensor_engine.errors import (
-    BORROWED,
     DROPPED,
     WRONG_MESH,
-    WRONG_STREAM,
     bad_arguments,
 )
 from monarch._src.tensor_engine.stream import Stream, get_active_stream
 from monarch._src.tensor_engine.tensor import (
-    READ,
     Tensor,
-    _borrowed_where,
     _client_frames,
-    access_of,
     current_view,
+    use_problem,
 )
 
 if TYPE_CHECKING:
@@ -103,10 +99,10 @@ def _view_of(tensors: list[Tensor], qualname: str, active: View | None, stream: 
             problems.append((f"tensor {i}", DROPPED))
         elif t._view.engine is not view.engine or t._view.slot != view.slot:
             problems.append((f"tensor {i}", WRONG_MESH))
-        elif t._stream is not stream:
-            problems.append((f"tensor {i} (on {t._stream}, the call's: {stream})", WRONG_STREAM))
-        elif not access_of(t) & READ:
-            problems.append((_borrowed_where(f"tensor {i}", t), BORROWED))
+        else:
+            problem = use_problem(t, i, stream, "the call's")
+            if problem is not None:
+                problems.append(problem)
     if problems:
         raise bad_arguments(f"endpoint {qualname}", problems)
     return view

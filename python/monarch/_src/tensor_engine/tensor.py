@@ -658,15 +658,24 @@ def check_use(tensors: Sequence[Tensor], what: str, written: Sequence[Tensor] = 
     stream = _streams[-1]
     problems: list[tuple[str, str]] = []
     for i, t in enumerate(tensors):
-        if t._stream is not stream:
-            problems.append((f"tensor {i} (on {t._stream}, active: {stream})", WRONG_STREAM))
-        elif not access_of(t) & READ:
-            problems.append((_borrowed_where(f"tensor {i}", t), BORROWED))
+        problem = use_problem(t, i, stream, "active")
+        if problem is not None:
+            problems.append(problem)
     for t in written:
         if not access_of(t) & WRITE:
             problems.append((_borrowed_where("the output", t), MUTATING_BORROW))
     if problems:
         raise bad_arguments(what, problems)
+
+
+def use_problem(t: Tensor, i: int, stream: Any, whose: str) -> tuple[str, str] | None:
+    """Why tensor ``i`` cannot be read by a command on ``stream`` (``whose`` names that
+    stream in the message: "active", "the call's"), or ``None``."""
+    if t._stream is not stream:
+        return (f"tensor {i} (on {t._stream}, {whose}: {stream})", WRONG_STREAM)
+    if not access_of(t) & READ:
+        return (_borrowed_where(f"tensor {i}", t), BORROWED)
+    return None
 
 
 def access_of(t: Tensor) -> int:
