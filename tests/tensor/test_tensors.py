@@ -600,7 +600,7 @@ def test_a_collective_with_a_missing_rank_fails_within_the_timeout() -> None:
 
 
 def test_large_all_reduces_on_one_host_read_peer_memory(mesh: ProcMesh) -> None:
-    # Over 4 MiB, all-reduces among procs of one host go over cross-memory reads
+    # All-reduces among procs of one host go through a shared segment
     # (monarch._src.tensor_engine.shm); an odd size leaves uneven chunks.
     n = (4 << 20) // 4 + 3
     with mesh.activate():

@@ -217,11 +217,10 @@ class TensorWorker(Actor):
         self.arrivals: dict[str, int] = {}
         #: Large CPU buffers of collective results, by size, kept for reuse (``_empty``).
         self.pool: dict[int, list[Any]] = {}
-        #: Same-host all-reduces (``shm``): per group, whether it can, its store, and
-        #: how many it ran.
+        #: Same-host all-reduces (``shm``), per group and stream: whether the group uses
+        #: the shared path, and its segments and sockets where it does.
         self.shm_groups: dict[str, bool] = {}
-        self.shm_stores: dict[str, Any] = {}
-        self.shm_counts: dict[str, int] = {}
+        self.shm_links: dict[str, shm.Group] = {}
         self.peers: list[Port[Any]] | None = None
         self.port: Port[Any]
         self.receiver: Any
@@ -237,6 +236,10 @@ class TensorWorker(Actor):
         self.seq = -1
         #: Why a whole batch could not be read, if one could not.
         self.broken: Failure | None = None
+
+    def __cleanup__(self, exc: Any) -> None:
+        # The shared segments and sockets of same-host all-reduces (see ``shm``).
+        self._close_shm()
 
     # --- endpoints ----------------------------------------------------------------------
 
@@ -259,7 +262,7 @@ class TensorWorker(Actor):
                 if sid and sid not in self.streams:
                     self.streams[sid] = _StreamThread(self, sid, cmd[3])
                 start = i + 1
-            elif op in _GLOBAL and sid:
+            elif sid and op in _GLOBAL:
                 # Definitions take effect at once, whatever the stream.
                 self._dispatch(sid, cmds, start, i)
                 execute(cmd)
@@ -684,7 +687,7 @@ class TensorWorker(Actor):
 
         n = len(members)
         src = value.contiguous()
-        if n > 1:
+        if n > 1 and not self._on_shm(members, src, reduction, scatter):
             self._arrive(members, device)
         if n == 1:
             if reduction == "stack":
@@ -710,20 +713,16 @@ class TensorWorker(Actor):
             pg._reduce_scatter_base(flat, src.reshape(-1), rs_opts).wait()
             return flat.view(src.shape[1:])
         if self._use_shm(members, src, reduction):
-            # Same host: peers read each other's memory, straight into the result
-            # (which may be the input itself: see ``shm``).
+            # Same host: through the group's shared segment, straight into the result:
+            # ``value`` itself where in place (so that the caller copies nothing).
+            link = self.shm_links[self._group_key(members)]
+            timeout = _collective_timeout()
             if in_place and src is value:
-                result = src.reshape(-1)
-            else:
-                result = empty(src.numel(), src.dtype, src.device)
-            key = self._group_key(members)
-            count = self.shm_counts.get(key, 0) + 1
-            self.shm_counts[key] = count
-            shm.allreduce(
-                self._shm_store(members), count, members, self.rank, src.reshape(-1),
-                result, reduction, _collective_timeout(),
-            )  # fmt: skip
-            return result.view(src.shape)
+                link.allreduce(src.reshape(-1), src.reshape(-1), reduction, timeout)
+                return src
+            flat = empty(src.numel(), src.dtype, src.device)
+            link.allreduce(src.reshape(-1), flat, reduction, timeout)
+            return flat.view(src.shape)
         opts = AllreduceOptions()
         opts.reduceOp = op
         if in_place or src is not value:
@@ -738,18 +737,10 @@ class TensorWorker(Actor):
         """The members and the current stream, as a key of per-group state."""
         return f"{self._local.sid}/{'.'.join(map(str, members))}"
 
-    def _shm_store(self, members: list[int]) -> Any:
-        key = self._group_key(members)
-        store = self.shm_stores.get(key)
-        if store is None:
-            store = shm.Prefixed(MeshStore(self.controller, _collective_timeout()), f"shm/{key}/")
-            self.shm_stores[key] = store
-        return store
-
     def _use_shm(self, members: list[int], src: torch.Tensor, reduction: str) -> bool:
-        """Whether this all-reduce goes over cross-memory reads (see ``shm``): large,
-        CPU, a reduction it has, and every member on this host (decided once per group,
-        by all members alike)."""
+        """Whether this all-reduce goes through a shared segment (see ``shm``): CPU, a
+        reduction it has, and every member on this host (set up once per group and
+        stream, decided by all members alike; the store is used only then)."""
         if (
             src.device.type != "cpu"
             or src.numel() * src.element_size() < shm.MIN_BYTES
@@ -760,9 +751,36 @@ class TensorWorker(Actor):
         key = self._group_key(members)
         known = self.shm_groups.get(key)
         if known is None:
-            known = shm.same_host(self._shm_store(members), members, self.rank)
+            timeout = _collective_timeout()
+            store = shm.Prefixed(MeshStore(self.controller, timeout), f"shm/{key}/")
+            try:
+                link = shm.Group.setup(store, members, self.rank, timeout)
+            except Exception:
+                # A member did not come in time, so none can decide for the shared path
+                # (see ``shm.Group.setup``): the group's later all-reduces use gloo.
+                self.shm_groups[key] = False
+                raise
+            known = link is not None
+            if link is not None:
+                self.shm_links[key] = link
             self.shm_groups[key] = known
         return known
+
+    def _on_shm(self, members: list[int], src: torch.Tensor, reduction: str, scatter: bool) -> bool:
+        """Whether this collective is an all-reduce of a group already on the shared
+        path: its barrier names the ranks that did not come, so it skips ``_arrive``
+        (whose message costs more than a small all-reduce)."""
+        return (
+            not scatter
+            and self.shm_groups.get(self._group_key(members)) is True
+            and self._use_shm(members, src, reduction)
+        )
+
+    def _close_shm(self) -> None:
+        """Close every group's shared segments and sockets."""
+        links, self.shm_links = self.shm_links, {}
+        for link in links.values():
+            link.close()
 
     def _arrive(self, members: list[int], device: str) -> None:
         """Tell the controller this rank reached its next collective of this group (so
@@ -773,7 +791,10 @@ class TensorWorker(Actor):
         self.controller.arrive.broadcast(key, self.rank, count)
 
     def _collective_error(self, e: Exception, members: list[int], reduction: str, dims: Any) -> str:
-        missing = self._missing(members, "cuda" if "NCCL" in str(e) else "cpu")
+        if isinstance(e, shm.CollectiveTimeout):
+            missing = e.missing  # the shared path's barrier knows whom it did not hear
+        else:
+            missing = self._missing(members, "cuda" if "NCCL" in str(e) else "cpu")
         timeout = _collective_timeout()
         who = (
             f"ranks {missing} did not join it within {timeout} s (tensor_collective_timeout)"
