@@ -24,7 +24,7 @@ from monarch._rust_bindings import Extent as _Extent
 from monarch._rust_bindings import HostMeshHandle, ProcMeshHandle
 from monarch._src import config
 from monarch._src.actor import context as _context
-from monarch._src.actor import cuda_devices, logs, process
+from monarch._src.actor import cpu_threads, cuda_devices, logs, process
 from monarch._src.actor import proc_bind as proc_binding
 from monarch._src.actor.actor import Actor
 from monarch._src.actor.actor_mesh import spawn_actor_mesh
@@ -273,7 +273,14 @@ def _validate_spawn(
 PYTHON_EXECUTABLE_ENV = "MONARCH_PYTHON_EXECUTABLE"
 
 _RESERVED_ENV = frozenset(
-    {ROOT_PROC_ENV, BOOTSTRAP_FN_ENV, PYTHON_EXECUTABLE_ENV, cuda_devices.PIN_ENV, proc_binding.ENV}
+    {
+        ROOT_PROC_ENV,
+        BOOTSTRAP_FN_ENV,
+        PYTHON_EXECUTABLE_ENV,
+        cuda_devices.PIN_ENV,
+        proc_binding.ENV,
+        cpu_threads.SHARE_ENV,
+    }
 )
 
 
@@ -508,7 +515,9 @@ class HostMesh(MeshTrait):
         ``env`` adds environment variables to every proc, set before any of its code
         runs. The procs of a ``"gpus"`` dimension get ``CUDA_VISIBLE_DEVICES`` (one GPU
         each) when their host has exactly that many GPUs: see
-        :mod:`monarch._src.actor.cuda_devices` and ``docs/spmd.md``."""
+        :mod:`monarch._src.actor.cuda_devices` and ``docs/spmd.md``. Several procs on
+        a host share its cores: each runs ``max(1, cores // procs)`` torch threads
+        unless ``OMP_NUM_THREADS`` is set (:mod:`monarch._src.actor.cpu_threads`)."""
         return self._spawn_procs(
             per_host, bootstrap, name, proc_bind, bootstrap_command, env, pin_gpus=True
         )
@@ -542,6 +551,7 @@ class HostMesh(MeshTrait):
             proc_env = {**env, **command_env, **extra}
             if pin_gpus:
                 proc_env.update(cuda_devices.spawn_variables(per_host, proc_env))
+            proc_env.update(cpu_threads.spawn_variables(per_host, bool(proc_bind), proc_env))
             proc_env.update(proc_binding.spawn_variables(proc_bind))
             return (program, args, list(proc_env.items()))
 

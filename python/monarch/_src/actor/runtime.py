@@ -23,7 +23,7 @@ import sys
 
 from monarch._rust_bindings import ProcAgent, monitor_stack_fd, set_max_frame_len
 from monarch._src import config
-from monarch._src.actor import cuda_devices, logs, proc_bind, process, supervision
+from monarch._src.actor import cpu_threads, cuda_devices, logs, proc_bind, process, supervision
 from monarch._src.actor.actor_host import run_spawner, stop_all
 from monarch._src.actor.pickling import loads
 from monarch._src.actor.proc_mesh import BOOTSTRAP_FN_ENV, ROOT_PROC_ENV
@@ -97,6 +97,8 @@ def serve_child() -> None:
     cuda_devices.pin_this_proc()
     # Before the runtime starts its threads (they inherit it): CPUs and memory nodes.
     proc_bind.bind_this_proc()
+    # Its share of the host's cores, when its spawn started several procs there.
+    cpu_threads.share_this_proc()
     config.apply_snapshot_from_env()
     _set_frame_limit()
     agent = ProcAgent.bootstrap("auto", stop_timeout=_seconds("stop_actor_timeout"), **liveness())

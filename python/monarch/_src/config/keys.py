@@ -163,6 +163,19 @@ _ALL = [
             "environment). Read by the process that spawns.",
         ),
         Key(
+            "spawn_cpu_threads",
+            "MONARCH_SPAWN_CPU_THREADS",
+            BOOL,
+            True,
+            "Whether procs spawned several to a host share its cores among their torch threads.",
+            effect="When true, spawn_procs(per_host=...) with k procs per host gives each "
+            "proc max(1, cores // k) torch/OpenMP threads (OMP_NUM_THREADS, and "
+            "torch.set_num_threads where the fork server preloaded torch), unless the "
+            "spawn binds its procs to CPUs or OMP_NUM_THREADS is already set (in the "
+            "spawning process's environment, the spawn's env= or the host's "
+            "environment). Read by the process that spawns.",
+        ),
+        Key(
             "max_cast_dimension_size",
             "HYPERACTOR_MESH_MAX_CAST_DIMENSION_SIZE",
             USIZE,
