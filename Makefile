@@ -163,6 +163,11 @@ BENCH_MULTIHOST_ARGS ?=
 BENCH_RDMA_ARGS ?=
 # Arguments for benches/tensor_bench.py, e.g. BENCH_TENSORS_ARGS="--reps 5" or "--quick".
 BENCH_TENSORS_ARGS ?=
+# Arguments for benches/ddp_tensors_bench.py, e.g. BENCH_DDP_ARGS="--reps 9"; and those
+# of its run across simulated hosts: the links' speed (a tc rate) and a batch whose
+# backward pass takes about as long as the reductions over such links.
+BENCH_DDP_ARGS ?=
+BENCH_DDP_NETWORK ?= --network 1gbit --batch 1024
 
 $(BENCH_UPSTREAM_STAMP):
 	rm -rf $(BENCH_UPSTREAM_VENV)
@@ -187,6 +192,7 @@ bench: install ## Release build; hyperactor messaging bench; ours vs upstream Mo
 	-$(VENV_PYTHON) benches/rdma_bench.py $(BENCH_RDMA_ARGS)
 	-$(VENV_PYTHON) benches/tensor_bench.py $(BENCH_TENSORS_ARGS)
 	-$(VENV_PYTHON) benches/ddp_tensors_bench.py $(BENCH_DDP_ARGS)
+	-$(VENV_PYTHON) benches/ddp_tensors_bench.py $(BENCH_DDP_NETWORK) $(BENCH_DDP_ARGS)
 	$(VENV_PYTHON) benches/log_bench.py
 	-$(VENV_PYTHON) benches/monitoring_bench.py
 
@@ -204,8 +210,11 @@ bench-tensors: install ## Distributed tensors bench: ours vs upstream, and the g
 	-$(MAKE) --no-print-directory -k bench-peers
 	$(VENV_PYTHON) benches/tensor_bench.py $(BENCH_TENSORS_ARGS)
 
+# The second run puts one proc on each of 4 network-namespace hosts with links of
+# limited speed (BENCH_DDP_NETWORK; root: without it, it is skipped and says why).
 bench-ddp: install ## Data-parallel tensors bench: reductions on a comms stream vs the main stream
 	$(VENV_PYTHON) benches/ddp_tensors_bench.py $(BENCH_DDP_ARGS)
+	$(VENV_PYTHON) benches/ddp_tensors_bench.py $(BENCH_DDP_NETWORK) $(BENCH_DDP_ARGS)
 
 # The documentation site (mkdocs.yml, tools/docs/): the guides of docs/, the Python API
 # from the docstrings and stubs (mkdocstrings, by static analysis: nothing is imported),

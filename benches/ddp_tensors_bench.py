@@ -362,6 +362,9 @@ def _drive_cluster(args: argparse.Namespace, argv: list[str]) -> int:
             for h in cluster.hosts:
                 _shape(h, args.network)
             env = side.env(f"ddp-{os.getpid()}")
+            # The simulated hosts share this machine's cores: each gets its share, as
+            # the procs of one host do (spawn_procs sets it only for several procs).
+            env.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // PROCS)))
             worker_logs = [logs / f"worker-h{i}.log" for i in range(PROCS)]
             workers = start_workers(cluster.hosts, side, env, worker_logs, files)
             addresses = ",".join(f"tcp://{h.ip}:{PORT}" for h in cluster.hosts)
