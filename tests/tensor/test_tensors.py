@@ -563,7 +563,10 @@ def test_show_names_its_optional_package(mesh: ProcMesh) -> None:
             monarch.show(t)
 
 
-def test_a_collective_with_a_missing_rank_fails_within_the_timeout() -> None:
+@pytest.mark.parametrize("warm", [False, True], ids=["at-set-up", "at-a-barrier"])
+def test_a_collective_with_a_missing_rank_fails_within_the_timeout(warm: bool) -> None:
+    # Cold, the stall hits the group's set-up (through the controller's store); warm, the
+    # first barrier of the shared segment's all-reduce.
     import time
 
     from tests_tensor_helpers import preloading_torch
@@ -587,11 +590,18 @@ def test_a_collective_with_a_missing_rank_fails_within_the_timeout() -> None:
 
     try:
         with pm.activate():
+            if warm:
+                ready = torch.ones(2).reduce("gpus", "sum")  # sets the group up
+                assert inspect(ready, gpus=0).tolist() == [2.0, 2.0]
             y = stall_rank_1(torch.ones(2)).reduce("gpus", "sum")
             start = time.monotonic()
-            with pytest.raises(RemoteException, match=r"ranks \[1\] did not join it within 2"):
+            with pytest.raises(RemoteException) as info:
                 inspect(y, gpus=0)
             assert time.monotonic() - start < 5.5  # the timeout, not rank 1's stall
+            text = str(info.value)
+            assert "ranks [1] did not join it within 2" in text
+            if warm:
+                assert "heard nothing from ranks [1] within 2" in text  # the barrier's
             # Both ranks go on afterwards.
             z = torch.ones(1) + 1
             assert inspect(z, gpus=1).item() == 2.0
