@@ -375,29 +375,32 @@ def test_all_reduces_on_two_streams_at_once_keep_apart(mesh: ProcMesh) -> None:
 
 
 def test_the_workers_keep_no_file_of_it_in_dev_shm_or_tmp(mesh: ProcMesh) -> None:
-    @remote(propagate=lambda: torch.zeros(()))
-    def files_in_shm_or_tmp() -> torch.Tensor:
+    # The segments are memfds (no name in any file system): every descriptor and mapping
+    # of one must be a memfd, and there must be some (the shared path was taken).
+    @remote(propagate=lambda: torch.zeros(2))
+    def segments_as_memfds_and_as_files() -> torch.Tensor:
         import os as _os
 
-        found = 0
+        targets = []
         for fd in _os.listdir("/proc/self/fd"):
             try:
-                target = _os.readlink(f"/proc/self/fd/{fd}")
+                targets.append(_os.readlink(f"/proc/self/fd/{fd}"))
             except OSError:
                 continue
-            found += target.startswith(("/dev/shm/", "/tmp/"))
         with open("/proc/self/maps") as f:
-            for line in f:
-                found += " /dev/shm/" in line or " /tmp/" in line
-        return torch.tensor(float(found))
+            targets += [line.split(maxsplit=5)[-1].strip() for line in f]
+        ours = [t for t in targets if "monarch-shm" in t]
+        memfds = sum(t.startswith("/memfd:") for t in ours)
+        return torch.tensor([float(memfds), float(len(ours) - memfds)])
 
     with mesh.activate():
         x = torch.ones(1000).reduce(("hosts", "gpus"), "sum")
-        found = files_in_shm_or_tmp()
+        found = segments_as_memfds_and_as_files()
     assert inspect(x, hosts=0, gpus=0)[0].item() == 4.0
     for h in range(2):
         for g in range(2):
-            assert inspect(found, hosts=h, gpus=g).item() == 0.0
+            memfds, files = inspect(found, hosts=h, gpus=g).tolist()
+            assert memfds > 0 and files == 0.0
     names = os.listdir("/dev/shm") + os.listdir("/tmp")
     assert not [name for name in names if "monarch-shm" in name]
 
