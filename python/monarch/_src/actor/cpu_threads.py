@@ -29,6 +29,7 @@ is applied to a torch the fork server preloaded as well, which read it too early
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Mapping, MutableMapping
@@ -50,9 +51,7 @@ def spawn_variables(
     """The variables a spawn adds so its procs share their host's cores:
     ``{SHARE_ENV: k}``, or nothing (see the module docs; ``bound``: the spawn binds its
     procs to CPUs; ``variables``: the spawn's own)."""
-    count = 1
-    for size in per_host.values():
-        count *= size
+    count = math.prod(per_host.values())
     if count <= 1 or bound or not config.get("spawn_cpu_threads"):
         return {}
     if THREADS_ENV in os.environ or any(THREADS_ENV in v for v in variables):

@@ -87,7 +87,6 @@ from typing import Any, NoReturn
 import torch
 
 __all__ = [
-    "MIN_BYTES",
     "REDUCTIONS",
     "SLOT_BYTES",
     "SMALL_BYTES",
@@ -97,11 +96,6 @@ __all__ = [
     "Prefixed",
     "check_reduction",
 ]
-
-#: All-reduces of CPU tensors of at least this many bytes go this way (when possible):
-#: all of them, as it beats gloo's loopback TCP at every size measured (1 KiB to 4 MiB,
-#: four procs on two cores: about 6x faster at 1 KiB, 2.5x at 4 MiB).
-MIN_BYTES = 0
 
 #: Bytes of one staging slot (each rank has two): the size of a piece. Larger tensors
 #: go in several pieces; bigger slots mean fewer barriers but more memory per group.

@@ -740,10 +740,11 @@ class TensorWorker(Actor):
     def _use_shm(self, members: list[int], src: torch.Tensor, reduction: str) -> bool:
         """Whether this all-reduce goes through a shared segment (see ``shm``): CPU, a
         reduction it has, and every member on this host (set up once per group and
-        stream, decided by all members alike; the store is used only then)."""
+        stream, decided by all members alike; the store is used only then). Every size
+        goes this way: it beats gloo's loopback TCP at every size measured (1 KiB to
+        64 MiB)."""
         if (
             src.device.type != "cpu"
-            or src.numel() * src.element_size() < shm.MIN_BYTES
             or reduction not in shm.REDUCTIONS
             or (reduction == "avg" and not src.dtype.is_floating_point)
         ):
