@@ -126,6 +126,13 @@ class ProcMesh(MeshTrait):
 
     @property
     def host_mesh(self) -> HostMesh:
+        """The host mesh whose ``spawn_procs`` created this proc, for a mesh of a single
+        proc (slice the mesh down to one first: ``procs.slice(gpus=0).host_mesh``).
+
+        Raises:
+            NotImplementedError: The mesh has more than one proc, or it was not spawned
+                from a host mesh (``this_proc()``).
+        """
         if self._host_mesh is None or len(self) != 1:
             raise NotImplementedError("host_mesh is available on singleton proc meshes only")
         return self._host_mesh
