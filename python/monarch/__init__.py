@@ -1,8 +1,10 @@
 """Monarch: a distributed programming framework for PyTorch on scalable actor messaging.
 
-This module only re-exports; the implementation lives in ``monarch._src`` and in the
-compiled extension ``monarch._rust_bindings``. Importing it must stay cheap: nothing
-here imports ``torch``.
+This package holds the distributed tensors API (``Tensor``, ``reduce``, ``Stream``,
+``Simulator``, ...; guide: [Distributed tensors](../tensors.md)), the shapes of meshes
+and the configuration functions of ``monarch.config``. Actors live in ``monarch.actor``
+([Getting started](../getting_started.md)). Importing ``monarch`` is cheap and never
+imports ``torch``: the tensor names are imported on first use.
 """
 
 import atexit as _atexit

@@ -1,6 +1,6 @@
 """Configuration of Monarch: the keys of upstream Monarch, with their types, defaults and
 environment variables (the full list, and which keys take effect here, is in
-docs/config.md).
+[Configuration](../config.md)).
 
 - ``configure(**keys)`` sets keys for this process; ``configured(**keys)`` does so for
   a ``with`` block and yields the merged config;

@@ -188,6 +188,20 @@ def test_api_entry_shows_the_docstring(
     assert expected in entry[:4000], f"{qualname}: {expected!r} not in its entry"
 
 
+def test_api_pages_link_the_guides(site: Site) -> None:
+    """The API reference links the guides as pages (module docstrings say
+    ``[Slurm](../slurm.md)``), rather than naming their files, and never sends readers to
+    the private ``monarch._src`` modules."""
+    problems = []
+    for page in sorted(set(API_PAGES.values())):
+        text = site.text(page)
+        problems += [f"{page}: {m}" for m in re.findall(r"\bdocs/\w+\.md", text)]
+        problems += [f"{page}: {m}" for m in re.findall(r"\bmonarch\._src\b[\w.]*", text)]
+    assert not problems, "API pages name guide files or private modules:\n" + "\n".join(problems)
+    actor = site.page("api/actor.html")
+    assert 'href="../getting_started.html"' in actor and 'href="../supervision.html"' in actor
+
+
 def test_every_guide_is_a_page_in_the_nav(site: Site) -> None:
     nav = site.page("index.html")
     guides = sorted(DOCS.glob("*.md"))

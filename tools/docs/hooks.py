@@ -4,8 +4,8 @@ Pages made at build time, never committed:
 
 - ``api/monarch.md``: the ``monarch`` package's reference. Most of its names are imported
   on first access (``_LAZY`` in ``python/monarch/__init__.py``), which static analysis
-  cannot follow, so the page lists every name of ``monarch.__all__`` with the module it
-  comes from;
+  cannot follow, so the page lists every name of ``monarch.__all__``, noting those
+  imported on first access;
 - ``examples/<name>.md``: one page per example (``examples/*.py``, and one per folder
   such as ``examples/kubernetes/``): its docstring (or leading comment) as text, then
   the code;
@@ -166,12 +166,7 @@ def monarch_page() -> str:
         "",
     ]
     for name in names:
-        if name in lazy:
-            module, attr = lazy[name]
-            where = f"`{module}.{attr}`"
-            note = f"Imported on first access of `monarch.{name}`, from {where}."
-        else:
-            note = ""
+        note = f"Imported on first access of `monarch.{name}`." if name in lazy else ""
         lines += [f"::: monarch.{name}", "    options:", "      show_root_full_path: true", ""]
         if note:
             lines += [note, ""]

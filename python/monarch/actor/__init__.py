@@ -1,7 +1,6 @@
 """Monarch's actor API: actors, endpoints, meshes of hosts, procs and actors, futures.
 
-Guides: ``docs/getting_started.md`` and ``docs/supervision.md``; the implementation
-lives in ``monarch._src.actor``.
+Guides: [Getting started](../getting_started.md) and [Supervision](../supervision.md).
 """
 
 from collections.abc import Callable as _Callable

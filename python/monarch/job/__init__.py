@@ -13,10 +13,10 @@ reuses a saved job's) and returns them by name::
 ``LocalJob`` uses this machine (``this_host()``) for every mesh; ``ProcessJob`` runs
 worker processes on this machine, one per host, for testing multi-host code;
 ``SlurmJob`` gets the hosts from Slurm (one allocation, a worker per task; guide:
-``docs/slurm.md``).
+[Slurm](../slurm.md)).
 ``exec_command`` and ``shell`` run commands on the hosts of a mesh, and
-``PortForwarder`` forwards TCP ports through a mesh. Guide: ``docs/job.md``; the
-implementation lives in ``monarch._src.job``. Importing this module is cheap: it starts
+``PortForwarder`` forwards TCP ports through a mesh. Guide: [Jobs](../job.md).
+Importing this module is cheap: it starts
 nothing and imports neither the actor runtime nor ``torch`` (``exec_command``, ``shell``
 and ``PortForwarder``, which need the runtime, are imported on first use).
 """

@@ -1,7 +1,7 @@
 """Kubernetes jobs: :class:`KubernetesJob` gets its host meshes from pods, either
 provisioned through the MonarchMesh custom resource (``image_spec=`` /
 ``pod_template=``) or pre-provisioned and found by label selector. Guide:
-``docs/kubernetes.md``; implementation: ``monarch._src.job.kubernetes``.
+[Kubernetes](../kubernetes.md).
 
 Needs the ``kubernetes`` package (``pip install kubernetes``); importing this module
 does not import it, constructing a :class:`KubernetesJob` does.

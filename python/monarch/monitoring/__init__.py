@@ -8,8 +8,8 @@
 
 ``MONARCH_DASHBOARD=1`` does the same without a change to the program, and
 ``job.enable_telemetry()`` from a job. ``monarch top URL`` watches the same server from
-a terminal. Guide: ``docs/monitoring.md``; the implementation lives in
-``monarch._src.monitoring``. Importing this module starts nothing.
+a terminal. Guide: [Monitoring](../monitoring.md). Importing this module starts
+nothing.
 """
 
 from monarch._src.monitoring.dashboard import (

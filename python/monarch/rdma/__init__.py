@@ -5,7 +5,7 @@ Register CPU or CUDA memory in place with ``RDMABuffer(tensor)``, hand the buffe
 other actors (it pickles to a small reference), and let them ``read_into`` or
 ``write_from`` it. Transfers between processes of one host are cross-memory copies
 (CUDA IPC for GPU memory); between hosts they use ibverbs where both have an RDMA
-device, else a TCP path over parallel connections. Guide: ``docs/rdma.md``.
+device, else a TCP path over parallel connections. Guide: [RDMA](../rdma.md).
 """
 
 from monarch._src.rdma.buffer import (

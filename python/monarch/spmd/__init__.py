@@ -7,7 +7,7 @@
   every proc of a mesh, so that actors spawned there can call
   ``torch.distributed.init_process_group()``.
 
-Guide: ``docs/spmd.md``. Importing this module does not import torch.
+Guide: [SPMD](../spmd.md). Importing this module does not import torch.
 """
 
 from monarch._src.spmd import setup_torch_elastic_env, setup_torch_elastic_env_async

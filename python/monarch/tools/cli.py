@@ -9,11 +9,12 @@ a warning).
 
 ``monarch debug [--host H] [--port P]`` attaches a terminal to the pdb sessions of a
 running monarch client's actors (``breakpoint()`` in an endpoint); see
-``docs/debugging.md``.
+[Debugging](../debugging.md).
 
-The job verbs (``apply``, ``exec``, ``shell``, ``kill``, ``context``, ``status``; see
-``docs/job.md``) are declared in :mod:`monarch._src.cli.parser`. Parsing a command line
-imports neither the actor runtime nor ``torch``: each verb imports what it needs.
+The job verbs (``apply``, ``exec``, ``shell``, ``kill``, ``context``, ``status``) work
+on the current job; see [the monarch command](../job.md#the-monarch-command). Parsing a
+command line imports neither the actor runtime nor ``torch``: each verb imports what it
+needs.
 """
 
 from __future__ import annotations

@@ -84,6 +84,12 @@ class Actor:
 
     @functools.cached_property
     def logger(self) -> logging.Logger:
+        """A ``logging.Logger`` named after the actor's class, its level set to ``DEBUG``.
+
+        Its records go to the handlers of the proc's logging; what they write to stdout
+        or stderr is forwarded to the client, prefixed with the proc's rank (see the
+        logging guide). Created on first use.
+        """
         import logging
 
         logger = logging.getLogger(type(self).__qualname__)
@@ -97,22 +103,96 @@ class Actor:
         )
 
     def slice(self: _Self, **kwargs: int | builtins.slice) -> _Self:
+        """On an actor mesh handle: a view of part of the mesh (see ``MeshTrait.slice``).
+
+        ``dim=i`` keeps coordinate ``i`` and drops the dimension; ``dim=slice(...)``
+        keeps the dimension, restricted.
+
+        Args:
+            **kwargs: Dimension name to an index or a ``slice``.
+
+        Returns:
+            The view, typed as the actor class like the handle itself.
+
+        Raises:
+            NotImplementedError: Called on an actor instance rather than a mesh handle.
+        """
         return self._mesh_only("slice()")
 
     def flatten(self: _Self, name: str) -> _Self:
+        """On an actor mesh handle: the same actors along one dimension called ``name``.
+
+        Args:
+            name: The name of the merged dimension.
+
+        Returns:
+            The flattened view.
+
+        Raises:
+            NotImplementedError: Called on an actor instance rather than a mesh handle.
+        """
         return self._mesh_only("flatten()")
 
     def split(self: _Self, **kwargs: Sequence[str] | int) -> _Self:
+        """On an actor mesh handle: the same actors with dimensions split into several,
+        e.g. ``mesh.split(gpus=("row", "col"), row=2)``.
+
+        Args:
+            **kwargs: An existing dimension to the names it splits into (outermost
+                first), or a new name to its size (at most one size per split may be
+                left out).
+
+        Returns:
+            The reshaped view.
+
+        Raises:
+            NotImplementedError: Called on an actor instance rather than a mesh handle.
+        """
         return self._mesh_only("split()")
 
     def rename(self: _Self, **kwargs: str) -> _Self:
+        """On an actor mesh handle: the same actors with dimensions renamed, e.g.
+        ``mesh.rename(gpus="ranks")``.
+
+        Args:
+            **kwargs: Old dimension name to new name.
+
+        Returns:
+            The renamed view.
+
+        Raises:
+            NotImplementedError: Called on an actor instance rather than a mesh handle.
+        """
         return self._mesh_only("rename()")
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """On an actor mesh handle: stop the actors of this view, gracefully.
+
+        Each actor first handles the messages already sent to it; later calls to the
+        mesh raise ``SupervisionError``.
+
+        Args:
+            reason: Why the actors stop; it appears in the errors of later calls.
+
+        Returns:
+            A future that completes once every actor of the view has stopped.
+
+        Raises:
+            NotImplementedError: Called on an actor instance rather than a mesh handle.
+        """
         return self._mesh_only("stop()")
 
     @property
     def initialized(self) -> Future[None]:
+        """On an actor mesh handle: a future that completes once the procs exist and
+        every actor of the mesh has run ``__init__`` (it raises if one failed).
+
+        ``spawn`` returns before that; messages sent meanwhile wait, so awaiting this
+        is only needed to learn of a failed ``__init__`` early.
+
+        Raises:
+            NotImplementedError: Read on an actor instance rather than a mesh handle.
+        """
         return self._mesh_only("initialized")
 
     if TYPE_CHECKING:

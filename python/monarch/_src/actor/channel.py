@@ -186,6 +186,19 @@ class Accumulator(Generic[R, A]):
         self._combine = combine
 
     def accumulate(self, *args: Any, **kwargs: Any) -> Future[A]:
+        """Call the endpoint on every actor of its mesh and fold the replies.
+
+        The message is sent when the future is first waited on (``get()`` or
+        ``await``), with ``stream`` semantics: replies are combined in the order they
+        arrive, starting from ``identity``.
+
+        Args:
+            *args: The endpoint's positional arguments.
+            **kwargs: The endpoint's keyword arguments.
+
+        Returns:
+            A future of the folded value.
+        """
         endpoint, identity, combine = self._endpoint, self._identity, self._combine
 
         class _Fold:

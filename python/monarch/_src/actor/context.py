@@ -173,12 +173,33 @@ def sender() -> Client | DrivenActor:
 
 
 def current_rank() -> Point:
+    """The current message's position in the mesh view it was sent to.
+
+    Inside an endpoint this is relative to the (possibly sliced) mesh the caller used,
+    so its dimensions are the view's; ``context().actor_instance.rank`` is the actor's
+    fixed place in its proc mesh instead. Outside any actor it is the client's rank,
+    an empty point.
+
+    Returns:
+        A ``Point``: a mapping from dimension name to index, with its ``extent``.
+    """
     return context().message_rank
 
 
 def current_size() -> dict[str, int]:
+    """The sizes of the mesh view the current message was sent to.
+
+    Returns:
+        Dimension name to size, e.g. ``{"gpus": 4}``; ``{}`` outside any actor.
+    """
     return dict(context().message_rank.extent)
 
 
 def current_actor_name() -> str:
+    """The id of the running actor (or, outside any actor, of the client), as a string.
+
+    Returns:
+        The actor id, which names its proc and the actor's name and rank on it, e.g.
+        ``"...client[0]"`` in the client.
+    """
     return str(context().actor_instance.actor_id)

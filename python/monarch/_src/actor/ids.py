@@ -101,10 +101,13 @@ class ProcId:
 
     @property
     def uid(self) -> Uid:
+        """The proc's unique name, the part before the ``@``."""
         return self._uid
 
     @property
     def label(self) -> str | None:
+        """The label of the proc's name (``worker`` in ``worker-3f2a9c@...``), or
+        ``None`` when the name has none (see ``Uid.label``)."""
         return self._uid.label
 
     @property

@@ -126,6 +126,13 @@ class ProcMesh(MeshTrait):
 
     @property
     def host_mesh(self) -> HostMesh:
+        """The host mesh whose ``spawn_procs`` created this proc, for a mesh of a single
+        proc (slice the mesh down to one first: ``procs.slice(gpus=0).host_mesh``).
+
+        Raises:
+            NotImplementedError: The mesh has more than one proc, or it was not spawned
+                from a host mesh (``this_proc()``).
+        """
         if self._host_mesh is None or len(self) != 1:
             raise NotImplementedError("host_mesh is available on singleton proc meshes only")
         return self._host_mesh
@@ -155,8 +162,9 @@ class ProcMesh(MeshTrait):
 
     def activate(self) -> Any:
         """Make this mesh the active mesh, now: torch operations then run on every proc
-        of it (see ``docs/tensors.md``). Use as ``with mesh.activate():`` or end it with
-        ``deactivate()``. The first use starts a tensor worker on each proc."""
+        of it (see [Distributed tensors](../tensors.md)). Use as
+        ``with mesh.activate():`` or end it with ``deactivate()``. The first use starts a
+        tensor worker on each proc."""
         from monarch._src.tensor_engine.tensor import activate
 
         return activate(self)
@@ -201,7 +209,7 @@ class ProcMesh(MeshTrait):
         level: int = logging.INFO,
     ) -> None:
         """How this mesh's procs' output is shown in the client (guide:
-        ``docs/logging.md``). Must be awaited.
+        [Logging](../logging.md)). Must be awaited.
 
         ``stream_to_client``: show their stdout and stderr here (the default before any
         call is True; with False the lines only go to the per-proc log files).
@@ -505,7 +513,7 @@ class HostMesh(MeshTrait):
 
         ``proc_bind`` (one dict per proc of a host) binds each proc to CPUs (``cpus``,
         ``physcpubind``, ``cpunodebind``) and memory nodes (``membind``), in numactl's
-        list syntax: see :mod:`monarch._src.actor.proc_bind`.
+        list syntax: see [Many hosts](../hosts.md#attach-a-client).
 
         ``bootstrap_command`` replaces how each proc starts: one ``BootstrapCommand``
         for every proc, or a function called once per proc with its ``Point`` in the
@@ -515,9 +523,10 @@ class HostMesh(MeshTrait):
         ``env`` adds environment variables to every proc, set before any of its code
         runs. The procs of a ``"gpus"`` dimension get ``CUDA_VISIBLE_DEVICES`` (one GPU
         each) when their host has exactly that many GPUs: see
-        :mod:`monarch._src.actor.cuda_devices` and ``docs/spmd.md``. Several procs on
-        a host share its cores: each runs ``max(1, cores // procs)`` torch threads
-        unless ``OMP_NUM_THREADS`` is set (:mod:`monarch._src.actor.cpu_threads`)."""
+        [One GPU per proc](../spmd.md#one-gpu-per-proc). Several procs on a host share
+        its cores: each runs ``max(1, cores // procs)`` torch threads unless
+        ``OMP_NUM_THREADS`` is set ([CPU threads per proc](../spmd.md#cpu-threads-per-proc)).
+        """
         return self._spawn_procs(
             per_host, bootstrap, name, proc_bind, bootstrap_command, env, pin_gpus=True
         )

@@ -61,43 +61,61 @@ class MeshFailure:
 
     @property
     def mesh_name(self) -> str:
+        """The name the mesh was given at ``spawn`` (``procs.spawn(name, Class)``)."""
         return self._failure.mesh_name
 
     @property
     def mesh_id(self) -> int:
+        """An id of the failed mesh, unique within the process that spawned it; the key
+        that tells apart two meshes spawned under the same name."""
         return self._failure.mesh_id
 
     @property
     def class_name(self) -> str:
+        """The actor class of the failed mesh, qualified with its module
+        (``"__main__.Trainer"``)."""
         return self._failure.class_name
 
     @property
     def rank(self) -> int:
+        """The rank of the failed actor in the proc mesh the actors were spawned on
+        (row-major over all its dimensions)."""
         return self._failure.rank
 
     @property
     def proc_id(self) -> str:
+        """The id of the proc the failed actor lived on, printed (``name@address``; parse
+        it with ``ProcId.from_string``)."""
         return self._failure.proc_id
 
     @property
     def pid(self) -> int | None:
+        """The OS process id of that proc, or ``None`` when it is not known."""
         return self._failure.pid
 
     @property
     def actor_id(self) -> str | None:
+        """The failed actor's id, printed; ``None`` when the failure came before the
+        actor was created."""
         return self._failure.actor_id
 
     @property
     def reason(self) -> str:
+        """What happened, in words: an exception's traceback, an exit status, a signal or
+        a lost connection."""
         return self._failure.reason
 
     @property
     def cause(self) -> MeshFailure | None:
+        """The failure that led to this one (a child's failure that this actor did not
+        handle, say), or ``None`` when this is the first."""
         cause = self._failure.cause
         return MeshFailure(cause) if cause is not None else None
 
     @property
     def mesh(self) -> ActorMesh[Any] | None:
+        """The owner's handle of the failed actor mesh, to call or stop it; ``None``
+        where this process holds no handle of it (it is not the mesh's owner)."""
         state = process.peek()
         return state.owned.get(self.mesh_id) if state is not None else None
 

@@ -6,8 +6,8 @@ are relative to the value mesh's own extent, not to the mesh it came from. As a
 :class:`~monarch._src.actor.shape.MeshTrait` it can be sliced, split, renamed and
 flattened like any mesh; slicing keeps the selected values.
 
->>> from monarch._src.actor.shape import Shape, Slice
->>> vm = ValueMesh(Shape(["hosts", "gpus"], Slice.new_row_major([2, 2])), ["a", "b", "c", "d"])
+>>> from monarch import NDSlice, Shape
+>>> vm = ValueMesh(Shape(["hosts", "gpus"], NDSlice.new_row_major([2, 2])), ["a", "b", "c", "d"])
 >>> vm.item(hosts=1, gpus=0)
 'c'
 >>> [(p.rank, v) for p, v in vm.slice(gpus=1)]
@@ -39,8 +39,8 @@ class ValueMesh(MeshTrait, Generic[R]):
         TypeError: ``shape`` is not a :class:`Shape`.
         ValueError: the number of values differs from the number of ranks in ``shape``.
 
-    >>> from monarch._src.actor.shape import Shape, Slice
-    >>> vm = ValueMesh(Shape(["gpus"], Slice.new_row_major([3])), [10, 11, 12])
+    >>> from monarch import NDSlice, Shape
+    >>> vm = ValueMesh(Shape(["gpus"], NDSlice.new_row_major([3])), [10, 11, 12])
     >>> vm
     ValueMesh({'gpus': 3}):
       {'gpus': 0/3}: 10
@@ -119,8 +119,8 @@ class ValueMesh(MeshTrait, Generic[R]):
             KeyError: a dimension is missing or not in this mesh.
             IndexError: a coordinate is out of range.
 
-        >>> from monarch._src.actor.shape import Shape, Slice
-        >>> vm = ValueMesh(Shape(["x", "y"], Slice.new_row_major([2, 3])), list(range(6)))
+        >>> from monarch import NDSlice, Shape
+        >>> vm = ValueMesh(Shape(["x", "y"], NDSlice.new_row_major([2, 3])), list(range(6)))
         >>> vm.item(x=1, y=2)
         5
         """

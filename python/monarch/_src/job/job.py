@@ -474,6 +474,15 @@ class LocalJob(JobTrait):
         return JobState({name: host for name in self._host_names})
 
     def can_run(self, spec: JobTrait) -> bool:
+        """Never: a ``LocalJob`` has no allocation to reuse (``state()`` is always this
+        machine, so there is nothing to save between programs).
+
+        Args:
+            spec: The job specification a new program asks for.
+
+        Returns:
+            ``False``.
+        """
         return False
 
     def _kill(self) -> None:
@@ -819,6 +828,17 @@ class ProcessJob(JobTrait):
         return JobState(meshes)
 
     def can_run(self, spec: JobTrait) -> bool:
+        """Whether this job's workers can serve ``spec``, so that ``spec.state()``
+        reuses them instead of starting new ones.
+
+        Args:
+            spec: The job specification a new program asks for.
+
+        Returns:
+            ``True`` when ``spec`` is a ``ProcessJob`` of the same class with the same
+            meshes and environment, and the workers this job started are all still
+            running.
+        """
         return (
             isinstance(spec, ProcessJob)
             and type(spec) is type(self)

@@ -271,7 +271,7 @@ class KubernetesJob(JobTrait):
     how many seconds ``state()`` waits for each mesh's workers (``None``: forever);
     ``kubeconfig`` says where the API is (default: the in-cluster account).
     ``attach_to`` (a client gateway, upstream's out-of-cluster mode) is not available
-    here: the client must reach the pods' IPs (see docs/kubernetes.md).
+    here: the client must reach the pods' IPs (see [Kubernetes](../kubernetes.md)).
 
     Raises:
         ImportError: the ``kubernetes`` package is missing (``pip install kubernetes``).

@@ -366,6 +366,16 @@ class SlurmJob(JobTrait):
         return self._attach(addresses)
 
     def can_run(self, spec: JobTrait) -> bool:
+        """Whether this job's Slurm allocation can serve ``spec``, so that
+        ``spec.state()`` attaches to it instead of submitting a new one.
+
+        Args:
+            spec: The job specification a new program asks for.
+
+        Returns:
+            ``True`` when ``spec`` is a ``SlurmJob`` with the same meshes and Slurm
+            options and the allocation is still active (asked of ``squeue``).
+        """
         if not isinstance(spec, SlurmJob) or spec._spec() != self._spec():
             return False
         job_id = self._resolved_job_id()

@@ -467,6 +467,13 @@ class RemoteProcessGroup:
         self.dims = (dims,) if isinstance(dims, str) else tuple(dims)
 
     def size(self) -> int:
+        """The number of ranks in each group: the product of the sizes of ``dims`` in
+        ``mesh``.
+
+        Returns:
+            The group size, what ``torch.distributed.get_world_size(group)`` gives in a
+            remote function.
+        """
         return math.prod(self.mesh.size(d) for d in self.dims)
 
     def __repr__(self) -> str:

@@ -281,12 +281,27 @@ class Simulator:
         print(text)
 
     def upload(self) -> None:
+        """Not supported: upstream Monarch's simulator can upload its trace; this one
+        only writes it to ``trace_path``, to open in a Perfetto viewer.
+
+        Raises:
+            NotImplementedError: Always.
+        """
         raise NotImplementedError(
             "Simulator.upload(): uploading traces is not supported; open the file written "
             "to trace_path in https://ui.perfetto.dev instead"
         )
 
     def export_ir(self, ir_path: str) -> None:
+        """Not supported: upstream Monarch's simulator can export the IR graph of the
+        recorded program; this one builds no such graph.
+
+        Args:
+            ir_path: Where the graph would be written.
+
+        Raises:
+            NotImplementedError: Always.
+        """
         raise NotImplementedError(
             "Simulator.export_ir(): the simulator builds no IR graph (build_ir is not supported)"
         )

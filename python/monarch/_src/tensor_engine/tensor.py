@@ -192,6 +192,8 @@ class Tensor(torch.Tensor):
 
     @property
     def dropped(self) -> bool:
+        """Whether :meth:`drop` has freed this tensor on the workers (using it again
+        raises ``TypeError``)."""
         return self._h.dropped
 
     def drop(self) -> None:
