@@ -11,11 +11,15 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 import monarch
-from monarch.actor import Actor, concurrent_endpoint, endpoint, this_host
+from monarch.actor import Actor, SupervisionError, concurrent_endpoint, endpoint, this_host
+
+if TYPE_CHECKING:  # not imported at run time: procs unpickling this module lack it
+    from conftest import Faults
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,6 +73,33 @@ class Busy(Actor):
         _note(self.path, "del")
 
 
+class Reraises(Actor):
+    """The asyncio idiom: a concurrent endpoint that cleans up on cancellation and lets
+    the ``CancelledError`` go on."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.started = asyncio.Event()
+
+    @concurrent_endpoint
+    async def forever(self) -> None:
+        self.started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            _note(self.path, "cancelled")
+            raise
+        finally:
+            _note(self.path, "finally")
+
+    @endpoint
+    async def wait_started(self) -> None:
+        await self.started.wait()
+
+    async def __cleanup__(self, exc: BaseException | None) -> None:
+        _note(self.path, f"cleanup:{exc}")
+
+
 class Stuck(Actor):
     @endpoint
     def hang(self, seconds: float) -> None:
@@ -101,6 +132,62 @@ def test_proc_mesh_stop_cancels_tasks_cleans_up_and_finalizes(tmp_path: Path) ->
     assert busy.read_text().split() == ["cancelled", "cleanup", "del"]
     with pytest.raises(Exception):  # the cancelled call does not hang  # noqa: B017
         pending.get(timeout=60)
+
+
+@pytest.mark.parametrize("what", ["actor_mesh", "proc_mesh"])
+def test_a_stop_cancelling_an_endpoint_that_reraises_is_not_a_failure(
+    tmp_path: Path, faults: Faults, what: str
+) -> None:
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    notes = tmp_path / "notes"
+    name = f"reraises_{what}"
+    actors = procs.spawn(name, Reraises, str(notes))
+    pending = actors.forever.call_one()
+    actors.wait_started.call_one().get(timeout=60)
+    try:
+        if what == "actor_mesh":
+            actors.stop().get(timeout=60)
+        else:
+            procs.stop().get(timeout=60)
+        # The cancelled call ends as the stop's, not as a failure of the actor.
+        with pytest.raises(SupervisionError, match="was stopped") as info:
+            pending.get(timeout=60)
+        assert "CancelledError" not in str(info.value)
+        # The endpoint's except and finally blocks ran, then __cleanup__(None).
+        assert _lines(notes, 3) == ["cancelled", "finally", "cleanup:None"]
+    finally:
+        if what == "actor_mesh":
+            procs.stop().get(timeout=60)
+    # Nothing reached the client's fault hook: a failure report, sent before the proc
+    # answered the stop, would be there by now.
+    assert not [f for f in faults.failures if f.mesh_name == name]
+
+
+def test_the_program_ends_normally_after_a_stop_cancelled_a_reraising_endpoint(
+    tmp_path: Path,
+) -> None:
+    notes = tmp_path / "notes"
+    script = tmp_path / "script.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            sys.path.insert(0, {str(Path(__file__).parent)!r})
+            from test_stop import Reraises
+            from monarch.actor import this_host
+
+            procs = this_host().spawn_procs(per_host={{"gpus": 1}})
+            actors = procs.spawn("reraises", Reraises, {str(notes)!r})
+            actors.forever.broadcast()
+            actors.wait_started.call_one().get(timeout=60)
+            print("returning")
+            """
+        )
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "failed" not in out.stderr, out.stderr[-3000:]
+    assert _lines(notes, 3) == ["cancelled", "finally", "cleanup:None"]
 
 
 def test_a_stuck_actor_costs_at_most_the_stop_timeout(tmp_path: Path) -> None:
