@@ -6,12 +6,14 @@ the stop timeout (see docs/actors.md, "Stopping")."""
 from __future__ import annotations
 
 import asyncio
+import atexit
+import os
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -100,6 +102,40 @@ class Reraises(Actor):
         _note(self.path, f"cleanup:{exc}")
 
 
+class _Note:
+    """Notes ``line`` in ``path`` when finalized. Its ``__del__`` runs while the
+    interpreter finalizes, when module globals (builtins included) may be gone already:
+    it uses only what it holds."""
+
+    def __init__(self, path: str, line: str) -> None:
+        self.path = path
+        self.line = line
+
+    def __del__(self, _open: Any = open) -> None:
+        with _open(self.path, "a") as f:
+            f.write(self.line + "\n")
+
+
+#: Set in a proc by ``ProcExit.hold``: an object only a module global keeps.
+_HELD: _Note | None = None
+
+
+class ProcExit(Actor):
+    @endpoint
+    def hold(self, path: str) -> int:
+        global _HELD
+        _HELD = _Note(path, "global-del")
+        atexit.register(_note, path, "atexit")
+        return os.getpid()
+
+
+class HangsAtExit(Actor):
+    @endpoint
+    def hang_at_exit(self) -> int:
+        atexit.register(time.sleep, 300)
+        return os.getpid()
+
+
 class Stuck(Actor):
     @endpoint
     def hang(self, seconds: float) -> None:
@@ -115,6 +151,16 @@ def _lines(path: Path, count: int, timeout: float = 30) -> list[str]:
         if len(lines) >= count or time.monotonic() > deadline:
             return lines
         time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (one that exited but was not reaped yet, a
+    zombie, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_proc_mesh_stop_cancels_tasks_cleans_up_and_finalizes(tmp_path: Path) -> None:
@@ -188,6 +234,31 @@ def test_the_program_ends_normally_after_a_stop_cancelled_a_reraising_endpoint(
     assert out.returncode == 0, out.stderr[-3000:]
     assert "failed" not in out.stderr, out.stderr[-3000:]
     assert _lines(notes, 3) == ["cancelled", "finally", "cleanup:None"]
+
+
+@pytest.mark.parametrize("fork_server", [True, False])
+def test_a_stopped_proc_finalizes_its_interpreter(tmp_path: Path, fork_server: bool) -> None:
+    with monarch.configured(spawn_fork_server=fork_server):
+        procs = this_host().spawn_procs(per_host={"gpus": 1})
+    notes = tmp_path / "notes"
+    pid = procs.spawn("proc_exit", ProcExit).hold.call_one(str(notes)).get(timeout=60)
+    start = time.monotonic()
+    procs.stop().get(timeout=60)
+    assert time.monotonic() - start < 15
+    # The proc has exited when the stop completes: its atexit handlers ran, then the
+    # module teardown released what a module global held.
+    assert notes.read_text().split() == ["atexit", "global-del"]
+    assert not _running(pid)
+
+
+def test_a_hanging_atexit_handler_costs_at_most_the_stop_timeout() -> None:
+    with monarch.configured(stop_actor_timeout="2s"):
+        procs = this_host().spawn_procs(per_host={"gpus": 1})
+    pid = procs.spawn("hangs", HangsAtExit).hang_at_exit.call_one().get(timeout=60)
+    start = time.monotonic()
+    procs.stop().get(timeout=60)
+    assert time.monotonic() - start < 15  # not the 300 s of the handler
+    assert not _running(pid)
 
 
 def test_a_stuck_actor_costs_at_most_the_stop_timeout(tmp_path: Path) -> None:
