@@ -28,7 +28,7 @@ from monarch._src import config
 from monarch._src.actor import cpu_threads, cuda_devices, logs, proc_bind, process, supervision
 from monarch._src.actor.actor_host import run_spawner, stop_all
 from monarch._src.actor.pickling import loads
-from monarch._src.actor.proc_mesh import BOOTSTRAP_FN_ENV, ROOT_PROC_ENV
+from monarch._src.actor.proc_mesh import BOOTSTRAP_FN_ENV, ROOT_PROC_ENV, run_bootstrap
 
 __all__ = ["bootstrap_root", "liveness", "serve_child", "shutdown"]
 
@@ -117,15 +117,7 @@ def serve_child() -> None:
     remote_pdb.install()
     blob = os.environ.get(BOOTSTRAP_FN_ENV)
     if blob is not None:
-        fn = loads(base64.b64decode(blob))
-        result = fn()
-        if hasattr(result, "__await__"):
-            import asyncio
-
-            async def awaited() -> object:
-                return await result
-
-            asyncio.run(awaited())
+        run_bootstrap(loads(base64.b64decode(blob)))
     run_spawner(state)
     agent.report_ready()
     agent.wait_for_stop()
