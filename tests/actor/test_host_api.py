@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import sys
@@ -15,6 +16,7 @@ import pytest
 import monarch
 from monarch.actor import (
     Actor,
+    ActorError,
     BootstrapCommand,
     Point,
     ProcMesh,
@@ -70,10 +72,40 @@ def _failing_bootstrap() -> None:
 
 def test_a_failing_bootstrap_surfaces_on_initialized_not_at_spawn() -> None:
     procs = this_host().spawn_procs(per_host={"gpus": 2}, bootstrap=_failing_bootstrap)
-    # spawn_procs returned: the failure is the procs', reported where upstream does.
+    # spawn_procs returned: the failure is the procs', reported where upstream does, as
+    # upstream's ActorError, with the bootstrap function's traceback.
+    errors = []
+    for _ in range(2):
+        with pytest.raises(ActorError) as info:
+            procs.initialized.get(timeout=60)
+        errors.append(info.value)
+    error = errors[0]
+    assert type(error) is ActorError
+    assert isinstance(error.exception, ValueError)
+    assert str(error.exception) == "bootstrap refused"
+    assert "bootstrap function given to spawn_procs raised on rank" in error.message
+    assert "Traceback of where the remote call failed" in str(error)
+    assert "in _failing_bootstrap" in str(error)  # the function's own frame
+    assert "ValueError: bootstrap refused" in str(error)
+    assert str(errors[1]) == str(error)  # asked again, the same answer
+
+    async def awaited() -> None:
+        await procs.initialized
+
+    with pytest.raises(ActorError, match="bootstrap refused"):
+        asyncio.run(asyncio.wait_for(awaited(), 60))
+    procs.stop().get(timeout=60)
+
+
+def _exits_at_bootstrap() -> None:
+    os._exit(3)
+
+
+def test_procs_that_cannot_start_otherwise_raise_runtime_error() -> None:
+    procs = this_host().spawn_procs(per_host={"gpus": 1}, bootstrap=_exits_at_bootstrap)
     with pytest.raises(RuntimeError, match="failed to start") as info:
         procs.initialized.get(timeout=60)
-    assert "bootstrap refused" in str(info.value)  # the proc's last lines
+    assert "exit status: 3" in str(info.value)
     procs.stop().get(timeout=60)
 
 

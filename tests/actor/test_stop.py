@@ -6,16 +6,22 @@ the stop timeout (see docs/actors.md, "Stopping")."""
 from __future__ import annotations
 
 import asyncio
+import atexit
+import os
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import monarch
-from monarch.actor import Actor, concurrent_endpoint, endpoint, this_host
+from monarch.actor import Actor, SupervisionError, concurrent_endpoint, endpoint, this_host
+
+if TYPE_CHECKING:  # not imported at run time: procs unpickling this module lack it
+    from conftest import Faults
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,6 +75,67 @@ class Busy(Actor):
         _note(self.path, "del")
 
 
+class Reraises(Actor):
+    """The asyncio idiom: a concurrent endpoint that cleans up on cancellation and lets
+    the ``CancelledError`` go on."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.started = asyncio.Event()
+
+    @concurrent_endpoint
+    async def forever(self) -> None:
+        self.started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            _note(self.path, "cancelled")
+            raise
+        finally:
+            _note(self.path, "finally")
+
+    @endpoint
+    async def wait_started(self) -> None:
+        await self.started.wait()
+
+    async def __cleanup__(self, exc: BaseException | None) -> None:
+        _note(self.path, f"cleanup:{exc}")
+
+
+class _Note:
+    """Notes ``line`` in ``path`` when finalized. Its ``__del__`` runs while the
+    interpreter finalizes, when module globals (builtins included) may be gone already:
+    it uses only what it holds."""
+
+    def __init__(self, path: str, line: str) -> None:
+        self.path = path
+        self.line = line
+
+    def __del__(self, _open: Any = open) -> None:
+        with _open(self.path, "a") as f:
+            f.write(self.line + "\n")
+
+
+#: Set in a proc by ``ProcExit.hold``: an object only a module global keeps.
+_HELD: _Note | None = None
+
+
+class ProcExit(Actor):
+    @endpoint
+    def hold(self, path: str) -> int:
+        global _HELD
+        _HELD = _Note(path, "global-del")
+        atexit.register(_note, path, "atexit")
+        return os.getpid()
+
+
+class HangsAtExit(Actor):
+    @endpoint
+    def hang_at_exit(self) -> int:
+        atexit.register(time.sleep, 300)
+        return os.getpid()
+
+
 class Stuck(Actor):
     @endpoint
     def hang(self, seconds: float) -> None:
@@ -86,6 +153,16 @@ def _lines(path: Path, count: int, timeout: float = 30) -> list[str]:
         time.sleep(0.05)
 
 
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (one that exited but was not reaped yet, a
+    zombie, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_proc_mesh_stop_cancels_tasks_cleans_up_and_finalizes(tmp_path: Path) -> None:
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     plain = tmp_path / "plain"
@@ -101,6 +178,87 @@ def test_proc_mesh_stop_cancels_tasks_cleans_up_and_finalizes(tmp_path: Path) ->
     assert busy.read_text().split() == ["cancelled", "cleanup", "del"]
     with pytest.raises(Exception):  # the cancelled call does not hang  # noqa: B017
         pending.get(timeout=60)
+
+
+@pytest.mark.parametrize("what", ["actor_mesh", "proc_mesh"])
+def test_a_stop_cancelling_an_endpoint_that_reraises_is_not_a_failure(
+    tmp_path: Path, faults: Faults, what: str
+) -> None:
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    notes = tmp_path / "notes"
+    name = f"reraises_{what}"
+    actors = procs.spawn(name, Reraises, str(notes))
+    pending = actors.forever.call_one()
+    actors.wait_started.call_one().get(timeout=60)
+    try:
+        if what == "actor_mesh":
+            actors.stop().get(timeout=60)
+        else:
+            procs.stop().get(timeout=60)
+        # The cancelled call ends as the stop's, not as a failure of the actor.
+        with pytest.raises(SupervisionError, match="was stopped") as info:
+            pending.get(timeout=60)
+        assert "CancelledError" not in str(info.value)
+        # The endpoint's except and finally blocks ran, then __cleanup__(None).
+        assert _lines(notes, 3) == ["cancelled", "finally", "cleanup:None"]
+    finally:
+        if what == "actor_mesh":
+            procs.stop().get(timeout=60)
+    # Nothing reached the client's fault hook: a failure report, sent before the proc
+    # answered the stop, would be there by now.
+    assert not [f for f in faults.failures if f.mesh_name == name]
+
+
+def test_the_program_ends_normally_after_a_stop_cancelled_a_reraising_endpoint(
+    tmp_path: Path,
+) -> None:
+    notes = tmp_path / "notes"
+    script = tmp_path / "script.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            sys.path.insert(0, {str(Path(__file__).parent)!r})
+            from test_stop import Reraises
+            from monarch.actor import this_host
+
+            procs = this_host().spawn_procs(per_host={{"gpus": 1}})
+            actors = procs.spawn("reraises", Reraises, {str(notes)!r})
+            actors.forever.broadcast()
+            actors.wait_started.call_one().get(timeout=60)
+            print("returning")
+            """
+        )
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "failed" not in out.stderr, out.stderr[-3000:]
+    assert _lines(notes, 3) == ["cancelled", "finally", "cleanup:None"]
+
+
+@pytest.mark.parametrize("fork_server", [True, False])
+def test_a_stopped_proc_finalizes_its_interpreter(tmp_path: Path, fork_server: bool) -> None:
+    with monarch.configured(spawn_fork_server=fork_server):
+        procs = this_host().spawn_procs(per_host={"gpus": 1})
+    notes = tmp_path / "notes"
+    pid = procs.spawn("proc_exit", ProcExit).hold.call_one(str(notes)).get(timeout=60)
+    start = time.monotonic()
+    procs.stop().get(timeout=60)
+    assert time.monotonic() - start < 15
+    # The proc has exited when the stop completes: its atexit handlers ran, then the
+    # module teardown released what a module global held.
+    assert notes.read_text().split() == ["atexit", "global-del"]
+    assert not _running(pid)
+
+
+def test_a_hanging_atexit_handler_costs_at_most_the_stop_timeout() -> None:
+    with monarch.configured(stop_actor_timeout="2s"):
+        procs = this_host().spawn_procs(per_host={"gpus": 1})
+    pid = procs.spawn("hangs", HangsAtExit).hang_at_exit.call_one().get(timeout=60)
+    start = time.monotonic()
+    procs.stop().get(timeout=60)
+    assert time.monotonic() - start < 15  # not the 300 s of the handler
+    assert not _running(pid)
 
 
 def test_a_stuck_actor_costs_at_most_the_stop_timeout(tmp_path: Path) -> None:

@@ -303,6 +303,59 @@ def test_failures_of_endpoints_without_a_reply_port_reach_supervise(
     assert sup.ok.call_one().get(timeout=30) == 1
 
 
+class WaitingOwner(Actor):
+    """An async actor whose endpoint waits for its own ``__supervise__``."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self.handled = asyncio.Event()
+        self.log: list[str] = []
+
+    @endpoint
+    async def break_child_and_wait(self, procs: ProcMesh) -> list[str]:
+        import asyncio
+
+        child = procs.spawn("awaited_child", Worker)
+        await child.ok.call()
+        child.boom.broadcast()
+        # Runs __supervise__ while this endpoint awaits: it does not wait for it to return.
+        await asyncio.wait_for(self.handled.wait(), 30)
+        self.log.append("endpoint returned")
+        return self.log
+
+    @endpoint
+    async def next_call(self) -> list[str]:
+        return self.log
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        self.log.append(f"supervised {failure.mesh_name}")
+        self.handled.set()
+        return True
+
+
+class AsyncWaitingOwner(WaitingOwner):
+    async def __supervise__(self, failure: MeshFailure) -> bool:  # type: ignore[override]
+        import asyncio
+
+        await asyncio.sleep(0)
+        return super().__supervise__(failure)
+
+
+@pytest.mark.parametrize("cls", [WaitingOwner, AsyncWaitingOwner])
+def test_supervise_runs_while_an_async_endpoint_awaits(
+    procs: ProcMesh, faults: Faults, cls: type[WaitingOwner]
+) -> None:
+    name = f"waiting_{cls.__name__}"
+    owner = procs.slice(gpus=0).spawn(name, cls)
+    waiting = owner.break_child_and_wait.call_one(procs.slice(gpus=1))
+    queued = owner.next_call.call_one()  # sent while the endpoint awaits: runs after it
+    log = ["supervised awaited_child", "endpoint returned"]
+    assert waiting.get(timeout=60) == log
+    assert queued.get(timeout=60) == log
+    assert not [f for f in faults.failures if f.mesh_name == name]
+
+
 def test_unhandled_failures_propagate_to_the_owners_owner(procs: ProcMesh, faults: Faults) -> None:
     seen, _ = Channel[str].open()
     sup = procs.slice(gpus=0).spawn("refusing_supervisor", Supervisor, False, seen)

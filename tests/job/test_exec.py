@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
+import signal
 import socket
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -353,6 +356,54 @@ def test_shell_with_piped_stdin(
     assert status == 3
     assert (tmp_path / "stdout").read_text() == "hi there\n"
     assert (tmp_path / "stderr").read_text() == "oops\n"
+
+
+def test_the_end_of_stdin_stops_the_shells_foreground_command(
+    hosts: HostMesh, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stdin reaching its end while a command runs ends the session promptly: the
+    command and the shell are hung up, not waited for."""
+    pid_file = tmp_path / "pid"
+    read_end, write_end = os.pipe()
+    command = f"echo $$ > {shlex.quote(str(pid_file))}; exec sleep 60"
+    os.write(write_end, f"sh -c {shlex.quote(command)}\n".encode())
+    give_up = threading.Event()
+
+    def close_when_the_command_runs() -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while not pid_file.exists() and time.monotonic() < deadline:
+            if give_up.wait(0.01):
+                break
+        os.close(write_end)
+
+    closer = threading.Thread(target=close_when_the_command_runs)
+    closer.start()
+    try:
+        with (
+            open(read_end, "rb", buffering=0) as stdin,
+            open(tmp_path / "stdout", "w") as stdout,
+        ):
+            monkeypatch.setattr(sys, "stdin", stdin)
+            monkeypatch.setattr(sys, "stdout", stdout)
+            start = time.monotonic()
+            status = shell(hosts.slice(hosts=0))
+            elapsed = time.monotonic() - start
+    finally:
+        give_up.set()
+        closer.join(TIMEOUT)
+    assert pid_file.exists(), "the command never ran"
+    assert elapsed < 15, elapsed  # not the 60 s of the command
+    assert status == 128 + signal.SIGHUP  # the shell was hung up
+    assert not _running(int(pid_file.read_text()))
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 @pytest.mark.skipif(not os.path.exists("/bin/bash"), reason="needs bash")

@@ -22,7 +22,7 @@ import pytest
 
 import monarch.actor
 from fault_recorder import RECORDER
-from monarch.actor import ActorError, Point, ProcMesh, this_proc
+from monarch.actor import ActorError, Point, ProcMesh, this_host, this_proc
 from monarch.job import PortForwarder, ProcessJob
 
 pytestmark = pytest.mark.timeout(120)
@@ -410,6 +410,48 @@ def test_forwards_are_pointwise_between_meshes(
         with connect(address) as sock:
             sock.sendall(b"point %d" % i)
             assert recv_exactly(sock, 7) == b"point %d" % i
+
+
+def _tagging(tag: bytes) -> Callable[[socket.socket], None]:
+    """A handler that answers each connection with ``tag``, then echoes."""
+
+    def handle(conn: socket.socket) -> None:
+        conn.sendall(tag)
+        echo(conn)
+
+    return handle
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_procs_of_one_host_share_one_source_address(forwarder: PortForwarder) -> None:
+    """Several source procs on one host listen on the same address (SO_REUSEPORT): the
+    connections to it spread over them, each relayed by the destination proc at the
+    accepting proc's coordinates."""
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    servers = [Server(_tagging(b"A")), Server(_tagging(b"B"))]
+    try:
+        ports = [server.port for server in servers]
+        address = f"127.0.0.1:{_free_port()}"
+        addresses = forwarder.forward.call_one(
+            procs, lambda point: ports[point.rank], procs, address
+        ).get(timeout=TIMEOUT)
+        assert addresses == [address, address]
+        tags = set()
+        for i in range(24):  # each lands on one of the two procs: both, surely
+            with connect(address) as sock:
+                tags.add(recv_exactly(sock, 1))
+                sock.sendall(b"conn %d" % i)
+                assert recv_exactly(sock, len(b"conn %d" % i)) == b"conn %d" % i
+        assert tags == {b"A", b"B"}
+    finally:
+        for server in servers:
+            server.close()
+        procs.stop().get(timeout=TIMEOUT)
 
 
 def test_mismatched_meshes_and_bad_addresses_are_refused(

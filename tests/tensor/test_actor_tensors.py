@@ -9,6 +9,7 @@ import asyncio
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -73,12 +74,56 @@ class Shards(Actor):
     def wrong_shape(self, x: torch.Tensor) -> torch.Tensor:
         return torch.zeros(7)
 
+    @endpoint(propagate=lambda x: x)
+    def wrong_count(self, x: torch.Tensor) -> Any:
+        return x, x
+
     @endpoint
     def no_propagate(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
     def plain_double(self, x: torch.Tensor) -> torch.Tensor:
         return x * 2
+
+
+class Stateful(Actor):
+    """Holds the tensors given to its constructor."""
+
+    def __init__(self, state: torch.Tensor, *, more: Any = None) -> None:
+        self.state = state
+        self.more = more
+
+    @endpoint
+    def read(self) -> Any:
+        rank = context().actor_instance.rank.rank
+        more = None if self.more is None else {k: v.tolist() for k, v in self.more.items()}
+        return rank, self.state.tolist(), more
+
+    @endpoint
+    def scribble(self) -> None:
+        self.state.add_(1000)  # the actor's copy only
+
+
+class Counter(Actor):
+    def __init__(self) -> None:
+        self.count = 0
+
+    @endpoint
+    def incr(self, x: Any) -> int:
+        self.count += 1
+        return self.count - 1
+
+
+class Weights(Actor):
+    def __init__(self) -> None:
+        self.weight = torch.zeros(2)
+
+    def times(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+    @endpoint(propagate="inspect")
+    def update(self, w: torch.Tensor) -> None:
+        self.weight += w
 
 
 class AsyncShards(Actor):
@@ -256,14 +301,15 @@ def test_an_endpoint_raising_under_rref_fails_its_outputs(mesh: ProcMesh, actors
         x = _rank_values(mesh)
         y = actors.refuse_on_rank_2.rref(x)
         z = y + 1
-        wrong = actors.wrong_shape.rref(x)
+        wrong = actors.wrong_count.rref(x)
         after = x + 1
     assert fetch_shard(y, hosts=0, gpus=1).get(timeout=T).tolist() == _expected(1, 1)
     with pytest.raises(RemoteException, match="rank 2 refuses") as info:
         fetch_shard(z, hosts=1, gpus=0).get(timeout=T)
     assert info.value.rank == 2
     assert "refuse_on_rank_2.rref(x)" in str(info.value)  # the client line
-    with pytest.raises(RemoteException, match="propagate function said"):
+    # A result with another number of tensors than propagate said fails the outputs.
+    with pytest.raises(RemoteException, match="returned 2 tensors, but its propagate"):
         fetch_shard(wrong).get(timeout=T)
     # The workers go on.
     assert fetch_shard(after, hosts=1, gpus=0).get(timeout=T).tolist() == _expected(2, 1)
@@ -326,3 +372,95 @@ def test_calls_run_on_their_tensors_stream_and_rref_on_the_active_one(
     assert _by_rank(got.get(timeout=T)) == {r: [_expected(r, 100)] for r in range(4)}
     assert z.stream is other
     assert fetch_shard(z, hosts=1, gpus=1).get(timeout=T).item() == sum(_expected(3, 100))
+
+
+def test_a_result_of_another_shape_than_propagate_said_is_kept_with_a_warning(
+    mesh: ProcMesh, actors: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As upstream, the endpoint's real result becomes the tensor's shard; each rank
+    warns on its stderr (forwarded to the client), naming both shapes."""
+    with mesh.activate():
+        x = _rank_values(mesh)
+        wrong = actors.wrong_shape.rref(x)
+        total = wrong.sum()
+    assert wrong.shape == (2,)  # what propagate said, on the client
+    assert fetch_shard(wrong, hosts=1, gpus=0).get(timeout=T).tolist() == [0.0] * 7
+    assert fetch_shard(total, hosts=0, gpus=1).get(timeout=T).item() == 0.0
+    said = "tensor 0 of the endpoint's result is (7,) torch.float32, but its propagate"
+    err = ""
+    deadline = time.monotonic() + T
+    while err.count(said) < 4 and time.monotonic() < deadline:
+        err += capsys.readouterr().err
+        time.sleep(0.05)
+    assert err.count(said) >= 4, err  # once per rank
+    assert "function said (2,) torch.float32" in err
+
+
+def test_rref_of_an_endpoint_with_propagate_inspect_runs_it_in_order(mesh: ProcMesh) -> None:
+    weights = mesh.spawn("weights", Weights)
+    with mesh.activate():
+        times = as_endpoint(weights.times, propagate=lambda x: x)
+        x = _rank_values(mesh)
+        before = times.rref(x)
+        assert weights.update.rref(torch.ones(2)) is None  # run for its effect
+        after = times.rref(x)
+    assert fetch_shard(before, hosts=1, gpus=1).get(timeout=T).tolist() == [0.0, 0.0]
+    assert fetch_shard(after, hosts=1, gpus=1).get(timeout=T).tolist() == _expected(3)
+
+
+# --- tensors to constructors ------------------------------------------------------------------
+
+
+def test_spawn_gives_each_actor_its_own_shard(mesh: ProcMesh) -> None:
+    with mesh.activate():
+        x = _rank_values(mesh)
+        actors = mesh.spawn("stateful", Stateful, x, more={"twice": x * 2})
+        x.add_(100)  # after the spawn: the actors got their shards as they were
+        # A spawn on a slice of the tensors' procs gets the shards of its own procs.
+        half = mesh.slice(hosts=1).spawn("stateful_half", Stateful, x)
+    got = actors.read.call().get(timeout=T)
+    assert len(got) == 4
+    for point, (rank, state, more) in got.items():
+        assert rank == 2 * point["hosts"] + point["gpus"]
+        assert state == _expected(rank)
+        assert more == {"twice": [2 * v for v in _expected(rank)]}
+    # Its actors' ranks are in their own mesh: 0 and 1 stand on global ranks 2 and 3.
+    assert _by_rank(half.read.call().get(timeout=T)) == {
+        r: [_expected(r + 2, 100), None] for r in (0, 1)
+    }
+    # Each actor holds a copy: changing it leaves the distributed tensor alone.
+    actors.scribble.call().get(timeout=T)
+    assert fetch_shard(x, hosts=1, gpus=1).get(timeout=T).tolist() == _expected(3, 100)
+    after = actors.read.call().get(timeout=T).values()
+    assert sorted(state for _, state, _ in after) == [_expected(r, 1000) for r in range(4)]
+
+
+def test_spawn_refuses_tensors_of_other_procs(mesh: ProcMesh, own_mesh: ProcMesh) -> None:
+    with mesh.activate():
+        x = _rank_values(mesh)
+    with pytest.raises(ValueError, match="an actor receives the shards of tensors on its own"):
+        own_mesh.spawn("elsewhere", Stateful, x)
+    with mesh.slice(hosts=0).activate():
+        half = torch.ones(2)
+    with pytest.raises(ValueError, match=r"must be among those of the mesh the tensors"):
+        mesh.spawn("too_wide", Stateful, half)
+
+
+def test_tensor_calls_and_plain_calls_keep_the_order_they_were_issued_in(
+    mesh: ProcMesh,
+) -> None:
+    counter = mesh.spawn("counter", Counter)
+    results = []
+    with mesh.activate():
+        for _ in range(10):
+            results.append(counter.incr.call(torch.ones(())))  # through the workers
+            results.append(counter.incr.call(1))  # no tensor: the same way, after it
+    one = counter.slice(hosts=1, gpus=1)
+    for i, fut in enumerate(results):
+        values = fut.get(timeout=T)
+        assert sorted(values.values()) == [i] * 4, (i, values)
+    # The other adverbs too, and later, outside the active block.
+    assert one.incr.call_one(0).get(timeout=T) == 20
+    assert sorted(f.get(timeout=T) for f in counter.incr.stream(0)) == [20, 20, 20, 21]
+    counter.incr.broadcast(0)
+    assert sorted(counter.incr.call(0).get(timeout=T).values()) == [22, 22, 22, 23]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from monarch import inspect
-from monarch.actor import ProcMesh, this_host
+from monarch.actor import Actor, ProcMesh, as_endpoint, endpoint, this_host
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device on this machine (torch.cuda)"
@@ -88,3 +88,45 @@ def test_process_groups_in_remote_functions_take_cpu_and_cuda_tensors(gpus: Proc
     expected = n * (n + 1) / 2
     assert inspect(on_cpu).tolist() == [expected] * 2
     assert inspect(on_gpu).tolist() == [expected] * 2
+
+
+class _AddWithState(Actor):
+    """Holds the CUDA shard given to its constructor (upstream's test_actor_with_tensors)."""
+
+    def __init__(self, state: torch.Tensor) -> None:
+        self.state = state
+
+    @endpoint
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.state.device.type == "cuda"  # its shard, where the worker had it
+        return (x.to(self.state.device) + self.state).cpu()
+
+    @endpoint
+    def count(self, x: object) -> int:
+        self.calls = getattr(self, "calls", 0) + 1
+        return self.calls - 1
+
+    def times(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.state
+
+
+def test_actors_get_their_cuda_shards_at_spawn_and_in_calls_in_order(gpus: ProcMesh) -> None:
+    with gpus.activate():
+        r = gpus.rank_tensor("gpus").cuda().float()
+        state = r + 1  # computed on the workers' CUDA streams just before the spawn
+        adders = gpus.spawn("cuda_adders", _AddWithState, state)
+        y = torch.ones((), device="cuda")
+        added = adders.forward.call(y).get(timeout=60)
+        counts = []
+        for _ in range(5):
+            counts.append(adders.count.call(y))  # through the workers
+            counts.append(adders.count.call(1))  # the same way: in order
+        # A result of another shape than propagate said is kept (with a warning).
+        wrong = as_endpoint(adders.times, propagate=lambda x: torch.rand(2)).rref(
+            torch.ones(3, device="cuda")
+        )
+    for point, value in added.items():
+        assert value.item() == point["gpus"] + 2
+    for i, fut in enumerate(counts):
+        assert set(fut.get(timeout=60).values()) == {i}
+    assert inspect(wrong, gpus=0).tolist() == [1.0, 1.0, 1.0]

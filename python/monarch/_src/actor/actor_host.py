@@ -5,8 +5,10 @@ The runtime creates each actor this process is asked to spawn as a ``DrivenActor
 (:func:`run_spawner`). A :class:`HostedActor` thread then runs ``__init__`` and takes
 the actor's deliveries one at a time (ACT-1): directly for a sync actor (so a sync
 endpoint may block), on the actor's own asyncio loop for an async one
-(``@concurrent_endpoint`` bodies run as tasks). The runtime keeps the actor's status,
-returns the messages it cannot handle, and reports its failure to the mesh's owner.
+(``@concurrent_endpoint`` bodies run as tasks; while another endpoint awaits,
+``__supervise__`` runs and the calls taken meanwhile wait for it). The runtime keeps the
+actor's status, returns the messages it cannot handle, and reports its failure to the
+mesh's owner.
 
 Deliveries:
 
@@ -15,14 +17,17 @@ Deliveries:
   explicit-port endpoint, or any ``BaseException``, fails the actor;
 - a failure of a mesh this actor owns: ``__supervise__(failure)`` handles it (truthy),
   or the actor fails, with the failure as its cause;
-- a stop: the meshes the actor owns are stopped, then ``__cleanup__`` runs, then the
-  actor ends.
+- a stop: the running concurrent endpoint tasks are cancelled (their
+  ``CancelledError`` is the stop's, not a failure), the meshes the actor owns are
+  stopped, then ``__cleanup__`` runs, then the actor ends.
 """
 
 from __future__ import annotations
 
+import collections
 import gc
 import inspect
+import os
 import sys
 import threading
 import time
@@ -45,7 +50,7 @@ from monarch._src.actor.context import Context, Instance, _current
 from monarch._src.actor.errors import ActorError
 from monarch._src.actor.pickling import dumps, dumps_value, format_exception, loads, loads_parts
 from monarch._src.actor.point import Point
-from monarch._src.actor.replies import ERROR, FAILED, OK
+from monarch._src.actor.replies import ERROR, FAILED, OK, STOPPED
 from monarch._src.actor.supervision import MeshFailure
 
 __all__ = ["HostedActor", "after_call_hook", "cleanup_timeout", "run_spawner", "stop_all"]
@@ -63,6 +68,10 @@ def cleanup_timeout() -> float:
 
     return float(config.get("cleanup_timeout"))
 
+
+#: How many deliveries an async actor holds, taken off its queue while an endpoint awaits
+#: (to run ``__supervise__`` meanwhile; see ``HostedActor._await_endpoint``).
+HOLD_MAX = 16
 
 #: The actors this process hosts that have not ended yet (see :func:`stop_all`).
 _live: set[HostedActor] = set()
@@ -142,6 +151,18 @@ class HostedActor:
         #: Set when the actor's thread is done (the actor ended and was released).
         self.done = threading.Event()
         self._explicit: frozenset[str] = frozenset()
+        #: Why the actor is stopping, from the start of its stop procedure (async).
+        self._stopping: str | None = None
+        #: How calls cut short by the actor's end are answered: the status and reason.
+        self._end: tuple[Any, str] | None = None
+        #: Endpoint tasks the runtime cancelled (the actor's stop or failure): their
+        #: ``CancelledError`` is the expected end of the call, not a failure.
+        self._cancelled: set[Any] = set()
+        #: Async actors: deliveries taken off the queue while an endpoint awaited, to
+        #: be handled in order after it (see :meth:`_await_endpoint`).
+        self._held: collections.deque[Delivery] = collections.deque()
+        #: Async actors: the pending wait for the next delivery, if one is running.
+        self._fetch: Any = None
 
     def start(self) -> None:
         with _live_lock:
@@ -177,6 +198,7 @@ class HostedActor:
         if self.ended:
             return
         self.ended = True
+        self._end = (FAILED, f"The actor {self.name!r} failed: {reason}")
         print(
             f"monarch: actor {self.name!r} rank {self.driven.rank} ({self.class_name}) on "
             f"proc {self.driven.proc_id} failed: {reason.rstrip()}",
@@ -184,6 +206,26 @@ class HostedActor:
             flush=True,
         )
         self.driven.fail(reason, cause)
+        self._answer_held()
+
+    def _answer_held(self) -> None:
+        """The actor ended: answer the calls it took off its queue but did not run (as
+        the runtime answers those still queued)."""
+        if self._end is None:
+            return
+        status, reason = self._end
+        while self._held:
+            d = self._held.popleft()
+            if d.kind is DELIVERY_CALL and d.has_reply and d.method not in self._explicit:
+                d.reply(status, [reason.encode()])
+
+    def _stopped_reason(self, reason: str) -> str:
+        """What a call cut short by this actor's stop is answered (as the runtime words
+        it for calls that reach a stopped actor)."""
+        return (
+            f"actor {self.name!r} ({self.class_name}) rank {self.driven.rank} on proc "
+            f"{self.driven.proc_id} (pid {os.getpid()}) was stopped ({reason})"
+        )
 
     # --- construction -------------------------------------------------------------------------
 
@@ -364,7 +406,12 @@ class HostedActor:
     async def _stop_async(self, reason: str, tasks: set[Any]) -> None:
         import asyncio
 
+        self._stopping = reason
+        self._end = (STOPPED, self._stopped_reason(reason))
+        # The stop cancels the running concurrent endpoint tasks: for them the
+        # CancelledError is the expected end, whatever they do with it (see _invoke).
         for task in tasks:
+            self._cancelled.add(task)
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -383,6 +430,7 @@ class HostedActor:
                 _current.reset(token)
         self.ended = True
         self.driven.stopped(reason)
+        self._answer_held()
 
     # --- the loops -------------------------------------------------------------------------------
 
@@ -457,63 +505,155 @@ class HostedActor:
     async def _run_async(self) -> None:
         import asyncio
 
-        driven = self.driven
         tasks: set[asyncio.Task[None]] = set()
-        while not self.ended:
-            d = driven.try_next()
-            if d is None:
-                d = await driven.next_async()
-            kind = d.kind
-            if kind is DELIVERY_CALL:
-                begun = self._begin(d)
-                if begun is None:
-                    continue
-                fn, args, kwargs = begun
-                assert self.info is not None
-                ep = self.info.endpoints.get(d.method)
-                token = _current.set(self._context(d))
-                try:
-                    if ep is not None and ep._concurrent:
+        try:
+            while not self.ended:
+                d = await self._take()
+                kind = d.kind
+                if kind is DELIVERY_CALL:
+                    begun = self._begin(d)
+                    if begun is None:
+                        continue
+                    fn, args, kwargs = begun
+                    assert self.info is not None
+                    ep = self.info.endpoints.get(d.method)
+                    token = _current.set(self._context(d))
+                    try:
                         task = asyncio.get_running_loop().create_task(
                             self._invoke(d, fn, args, kwargs)
                         )
+                    finally:
+                        _current.reset(token)
+                    if ep is not None and ep._concurrent:
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
                         continue
-                    await self._invoke(d, fn, args, kwargs)
-                finally:
-                    _current.reset(token)
-            elif kind is DELIVERY_SUPERVISE:
-                raw = d.failure
-                if raw is None or self.ended:
+                    await self._await_endpoint(task)
+                elif kind is DELIVERY_SUPERVISE:
+                    await self._supervise_async(d)
+                elif kind is DELIVERY_STOP:
+                    await self._stop_async(self.stop_reason, tasks)
+                elif kind is DELIVERY_SKIP:
                     continue
-                failure = MeshFailure(raw)
-                token = _current.set(self._context(d))
-                try:
-                    handled, error = self._supervise(failure), None
-                    if inspect.isawaitable(handled):
-                        handled = await handled
-                except BaseException as e:
-                    handled, error = False, e
-                finally:
-                    _current.reset(token)
-                self._supervise_result(failure, handled, error, raw)
-            elif kind is DELIVERY_STOP:
-                await self._stop_async(self.stop_reason, tasks)
-            elif kind is DELIVERY_SKIP:
-                continue
-            else:  # ENDED
-                return
-            if self.stop_after_current is not None and not self.ended:
-                await self._stop_async(self.stop_after_current, tasks)
+                else:  # ENDED
+                    return
+                if self.stop_after_current is not None and not self.ended:
+                    await self._stop_async(self.stop_after_current, tasks)
+        finally:
+            await self._end_async(tasks)
+
+    async def _take(self) -> Delivery:
+        """The next delivery: one held while an endpoint awaited, else the queue's."""
+        if self._held:
+            return self._held.popleft()
+        fetch, self._fetch = self._fetch, None
+        if fetch is not None:
+            d: Delivery = await fetch
+            return d
+        d_now = self.driven.try_next()
+        if d_now is not None:
+            return d_now
+        return await self.driven.next_async()
+
+    async def _next_async(self) -> Delivery:
+        return await self.driven.next_async()
+
+    async def _await_endpoint(self, task: Any) -> None:
+        """Wait for the endpoint ``task`` (ACT-1: the next call runs after it), running
+        ``__supervise__`` meanwhile, whenever the endpoint awaits: a failure of a mesh
+        this actor owns is handled at once, not after the endpoint returned (which may be
+        waiting for ``__supervise__`` itself). The other deliveries taken off the queue
+        to find it are held, in order, for after the endpoint: at most
+        :data:`HOLD_MAX`, and none after a stop."""
+        import asyncio
+
+        while not task.done():
+            if self.ended:
+                # __supervise__ failed the actor: what the endpoint was doing ends too.
+                self._cancelled.add(task)
+                task.cancel()
+                break
+            if self._fetch is None:
+                closed = bool(self._held) and self._held[-1].kind is not DELIVERY_CALL
+                if closed or len(self._held) >= HOLD_MAX:
+                    await asyncio.wait({task})
+                    break
+                d = self.driven.try_next()
+                if d is None:
+                    self._fetch = asyncio.ensure_future(self._next_async())
+                    continue
+            else:
+                await asyncio.wait({task, self._fetch}, return_when=asyncio.FIRST_COMPLETED)
+                if not self._fetch.done():
+                    continue
+                d = self._fetch.result()
+                self._fetch = None
+            if d.kind is DELIVERY_SUPERVISE:
+                await self._supervise_async(d)
+            elif d.kind is not DELIVERY_SKIP:
+                self._held.append(d)
+        await asyncio.gather(task, return_exceptions=True)
+
+    async def _supervise_async(self, d: Delivery) -> None:
+        raw = d.failure
+        if raw is None or self.ended:
+            return
+        failure = MeshFailure(raw)
+        token = _current.set(self._context(d))
+        try:
+            handled, error = self._supervise(failure), None
+            if inspect.isawaitable(handled):
+                handled = await handled
+        except BaseException as e:
+            handled, error = False, e
+        finally:
+            _current.reset(token)
+        self._supervise_result(failure, handled, error, raw)
+
+    async def _end_async(self, tasks: set[Any]) -> None:
+        """The actor's loop is done (it ended, or its host loop broke): the concurrent
+        endpoint tasks still running end with it (their callers get the actor's end),
+        and a pending wait for a delivery is let finish (the queue is closed by now), so
+        nothing of the actor's is left running."""
+        import asyncio
+
+        for task in list(tasks):
+            self._cancelled.add(task)
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        fetch, self._fetch = self._fetch, None
+        if fetch is not None:
+            if not self.ended:
+                fetch.cancel()
+            await asyncio.gather(fetch, return_exceptions=True)
+        if self._end is None:  # ended behind the loop's back (aborted by the runtime)
+            self._end = (FAILED, f"The actor {self.name!r} ended ({self.driven.status})")
+        self._answer_held()
 
     async def _invoke(
         self, d: Delivery, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
+        import asyncio
+
         try:
             result = fn(*args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
+        except asyncio.CancelledError as e:
+            task = asyncio.current_task()
+            if task in self._cancelled and self._end is not None:
+                # The actor's stop (or failure) cancelled the call: the expected end
+                # of this task, not a failure of the actor, whether the endpoint let
+                # the CancelledError through or raised it again after cleaning up.
+                self._cancelled.discard(task)
+                if d.has_reply and d.method not in self._explicit:
+                    status, reason = self._end
+                    d.reply(status, [reason.encode()])
+                return
+            if after_call_hook is not None:
+                after_call_hook(e)
+            self._failure(d, e)
         except BaseException as e:
             if after_call_hook is not None:
                 after_call_hook(e)

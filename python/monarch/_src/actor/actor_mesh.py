@@ -22,7 +22,7 @@ from monarch._src import config
 from monarch._src.actor import process
 from monarch._src.actor.actor import Actor, _class_info, _ClassInfo
 from monarch._src.actor.context import context, sender
-from monarch._src.actor.endpoint import Endpoint, EndpointKind, _NotAnEndpoint
+from monarch._src.actor.endpoint import Endpoint, EndpointKind, TensorRoute, _NotAnEndpoint
 
 # Re-exported: the errors of actor calls are imported from here too.
 from monarch._src.actor.errors import ActorError as ActorError
@@ -47,6 +47,11 @@ DEPRECATED_AWAIT_SPAWN = (
     "every actor ran __init__, `await actors.initialized`"
 )
 
+
+#: ``hook(proc_mesh, name, class_name, args, kwargs) -> (args, kwargs)``: the arguments
+#: of a spawn, with monarch tensors replaced by what gives each actor its local shard.
+#: Set by the tensor engine when it is imported (no monarch tensor exists before).
+spawn_args_hook: Callable[..., tuple[tuple[Any, ...], dict[str, Any]]] | None = None
 
 _fanout: list[int] = []
 
@@ -84,6 +89,10 @@ class _Shared:
         #: The root proc mesh it was spawned on, when spawned by this process (the
         #: tensor engine checks that tensors passed to its endpoints live there).
         self.procs: weakref.ref[ProcMesh] | None = None
+        #: Set by the tensor engine once it sent the mesh a call: how this process's
+        #: calls without tensors go from then on, so that they reach the actors in the
+        #: order issued (see :data:`TensorRoute`).
+        self.tensor_route: TensorRoute | None = None
 
 
 class ActorMesh(MeshTrait, Generic[A]):
@@ -314,6 +323,8 @@ def spawn_actor_mesh(
 ) -> ActorMesh[Any]:
     """Spawn one ``cls`` actor per proc of ``proc_mesh`` (see ``ProcMesh.spawn``)."""
     info = _check_spawn(name, cls, args, kwargs)
+    if spawn_args_hook is not None:
+        args, kwargs = spawn_args_hook(proc_mesh, name, info.name, args, kwargs)
     parts = _spawn_parts(name, cls, args, kwargs)
     who = sender()
     state = process.get()

@@ -60,6 +60,14 @@ from monarch._src.actor.future import Future
 from monarch._src.actor.pickling import dumps, dumps_call
 from monarch._src.actor.value_mesh import ValueMesh
 
+#: ``route(endpoint, adverb, args, kwargs)``: how a call without monarch tensors goes
+#: to a mesh that received calls through the tensor engine (which sets it on the mesh,
+#: see ``monarch._src.tensor_engine.interop``): what the adverb returns, or
+#: :data:`SEND_DIRECTLY` when the call is to go the usual way.
+TensorRoute = Callable[["Endpoint[..., Any]", str, tuple[Any, ...], dict[str, Any]], Any]
+#: What a :data:`TensorRoute` returns for a call it leaves to the usual path.
+SEND_DIRECTLY: Any = object()
+
 if TYPE_CHECKING:
     from monarch._src.actor.actor_mesh import ActorMesh
     from monarch._src.actor.channel import Port
@@ -390,8 +398,20 @@ class Endpoint(Generic[P, R]):
                 f"cannot be pickled ({type(e).__name__}: {e})"
             ) from e
 
+    def _routed(self, adverb: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """What the tensor engine's route of this mesh does with the call, if the mesh
+        has one (it received calls with monarch tensors: later calls go the same way,
+        in order), else :data:`SEND_DIRECTLY`."""
+        route = self._mesh._shared.tensor_route
+        if route is None:
+            return SEND_DIRECTLY
+        return route(self, adverb, args, kwargs)
+
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call every actor of the view; a future of a ValueMesh of their replies."""
+        routed = self._routed("call", args, kwargs)
+        if routed is not SEND_DIRECTLY:
+            return routed  # type: ignore[no-any-return]
         try:
             payload = self._payload(args, kwargs)
         except _TensorArguments:
@@ -407,6 +427,9 @@ class Endpoint(Generic[P, R]):
                 f"call_one() needs a mesh of exactly 1 actor, but {self._mesh._describe()} "
                 f"has {n}; use call(), or slice the mesh down to one actor first"
             )
+        routed = self._routed("call_one", args, kwargs)
+        if routed is not SEND_DIRECTLY:
+            return routed  # type: ignore[no-any-return]
         try:
             payload = self._payload(args, kwargs)
         except _TensorArguments:
@@ -418,6 +441,9 @@ class Endpoint(Generic[P, R]):
         """Call one actor of the view, picked by the runtime."""
         if len(self._mesh) == 0:
             raise ValueError(f"choose() on {self._mesh._describe()}, which has no actors")
+        routed = self._routed("choose", args, kwargs)
+        if routed is not SEND_DIRECTLY:
+            return routed  # type: ignore[no-any-return]
         try:
             payload = self._payload(args, kwargs)
         except _TensorArguments:
@@ -427,6 +453,9 @@ class Endpoint(Generic[P, R]):
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[Future[R]]:
         """Call every actor; yields one future per actor, in reply arrival order."""
+        routed = self._routed("stream", args, kwargs)
+        if routed is not SEND_DIRECTLY:
+            return routed  # type: ignore[no-any-return]
         try:
             payload = self._payload(args, kwargs)
         except _TensorArguments:
@@ -435,6 +464,8 @@ class Endpoint(Generic[P, R]):
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every actor without waiting for replies (exceptions fail the actor)."""
+        if self._routed("broadcast", args, kwargs) is not SEND_DIRECTLY:
+            return
         try:
             payload = self._payload(args, kwargs)
         except _TensorArguments:
@@ -552,6 +583,15 @@ def as_endpoint(
     not_an_endpoint: Any, *, propagate: Any = None, explicit_response_port: bool = False
 ) -> Endpoint[..., Any]:
     """Treat a non-``@endpoint`` method of a spawned mesh as an endpoint."""
+    if isinstance(not_an_endpoint, Endpoint):
+        # A method made an endpoint before (the mesh now lists it), or an endpoint given
+        # another ``propagate`` (``as_endpoint(mesh.method, propagate=...)`` again).
+        return Endpoint(
+            not_an_endpoint._mesh,
+            not_an_endpoint._name,
+            explicit_response_port or not_an_endpoint._explicit,
+            propagate if propagate is not None else not_an_endpoint._propagate,
+        )
     if not isinstance(not_an_endpoint, _NotAnEndpoint):
         raise ValueError(
             "as_endpoint() takes a method of a spawned actor mesh that is not an endpoint, "

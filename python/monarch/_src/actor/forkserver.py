@@ -46,6 +46,11 @@ def _raw_status(info: os.waitid_result) -> int:
     return info.si_status & 0x7F
 
 
+class _ProcDone(BaseException):
+    """Raised in a forked proc whose ``serve_child`` returned (it stopped normally): it
+    unwinds the fork server's frames, which the child inherited, to :func:`main`."""
+
+
 class _Server:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -110,6 +115,25 @@ class _Server:
             self.reported.add(pid)
             self.send(f"X{pid} {_raw_status(info)}")
 
+    def end(self) -> None:
+        """The end of the server: the host closed it (no proc of its is left) or is
+        gone. It takes along whatever is left (children also have a parent-death
+        signal), reaps it, and leaves at once: nothing of its needs the interpreter's
+        finalization, which is slow with preloaded modules (torch)."""
+        for pid in self.live | self.reported:
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
     def fork(self, body: bytes, fds: list[int]) -> None:
         fields = body.split(b"\0")
         request = fields[0].decode()
@@ -139,6 +163,9 @@ class _Server:
         self.send(f"P{request} {pid}")
 
     def become_proc(self, fds: list[int], env: dict[str, str]) -> None:
+        """Run the proc in this forked child. A proc that stops normally unwinds to
+        :func:`main` (:class:`_ProcDone`), which leaves through the interpreter's normal
+        finalization; any other end leaves at once with its status."""
         code = 1
         try:
             server = os.getppid()
@@ -160,17 +187,17 @@ class _Server:
                     os.close(fd)
             os.environ.update(env)
             runtime.serve_child()
-            code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else 1
         except BaseException:
             traceback.print_exc()
+        else:
+            raise _ProcDone()
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
         finally:
-            try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(code)
+            os._exit(code)
 
 
 def _preload(argv: list[str]) -> None:
@@ -194,24 +221,15 @@ def main() -> None:
     server = _Server(sock)
     try:
         server.run()
-    finally:
-        # The host closed us (no proc of ours is left) or is gone: take along whatever
-        # is left (children also have a parent-death signal), and reap it.
-        for pid in server.live | server.reported:
-            for kill in (os.killpg, os.kill):
-                try:
-                    kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
-        # Nothing of ours needs the interpreter's finalization, which is slow with
-        # preloaded modules (torch): leave at once.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    except _ProcDone:
+        # Not the server: a proc forked from it that stopped normally. It ends as a
+        # proc started with `python -m monarch._src.actor.bootstrap` does, with the
+        # interpreter's normal finalization (bounded by serve_child's watchdog).
+        return
+    except BaseException:
+        server.end()
+        raise
+    server.end()
 
 
 if __name__ == "__main__":

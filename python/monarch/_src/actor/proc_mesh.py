@@ -15,6 +15,7 @@ import base64
 import logging
 import math
 import os
+import re
 import sys
 import warnings
 from collections.abc import Callable, Generator, Sequence
@@ -30,8 +31,9 @@ from monarch._src.actor.actor import Actor
 from monarch._src.actor.actor_mesh import spawn_actor_mesh
 from monarch._src.actor.bootstrap_command import BootstrapCommand
 from monarch._src.actor.context import sender
+from monarch._src.actor.errors import ActorError
 from monarch._src.actor.future import Done, Future
-from monarch._src.actor.pickling import dumps
+from monarch._src.actor.pickling import dumps, format_exception
 from monarch._src.actor.point import Point
 from monarch._src.actor.replies import RustWork
 from monarch._src.actor.shape import MeshTrait, Shape
@@ -110,8 +112,11 @@ class ProcMesh(MeshTrait):
 
     @property
     def initialized(self) -> Future[bool]:
-        """Completes (with True) once every proc is running."""
-        return Future(impl=RustWork(self._handle.initialized(), bool))
+        """Completes (with True) once every proc is running. Raises ``ActorError`` (the
+        function's traceback in it) if the ``bootstrap`` function given to
+        ``spawn_procs`` raised on a proc, ``RuntimeError`` if the procs could not
+        start for another reason."""
+        return Future(impl=RustWork(self._handle.initialized(), bool, _start_error))
 
     def __await__(self) -> Generator[Any, None, ProcMesh]:
         """``await mesh`` (the old, blocking ``await proc_mesh(...)``): waits until every
@@ -315,6 +320,74 @@ def _check_env(env: Any) -> dict[str, str]:
         if key in _RESERVED_ENV:
             raise ValueError(f"spawn_procs(env=...): {key} is set by monarch itself")
     return dict(env)
+
+
+#: The last line a proc writes to stderr when its bootstrap function raised (after the
+#: traceback): what tells the client's ``initialized`` to raise ``ActorError``.
+BOOTSTRAP_FAILED = "monarch: the bootstrap function of this proc raised (traceback above)"
+#: How the runtime's start error words the end of a proc, and where its stderr begins.
+_PROC_ENDED = re.compile(r"proc (?P<name>\S+) rank (?P<rank>\d+) \(pid (?P<pid>\d+)\)")
+_STDERR_TAIL = "; last lines of its stderr:\n"
+
+
+def _start_error(error: RuntimeError) -> BaseException:
+    """What ``initialized`` raises for the runtime's start ``error``: an ``ActorError``
+    holding the bootstrap function's exception and traceback when that function raised
+    (upstream's error), else ``error`` itself."""
+    text = str(error)
+    head, sep, tail = text.partition(_STDERR_TAIL)
+    lines = tail.splitlines()
+    if not sep or BOOTSTRAP_FAILED not in lines:
+        return error
+    formatted = "\n".join(lines[: lines.index(BOOTSTRAP_FAILED)]).strip("\n") + "\n"
+    ended = _PROC_ENDED.search(head)
+    where = (
+        f"on rank {ended['rank']} of proc mesh {ended['name']!r} (pid {ended['pid']})"
+        if ended is not None
+        else "on a proc"
+    )
+    message = (
+        f"The bootstrap function given to spawn_procs raised {where}, so its procs did "
+        "not start: fix the function (its traceback is below), then spawn the procs again."
+    )
+    return ActorError(_exception_of(formatted), message, formatted)
+
+
+def _exception_of(formatted: str) -> BaseException:
+    """The exception whose traceback is ``formatted``: a built-in exception type with
+    the same message, or a ``RuntimeError`` of its last line."""
+    import builtins
+
+    last = formatted.strip().splitlines()[-1] if formatted.strip() else "unknown error"
+    name, colon, message = last.partition(":")
+    cls = getattr(builtins, name.strip(), None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(message.strip()) if colon else cls()
+        except Exception:
+            pass
+    return RuntimeError(last)
+
+
+def run_bootstrap(fn: Callable[[], Any]) -> None:
+    """Run a spawn's ``bootstrap`` function in this proc (awaiting what it returns, if
+    awaitable). If it raises an ``Exception``, its traceback, then
+    :data:`BOOTSTRAP_FAILED`, go to stderr, and the proc exits with status 1: the
+    client's ``initialized`` raises ``ActorError`` from those lines."""
+    try:
+        result = fn()
+        if hasattr(result, "__await__"):
+            import asyncio
+
+            async def awaited() -> object:
+                return await result
+
+            asyncio.run(awaited())
+    except Exception as e:
+        sys.stderr.write(format_exception(e).rstrip("\n") + "\n" + BOOTSTRAP_FAILED + "\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)
 
 
 def child_environment(bootstrap: Callable[[], Any] | None) -> dict[str, str]:

@@ -190,14 +190,39 @@ class Failed:
 
 class RustWork(Generic[R]):
     """Work running in the runtime (a stop, a spawn's readiness), converted by
-    ``convert``."""
+    ``convert``; ``error``, if given, says what its ``RuntimeError`` raises instead."""
 
-    def __init__(self, fut: RustFuture[Any], convert: Callable[[Any], R]) -> None:
+    def __init__(
+        self,
+        fut: RustFuture[Any],
+        convert: Callable[[Any], R],
+        error: Callable[[RuntimeError], BaseException] | None = None,
+    ) -> None:
         self._fut = fut
         self._convert = convert
+        self._error = error
+
+    def _failed(self, e: RuntimeError) -> BaseException:
+        if self._error is None:
+            return e
+        return self._error(e)
 
     def wait(self, timeout: float | None) -> R:
-        return self._convert(self._fut.get(timeout))
+        try:
+            value = self._fut.get(timeout)
+        except RuntimeError as e:
+            error = self._failed(e)
+            if error is e:
+                raise
+            raise error from None
+        return self._convert(value)
 
     async def wait_async(self) -> R:
-        return self._convert(await self._fut)
+        try:
+            value = await self._fut
+        except RuntimeError as e:
+            error = self._failed(e)
+            if error is e:
+                raise
+            raise error from None
+        return self._convert(value)

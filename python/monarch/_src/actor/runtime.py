@@ -7,7 +7,8 @@
 - A proc spawned by a host runs :func:`serve_child` (``python -m
   monarch._src.actor.bootstrap``): it applies the client's config, serves its proc,
   runs the spawn's bootstrap function, reports ready, and serves until its host asks
-  it to stop.
+  it to stop; then it stops its actors and returns, and the process ends with the
+  interpreter's normal (bounded) finalization.
 
 :func:`shutdown` stops every proc this process's host spawned; it runs at interpreter
 exit, after the exit learned what became of the procs the program uses and judged the
@@ -20,13 +21,14 @@ import atexit
 import base64
 import os
 import sys
+import time
 
 from monarch._rust_bindings import ProcAgent, monitor_stack_fd, set_max_frame_len
 from monarch._src import config
 from monarch._src.actor import cpu_threads, cuda_devices, logs, proc_bind, process, supervision
 from monarch._src.actor.actor_host import run_spawner, stop_all
 from monarch._src.actor.pickling import loads
-from monarch._src.actor.proc_mesh import BOOTSTRAP_FN_ENV, ROOT_PROC_ENV
+from monarch._src.actor.proc_mesh import BOOTSTRAP_FN_ENV, ROOT_PROC_ENV, run_bootstrap
 
 __all__ = ["bootstrap_root", "liveness", "serve_child", "shutdown"]
 
@@ -115,26 +117,44 @@ def serve_child() -> None:
     remote_pdb.install()
     blob = os.environ.get(BOOTSTRAP_FN_ENV)
     if blob is not None:
-        fn = loads(base64.b64decode(blob))
-        result = fn()
-        if hasattr(result, "__await__"):
-            import asyncio
-
-            async def awaited() -> object:
-                return await result
-
-            asyncio.run(awaited())
+        run_bootstrap(loads(base64.b64decode(blob)))
     run_spawner(state)
     agent.report_ready()
     agent.wait_for_stop()
+    asked = time.monotonic()
     agent.close_spawns()
     # Graceful: every actor here cancels its concurrent tasks, runs __cleanup__ and is
     # released (finalizers run), bounded by the stop timeout.
-    stop_all("its proc is stopping", _seconds("stop_actor_timeout"))
+    limit = _seconds("stop_actor_timeout")
+    stuck = stop_all("its proc is stopping", limit)
     sys.stdout.flush()
     sys.stderr.flush()
-    # Actor threads are daemons and the host decided we stop: leave without joining.
-    os._exit(0)
+    if stuck:
+        # An actor's thread still runs its code, which the interpreter's finalization
+        # could wait for, or pull the rug from under: the host decided we stop, leave.
+        os._exit(0)
+    # Returning ends the process with the interpreter's normal finalization, as any
+    # Python program ends: atexit handlers and the finalizers (``__del__``,
+    # ``weakref.finalize``) of what modules still hold run. Never for longer than what
+    # is left of the stop timeout (at least FINALIZE_MIN seconds): past that, a watchdog
+    # that needs no Python (faulthandler's) dumps the threads' stacks to stderr and ends
+    # the process.
+    _bound_finalization(max(FINALIZE_MIN, limit - (time.monotonic() - asked)))
+
+
+#: The least time a stopping proc's interpreter is given to finalize, in seconds.
+FINALIZE_MIN = 2.0
+
+
+def _bound_finalization(seconds: float) -> None:
+    """End this process ``seconds`` from now if it has not ended by then (the stacks of
+    its threads go to stderr first: whatever held up the exit)."""
+    import faulthandler
+
+    try:
+        faulthandler.dump_traceback_later(seconds, exit=True, file=sys.stderr)
+    except (OSError, RuntimeError, ValueError):  # no usable stderr: leave at once
+        os._exit(0)
 
 
 def _shutdown_at_exit() -> None:

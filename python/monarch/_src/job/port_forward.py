@@ -32,6 +32,8 @@ Invariants (tests cite them):
   file half-closes it.
 - PF-4: stopping the ``PortForwarder`` closes every listening socket and connection of
   its forwards.
+- PF-5: sources listen with ``SO_REUSEPORT``: source procs on one host may share an
+  address, and the connections to it spread over them.
 """
 
 from __future__ import annotations
@@ -346,7 +348,9 @@ class _Listener(Actor):
         point = _my_point()
         host, port = _parse_address("src_address", _resolve(address, point), allow_zero=True)
         self._connector = connectors.slice(**dict(point))
-        self._server = await asyncio.start_server(self._accept, host, port)
+        # SO_REUSEPORT: the procs of a mesh on one host may share one source address;
+        # the kernel spreads the connections to it over them.
+        self._server = await asyncio.start_server(self._accept, host, port, reuse_port=True)
         bound = self._server.sockets[0].getsockname()
         return _format_address(str(bound[0]), int(bound[1]))
 

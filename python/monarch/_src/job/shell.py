@@ -59,6 +59,10 @@ __all__ = ["shell"]
 
 R = TypeVar("R")
 
+#: Seconds the shell gets, after the client's stdin ended, to finish what it read (a
+#: script's last commands, ``exit``) before its session is hung up.
+_EOF_GRACE = 2.0
+
 
 # --- messages ---------------------------------------------------------------------------
 
@@ -256,6 +260,8 @@ class _ShellSession(Actor):
         # does not read, while the shell waits for that ack to write its output, would
         # deadlock.
         typed: asyncio.Queue[bytes | None] = asyncio.Queue()
+        #: Set when the client's stdin ended.
+        input_ended = asyncio.Event()
 
         async def from_client() -> None:
             while True:
@@ -269,6 +275,17 @@ class _ShellSession(Actor):
                         _set_window_size(master, message.rows, message.columns)
                 else:
                     typed.put_nowait(None)
+                    input_ended.set()
+
+        async def hang_up_after_input() -> None:
+            # The end of the client's input ends the session, as a terminal closing
+            # does: what the shell still runs :data:`_EOF_GRACE` seconds later (a
+            # foreground command, the shell itself) is hung up, then killed.
+            await input_ended.wait()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(child.exited.wait(), _EOF_GRACE)
+            if not child.exited.is_set():
+                await child.end()
 
         async def to_shell() -> None:
             while (data := await typed.get()) is not None:
@@ -283,7 +300,11 @@ class _ShellSession(Actor):
                     writer.close()
 
         pumps = [asyncio.ensure_future(pump(r, n)) for r, n in streams]
-        feeding = [asyncio.ensure_future(from_client()), asyncio.ensure_future(to_shell())]
+        feeding = [
+            asyncio.ensure_future(from_client()),
+            asyncio.ensure_future(to_shell()),
+            asyncio.ensure_future(hang_up_after_input()),
+        ]
         try:
             await child.exited.wait()
             await asyncio.wait(pumps, timeout=_DRAIN_GRACE)
@@ -477,7 +498,9 @@ def shell(
     the window size follow the local terminal, which is in raw mode meanwhile, so keys
     such as Ctrl-C go to the remote shell); otherwise through plain pipes, the shell
     reading its commands from stdin and its stderr going to the client's stderr. The
-    shell's status once it exits (128 + the signal that killed it).
+    end of stdin ends the session: what the shell still runs :data:`_EOF_GRACE` seconds
+    later, a foreground command included, is hung up. The shell's status once it exits
+    (128 + the signal that killed it).
 
     Raises ``ValueError`` unless ``host_mesh`` has exactly one host (slice it first:
     ``hosts.slice(hosts=0)``).

@@ -16,6 +16,18 @@ tensors, whose shapes the endpoint's ``propagate`` function gave the client. If 
 endpoint raises, those tensors are failed: fetching them raises ``RemoteException``
 naming the rank.
 
+Once an actor mesh received such a call (or an rref), this process's later calls to it
+without tensors take the same way, on the stream of its last tensor call (see
+:func:`_route`): each worker sends them to its proc's actor after the earlier ones, so
+the actors see the calls in the order the client issued them, as upstream Monarch.
+(While the engine cannot take work, its procs stopped or dead, they go directly.)
+
+Monarch tensors passed to ``ProcMesh.spawn`` as constructor arguments reach each actor
+as its local shard too: the spawn's pickled arguments hold a :class:`_SpawnShard` per
+tensor, and the ``("spawn_args", token, refs, ranks)`` command has each worker of those
+ranks publish copies of its shards under ``token`` in its process, where the actor's
+unpickling of its arguments waits for them (at most ``tensor_collective_timeout``).
+
 A payload is ``(kind, actor_mesh, method, args, kwargs, port, targets, count, metas)``:
 ``kind`` is ``"call"`` or ``"rref"``, ``args``/``kwargs`` the arguments with
 :class:`~monarch._src.tensor_engine.wire.Ref` for monarch tensors, ``port`` where
@@ -27,7 +39,9 @@ size of that view, and ``metas`` the ``(size, dtype)`` of each output of an rref
 from __future__ import annotations
 
 import random
+import threading
 import time
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -57,7 +71,7 @@ if TYPE_CHECKING:
     from monarch._src.actor.actor_mesh import ActorMesh
     from monarch._src.actor.endpoint import Endpoint
 
-__all__ = ["call", "has_tensors", "rref", "worker_actor_command"]
+__all__ = ["call", "has_tensors", "rref", "spawn_args", "worker_actor_command"]
 
 _ADVERBS = ("call", "call_one", "choose", "stream", "broadcast")
 
@@ -143,22 +157,62 @@ def _issue(view: View, payload: tuple[Any, ...], outs: list[int], stream: Stream
         engine.issue(view, (wire.ACTOR, seq, payload, outs), 0, _client_frames(), stream)
 
 
+class _Route:
+    """How calls without tensors go to an actor mesh that received tensor calls: on the
+    view and stream of the last of those (see the module docs)."""
+
+    def __init__(self, view: View, stream: Stream) -> None:
+        self.view = view
+        self.stream = stream
+
+    def __call__(
+        self, endpoint: Endpoint[..., Any], adverb: str, args: tuple[Any, ...], kwargs: Any
+    ) -> Any:
+        from monarch._src.actor.endpoint import SEND_DIRECTLY
+
+        engine = self.view.engine
+        if engine.failure is not None or engine.closed or adverb not in _ADVERBS:
+            return SEND_DIRECTLY
+        endpoint._check(args, kwargs)
+        if has_tensors(args, kwargs):
+            return call(endpoint, adverb, args, kwargs)
+        return call(endpoint, adverb, args, kwargs, route=self)
+
+
+def _routed_from_now(mesh: ActorMesh[Any], view: View, stream: Stream) -> None:
+    """``mesh`` received a call through the engine: its calls without tensors follow."""
+    route = mesh._shared.tensor_route
+    if isinstance(route, _Route) and route.view.engine is view.engine:
+        route.view, route.stream = view, stream
+    else:
+        mesh._shared.tensor_route = _Route(view, stream)
+
+
 def call(
-    endpoint: Endpoint[..., Any], adverb: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    endpoint: Endpoint[..., Any],
+    adverb: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    route: _Route | None = None,
 ) -> Any:
-    """An endpoint adverb whose arguments hold monarch tensors (see the module docs):
-    what the adverb gives for a plain call."""
+    """An endpoint adverb whose arguments hold monarch tensors, or that goes the way of
+    earlier ones (``route``; see the module docs): what the adverb gives for a plain
+    call."""
     assert adverb in _ADVERBS, adverb
     mesh = endpoint._mesh
     name = endpoint._name
     qualname = endpoint._qualname()
     eargs, ekwargs, tensors = _encode(args, kwargs)
-    active = current_view()
-    if active is not None and tensors[0]._view.engine is not active.engine:
-        active = None  # the tensors say where it runs
-    # On its tensors' stream, as upstream (the first tensor's; the others must agree).
-    stream = tensors[0]._stream
-    view = _view_of(tensors, qualname, active, stream)
+    if tensors:
+        active = current_view()
+        if active is not None and tensors[0]._view.engine is not active.engine:
+            active = None  # the tensors say where it runs
+        # On its tensors' stream, as upstream (the first tensor's; the others must agree).
+        stream = tensors[0]._stream
+        view = _view_of(tensors, qualname, active, stream)
+    else:
+        assert route is not None
+        view, stream = route.view, route.stream
     targets = _targets(mesh, view, qualname, exact=False)
     n = len(targets)
     if adverb == "call_one" and n != 1:
@@ -192,6 +246,7 @@ def call(
     port = queue.port() if queue is not None else None
     payload = ("call", mesh, name, eargs, ekwargs, port, targets, n, None)
     _issue(view, payload, [], stream)
+    _routed_from_now(mesh, view, stream)
     view.engine.flush()
     if queue is None:
         return None
@@ -296,12 +351,14 @@ def rref(endpoint: Endpoint[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
     propagate = endpoint._propagate
     if propagate is None and prop is not None:
         propagate = prop._propagate
-    if not callable(propagate):
+    if not callable(propagate) and propagate != "inspect":
         raise ValueError(
             f"{qualname}.rref(...) needs to know the shapes of the endpoint's tensors "
             f"without running it, but its propagate is {propagate!r}: declare it with "
             "`@endpoint(propagate=fn)`, where fn takes the endpoint's arguments (fake "
-            "tensors for monarch tensors) and returns a result of the same structure"
+            "tensors for monarch tensors) and returns a result of the same structure, or "
+            "`@endpoint(propagate='inspect')` for an endpoint run for its effect (rref "
+            "then returns None)"
         )
     eargs, ekwargs, tensors = _encode(args, kwargs)
     active = current_view()
@@ -318,12 +375,19 @@ def rref(endpoint: Endpoint[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
     error = mesh._stopped_error(endpoint._name)
     if error is not None:
         raise error
-    described = _propagate_fake(propagate, args, kwargs)
-    result, outs = _tensors_of(described, view)
-    leaves, _ = tree_flatten(result)
-    metas = [(tuple(t.shape), t.dtype) for t in leaves if isinstance(t, Tensor)]
+    if propagate == "inspect":
+        # Run for its effect, in program order, as upstream: no result is kept.
+        result: Any = None
+        outs: list[int] = []
+        metas: list[tuple[tuple[int, ...], torch.dtype]] | None = None
+    else:
+        described = _propagate_fake(propagate, args, kwargs)
+        result, outs = _tensors_of(described, view)
+        leaves, _ = tree_flatten(result)
+        metas = [(tuple(t.shape), t.dtype) for t in leaves if isinstance(t, Tensor)]
     payload = ("rref", mesh, endpoint._name, eargs, ekwargs, None, targets, len(targets), metas)
     _issue(view, payload, outs, stream)
+    _routed_from_now(mesh, view, stream)
     return result
 
 
@@ -334,6 +398,9 @@ def worker_actor_command(worker: Any, cmd: tuple[Any, ...]) -> None:
     """Run ``(ACTOR, seq, payload, outs)`` on ``worker`` (a ``TensorWorker``): see the
     module docs. An exception fails ``outs``."""
     _, seq, payload, outs = cmd
+    if payload[0] == "spawn_args":
+        _publish_spawn_args(worker, seq, payload)
+        return
     kind, mesh, method, eargs, ekwargs, port, targets, count, metas = payload
     index = targets.get(worker.rank)
     if index is None:
@@ -409,7 +476,7 @@ def _run(
     kwargs: Any,
     index: int,
     count: int,
-    metas: list[tuple[tuple[int, ...], torch.dtype]],
+    metas: list[tuple[tuple[int, ...], torch.dtype]] | None,
     outs: list[int],
 ) -> None:
     """An rref on this rank: call the local actor, wait for its result, keep its
@@ -433,6 +500,8 @@ def _run(
             f"{timeout} s (tensor_collective_timeout); its result is lost"
         ) from None
     result = decode([item], mesh._view_info(), qualname)[0]
+    if metas is None:  # propagate="inspect": run for its effect
+        return
     leaves, _ = tree_flatten(result)
     tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
     if len(tensors) != len(outs):
@@ -442,11 +511,138 @@ def _run(
         )
     for i, (t, (size, dtype)) in enumerate(zip(tensors, metas, strict=True)):
         if tuple(t.shape) != tuple(size) or t.dtype != dtype:
-            raise ValueError(
-                f"{qualname}.rref(...): tensor {i} of the endpoint's result is "
-                f"{tuple(t.shape)} {t.dtype}, but its propagate function said {tuple(size)} "
-                f"{dtype}; make them agree"
+            # As upstream, the real result is kept; the client's tensor still has the
+            # propagated shape, so work on it may go wrong: say so, naming both.
+            warnings.warn(
+                f"{qualname}.rref(...) on rank {worker.rank}: tensor {i} of the endpoint's "
+                f"result is {tuple(t.shape)} {t.dtype}, but its propagate function said "
+                f"{tuple(size)} {dtype}; the result is kept as the endpoint returned it, "
+                "while the client's tensor has the propagated shape: make them agree",
+                RuntimeWarning,
+                stacklevel=1,
             )
     values = worker.values
     for out, t in zip(outs, tensors, strict=True):
         values[out] = t
+
+
+# --- monarch tensors as spawn arguments ------------------------------------------------------
+
+
+class _SpawnShard:
+    """A monarch tensor among the arguments of a spawn: unpickled in an actor's proc,
+    it becomes that proc's shard (``index`` of the tensors published under ``token``)."""
+
+    __slots__ = ("index", "token")
+
+    def __init__(self, token: int, index: int) -> None:
+        self.token = token
+        self.index = index
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_spawn_shard, (self.token, self.index))
+
+
+def spawn_args(
+    proc_mesh: Any, name: str, class_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments of ``proc_mesh.spawn(name, cls, *args, **kwargs)`` with each monarch
+    tensor replaced by a :class:`_SpawnShard`, after asking the workers of its procs to
+    publish their shards (see the module docs). Arguments without monarch tensors are
+    returned as they are."""
+    leaves, spec = tree_flatten((list(args), kwargs))
+    tensors = [leaf for leaf in leaves if isinstance(leaf, Tensor)]
+    if not tensors:
+        return args, kwargs
+    what = f"spawn({name!r}, {class_name}, ...)"
+    active = current_view()
+    if active is not None and tensors[0]._view.engine is not active.engine:
+        active = None
+    stream = tensors[0]._stream
+    view = _view_of(tensors, what, active, stream)
+    if proc_mesh._root is not view.engine.root:
+        raise ValueError(
+            f"{what}: the monarch tensors passed to it live on {view.engine.root!r}, but "
+            f"the actors are spawned on {proc_mesh!r}; an actor receives the shards of "
+            "tensors on its own proc only: spawn the actors on the tensors' procs, or move "
+            "the tensors there first (`monarch.to_mesh(t, procs)`)"
+        )
+    ranks = list(proc_mesh._shape.ranks())
+    mine = set(view.shape.ranks())
+    extra = [r for r in ranks if r not in mine]
+    if extra:
+        raise ValueError(
+            f"{what}: the actors' procs (global ranks {ranks}) must be among those of the "
+            f"mesh the tensors are used on (global ranks {sorted(mine)}); spawn on a slice "
+            "of it, or activate the mesh of the procs (`with procs.activate():`)"
+        )
+    engine = view.engine
+    engine.check()
+    with engine.lock:
+        token = engine.new_token()
+    _issue(view, ("spawn_args", token, [t._h.ref for t in tensors], ranks), [], stream)
+    engine.flush()
+    out = []
+    index = 0
+    for leaf in leaves:
+        if isinstance(leaf, Tensor):
+            out.append(_SpawnShard(token, index))
+            index += 1
+        else:
+            out.append(leaf)
+    sargs, skwargs = tree_unflatten(out, spec)
+    return tuple(sargs), skwargs
+
+
+#: In a proc: the shards published for spawns, by token: ``[values, left to take]``.
+_spawn_values: dict[int, list[Any]] = {}
+_spawn_changed = threading.Condition()
+
+
+def _publish_spawn_args(worker: Any, seq: int, payload: tuple[Any, ...]) -> None:
+    """On a worker: publish copies of this rank's shards of a spawn's tensors (a
+    ``wire.Failure`` for one that holds no value), if an actor of the spawn is here."""
+    _, token, refs, ranks = payload
+    if worker.rank not in ranks:
+        return
+    values: list[Any] = []
+    for ref in refs:
+        value = worker._value(ref.id)
+        if isinstance(value, torch.Tensor):
+            try:
+                copy = value.detach().clone()
+                if copy.is_cuda:  # made on the worker's stream: done before the actor reads
+                    torch.cuda.current_stream(copy.device).synchronize()
+                value = copy
+            except Exception as e:
+                value = worker._failure(seq, e)
+        values.append(value)
+    with _spawn_changed:
+        _spawn_values[token] = [values, len(values)]
+        _spawn_changed.notify_all()
+
+
+def _spawn_shard(token: int, index: int) -> Any:
+    """In an actor's proc, unpickling its spawn arguments: its shard of the spawn's
+    tensor ``index``, once this proc's worker published it."""
+    from monarch._src import config
+
+    timeout = float(config.get("tensor_collective_timeout"))
+    with _spawn_changed:
+        if not _spawn_changed.wait_for(lambda: token in _spawn_values, timeout):
+            raise TimeoutError(
+                f"the shard of a monarch tensor passed to spawn did not reach this proc "
+                f"within {timeout} s (tensor_collective_timeout): its tensor worker is stuck "
+                "or gone"
+            )
+        entry = _spawn_values[token]
+        value = entry[0][index]
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del _spawn_values[token]
+    if type(value) is wire.Failure:
+        raise RuntimeError(
+            f"a monarch tensor passed to spawn holds no value on rank {value.rank}: the work "
+            f"that produced it failed:\n{value.error}"
+        )
+    return value

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from monarch._src.actor import actor_mesh as _actor_mesh
 from monarch._src.tensor_engine import _torch, wire
 from monarch._src.tensor_engine.errors import (
     BORROWED,
@@ -951,3 +952,14 @@ def _check_dims(view: View, dims: str | Sequence[str], what: str) -> tuple[str, 
     if len(set(names)) != len(names):
         raise ValueError(f"{what}: dims {list(names)} repeat a dimension")
     return names
+
+
+def _spawn_args(*args: Any) -> Any:
+    from monarch._src.tensor_engine.interop import spawn_args
+
+    return spawn_args(*args)
+
+
+# Monarch tensors exist from now on: ``ProcMesh.spawn`` hands their local shards to the
+# actors (see ``monarch._src.tensor_engine.interop``).
+_actor_mesh.spawn_args_hook = _spawn_args
