@@ -83,10 +83,16 @@ const STDERR_CLOSE_LIMIT: Duration = Duration::from_secs(1);
 /// as lost (see `Host::watch_link`).
 pub const LOST_GRACE: Duration = Duration::from_millis(200);
 
-/// How long the host waits, after it reaped a proc, for the proc's output pipes to be
-/// read to their end before it publishes the exit (LOG-2): they close at once unless a
-/// descendant that left the proc's process group holds them.
+/// How long the host waits, after it reaped a proc, for its output pipes to be read to
+/// their end before it publishes the exit (LOG-2) *while nothing arrives on them*: they
+/// close at once unless a descendant that left the proc's process group holds them.
+/// While output still arrives (a proc that wrote a lot just before it exited, read by a
+/// host that load slows down) the host keeps reading, up to [`PIPE_DRAIN_MAX`].
 pub const PIPE_DRAIN_LIMIT: Duration = Duration::from_millis(500);
+
+/// The longest the host waits for a reaped proc's pipes, however much still arrives on
+/// them (a descendant that holds them and keeps writing).
+pub const PIPE_DRAIN_MAX: Duration = Duration::from_secs(30);
 
 /// The host agent: see the [module docs](self).
 pub struct Host {

@@ -25,8 +25,9 @@
 //!   proc wrote them. Lines of a proc's stdout and of its stderr are two streams; they
 //!   are interleaved as the host read them.
 //! - LOG-2 (last words first): the host reports a proc's exit only after it read the
-//!   proc's pipes to their end (or for at most [`crate::host::PIPE_DRAIN_LIMIT`], if a
-//!   descendant holds them open) and queued the lines before the exit on the same
+//!   proc's pipes to their end (or until nothing arrived on them for
+//!   [`crate::host::PIPE_DRAIN_LIMIT`], if a descendant holds them open) and queued the
+//!   lines before the exit on the same
 //!   event stream. The host agent sends the lines, then the death report, from the
 //!   same sender to the same control port, so an owner that watches the proc receives
 //!   the proc's last lines before its failure.

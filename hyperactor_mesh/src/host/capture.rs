@@ -5,8 +5,9 @@
 //! and stderr.
 //!
 //! Each pipe is read by a task of its own until it closes; the child's exit is
-//! published only after both closed (bounded, see [`super::PIPE_DRAIN_LIMIT`]), so its
-//! last lines come before its exit on the event stream (LOG-2).
+//! published only after both closed (bounded by progress, see
+//! [`super::PIPE_DRAIN_LIMIT`]), so its last lines come before its exit on the event
+//! stream (LOG-2).
 
 use std::fs::File;
 use std::io::Write;
@@ -168,6 +169,7 @@ pub(crate) async fn drain(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        child.pipe_read(n);
         capture.write_file(&buf[..n]);
         partial.extend_from_slice(&buf[..n]);
         let texts = split_lines(&mut partial);

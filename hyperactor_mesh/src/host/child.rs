@@ -10,8 +10,9 @@
 //!   (see [`super::capture`]); its stdin is a pipe the host holds (the stop request).
 //! - **Reap.** A task per child awaits `Child::wait` (woken by the runtime's child
 //!   watcher, not by polling), marks the child exited, waits until its output pipes are
-//!   read to the end (at most [`super::PIPE_DRAIN_LIMIT`]: a descendant that left the
-//!   child's process group may hold them open), then publishes the status on a watch
+//!   read to the end (a descendant that left the child's process group may hold them
+//!   open: the wait ends once nothing arrived for [`super::PIPE_DRAIN_LIMIT`], or after
+//!   [`super::PIPE_DRAIN_MAX`]), then publishes the status on a watch
 //!   channel and to the child's route: the spawn that is still waiting for it, or the
 //!   host's event stream, after the child's last lines (LOG-2).
 //! - **Kill.** `SIGKILL` to the whole process group (and the leader), sent under the state
@@ -23,6 +24,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -93,6 +95,8 @@ pub(crate) struct ChildProc {
     stderr_tail: Mutex<VecDeque<String>>,
     /// How many of its output pipes are still open.
     pipes_open: watch::Sender<u8>,
+    /// How many bytes were read from its output pipes: progress of the drain.
+    pipe_bytes: AtomicU64,
 }
 
 impl ChildProc {
@@ -147,10 +151,34 @@ impl ChildProc {
         self.stderr_tail()
     }
 
-    /// Waits (at most `limit`) until both output pipes are read to their end.
+    /// Waits until both output pipes are read to their end, or until nothing was read
+    /// from them for `limit` (a descendant holds them open and is silent), or
+    /// [`super::PIPE_DRAIN_MAX`] passed. Progress, not total time, bounds the wait: a
+    /// host slowed down by load still reads everything a proc wrote before it exited.
     async fn wait_pipes_closed(&self, limit: std::time::Duration) {
         let mut open = self.pipes_open.subscribe();
-        let _ = tokio::time::timeout(limit, open.wait_for(|n| *n == 0)).await;
+        let deadline = tokio::time::Instant::now() + super::PIPE_DRAIN_MAX;
+        let mut read = self.pipe_bytes.load(Ordering::Relaxed);
+        loop {
+            let step = tokio::time::Instant::now() + limit;
+            let until = step.min(deadline);
+            if tokio::time::timeout_at(until, open.wait_for(|n| *n == 0))
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            let now = self.pipe_bytes.load(Ordering::Relaxed);
+            if now == read || until == deadline {
+                return;
+            }
+            read = now;
+        }
+    }
+
+    /// Called by a drain task for each chunk it read: `bytes` more arrived.
+    pub(crate) fn pipe_read(&self, bytes: usize) {
+        self.pipe_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
     /// Called by a drain task when its pipe closed.
@@ -374,6 +402,7 @@ impl ChildProc {
             stdin: Mutex::new(stdin),
             stderr_tail: Mutex::new(VecDeque::new()),
             pipes_open: watch::channel(0).0,
+            pipe_bytes: AtomicU64::new(0),
         })
     }
 }

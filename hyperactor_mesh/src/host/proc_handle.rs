@@ -7,8 +7,8 @@
 //! Invariants:
 //!
 //! - HOST-2 (prompt exit): a proc's exit is published as soon as the host reaps it and
-//!   has read its output pipes to their end (at most
-//!   [`crate::host::PIPE_DRAIN_LIMIT`] later, LOG-2) — on the handle's status watch
+//!   has read its output pipes to their end (bounded by
+//!   [`crate::host::PIPE_DRAIN_LIMIT`] without progress, LOG-2) — on the handle's status watch
 //!   ([`ProcHandle::watch`], [`ProcHandle::wait`]) and as one [`ProcExit`] on the host's
 //!   event stream ([`crate::host::Host::next_event`], [`crate::host::Host::next_exit`])
 //!   — driven by the child's exit itself, never by polling.
