@@ -10,13 +10,20 @@ CARGO ?= cargo
 VENV_PYTHON := $(VENV)/bin/python
 MATURIN := $(VENV)/bin/maturin
 
-# Python packages the venv needs to build, test and lint. Changing this list changes the
-# stamp file name, so the next `make install` installs again; otherwise pip is skipped.
-PY_REQUIREMENTS := maturin>=1.9.4,<2 pytest pytest-timeout ruff mypy cloudpickle matplotlib torch \
-	nbclient ipykernel nbformat pexpect kubernetes kubernetes-validate jsonschema selenium \
-	prometheus-client
-REQ_HASH := $(shell printf '%s' '$(PY_REQUIREMENTS)' | sha256sum | cut -c1-16)
-REQ_STAMP := $(VENV)/.requirements-$(REQ_HASH)
+# Python packages of the venv, in three groups, each installed once (its stamp file's name
+# carries a hash of its list, so changing a list installs that group again): what building
+# the extension needs, what the demos add (torch), and what the tests, linters and docs
+# tools add. `make demo` installs the first two only; `make install` and `make test` all.
+BUILD_REQUIREMENTS := maturin>=1.9.4,<2 cloudpickle
+DEMO_REQUIREMENTS := torch
+DEV_REQUIREMENTS := pytest pytest-timeout ruff mypy matplotlib nbclient ipykernel nbformat \
+	pexpect kubernetes kubernetes-validate jsonschema selenium prometheus-client
+req_stamp = $(VENV)/.requirements-$(1)-$(shell printf '%s' '$(2)' | sha256sum | cut -c1-16)
+BUILD_STAMP := $(call req_stamp,build,$(BUILD_REQUIREMENTS))
+DEMO_STAMP := $(call req_stamp,demo,$(DEMO_REQUIREMENTS))
+DEV_STAMP := $(call req_stamp,dev,$(DEV_REQUIREMENTS))
+# Everything: what `install`, the tests and the linters use.
+REQ_STAMP := $(BUILD_STAMP) $(DEMO_STAMP) $(DEV_STAMP)
 
 # Plain cargo commands configure PyO3 the way maturin does: the venv's interpreter, and
 # PYO3_BUILD_EXTENSION_MODULE so the monarch_extension cdylib never links libpython (which
@@ -33,7 +40,7 @@ PY_LINT_PATHS := $(wildcard python tests examples benches tools)
 .DEFAULT_GOAL := help
 
 .PHONY: help install build-dev build-prod format lint lint-rust lint-python stubtest \
-	typecheck test test-deps test-rust test-python slurm-deps browser-deps demo bench bench-peers bench-multihost bench-rdma bench-tensors bench-ddp docs all \
+	typecheck test test-deps test-rust test-python slurm-deps browser-deps demo demo-build bench bench-peers bench-multihost bench-rdma bench-tensors bench-ddp docs all \
 	clean distclean
 
 help: ## Show this list of targets
@@ -43,18 +50,30 @@ help: ## Show this list of targets
 $(VENV_PYTHON):
 	$(PYTHON) -m venv $(VENV)
 
-$(REQ_STAMP): | $(VENV_PYTHON)
-	$(VENV_PYTHON) -m pip install --quiet -U pip
-	$(VENV_PYTHON) -m pip install --quiet $(foreach r,$(PY_REQUIREMENTS),'$(r)')
-	rm -f $(VENV)/.requirements-*
+# pip skips byte-compiling (--no-compile): torch alone has thousands of modules, of which
+# a program imports a few hundred, compiled on first import.
+define pip_install
+	$(VENV_PYTHON) -m pip install --quiet --disable-pip-version-check --no-compile \
+		$(foreach r,$(2),'$(r)')
+	rm -f $(VENV)/.requirements-$(1)-*
 	touch $@
+endef
 
-install: build-prod ## Create .venv, install Python deps (once), build the extension (release)
+$(BUILD_STAMP): | $(VENV_PYTHON)
+	$(call pip_install,build,$(BUILD_REQUIREMENTS))
 
-build-dev: $(REQ_STAMP) ## Build the extension in debug mode into .venv (maturin develop)
+$(DEMO_STAMP): | $(VENV_PYTHON)
+	$(call pip_install,demo,$(DEMO_REQUIREMENTS))
+
+$(DEV_STAMP): | $(VENV_PYTHON)
+	$(call pip_install,dev,$(DEV_REQUIREMENTS))
+
+install: $(REQ_STAMP) build-prod ## Create .venv, install every Python dependency (once), build the extension (release)
+
+build-dev: $(BUILD_STAMP) ## Build the extension in debug mode into .venv (maturin develop)
 	$(MATURIN_DEVELOP)
 
-build-prod: $(REQ_STAMP) ## Build the extension in release mode into .venv
+build-prod: $(BUILD_STAMP) ## Build the extension in release mode into .venv
 	$(MATURIN_DEVELOP) --release
 
 # Distributions for `pip install` (docs/install.md). The wheel holds the release extension
@@ -66,17 +85,17 @@ DIST_DIR ?= dist
 
 .PHONY: wheel sdist
 
-wheel: $(REQ_STAMP) ## Build the release wheel (abi3, manylinux) into dist/ and print its size
+wheel: $(BUILD_STAMP) ## Build the release wheel (abi3, manylinux) into dist/ and print its size
 	rm -f $(DIST_DIR)/monarch-*.whl
 	$(MATURIN) build --release --interpreter $(VENV_PYTHON) --out $(DIST_DIR)
 	$(VENV_PYTHON) tools/dist_check.py wheel $(DIST_DIR)/monarch-*.whl
 
-sdist: $(REQ_STAMP) ## Build the source distribution into dist/
+sdist: $(BUILD_STAMP) ## Build the source distribution into dist/
 	rm -f $(DIST_DIR)/monarch-*.tar.gz
 	$(MATURIN) sdist --out $(DIST_DIR)
 	$(VENV_PYTHON) tools/dist_check.py sdist $(DIST_DIR)/monarch-*.tar.gz
 
-format: $(REQ_STAMP) ## Format Rust and Python sources in place
+format: $(DEV_STAMP) ## Format Rust and Python sources in place
 	$(CARGO) fmt --all
 	$(VENV)/bin/ruff format $(PY_LINT_PATHS)
 
@@ -86,7 +105,7 @@ lint-rust: | $(VENV_PYTHON) ## cargo fmt --check and clippy with warnings denied
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-lint-python: $(REQ_STAMP) ## ruff check and ruff format --check
+lint-python: $(DEV_STAMP) ## ruff check and ruff format --check
 	$(VENV)/bin/ruff check $(PY_LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(PY_LINT_PATHS)
 
@@ -129,9 +148,28 @@ test-python: $(REQ_STAMP) ## Run pytest (build the extension first: make install
 slurm-deps: ## Install Slurm and munge for tests/slurm (root; no daemon is started)
 	tests/slurm/install_slurm.sh
 
-demo: install ## Install everything, run the demos: Rust ping-pong and native mesh, Python tour, DDP, RDMA, tensors, DDP on tensors, crawler, RL
-	$(CARGO) run --release -p hyperactor --example ping_pong
-	$(CARGO) run --release -p hyperactor_mesh --example mesh_demo
+# The Rust demos (package monarch_demos: the examples of hyperactor and hyperactor_mesh as
+# programs) are built in one cargo invocation with the extension's library and with the
+# environment maturin gives cargo: the same features, flags and PyO3 configuration, so
+# cargo finds every crate maturin compiled for `build-prod` and compiles the demos only.
+# tools/cargo_fresh.py prints cargo's messages and warns if anything else was compiled
+# (a newer maturin that passes cargo something else, say).
+CARGO_TARGET := $(or $(CARGO_TARGET_DIR),target)
+PY_VERSION = $(shell $(VENV_PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+MATURIN_CARGO_ENV = PYO3_BUILD_EXTENSION_MODULE=1 \
+	PYO3_CONFIG_FILE=$(abspath $(firstword $(wildcard \
+		$(CARGO_TARGET)/maturin/pyo3-config-*-$(PY_VERSION)-abi3.txt))) \
+	PYO3_ENVIRONMENT_SIGNATURE=cpython-$(PY_VERSION)-64bit \
+	PYO3_PYTHON=$(abspath $(VENV_PYTHON)) PYTHON_SYS_EXECUTABLE=$(abspath $(VENV_PYTHON))
+DEMO_BINS := $(CARGO_TARGET)/release
+
+demo-build: build-prod ## Build the Rust demos with the extension's release build (compiles the demos only)
+	$(MATURIN_CARGO_ENV) $(CARGO) build --release -p monarch_extension -p monarch_demos --lib --bins \
+		--message-format json-render-diagnostics | $(VENV_PYTHON) tools/cargo_fresh.py monarch_demos
+
+demo: build-prod $(DEMO_STAMP) demo-build ## Install what the demos need (not the test tools), run them: Rust ping-pong and native mesh, Python tour, DDP, RDMA, tensors, DDP on tensors, crawler, RL
+	$(DEMO_BINS)/ping_pong
+	$(DEMO_BINS)/mesh_demo
 	$(VENV_PYTHON) examples/ping_pong.py
 	$(VENV_PYTHON) examples/getting_started.py
 	$(VENV_PYTHON) examples/ddp_spmd.py
