@@ -481,6 +481,8 @@ def test_concurrent_endpoint_lets_the_next_message_in(procs: ProcMesh) -> None:
 
 def test_as_endpoint_calls_a_plain_method(counters: Counter) -> None:
     assert as_endpoint(counters.helper).call().get(timeout=30).values() == [1, 1, 1, 1]
+    # As upstream: the same plain method may be made an endpoint again.
+    assert as_endpoint(counters.helper).call().get(timeout=30).values() == [1, 1, 1, 1]
     with pytest.raises(ValueError, match="as_endpoint"):
         as_endpoint(counters.incr)
 

@@ -579,13 +579,20 @@ def as_endpoint(
     propagate: Any = None,
     explicit_response_port: Literal[True],
 ) -> Endpoint[P, R]: ...
+def _declared(endpoint: Endpoint[..., Any]) -> bool:
+    """Whether ``endpoint`` is an ``@endpoint`` of its actor class (not a plain method
+    that :func:`as_endpoint` made one)."""
+    info = endpoint._mesh._info
+    return info is None or endpoint._name in info.endpoints
+
+
 def as_endpoint(
     not_an_endpoint: Any, *, propagate: Any = None, explicit_response_port: bool = False
 ) -> Endpoint[..., Any]:
     """Treat a non-``@endpoint`` method of a spawned mesh as an endpoint."""
-    if isinstance(not_an_endpoint, Endpoint):
-        # A method made an endpoint before (the mesh now lists it), or an endpoint given
-        # another ``propagate`` (``as_endpoint(mesh.method, propagate=...)`` again).
+    if isinstance(not_an_endpoint, Endpoint) and not _declared(not_an_endpoint):
+        # A plain method made an endpoint before (the mesh now lists it): as upstream,
+        # as_endpoint(mesh.method) may be asked again, with another ``propagate``.
         return Endpoint(
             not_an_endpoint._mesh,
             not_an_endpoint._name,
