@@ -558,6 +558,13 @@ class _NotAnEndpoint:
         )
 
 
+def _declared(endpoint: Endpoint[..., Any]) -> bool:
+    """Whether ``endpoint`` is an ``@endpoint`` of its actor class (not a plain method
+    that :func:`as_endpoint` made one)."""
+    info = endpoint._mesh._info
+    return info is None or endpoint._name in info.endpoints
+
+
 @overload
 def as_endpoint(
     not_an_endpoint: Callable[P, Coroutine[Any, Any, R]],
@@ -579,13 +586,6 @@ def as_endpoint(
     propagate: Any = None,
     explicit_response_port: Literal[True],
 ) -> Endpoint[P, R]: ...
-def _declared(endpoint: Endpoint[..., Any]) -> bool:
-    """Whether ``endpoint`` is an ``@endpoint`` of its actor class (not a plain method
-    that :func:`as_endpoint` made one)."""
-    info = endpoint._mesh._info
-    return info is None or endpoint._name in info.endpoints
-
-
 def as_endpoint(
     not_an_endpoint: Any, *, propagate: Any = None, explicit_response_port: bool = False
 ) -> Endpoint[..., Any]:
