@@ -45,7 +45,7 @@ def _text(cell: Any) -> str:
 
 @pytest.mark.timeout(240)
 def test_the_ddp_notebook_runs_in_a_kernel(tmp_path: Path) -> None:
-    # In the Makefile's PY_REQUIREMENTS: `make install` puts them in the venv.
+    # In the Makefile's DEV_REQUIREMENTS: `make install` puts them in the venv.
     import ipykernel  # noqa: F401  # the kernel nbclient starts
     import nbclient
     import nbformat
