@@ -295,6 +295,11 @@ impl Proc {
         lock(&self.inner.links).clear();
     }
 
+    /// Whether [`Proc::stop`] was called: the proc takes no new actors.
+    pub fn is_stopped(&self) -> bool {
+        self.inner.stopped.load(Ordering::SeqCst)
+    }
+
     /// The counters of every actor of this proc (runtime and driven, children included;
     /// clients are not actors), with its status and queue length.
     pub fn actor_stats(&self) -> Vec<crate::actor::ActorStatsSnapshot> {

@@ -225,7 +225,7 @@ def run_worker_loop_forever(
             signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(1.0):
         pass
-    agent.close_spawns()
+    agent.close_spawns("its worker is ending")
     agent.shutdown_host(seconds("stop_actor_timeout"))
     ProcAgent.remove_socket_files()
     sys.stdout.flush()
