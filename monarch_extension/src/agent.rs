@@ -65,11 +65,12 @@ fn transport(name: &str) -> PyResult<ChannelTransport> {
 /// (`tcp://IP:PORT`, `ADVERTISE@BIND`).
 fn root_address(
     spec: &str,
-) -> PyResult<(hyperactor::ChannelAddr, Option<hyperactor::ChannelAddr>)> {
+) -> PyResult<(hyperactor::channel::Listen, Option<hyperactor::ChannelAddr>)> {
+    use hyperactor::channel::Listen;
     use hyperactor::ChannelAddr;
     use std::net::{Ipv4Addr, SocketAddr};
     Ok(match spec {
-        "tcp-localhost" => (ChannelAddr::any(ChannelTransport::Tcp), None),
+        "tcp-localhost" => (Listen::Addr(ChannelAddr::any(ChannelTransport::Tcp)), None),
         name if !name.contains(':') => {
             let transport = transport(name).map_err(|e| {
                 PyValueError::new_err(format!(
@@ -77,13 +78,13 @@ fn root_address(
                      ADVERTISE@BIND)"
                 ))
             })?;
-            match transport {
-                ChannelTransport::Tcp => (
-                    ChannelAddr::Tcp(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0)),
-                    None,
-                ),
-                other => (ChannelAddr::any(other), None),
-            }
+            let bind = match transport {
+                ChannelTransport::Tcp => {
+                    ChannelAddr::Tcp(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0))
+                }
+                other => ChannelAddr::any(other),
+            };
+            (Listen::Addr(bind), None)
         }
         address => {
             let address =
