@@ -82,6 +82,7 @@ use self::inbox::Inbox;
 
 pub use self::addr::ChannelAddr;
 pub use self::addr::ChannelTransport;
+pub use self::addr::Listen;
 pub use self::addr::{advertised, primary_ip};
 pub use self::error::ChannelError;
 pub use self::error::SendError;
@@ -143,8 +144,33 @@ pub async fn serve_with(
     addr: &ChannelAddr,
     deliver: DeliverFn,
 ) -> Result<ChannelServer, ChannelError> {
+    serve_listen_with(&Listen::Addr(addr.clone()), deliver).await
+}
+
+/// Serves like [`serve_with`] where `listen` says: an address to bind, or a listening
+/// TCP socket this process inherited ([`Listen::InheritedFd`]), which is adopted
+/// (non-blocking, closed on exec so that children do not inherit it) once checked.
+/// [`ChannelServer::addr`] is then the socket's own address (its real port).
+///
+/// # Errors
+/// As [`serve`]; [`ChannelError::InheritedFd`] if the descriptor is not open, not a
+/// listening TCP socket, or was adopted already.
+///
+/// # Cancel safety
+/// Cancel safe: if cancelled, nothing stays bound (an adopted socket is closed).
+pub async fn serve_listen_with(
+    listen: &Listen,
+    deliver: DeliverFn,
+) -> Result<ChannelServer, ChannelError> {
     let direct = inbox::Direct::new(deliver);
-    let (addr, guard) = bind(addr, Inbox::Direct(Arc::clone(&direct))).await?;
+    let inbox = Inbox::Direct(Arc::clone(&direct));
+    let (addr, guard) = match listen {
+        Listen::Addr(addr) => bind(addr, inbox).await?,
+        Listen::InheritedFd(fd) => {
+            let (addr, guard) = net::serve_inherited_tcp(*fd, inbox, None)?;
+            (addr, Guard::Net(guard))
+        }
+    };
     Ok(ChannelServer {
         addr,
         direct,

@@ -97,20 +97,23 @@ impl Proc {
     /// As [`Proc::serve`].
     pub async fn serve_at(addr: &ChannelAddr, name: &str) -> Result<Self, ProcError> {
         validate_name(name)?;
-        Self::serve_inner(addr, None, |addr| ProcId::unique(name, addr)).await
+        let listen = channel::Listen::Addr(addr.clone());
+        Self::serve_inner(&listen, None, |addr| ProcId::unique(name, addr)).await
     }
 
-    /// Starts a proc bound at `bind` whose id is exactly `uid` at the address peers
-    /// should dial: `advertise`, or the one [`channel::advertised`] derives from the
-    /// bound address (for a TCP proc bound to every interface, this machine's primary
-    /// IP, never a loopback address). A well-known uid lets peers that know only the
-    /// address (a worker's) compute the proc id.
+    /// Starts a proc listening where `bind` says (an address, or an inherited listening
+    /// socket) whose id is exactly `uid` at the address peers should dial: `advertise`
+    /// (its TCP port 0 replaced by the bound port), or the one [`channel::advertised`]
+    /// derives from the bound address (for a TCP proc bound to every interface, this
+    /// machine's primary IP, never a loopback address). A well-known uid lets peers
+    /// that know only the address (a worker's) compute the proc id.
     ///
     /// # Errors
     ///
-    /// As [`Proc::serve`].
+    /// As [`Proc::serve`]; [`channel::ChannelError::InheritedFd`]
+    /// for an inherited descriptor that is not a listening TCP socket.
     pub async fn serve_as(
-        bind: &ChannelAddr,
+        bind: &channel::Listen,
         advertise: Option<&ChannelAddr>,
         uid: &str,
     ) -> Result<Self, ProcError> {
@@ -119,7 +122,7 @@ impl Proc {
     }
 
     async fn serve_inner(
-        addr: &ChannelAddr,
+        listen: &channel::Listen,
         advertise: Option<&ChannelAddr>,
         make_id: impl FnOnce(ChannelAddr) -> Result<ProcId, crate::error::IdError>,
     ) -> Result<Self, ProcError> {
@@ -155,7 +158,7 @@ impl Proc {
                 }
             }
         });
-        let server = channel::serve_with(addr, deliver).await?;
+        let server = channel::serve_listen_with(listen, deliver).await?;
         let id = make_id(channel::advertised(server.addr(), advertise))?;
         let (supervision_tx, supervision_rx) = mpsc::unbounded_channel();
         let inner = Arc::new(ProcInner {
@@ -293,6 +296,11 @@ impl Proc {
         futures::future::join_all(roots.iter().map(|cell| cell.stop_and_wait(timeout))).await;
         lock(&self.inner.server).take();
         lock(&self.inner.links).clear();
+    }
+
+    /// Whether [`Proc::stop`] was called: the proc takes no new actors.
+    pub fn is_stopped(&self) -> bool {
+        self.inner.stopped.load(Ordering::SeqCst)
     }
 
     /// The counters of every actor of this proc (runtime and driven, children included;

@@ -287,6 +287,9 @@ pub(crate) struct Inner {
     singleton_owner: Mutex<Option<ActorId>>,
     /// Where the output of the procs spawned from this process goes.
     output_sink: Mutex<Option<OutputSink>>,
+    /// Why this agent refuses new actors, once its proc is stopping
+    /// ([`ProcAgent::close_spawns`]).
+    spawns_closed: Mutex<Option<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -383,6 +386,7 @@ impl ProcAgent {
             singletons: Mutex::default(),
             singleton_owner: Mutex::default(),
             output_sink: Mutex::default(),
+            spawns_closed: Mutex::default(),
         });
         Inner::open_ports(&inner)?;
         supervise::start_tasks(&inner);
@@ -709,7 +713,18 @@ impl ProcAgent {
 
     /// The local actor named `name` (spawned by this agent), if it exists.
     pub fn local_actor(&self, name: &str) -> Option<AnyActorHandle> {
-        lock(&self.inner.local).get(name).map(|a| a.handle.clone())
+        lock(&self.inner.local)
+            .get(name)
+            .and_then(|a| a.handle.clone())
+    }
+
+    /// This proc is stopping (`reason`, e.g. its host asked it to): from now on the
+    /// agent refuses to spawn actors. A refused actor counts as stopped here, and the
+    /// refusal goes to the agent of its mesh's owner, which reports it to the owner as
+    /// a failure unless that process stopped this proc or the mesh itself (a stop it
+    /// asked for is not a failure). Idempotent: the first reason is kept.
+    pub fn close_spawns(&self, reason: &str) {
+        lock(&self.inner.spawns_closed).get_or_insert_with(|| reason.to_string());
     }
 
     /// Sends `parts` from `sender` to `dest` (a plain message, not a cast): failures come

@@ -125,7 +125,8 @@ impl Host {
         Self::new(Proc::serve(transport, "host").await?)
     }
 
-    /// A host whose proc is bound at `bind` and reached at `advertise` (or the address
+    /// A host whose proc listens where `bind` says (an address, or an inherited
+    /// listening TCP socket) and is reached at `advertise` (or the address
     /// [`hyperactor::channel::advertised`] derives: never a loopback address for a TCP
     /// proc bound to every interface).
     ///
@@ -137,13 +138,14 @@ impl Host {
     ///
     /// Cancel safe: nothing stays served.
     pub async fn serve_at(
-        bind: &hyperactor::ChannelAddr,
+        bind: &hyperactor::channel::Listen,
         advertise: Option<&hyperactor::ChannelAddr>,
     ) -> Result<Self, HostError> {
+        use hyperactor::channel::Listen;
         let proc = match bind {
             // A fresh Unix address keeps the unique uid of `serve`.
-            hyperactor::ChannelAddr::Unix(_) if advertise.is_none() => {
-                Proc::serve_at(bind, "host").await?
+            Listen::Addr(addr @ hyperactor::ChannelAddr::Unix(_)) if advertise.is_none() => {
+                Proc::serve_at(addr, "host").await?
             }
             _ => {
                 let uid = format!("host-{}", std::process::id());

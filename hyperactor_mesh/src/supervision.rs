@@ -21,6 +21,11 @@
 //!   of a mesh it owns, from the agent that saw the failure.
 //! - MSUP-2 (true cause): the cause names what really happened: the error that escaped
 //!   the actor, the proc's exit status or signal, or why it was lost.
+//! - MSUP-3 (a stop asked for is no failure): a proc that gets a spawn while it stops
+//!   refuses it and tells the agent of the mesh owner's process
+//!   ([`crate::agent::Control::SpawnRefused`]), which reports the refusal as a failure
+//!   only if that process stopped neither the proc, nor the mesh, nor the proc's host.
+//!   The refused actor counts as stopped.
 //!
 //! ```
 //! use hyperactor_mesh::cast::codec::MeshInfo;

@@ -13,10 +13,14 @@
 //! [`crate::agent::liveness`]). TCP connections are authenticated before any frame is
 //! read ([`hyperactor::channel::auth`]).
 //!
-//! Addresses ([`parse_url`]): `tcp://HOST:PORT` (HOST a name, an IPv4 address or an
+//! Addresses ([`parse_endpoint`]): `tcp://HOST:PORT` (HOST a name, an IPv4 address or an
 //! `[IPv6]` address), `ipc://PATH` (a Unix socket, for workers on the client's machine),
 //! or this crate's own forms `tcp:IP:PORT` and `unix:PATH`. A worker address may be
-//! `ADVERTISE@BIND`: bind one address, tell peers another.
+//! `ADVERTISE@BIND`: bind one address, tell peers another. For serving only, the port
+//! may be `fdN` (`tcp://HOST:fdN`, socket activation): the worker adopts the listening
+//! TCP socket it inherited as file descriptor N (its parent bound it, say to port 0,
+//! and passed it) and advertises the socket's real port at HOST; clients dial that
+//! port ([`parse_url`] refuses `fdN`).
 //!
 //! ```no_run
 //! use hyperactor_mesh::agent::AgentOptions;
@@ -36,6 +40,7 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use hyperactor::channel::Listen;
 use hyperactor::{ChannelAddr, Proc, ProcId};
 
 use crate::agent::{AgentOptions, ProcAgent};
@@ -59,12 +64,68 @@ fn bad(input: &str, reason: impl std::fmt::Display) -> MeshError {
     }
 }
 
-/// Parses one address (see the [module docs](self)), resolving a host name.
+/// One address as written (see the [module docs](self)), its host name resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A channel address, to dial or to bind.
+    Addr(ChannelAddr),
+    /// `tcp://HOST:fdN`: the listening TCP socket this process inherited as file
+    /// descriptor `fd`, advertised at `host` with the socket's real port. Only for
+    /// serving.
+    InheritedFd {
+        /// HOST, resolved (unspecified for `0.0.0.0` or `[::]`: derived from the
+        /// socket's address, as for a bound address).
+        host: IpAddr,
+        /// Whether HOST was given as a name rather than an IP address.
+        named: bool,
+        /// The descriptor.
+        fd: i32,
+    },
+}
+
+/// The port part of a TCP address: a number, or `fdN`.
+enum Port {
+    Number(u16),
+    InheritedFd(i32),
+}
+
+fn parse_port(input: &str, port: &str) -> Result<Port, MeshError> {
+    if let Some(digits) = port.strip_prefix("fd") {
+        let number = digits
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| digits.parse::<i32>().ok())
+            .flatten();
+        return match number {
+            Some(fd) => Ok(Port::InheritedFd(fd)),
+            None => Err(bad(
+                input,
+                format!(
+                    "{port:?} is not a file descriptor: expected fdN with N the number of a \
+                     listening socket this process inherited (for example fd3)"
+                ),
+            )),
+        };
+    }
+    port.parse().map(Port::Number).map_err(|e| {
+        bad(
+            input,
+            format!(
+                "the port {port:?} is not a number: {e} (expected a port 0-65535, or, to \
+                 serve on a listening socket this process inherited, fdN)"
+            ),
+        )
+    })
+}
+
+/// Parses one address (see the [module docs](self)), resolving a host name: the one
+/// parser of the textual address forms, for [`parse_url`] (dialing) and
+/// [`WorkerAddress::parse`] (serving).
 ///
 /// # Errors
 ///
 /// [`MeshError::InvalidAddress`] saying what is wrong and what is expected.
-pub fn parse_url(input: &str) -> Result<ChannelAddr, MeshError> {
+pub fn parse_endpoint(input: &str) -> Result<Endpoint, MeshError> {
     let text = input.trim();
     if let Some(path) = text
         .strip_prefix("ipc://")
@@ -73,7 +134,7 @@ pub fn parse_url(input: &str) -> Result<ChannelAddr, MeshError> {
         if path.is_empty() {
             return Err(bad(input, "the socket path is empty"));
         }
-        return Ok(ChannelAddr::Unix(PathBuf::from(path)));
+        return Ok(Endpoint::Addr(ChannelAddr::Unix(PathBuf::from(path))));
     }
     let hostport = if let Some(rest) = text.strip_prefix("tcp://") {
         rest
@@ -101,14 +162,25 @@ pub fn parse_url(input: &str) -> Result<ChannelAddr, MeshError> {
              every interface and advertises this machine's primary IP)",
         ));
     }
-    let port: u16 = port
-        .parse()
-        .map_err(|e| bad(input, format!("the port {port:?} is not a number: {e}")))?;
+    let port = parse_port(input, port)?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    if let Ok(ip) = host.parse::<IpAddr>() {
-        return Ok(ChannelAddr::Tcp(SocketAddr::new(ip, port)));
-    }
-    let resolved: Vec<SocketAddr> = (host, port)
+    let (ip, named) = match host.parse::<IpAddr>() {
+        Ok(ip) => (ip, false),
+        Err(_) => (resolve(input, host)?, true),
+    };
+    Ok(match port {
+        Port::Number(port) => Endpoint::Addr(ChannelAddr::Tcp(SocketAddr::new(ip, port))),
+        Port::InheritedFd(fd) => Endpoint::InheritedFd {
+            host: ip,
+            named,
+            fd,
+        },
+    })
+}
+
+/// The address of host name `host` (an IPv4 one when there is one).
+fn resolve(input: &str, host: &str) -> Result<IpAddr, MeshError> {
+    let resolved: Vec<SocketAddr> = (host, 0)
         .to_socket_addrs()
         .map_err(|e| bad(input, format!("cannot resolve host name {host:?}: {e}")))?
         .collect();
@@ -117,15 +189,37 @@ pub fn parse_url(input: &str) -> Result<ChannelAddr, MeshError> {
         .find(|a| a.is_ipv4())
         .or(resolved.first())
         .ok_or_else(|| bad(input, format!("host name {host:?} resolves to no address")))?;
-    Ok(ChannelAddr::Tcp(*pick))
+    Ok(pick.ip())
 }
 
-/// Where a worker binds, and what it tells peers.
+/// Parses one address to dial (see the [module docs](self)), resolving a host name.
+///
+/// # Errors
+///
+/// [`MeshError::InvalidAddress`] saying what is wrong and what is expected; for
+/// `tcp://HOST:fdN`, which only a worker serving on that inherited socket uses.
+pub fn parse_url(input: &str) -> Result<ChannelAddr, MeshError> {
+    match parse_endpoint(input)? {
+        Endpoint::Addr(addr) => Ok(addr),
+        Endpoint::InheritedFd { fd, .. } => Err(bad(
+            input,
+            format!(
+                "fd{fd} names a listening socket a worker inherited (socket activation): it \
+                 is only for serving (run_worker_loop_forever, monarch worker --address); \
+                 dial the worker at the socket's real port, tcp://HOST:PORT (the worker \
+                 prints it in its ready line)"
+            ),
+        )),
+    }
+}
+
+/// Where a worker listens, and what it tells peers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerAddress {
-    /// The address bound.
-    pub bind: ChannelAddr,
-    /// The address peers dial, when it differs from `bind`.
+    /// The address bound, or the inherited listening socket served.
+    pub bind: Listen,
+    /// The address peers dial, when it differs from the bound one (a TCP port 0 stands
+    /// for the bound port).
     pub advertise: Option<ChannelAddr>,
 }
 
@@ -140,8 +234,34 @@ impl WorkerAddress {
     /// [`MeshError::InvalidAddress`] for an address that does not parse or resolve.
     pub fn parse(input: &str) -> Result<Self, MeshError> {
         let (advertise, bind) = match input.split_once('@') {
-            Some((advertise, bind)) => (Some(parse_url(advertise)?), parse_url(bind)?),
-            None => (None, parse_url(input)?),
+            Some((advertise, bind)) => (Some(parse_url(advertise)?), parse_endpoint(bind)?),
+            None => (None, parse_endpoint(input)?),
+        };
+        let bind = match bind {
+            Endpoint::Addr(addr) => addr,
+            Endpoint::InheritedFd { host, named, fd } => {
+                // HOST as given, with the socket's real port (0 stands for it); an
+                // unspecified HOST, or a name of this machine's loopback, is derived
+                // from the socket's own address instead.
+                let advertise = advertise.or_else(|| {
+                    if host.is_unspecified() {
+                        return None;
+                    }
+                    if named && host.is_loopback() {
+                        tracing::warn!(
+                            "worker address {input:?} resolves to the loopback address {host}, \
+                             which other machines cannot reach: advertising the inherited \
+                             socket's own address instead"
+                        );
+                        return None;
+                    }
+                    Some(ChannelAddr::Tcp(SocketAddr::new(host, 0)))
+                });
+                return Ok(Self {
+                    bind: Listen::InheritedFd(fd),
+                    advertise,
+                });
+            }
         };
         if advertise.is_none() {
             if let ChannelAddr::Tcp(sock) = &bind {
@@ -157,20 +277,23 @@ impl WorkerAddress {
                         sock.ip()
                     );
                     return Ok(Self {
-                        bind: ChannelAddr::Tcp(any),
+                        bind: Listen::Addr(ChannelAddr::Tcp(any)),
                         advertise: None,
                     });
                 }
             }
         }
-        Ok(Self { bind, advertise })
+        Ok(Self {
+            bind: Listen::Addr(bind),
+            advertise,
+        })
     }
 
     /// The address clients dial for a worker given as `input` (its advertised part).
     ///
     /// # Errors
     ///
-    /// As [`WorkerAddress::parse`].
+    /// As [`parse_url`] (an `fdN` address is refused: it only serves).
     pub fn dial(input: &str) -> Result<ChannelAddr, MeshError> {
         let advertised = input.split_once('@').map_or(input, |(a, _)| a);
         parse_url(advertised)
@@ -199,7 +322,11 @@ pub async fn worker_host(
     };
     let proc = Proc::serve_as(&address.bind, address.advertise.as_ref(), WORKER_UID)
         .await
-        .map_err(|e| failed(format!("cannot serve a worker at {}: {e}", address.bind)))?;
+        .map_err(|e| match &address.bind {
+            Listen::Addr(addr) => failed(format!("cannot serve a worker at {addr}: {e}")),
+            // The error names the descriptor and what is wrong with it.
+            Listen::InheritedFd(_) => failed(format!("cannot serve a worker: {e}")),
+        })?;
     Ok(Host::new(proc)
         .map_err(|e| failed(e.to_string()))?
         .with_ready_timeout(ready_timeout))
@@ -282,6 +409,72 @@ mod tests {
         );
         let local = WorkerAddress::parse("tcp://127.0.0.1:5").unwrap();
         assert_eq!(local.bind.to_string(), "tcp:127.0.0.1:5");
+    }
+
+    #[test]
+    fn an_inherited_descriptor_is_a_typed_bind_never_dialed() {
+        assert_eq!(
+            parse_endpoint("tcp://127.0.0.1:fd3").unwrap(),
+            Endpoint::InheritedFd {
+                host: IpAddr::from([127, 0, 0, 1]),
+                named: false,
+                fd: 3,
+            }
+        );
+        // HOST as given, with the socket's real port (0 stands for it).
+        let a = WorkerAddress::parse("tcp://127.0.0.1:fd3").unwrap();
+        assert_eq!(a.bind, Listen::InheritedFd(3));
+        assert_eq!(a.advertise.unwrap().to_string(), "tcp:127.0.0.1:0");
+        // Every interface: derived from the socket, as for a bound address.
+        let any = WorkerAddress::parse("tcp://0.0.0.0:fd4").unwrap();
+        assert_eq!((any.bind, any.advertise), (Listen::InheritedFd(4), None));
+        let split = WorkerAddress::parse("tcp://10.1.2.3:0@tcp://0.0.0.0:fd5").unwrap();
+        assert_eq!(split.bind, Listen::InheritedFd(5));
+        assert_eq!(split.advertise.unwrap().to_string(), "tcp:10.1.2.3:0");
+        // Only for serving: dialing it is an error that says what to dial.
+        for input in [
+            "tcp://127.0.0.1:fd3",
+            "tcp://127.0.0.1:fd3@tcp://0.0.0.0:fd3",
+        ] {
+            let err = WorkerAddress::dial(input).unwrap_err().to_string();
+            assert!(
+                err.contains("only for serving") && err.contains("tcp://HOST:PORT"),
+                "{input}: {err}"
+            );
+        }
+        for input in [
+            "tcp://127.0.0.1:fd",
+            "tcp://127.0.0.1:fdx",
+            "tcp://127.0.0.1:fd-1",
+        ] {
+            let err = parse_endpoint(input).unwrap_err().to_string();
+            assert!(err.contains("is not a file descriptor"), "{input}: {err}");
+        }
+        let err = parse_url("tcp://127.0.0.1:x3").unwrap_err().to_string();
+        assert!(err.contains("fdN"), "{err}");
+    }
+
+    /// A worker serves on a listening socket it inherited, reached at its real port.
+    #[tokio::test]
+    async fn a_worker_serves_on_an_inherited_socket_at_its_real_port() {
+        use std::os::fd::IntoRawFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let fd = listener.into_raw_fd();
+        let address = WorkerAddress::parse(&format!("tcp://127.0.0.1:fd{fd}")).unwrap();
+        let worker = serve_worker(&address, AgentOptions::default(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let dialed = WorkerAddress::dial(&format!("tcp://127.0.0.1:{port}")).unwrap();
+        assert_eq!(worker.proc().proc_id(), &worker_proc_id(&dialed));
+        let client = client_agent(AgentOptions::default()).await;
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            client.probe(&worker_proc_id(&dialed), Duration::from_secs(5)),
+        )
+        .await
+        .unwrap()
+        .unwrap();
     }
 
     /// A worker on a free loopback port.

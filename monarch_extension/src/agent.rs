@@ -38,13 +38,12 @@ struct PythonSpawner {
 }
 
 impl ForeignSpawner for PythonSpawner {
-    fn spawn(&self, actor: DrivenActor, spawn: ForeignSpawn) {
-        let sent = match &*self.tx.lock().unwrap_or_else(|e| e.into_inner()) {
+    fn spawn(&self, actor: DrivenActor, spawn: ForeignSpawn) -> Result<(), DrivenActor> {
+        // Closed: the process is stopping; the agent ends the actor as stopped and
+        // tells the mesh's owner.
+        match &*self.tx.lock().unwrap_or_else(|e| e.into_inner()) {
             Some(tx) => tx.send((actor, spawn)).map_err(|e| e.0 .0),
             None => Err(actor),
-        };
-        if let Err(actor) = sent {
-            actor.fail("its process is shutting down and hosts no new actors", None);
         }
     }
 }
@@ -66,11 +65,12 @@ fn transport(name: &str) -> PyResult<ChannelTransport> {
 /// (`tcp://IP:PORT`, `ADVERTISE@BIND`).
 fn root_address(
     spec: &str,
-) -> PyResult<(hyperactor::ChannelAddr, Option<hyperactor::ChannelAddr>)> {
+) -> PyResult<(hyperactor::channel::Listen, Option<hyperactor::ChannelAddr>)> {
+    use hyperactor::channel::Listen;
     use hyperactor::ChannelAddr;
     use std::net::{Ipv4Addr, SocketAddr};
     Ok(match spec {
-        "tcp-localhost" => (ChannelAddr::any(ChannelTransport::Tcp), None),
+        "tcp-localhost" => (Listen::Addr(ChannelAddr::any(ChannelTransport::Tcp)), None),
         name if !name.contains(':') => {
             let transport = transport(name).map_err(|e| {
                 PyValueError::new_err(format!(
@@ -78,13 +78,13 @@ fn root_address(
                      ADVERTISE@BIND)"
                 ))
             })?;
-            match transport {
-                ChannelTransport::Tcp => (
-                    ChannelAddr::Tcp(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0)),
-                    None,
-                ),
-                other => (ChannelAddr::any(other), None),
-            }
+            let bind = match transport {
+                ChannelTransport::Tcp => {
+                    ChannelAddr::Tcp(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0))
+                }
+                other => ChannelAddr::any(other),
+            };
+            (Listen::Addr(bind), None)
         }
         address => {
             let address =
@@ -457,9 +457,13 @@ impl PyProcAgent {
         crate::call::PyReplyQueue::new(hyperactor_mesh::agent::ReplyQueue::open(&self.agent))
     }
 
-    /// From now on, actors this agent is asked to spawn fail at once ("shutting
-    /// down"), and `next_spawn` returns `None`.
-    fn close_spawns(&self) {
+    /// This process is stopping (`reason`): from now on, actors this agent is asked to
+    /// spawn are refused (they count as stopped; the agent of their mesh's owner decides
+    /// whether that is a failure, see `ProcAgent::close_spawns` in Rust), and
+    /// `next_spawn` returns `None` once the spawns already queued are taken.
+    #[pyo3(signature = (reason = "its process is shutting down"))]
+    fn close_spawns(&self, reason: &str) {
+        self.agent.close_spawns(reason);
         self.spawner
             .tx
             .lock()

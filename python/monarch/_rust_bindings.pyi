@@ -565,8 +565,8 @@ class ProcAgent:
     def reply_queue(self) -> ReplyQueue:
         """A new queue of replies in arrival order."""
 
-    def close_spawns(self) -> None:
-        """Refuse new actors from now on."""
+    def close_spawns(self, reason: str = "its process is shutting down") -> None:
+        """Refuse new actors from now on: this process is stopping (``reason``)."""
 
     fanout: int
 

@@ -104,6 +104,40 @@ pub enum ChannelAddr {
     Tcp(SocketAddr),
 }
 
+/// Where an endpoint listens: an address to bind, or a TCP socket bound and listening
+/// already, inherited from the parent process (socket activation: the parent binds, e.g.
+/// port 0, and passes the descriptor). Only for serving: nothing dials a `Listen`.
+///
+/// ```
+/// use hyperactor::channel::{ChannelAddr, Listen};
+/// let bind: Listen = "tcp:127.0.0.1:0".parse::<ChannelAddr>().unwrap().into();
+/// assert_eq!(bind.to_string(), "tcp:127.0.0.1:0");
+/// assert_eq!(Listen::InheritedFd(3).to_string(), "the inherited file descriptor 3");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Listen {
+    /// Bind this address.
+    Addr(ChannelAddr),
+    /// Adopt the listening TCP socket open in this process as this file descriptor
+    /// (served with [`crate::channel::serve_listen_with`], which checks it).
+    InheritedFd(i32),
+}
+
+impl From<ChannelAddr> for Listen {
+    fn from(addr: ChannelAddr) -> Self {
+        Listen::Addr(addr)
+    }
+}
+
+impl fmt::Display for Listen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Listen::Addr(addr) => addr.fmt(f),
+            Listen::InheritedFd(fd) => write!(f, "the inherited file descriptor {fd}"),
+        }
+    }
+}
+
 const EXPECTED_ADDR: &str =
     "\"local:<u64>\", \"unix:<path>\", \"tcp:<ipv4>:<port>\" or \"tcp:[<ipv6>]:<port>\"";
 

@@ -120,6 +120,20 @@ pub enum ChannelError {
         /// How to fix it.
         fix: &'static str,
     },
+    /// An inherited file descriptor cannot be served (see
+    /// [`Listen::InheritedFd`](crate::channel::Listen::InheritedFd)).
+    #[error(
+        "cannot serve on the inherited file descriptor {fd}: {problem}; pass a TCP socket \
+         that is bound and listening as that descriptor (in Python: \
+         s = socket.create_server((host, 0)); subprocess.Popen(..., pass_fds=(s.fileno(),)) \
+         with the address tcp://HOST:fd<s.fileno()>)"
+    )]
+    InheritedFd {
+        /// The descriptor.
+        fd: i32,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// `dial` was called outside a Tokio runtime, so no link task could run.
     #[error("cannot dial {addr}: not called from within a tokio runtime")]
     NoRuntime {

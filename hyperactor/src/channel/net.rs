@@ -300,6 +300,143 @@ pub(crate) async fn serve_tcp(
     ))
 }
 
+/// The file descriptors [`serve_inherited_tcp`] adopted: each is adopted once (a
+/// second adoption would close it twice).
+static ADOPTED: std::sync::Mutex<std::collections::BTreeSet<i32>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// An integer socket option of `fd`.
+fn socket_option(fd: i32, option: libc::c_int) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are valid for writes of the sizes given; getsockopt
+    // writes at most `len` bytes and fails on a descriptor that is not a socket.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            option,
+            std::ptr::addr_of_mut!(value).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(value)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Takes ownership of `fd` once it is checked to be an open, listening TCP socket that
+/// was not adopted before: non-blocking and closed on exec from now on.
+fn adopt_listening_tcp(fd: i32) -> Result<std::net::TcpListener, String> {
+    use std::os::fd::FromRawFd;
+    if fd < 0 {
+        return Err("a file descriptor is a number >= 0".into());
+    }
+    let mut adopted = ADOPTED.lock().unwrap_or_else(|e| e.into_inner());
+    if adopted.contains(&fd) {
+        return Err("this process serves on it already (a descriptor serves one endpoint)".into());
+    }
+    // SAFETY: F_GETFD only reads the descriptor's flags; it fails if `fd` is not open.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    if flags < 0 {
+        return Err(format!(
+            "it is not open in this process ({}); the parent must pass it (for example \
+             subprocess.Popen(..., pass_fds=({fd},)))",
+            io::Error::last_os_error()
+        ));
+    }
+    let kind = socket_option(fd, libc::SO_TYPE).map_err(|e| {
+        if e.raw_os_error() == Some(libc::ENOTSOCK) {
+            "it is not a socket".to_string()
+        } else {
+            format!("cannot read its socket type: {e}")
+        }
+    })?;
+    if kind != libc::SOCK_STREAM {
+        return Err(format!(
+            "it is not a stream (TCP) socket (socket type {kind})"
+        ));
+    }
+    // SAFETY: an all-zero sockaddr_storage is a valid value.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `storage` is valid for writes of `len` bytes, the largest socket address.
+    let rc = unsafe { libc::getsockname(fd, std::ptr::addr_of_mut!(storage).cast(), &mut len) };
+    if rc != 0 {
+        return Err(format!(
+            "cannot read its address: {}",
+            io::Error::last_os_error()
+        ));
+    }
+    let family = i32::from(storage.ss_family);
+    if family != libc::AF_INET && family != libc::AF_INET6 {
+        let what = if family == libc::AF_UNIX {
+            "a Unix socket".to_string()
+        } else {
+            format!("address family {family}")
+        };
+        return Err(format!("it is not a TCP socket ({what})"));
+    }
+    let listening = socket_option(fd, libc::SO_ACCEPTCONN)
+        .map_err(|e| format!("cannot tell whether it listens: {e}"))?;
+    if listening == 0 {
+        return Err(
+            "it is a TCP socket that is not listening; call listen() on it before \
+             passing it (socket.create_server does)"
+                .into(),
+        );
+    }
+    if flags & libc::FD_CLOEXEC == 0 {
+        // SAFETY: F_SETFD only sets the descriptor's flags.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) } != 0 {
+            return Err(format!(
+                "cannot mark it close-on-exec: {}",
+                io::Error::last_os_error()
+            ));
+        }
+    }
+    // SAFETY: `fd` is open and a listening TCP socket; from now on the listener alone
+    // owns (and closes) it: ADOPTED keeps this process from adopting it twice.
+    let listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+    adopted.insert(fd);
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("cannot make it non-blocking: {e}"))?;
+    Ok(listener)
+}
+
+/// Serves on the listening TCP socket this process inherited as `fd` (see
+/// [`Listen::InheritedFd`](super::Listen::InheritedFd)), accepting into `frames` like
+/// [`serve_tcp`]. The address returned is the socket's own (its real port).
+///
+/// # Errors
+/// [`ChannelError::InheritedFd`] naming `fd` and what is wrong with it.
+pub(crate) fn serve_inherited_tcp(
+    fd: i32,
+    frames: Inbox,
+    auth: Option<super::auth::TcpAuth>,
+) -> Result<(ChannelAddr, NetGuard), ChannelError> {
+    let problem = |problem: String| ChannelError::InheritedFd { fd, problem };
+    let listener = adopt_listening_tcp(fd).map_err(problem)?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| problem(format!("cannot read its address: {e}")))?;
+    let listener = TcpListener::from_std(listener)
+        .map_err(|e| problem(format!("cannot register it with the runtime: {e}")))?;
+    let bound = ChannelAddr::Tcp(bound);
+    let listener = tcp::TcpServe::new(listener, auth);
+    let accept = tokio::spawn(accept_loop(listener, frames, bound.clone()));
+    Ok((
+        bound,
+        NetGuard {
+            accept,
+            unix_path: None,
+        },
+    ))
+}
+
 /// Binds a Unix listener at `path` (removing a stale socket file nobody
 /// listens on) and starts accepting into `frames`. A path in
 /// [`socket_dir::socket_dir`] gets that directory prepared first

@@ -541,3 +541,92 @@ fn dial_outside_a_runtime_fails_the_link() {
     assert_eq!(number(&tx.post(numbered(5, vec![])).unwrap_err().frame), 5);
     assert!(returned.lock().unwrap().is_empty());
 }
+
+/// A direct-delivery endpoint on the listening socket inherited as `fd`.
+async fn serve_inherited(
+    fd: i32,
+) -> Result<(ChannelServer, tokio::sync::mpsc::UnboundedReceiver<u64>), ChannelError> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let deliver: DeliverFn = Arc::new(move |frame: Frame| {
+        let _ = tx.send(number(&frame));
+    });
+    let server = serve_listen_with(&Listen::InheritedFd(fd), deliver).await?;
+    Ok((server, rx))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inherited_listening_socket_is_served_at_its_own_port() {
+    use std::os::fd::IntoRawFd;
+    within(async {
+        // As a parent would: bound to port 0 and listening, passed as a descriptor.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let bound = listener.local_addr().unwrap();
+        let fd = listener.into_raw_fd();
+        let (server, mut delivered) = serve_inherited(fd).await.unwrap();
+        assert_eq!(server.addr(), &ChannelAddr::Tcp(bound));
+        // SAFETY: F_GETFD only reads the descriptor's flags.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        assert_ne!(flags & libc::FD_CLOEXEC, 0, "children must not inherit it");
+        let (on_return, returned) = recorder();
+        let tx = dial(server.addr(), on_return);
+        tx.send(numbered(7, Vec::new())).await.unwrap();
+        assert_eq!(delivered.recv().await, Some(7));
+        assert!(returned.lock().unwrap().is_empty());
+        // The endpoint owns it now: a second adoption would close it twice.
+        let err = serve_inherited(fd).await.unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("file descriptor {fd}")) && err.contains("already"),
+            "{err}"
+        );
+        drop(server);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inherited_descriptor_that_is_not_a_listening_tcp_socket_is_refused_naming_it() {
+    use std::os::fd::AsRawFd;
+    within(async {
+        let file = std::fs::File::open("/dev/null").unwrap();
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let dir = tempfile_dir();
+        let unix = std::os::unix::net::UnixListener::bind(dir.join("s.sock")).unwrap();
+        for (fd, problem) in [
+            (999_999, "not open"),
+            (file.as_raw_fd(), "not a socket"),
+            (udp.as_raw_fd(), "not a stream (TCP) socket"),
+            (stream.as_raw_fd(), "not listening"),
+            (unix.as_raw_fd(), "not a TCP socket (a Unix socket)"),
+        ] {
+            let err = serve_inherited(fd).await.unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("the inherited file descriptor {fd}: "))
+                    && err.contains(problem)
+                    && err.contains("pass_fds"),
+                "{problem}: {err}"
+            );
+        }
+        // Refused descriptors stay open, owned by the caller.
+        // SAFETY: F_GETFD only reads the descriptor's flags.
+        assert!(unsafe { libc::fcntl(stream.as_raw_fd(), libc::F_GETFD) } >= 0);
+        drop(unix);
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await;
+}
+
+/// A fresh private directory under the system's temporary directory.
+fn tempfile_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "hyperactor-fd-test-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir(&dir).unwrap();
+    dir
+}

@@ -21,7 +21,7 @@ use crate::bootstrap::ProcCommands;
 use crate::cast::codec::MeshInfo;
 use crate::host::{Host, ProcExit, ProcHandle};
 use crate::output::{OutputBatch, OutputOptions};
-use crate::supervision::{ProcDeath, ProcEnd};
+use crate::supervision::{MeshFailure, ProcDeath, ProcEnd};
 use hyperactor::channel::log_limit::LogLimit;
 
 /// A control message (one bincode part).
@@ -134,6 +134,16 @@ pub enum Control {
         proc: ProcId,
         /// Why.
         reason: String,
+    },
+    /// From the agent of a stopping proc to the agent of `owner`'s process: the proc
+    /// refused to spawn an actor of a mesh `owner` owns (see
+    /// [`super::ProcAgent::close_spawns`]). The receiving agent reports `failure` to
+    /// `owner` unless its process stopped that proc or that mesh (MSUP-3).
+    SpawnRefused {
+        /// The owner of the actor's mesh.
+        owner: ActorId,
+        /// The refusal, as the failure the owner gets if it is one.
+        failure: MeshFailure,
     },
 }
 
@@ -315,6 +325,9 @@ impl Inner {
             | Control::KillProc { .. }) => return self.on_monitor(monitor),
             Control::Heartbeat { from } => return self.on_heartbeat(from),
             Control::HeartbeatAck { proc } => return self.on_heartbeat_ack(&proc),
+            Control::SpawnRefused { owner, failure } => {
+                return self.on_spawn_refused(&owner, &failure)
+            }
             Control::Abandon { reason } => {
                 return self.on_abandon(&reason, &envelope.header.sender)
             }
@@ -389,7 +402,8 @@ impl Inner {
             | Control::MonitorProc { .. }
             | Control::MonitorHost { .. }
             | Control::StackDump { .. }
-            | Control::KillProc { .. } => {}
+            | Control::KillProc { .. }
+            | Control::SpawnRefused { .. } => {}
         }
     }
 

@@ -10,7 +10,7 @@ use hyperactor::actor::{AnyActorHandle, DrivenActor};
 use hyperactor::{Actor, ActorId, ActorStatus, Client};
 use serde::de::DeserializeOwned;
 
-use super::{lock, Inner};
+use super::{lock, Control, Inner};
 use crate::cast::codec::{ActorType, MeshInfo, ReplyTo, SpawnSpec, ViewExtent};
 use crate::cast::reply::ReplyItem;
 use crate::supervision::{FailureCause, MeshFailure};
@@ -124,12 +124,20 @@ pub struct ForeignSpawn {
 /// thread that runs the constructor, calls `started` and takes messages).
 pub trait ForeignSpawner: Send + Sync + 'static {
     /// Starts driving `actor`, created for `spawn`. Must not block.
-    fn spawn(&self, actor: DrivenActor, spawn: ForeignSpawn);
+    ///
+    /// # Errors
+    ///
+    /// Gives `actor` back, undriven, when this process hosts no new actors (it is
+    /// stopping): the agent ends it as stopped and tells the mesh's owner (see
+    /// [`super::ProcAgent::close_spawns`]).
+    fn spawn(&self, actor: DrivenActor, spawn: ForeignSpawn) -> Result<(), DrivenActor>;
 }
 
 /// An actor spawned by an agent.
 pub(super) struct LocalActor {
-    pub(super) handle: AnyActorHandle,
+    /// `None`: the spawn was refused before the actor was created (its proc was
+    /// stopping); it counts as stopped.
+    pub(super) handle: Option<AnyActorHandle>,
     pub(super) mesh: MeshInfo,
     pub(super) rank: u32,
     pub(super) owner: ActorId,
@@ -152,6 +160,9 @@ impl Inner {
             tracing::warn!(agent = %self.id, actor, "ignoring a second spawn of the same actor");
             return;
         }
+        if let Some(why) = self.stopping() {
+            return self.refuse_spawn(actor, spec, rank, None, &why);
+        }
         let spawned = match &spec.actor_type {
             ActorType::Native { type_name } => {
                 self.registry.spawn(&self.client, type_name, actor, &parts)
@@ -163,18 +174,25 @@ impl Inner {
                 Some(spawner) => match self.client.spawn_driven(actor) {
                     Ok(driven) => {
                         let handle = driven.erase();
-                        spawner.spawn(
-                            driven,
-                            ForeignSpawn {
-                                mesh: spec.mesh.clone(),
-                                owner: spec.owner.clone(),
-                                origin: origin.clone(),
-                                rank,
-                                view: view.clone(),
-                                parts,
-                            },
-                        );
-                        Ok(handle)
+                        let spawn = ForeignSpawn {
+                            mesh: spec.mesh.clone(),
+                            owner: spec.owner.clone(),
+                            origin: origin.clone(),
+                            rank,
+                            view: view.clone(),
+                            parts,
+                        };
+                        match spawner.spawn(driven, spawn) {
+                            Ok(()) => Ok(handle),
+                            Err(refused) => {
+                                // The spawner closed meanwhile: the process is stopping.
+                                refused.stop();
+                                let why = self
+                                    .stopping()
+                                    .unwrap_or_else(|| "its process is shutting down".to_string());
+                                return self.refuse_spawn(actor, spec, rank, Some(handle), &why);
+                            }
+                        }
                     }
                     Err(e) => Err(e.to_string()),
                 },
@@ -185,7 +203,7 @@ impl Inner {
                 lock(&self.local).insert(
                     actor.to_string(),
                     LocalActor {
-                        handle,
+                        handle: Some(handle),
                         mesh: spec.mesh.clone(),
                         rank,
                         owner: spec.owner.clone(),
@@ -193,20 +211,79 @@ impl Inner {
                     },
                 );
             }
-            Err(reason) => {
-                tracing::warn!(agent = %self.id, actor, "cannot spawn: {reason}");
-                let failure = MeshFailure {
-                    mesh: spec.mesh.clone(),
-                    rank: rank as usize,
-                    actor_id: None,
-                    proc_id: self.proc.proc_id().clone(),
-                    pid: Some(std::process::id()),
-                    cause: FailureCause::SpawnFailed { reason },
-                    caused_by: None,
-                };
-                self.report_to_owner(&spec.owner, &failure);
-            }
+            Err(reason) => match self.stopping() {
+                // Refused because the proc stopped meanwhile, not for a fault of its own.
+                Some(why) => self.refuse_spawn(actor, spec, rank, None, &why),
+                None => {
+                    tracing::warn!(agent = %self.id, actor, "cannot spawn: {reason}");
+                    let failure = MeshFailure {
+                        mesh: spec.mesh.clone(),
+                        rank: rank as usize,
+                        actor_id: None,
+                        proc_id: self.proc.proc_id().clone(),
+                        pid: Some(std::process::id()),
+                        cause: FailureCause::SpawnFailed { reason },
+                        caused_by: None,
+                    };
+                    self.report_to_owner(&spec.owner, &failure);
+                }
+            },
         }
+    }
+
+    /// Why this proc takes no new actors, if it is stopping: the agent was told
+    /// ([`super::ProcAgent::close_spawns`]), or the proc itself is stopped.
+    fn stopping(&self) -> Option<String> {
+        if let Some(why) = lock(&self.spawns_closed).clone() {
+            return Some(why);
+        }
+        self.proc
+            .is_stopped()
+            .then(|| "its proc is stopped".to_string())
+    }
+
+    /// The spawn of `actor` was refused because this proc is stopping (`why`): the actor
+    /// counts as stopped here (`handle`, ended already, if it was created), and the agent
+    /// of the mesh's owner decides whether that is a failure (MSUP-3: not when
+    /// the owner's process stopped this proc or the mesh).
+    fn refuse_spawn(
+        &self,
+        actor: &str,
+        spec: &SpawnSpec,
+        rank: u32,
+        handle: Option<AnyActorHandle>,
+        why: &str,
+    ) {
+        tracing::debug!(agent = %self.id, actor, "refusing a spawn: {why}");
+        let actor_id = handle.as_ref().map(|h| h.actor_id().clone());
+        lock(&self.local).insert(
+            actor.to_string(),
+            LocalActor {
+                handle,
+                mesh: spec.mesh.clone(),
+                rank,
+                owner: spec.owner.clone(),
+                stop_reason: Some(format!("it was never started: {why}")),
+            },
+        );
+        let failure = MeshFailure {
+            mesh: spec.mesh.clone(),
+            rank: rank as usize,
+            actor_id,
+            proc_id: self.proc.proc_id().clone(),
+            pid: Some(std::process::id()),
+            cause: FailureCause::SpawnFailed {
+                reason: format!("its proc was stopping ({why}) and hosts no new actors"),
+            },
+            caused_by: None,
+        };
+        self.send_control(
+            spec.owner.proc_id(),
+            &Control::SpawnRefused {
+                owner: spec.owner.clone(),
+                failure,
+            },
+        );
     }
 
     /// Why calls to local actor `actor` cannot be handled, if they cannot, and whether
@@ -230,7 +307,11 @@ impl Inner {
             self.proc.proc_id(),
             std::process::id()
         );
-        match a.handle.status() {
+        let status = a
+            .handle
+            .as_ref()
+            .map_or(ActorStatus::Stopped, AnyActorHandle::status);
+        match status {
             ActorStatus::Failed(reason) => Some((format!("{who} failed: {reason}"), false)),
             ActorStatus::Stopped => Some((
                 format!(
@@ -253,7 +334,7 @@ impl Inner {
     ) {
         let handle = {
             let mut local = lock(&self.local);
-            local.get_mut(actor).map(|a| {
+            local.get_mut(actor).and_then(|a| {
                 a.stop_reason.get_or_insert(reason.clone());
                 a.handle.clone()
             })
@@ -280,7 +361,7 @@ impl Inner {
         let Some((to, index)) = reply else {
             return;
         };
-        let handle = lock(&self.local).get(actor).map(|a| a.handle.clone());
+        let handle = lock(&self.local).get(actor).and_then(|a| a.handle.clone());
         let inner = Arc::clone(self);
         let actor = actor.to_string();
         tokio::spawn(async move {
@@ -299,5 +380,135 @@ impl Inner {
             };
             inner.send_items(&to, vec![item]);
         });
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use hyperactor::testing::timed;
+    use hyperactor::{BoxError, ChannelTransport, Context, Handler, SendContext};
+    use serde::{Deserialize, Serialize};
+
+    use super::*;
+    use crate::agent::{random_id, AgentOptions, ProcAgent, ProcInfo};
+    use crate::error::MeshError;
+    use crate::proc_mesh::ProcMesh;
+    use crate::shape::Extent;
+    use crate::{reply, ActorMesh, Request};
+
+    #[derive(Debug)]
+    struct Pinged;
+
+    #[derive(Debug, Serialize, Deserialize)]
+    struct Ping;
+    impl Request for Ping {
+        type Reply = u8;
+    }
+
+    impl Actor for Pinged {
+        type Params = ();
+        async fn new(_: ()) -> Result<Self, BoxError> {
+            Ok(Pinged)
+        }
+        fn bind(binder: &mut hyperactor::Binder<Self>) {
+            binder.handle::<Ping>();
+        }
+    }
+
+    impl Handler<Ping> for Pinged {
+        async fn handle(&mut self, cx: &Context<Self>, _: Ping) -> Result<(), BoxError> {
+            reply(cx, &1u8)?;
+            Ok(())
+        }
+    }
+
+    /// A foreign spawner whose process is shutting down: it refuses every actor.
+    struct Closed;
+    impl ForeignSpawner for Closed {
+        fn spawn(&self, actor: DrivenActor, _: ForeignSpawn) -> Result<(), DrivenActor> {
+            Err(actor)
+        }
+    }
+
+    /// A one-proc mesh of `agent`'s proc (spawned by no host).
+    fn mesh_of(agent: &ProcAgent, name: &str) -> ProcMesh {
+        let info = MeshInfo {
+            id: random_id(),
+            name: name.into(),
+            class: "procs".into(),
+        };
+        let proc = ProcInfo {
+            rank: 0,
+            proc_id: agent.proc().proc_id().clone(),
+            pid: std::process::id(),
+            host: None,
+        };
+        ProcMesh::new(
+            info,
+            &Extent::new(vec!["gpus"], vec![1]).unwrap(),
+            vec![proc],
+        )
+        .unwrap()
+    }
+
+    /// MSUP-3: a spawn refused by a proc that its owner's process stopped is no
+    /// failure (the actor counts as stopped: calls to it say so); refused by a proc that
+    /// stops for another reason, it is one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_spawn_refused_by_a_stopping_proc_fails_only_if_the_owner_did_not_stop_it() {
+        let owner = ProcAgent::serve(ChannelTransport::Unix, "owner", AgentOptions::default())
+            .await
+            .unwrap();
+        let client = owner.proc().client("client").unwrap();
+        let options = || AgentOptions::default().register::<Pinged>();
+        let stopped = ProcAgent::serve(ChannelTransport::Unix, "stopped", options())
+            .await
+            .unwrap();
+        let foreign = AgentOptions::default().foreign(Arc::new(Closed));
+        let other = ProcAgent::serve(ChannelTransport::Unix, "other", foreign)
+            .await
+            .unwrap();
+
+        // The owner stopped this proc mesh; its host asked the proc to stop.
+        let procs = mesh_of(&stopped, "stopped");
+        owner.register_owned_procs(
+            procs.info().clone(),
+            client.actor_id().clone(),
+            procs.procs(),
+        );
+        owner.mark_stopped(procs.info().id);
+        stopped.close_spawns("its host asked it to stop");
+        let refused: ActorMesh<Pinged> = procs.spawn(&client, "refused", &()).unwrap();
+        match timed(refused.call(&client, &Ping)).await {
+            Err(MeshError::Call {
+                failed: true,
+                reason,
+                ..
+            }) => assert!(
+                reason.contains("was stopped (it was never started: its host asked it to stop)"),
+                "{reason}"
+            ),
+            other => panic!("a call to a refused actor: {other:?}"),
+        }
+
+        // A proc stopping for its own reasons (its spawner closed) that the owner did
+        // not stop: the refusal is a failure.
+        let failing = mesh_of(&other, "other")
+            .spawn_foreign(&client, "reported", "Foreign", Vec::new())
+            .unwrap();
+        // The refusal of "refused" reached the owner's agent before the call's answer
+        // (same link, in order): had it been reported, it would come first.
+        let event = timed(client.next_supervision_event()).await.unwrap();
+        let failure = MeshFailure::from_event(&event).unwrap();
+        assert_eq!(failure.mesh.name, failing.info().name);
+        assert_eq!(failure.proc_id, *other.proc().proc_id());
+        match &failure.cause {
+            FailureCause::SpawnFailed { reason } => assert!(
+                reason.contains("its proc was stopping (its process is shutting down)"),
+                "{reason}"
+            ),
+            cause => panic!("unexpected cause {cause:?}"),
+        }
     }
 }

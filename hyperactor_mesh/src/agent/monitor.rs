@@ -121,7 +121,11 @@ impl Inner {
             .map(|s| {
                 let mut record = ActorRecord::from_stats(s);
                 match local.get(s.actor_id.name()) {
-                    Some(a) if a.handle.actor_id() == &s.actor_id => {
+                    Some(a)
+                        if a.handle
+                            .as_ref()
+                            .is_some_and(|h| h.actor_id() == &s.actor_id) =>
+                    {
                         record.mesh = Some(a.mesh.id.to_string());
                         record.name = a.mesh.name.clone();
                         record.class = Some(a.mesh.class.clone());

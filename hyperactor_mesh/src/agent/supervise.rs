@@ -298,6 +298,43 @@ impl Inner {
         })
     }
 
+    /// Whether this process asked for the stop of `proc` or of mesh `mesh`: the mesh
+    /// was stopped from here, `proc` belongs to a proc mesh stopped from here, or its
+    /// host was asked from here to end.
+    fn stop_asked_here(&self, proc: &ProcId, mesh: u64) -> bool {
+        if self.in_stopped_proc_mesh(proc) {
+            return true;
+        }
+        let owned = lock(&self.owned);
+        let Some(m) = owned.get(&mesh) else {
+            return false;
+        };
+        if m.stopped {
+            return true;
+        }
+        let host = m
+            .ranks
+            .iter()
+            .find(|(t, _)| &t.proc == proc)
+            .and_then(|(t, _)| t.host.clone());
+        drop(owned);
+        let host = host.or_else(|| lock(&self.hosts).get(proc).cloned());
+        host.is_some_and(|h| lock(&self.ending_hosts).contains(&h))
+    }
+
+    /// A stopping proc refused to spawn an actor of a mesh `owner` owns (MSUP-3):
+    /// a stop this process asked for is not a failure of what it stops, whatever state
+    /// the spawn was in (the actor never existed: calls to it find it stopped); a proc
+    /// stopping for any other reason fails the rank.
+    pub(super) fn on_spawn_refused(&self, owner: &ActorId, failure: &MeshFailure) {
+        if self.stop_asked_here(&failure.proc_id, failure.mesh.id) {
+            tracing::debug!(agent = %self.id, "not a failure, its stop was asked here: {failure}");
+            return;
+        }
+        tracing::debug!(agent = %self.id, "{}", failure.report());
+        self.report_to_owner(owner, failure);
+    }
+
     /// A proc died (its host's report).
     pub(super) fn on_proc_died(self: &Arc<Self>, mut death: ProcDeath) {
         death.expected = death.expected || self.in_stopped_proc_mesh(&death.proc_id);

@@ -41,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
         "--address",
         required=True,
         help="where to serve: tcp://HOST:PORT (tcp://0.0.0.0:PORT for every interface), "
-        "ADVERTISE@BIND, or ipc://PATH",
+        "ADVERTISE@BIND, ipc://PATH, or tcp://HOST:fdN to serve on the listening socket "
+        "inherited as file descriptor N (socket activation)",
     )
     worker.add_argument(
         "--ca",

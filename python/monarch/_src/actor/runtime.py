@@ -122,7 +122,7 @@ def serve_child() -> None:
     agent.report_ready()
     agent.wait_for_stop()
     asked = time.monotonic()
-    agent.close_spawns()
+    agent.close_spawns("its host asked it to stop")
     # Graceful: every actor here cancels its concurrent tasks, runs __cleanup__ and is
     # released (finalizers run), bounded by the stop timeout.
     limit = _seconds("stop_actor_timeout")
@@ -194,7 +194,7 @@ def shutdown(timeout: float = 1.0) -> None:
     state = process.peek()
     if state is None:
         return
-    state.agent.close_spawns()
+    state.agent.close_spawns("the program is ending")
     # The actors of this process (``this_proc().spawn``) stop gracefully too.
     stop_all("the program is ending", timeout)
     state.agent.shutdown_host(timeout)

@@ -174,7 +174,13 @@ def run_worker_loop_forever(
     """Serve as this machine's worker at ``address`` until terminated.
 
     ``address`` is ``tcp://HOST:PORT`` (``tcp://0.0.0.0:PORT`` binds every interface and
-    advertises this machine's primary IP), ``ADVERTISE@BIND``, or ``ipc://PATH``.
+    advertises this machine's primary IP), ``ADVERTISE@BIND``, ``ipc://PATH``, or
+    ``tcp://HOST:fdN`` (socket activation): serve on the listening TCP socket this
+    process inherited as file descriptor ``N`` (its parent bound it, for example to port
+    0, and passed it with ``subprocess.Popen(..., pass_fds=(N,))``), advertising ``HOST``
+    with the socket's real port, which clients dial (``tcp://HOST:PORT``; ``fdN`` is
+    only for serving). A descriptor that is not a listening TCP socket raises
+    ``RuntimeError`` naming it.
     ``ca="/path/ca.pem", private_key="/path/node.pem"`` makes every TCP connection mutual
     TLS (the CA's certificate, and this node's key followed by its certificate, in PEM);
     ``ca="trust_all_connections"`` accepts every TCP connection (logs a warning);
@@ -225,7 +231,7 @@ def run_worker_loop_forever(
             signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(1.0):
         pass
-    agent.close_spawns()
+    agent.close_spawns("its worker is ending")
     agent.shutdown_host(seconds("stop_actor_timeout"))
     ProcAgent.remove_socket_files()
     sys.stdout.flush()
