@@ -233,6 +233,7 @@ bench: install ## Release build; hyperactor messaging bench; ours vs upstream Mo
 	-$(VENV_PYTHON) benches/ddp_tensors_bench.py $(BENCH_DDP_NETWORK) $(BENCH_DDP_ARGS)
 	$(VENV_PYTHON) benches/log_bench.py
 	-$(VENV_PYTHON) benches/monitoring_bench.py
+	-$(VENV_PYTHON) benches/slurm_bench.py
 
 bench-multihost: install ## Multi-host bench, ours vs upstream, over network-namespace hosts (root)
 	-$(MAKE) --no-print-directory -k bench-peers

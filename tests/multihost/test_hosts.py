@@ -267,7 +267,11 @@ def test_sigkilled_worker_fails_its_procs_and_the_rest_keeps_working(
     netns_cluster: Cluster, healthy: list[Worker]
 ) -> None:
     r, client = _break_and_check(netns_cluster, healthy, "kill")
-    assert r["detected_s"] is not None and r["detected_s"] < 5, r
+    # Found lost by its connection failing (at once), not by heartbeats (2 s). How soon:
+    # benches/multihost_bench.py (failure detection).
+    assert r["detected_s"] is not None, r
+    assert "its connection failed" in r["failures"][0], r
+    assert "heartbeat" not in r["failures"][0], r
     _recover(netns_cluster, healthy, client, "kill")
 
 
@@ -289,9 +293,9 @@ def test_partitioned_host_is_lost_and_comes_back(
     _recover(netns_cluster, healthy, client, "cut")
 
 
-#: The config's ``host_heartbeat_timeout`` (its default): how long a host that stopped
-#: answering takes to be found lost.
-HEARTBEAT_TIMEOUT = 2.0
+#: The config's ``stop_actor_timeout`` (its default): how long stopping waits for a proc,
+#: and ending a worker for its answer (plus 2 s).
+STOP_TIMEOUT = 10.0
 
 
 @pytest.mark.timeout(240)
@@ -314,11 +318,20 @@ def test_shutdown_does_not_wait_on_lost_hosts(
     r = client.result()
     client.finish()
     print(f"shutdown with lost hosts ({mode}): {r['took']:.2f} s")
-    limit = 1.5 if mode == "known" else HEARTBEAT_TIMEOUT + 2.0
-    assert r["took"] < limit, f"shutdown took {r['took']:.1f} s ({mode}): {r}"
     if mode == "known":
+        # Neither lost host was asked to end nor waited on: each "was lost already".
         for host in netns_cluster.hosts[1:]:
-            assert any(f"worker@tcp:{host.ip}:{PORT}" in f for f in r["failures"]), r
+            worker = f"worker@tcp:{host.ip}:{PORT}"
+            assert any(worker in f for f in r["failures"]), r
+            assert any(f"{worker}: it was lost already" in w for w in r["not_ended"]), r
+        # Nor are their procs: nothing waits out stop_actor_timeout (10 s) on them.
+        assert r["took"] < STOP_TIMEOUT - 2.0, f"shutdown took {r['took']:.1f} s: {r}"
+    else:
+        # The cut host is waited on until heartbeats find it lost (the configured
+        # host_heartbeat_timeout), not for its answer (stop_actor_timeout and more).
+        cut = f"worker@tcp:{netns_cluster.hosts[1].ip}:{PORT}: it was lost"
+        assert any(cut in w and "answered no heartbeat" in w for w in r["not_ended"]), r
+        assert r["took"] < STOP_TIMEOUT, f"shutdown took {r['took']:.1f} s: {r}"
     ended = healthy[0].proc
     assert ended is not None
     assert ended.wait(30) == 0, "the worker that answered was not ended by shutdown"

@@ -2,7 +2,7 @@
 client namespace), workers are Slurm tasks on namespace hosts, over authenticated TCP.
 
 The measured numbers (state() to first answer, kill() to job gone) are printed; run with
-``-s`` to see them.
+``-s`` to see them. benches/slurm_bench.py measures them against their budgets.
 """
 
 from __future__ import annotations
@@ -23,11 +23,6 @@ from .harness import SlurmCluster
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
-#: Budgets of the issue, checked with room for a loaded machine (the printed numbers
-#: are what to compare with the budgets).
-FIRST_CALL_BUDGET_S = 5.0
-KILL_BUDGET_S = 5.0
-LOAD_ALLOWANCE = 3.0
 
 
 def client_env(slurm: SlurmCluster) -> dict[str, str]:
@@ -112,8 +107,7 @@ def test_two_meshes_end_to_end(slurm: SlurmCluster, tmp_path: Path) -> None:
         f"\nslurm: state() to first call answered (2-node mesh of a 3-node job): "
         f"{result['first_call_s']:.2f} s; kill() to job gone: {result['kill_s']:.2f} s"
     )
-    assert result["first_call_s"] < FIRST_CALL_BUDGET_S + LOAD_ALLOWANCE
-    assert result["kill_s"] < KILL_BUDGET_S + LOAD_ALLOWANCE
+    # How fast (the issue's budgets, 5 s each) is for benches/slurm_bench.py.
     assert slurm.jobs() == [], "SLURM-3: the job is gone once kill() returned"
     log = (tmp_path / f"slurm_{result['job']}_monarch_job.out").read_text()
     assert "monarch worker ready at" in log

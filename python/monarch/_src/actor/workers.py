@@ -51,8 +51,13 @@ __all__ = [
 
 #: The ``ca`` value that turns authentication off (explicitly; logs a warning).
 TRUST_ALL = "trust_all_connections"
-#: What a worker prints (with its address) once it accepts connections.
+#: What a worker prints (with its address) once it serves: its agent answers.
 READY_LINE = "monarch worker ready at"
+#: The variable naming a file a worker creates (holding its address) once it serves, for
+#: the process that started it (``ProcessJob``). Its socket exists a little earlier, before
+#: the agent that answers on it: a message that arrives in between (an attaching client's
+#: first heartbeat) is dropped.
+READY_FILE_ENV = "MONARCH_WORKER_READY_FILE"
 
 
 class ChannelTransport(enum.Enum):
@@ -186,9 +191,10 @@ def run_worker_loop_forever(
     ``ca="trust_all_connections"`` accepts every TCP connection (logs a warning);
     ``ca=None`` requires ``MONARCH_TLS_CA`` and ``MONARCH_TLS_KEY``, or the cluster secret
     in ``MONARCH_CLUSTER_SECRET``, for TCP.
-    Prints ``monarch worker ready at <address>`` once it accepts connections. Spawns and
-    reaps procs for whichever client attaches; SIGTERM or SIGINT stops its procs and
-    ends it.
+    Prints ``monarch worker ready at <address>`` once it serves (its agent answers), and
+    then creates the file named by ``MONARCH_WORKER_READY_FILE``, if set, holding the
+    address. Spawns and reaps procs for whichever client attaches; SIGTERM or SIGINT stops
+    its procs and ends it.
     """
     if not isinstance(address, str) or not address:
         raise ValueError(f"run_worker_loop_forever: address must be a string, got {address!r}")
@@ -212,6 +218,8 @@ def run_worker_loop_forever(
     from monarch._src.actor import runtime
     from monarch._src.actor.actor_host import run_spawner
 
+    # Not inherited by the procs this worker spawns.
+    ready_file = os.environ.pop(READY_FILE_ENV, None)
     seconds = runtime._seconds
     agent = ProcAgent.serve_worker(
         address,
@@ -225,6 +233,12 @@ def run_worker_loop_forever(
     run_spawner(state)
     served = agent.proc_id.split("@", 1)[1]
     print(f"{READY_LINE} {served}", flush=True)
+    if ready_file:
+        # Written whole, then renamed: a reader sees the file complete or not at all.
+        partial = f"{ready_file}.partial"
+        with open(partial, "w") as f:
+            f.write(f"{served}\n")
+        os.replace(partial, ready_file)
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -650,6 +650,14 @@ atexit.register(_stop_unsaved_at_exit)
 #: Longest Unix socket path (``sun_path`` holds 108 bytes with the terminating NUL).
 _MAX_SOCKET_PATH = 107
 
+#: ``monarch._src.actor.workers.READY_FILE_ENV`` (not imported: it loads the runtime).
+_READY_FILE_ENV = "MONARCH_WORKER_READY_FILE"
+
+
+def _ready_file(address: str) -> str:
+    """The file a ``ProcessJob`` worker at ``address`` creates once it serves."""
+    return address.removeprefix("ipc://").removesuffix(".sock") + ".ready"
+
 
 def _inherit_output() -> bool:
     """Whether workers may write to this process's stdout and stderr: not when either
@@ -682,8 +690,9 @@ class ProcessJob(JobTrait):
     For testing multi-host programs on one machine.
 
     ``apply()`` starts each worker (``python -m monarch.tools.cli worker``) in its own
-    session, listening on a Unix socket (``ipc://``) in a private temporary directory;
-    ``env`` is added to the workers' environment. Workers write to this process's
+    session, listening on a Unix socket (``ipc://``) in a private temporary directory,
+    and returns once each serves (its agent answers, as its ready file beside the socket
+    says); ``env`` is added to the workers' environment. Workers write to this process's
     stdout and stderr, or, when either is a pipe, to ``worker-<n>.log`` beside their
     sockets (the error of a worker that exits names its log). ``state()`` attaches to them with
     ``monarch.actor.attach_to_workers``; it raises :class:`RuntimeError` once a worker
@@ -699,7 +708,7 @@ class ProcessJob(JobTrait):
 
     #: Seconds ``kill()`` waits after SIGTERM, and again after SIGKILL.
     stop_grace: float = 5.0
-    #: Seconds ``apply()`` waits for every worker to listen on its socket.
+    #: Seconds ``apply()`` waits for every worker to serve on its socket.
     start_timeout: float = 60.0
 
     def __init__(self, meshes: Mapping[str, int], env: Mapping[str, str] | None = None) -> None:
@@ -744,7 +753,7 @@ class ProcessJob(JobTrait):
                     base = os.path.join(workers.socket_dir, f"worker-{index}")
                     index += 1
                     started.append(self._start_worker(mesh, base, env, inherit))
-            self._wait_listening(workers)
+            self._wait_serving(workers)
         except BaseException:
             workers.stop(self.stop_grace)
             raise
@@ -762,7 +771,7 @@ class ProcessJob(JobTrait):
         try:
             popen = subprocess.Popen(
                 self._worker_command(address),
-                env=env,
+                env={**env, _READY_FILE_ENV: _ready_file(address)},
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=output,
@@ -775,14 +784,17 @@ class ProcessJob(JobTrait):
         proc = _proc_stat(popen.pid)
         return _Worker(mesh, popen.pid, None if proc is None else proc[1], address, log)
 
-    def _wait_listening(self, workers: _Workers) -> None:
-        """Wait until every worker's socket exists; raise if one exits first."""
+    def _wait_serving(self, workers: _Workers) -> None:
+        """Wait until every worker serves (its ready file exists); raise if one exits
+        first. Its socket alone is not enough: it exists before the worker's agent, and
+        a client's first heartbeat arriving in between would be dropped (and its attach
+        time out, ``mesh_attach_config_timeout`` later)."""
         deadline = time.monotonic() + self.start_timeout
         pending = workers.all()
         delay = 0.005
         while True:
             for w in list(pending):
-                if os.path.exists(w.address.removeprefix("ipc://")):
+                if os.path.exists(_ready_file(w.address)):
                     pending.remove(w)
                 elif not _is_running(w):
                     command = shlex.join(self._worker_command(w.address))
@@ -794,14 +806,14 @@ class ProcessJob(JobTrait):
                     )
                     raise RuntimeError(
                         f"ProcessJob: the worker ({w.describe()}) exited before it "
-                        f"listened (command: {command}); {why}"
+                        f"listened and served (command: {command}); {why}"
                     )
             if not pending:
                 return
             if time.monotonic() >= deadline:
                 raise RuntimeError(
-                    f"ProcessJob: workers did not listen within {self.start_timeout:g} s: "
-                    + "; ".join(w.describe() for w in pending)
+                    f"ProcessJob: workers did not listen and serve within "
+                    f"{self.start_timeout:g} s: " + "; ".join(w.describe() for w in pending)
                 )
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
