@@ -16,7 +16,7 @@ MATURIN := $(VENV)/bin/maturin
 # tools add. `make demo` installs the first two only; `make install` and `make test` all.
 BUILD_REQUIREMENTS := maturin>=1.9.4,<2 cloudpickle
 DEMO_REQUIREMENTS := torch
-DEV_REQUIREMENTS := pytest pytest-timeout ruff mypy matplotlib nbclient ipykernel nbformat \
+DEV_REQUIREMENTS := pytest pytest-timeout pytest-xdist ruff mypy matplotlib nbclient ipykernel nbformat \
 	pexpect kubernetes kubernetes-validate jsonschema selenium prometheus-client
 req_stamp = $(VENV)/.requirements-$(1)-$(shell printf '%s' '$(2)' | sha256sum | cut -c1-16)
 BUILD_STAMP := $(call req_stamp,build,$(BUILD_REQUIREMENTS))
@@ -51,9 +51,12 @@ $(VENV_PYTHON):
 	$(PYTHON) -m venv $(VENV)
 
 # pip skips byte-compiling (--no-compile): torch alone has thousands of modules, of which
-# a program imports a few hundred, compiled on first import.
+# a program imports a few hundred, compiled on first import. One pip at a time changes the
+# venv (a lock file): `install` and `demo` run the pip installs beside the extension's
+# build, and two pips installing a shared dependency at once would break it.
+PIP_LOCK := flock $(VENV)/.pip.lock
 define pip_install
-	$(VENV_PYTHON) -m pip install --quiet --disable-pip-version-check --no-compile \
+	$(PIP_LOCK) $(VENV_PYTHON) -m pip install --quiet --disable-pip-version-check --no-compile \
 		$(foreach r,$(2),'$(r)')
 	rm -f $(VENV)/.requirements-$(1)-*
 	touch $@
@@ -68,7 +71,12 @@ $(DEMO_STAMP): | $(VENV_PYTHON)
 $(DEV_STAMP): | $(VENV_PYTHON)
 	$(call pip_install,dev,$(DEV_REQUIREMENTS))
 
-install: $(REQ_STAMP) build-prod ## Create .venv, install every Python dependency (once), build the extension (release)
+# The extension's release build runs beside the pip installs (a sub-make with two jobs):
+# compiling keeps about one core busy, unpacking torch the other. maturin then installs
+# only the monarch package itself (its one dependency, cloudpickle, is in the build group,
+# installed before), so it touches nothing the pip beside it writes.
+install: $(BUILD_STAMP) ## Create .venv, install every Python dependency (once), build the extension (release)
+	$(MAKE) --no-print-directory -j2 build-prod $(DEMO_STAMP) $(DEV_STAMP)
 
 build-dev: $(BUILD_STAMP) ## Build the extension in debug mode into .venv (maturin develop)
 	$(MATURIN_DEVELOP)
@@ -139,8 +147,15 @@ TEST_PYTHON_LIMIT ?= 1500
 test-rust: | $(VENV_PYTHON) ## cargo test --workspace (unit, integration and doc tests)
 	timeout -k 30 $(TEST_RUST_LIMIT) $(CARGO) test --workspace
 
+# pytest runs in PYTEST_WORKERS processes (pytest-xdist; default: the cores, at most 4):
+# most tests wait on processes they start rather than compute. Each file's tests, and each
+# directory of tests that share simulated hosts or a browser, run in one worker
+# (tests/conftest.py); PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
+
 test-python: $(REQ_STAMP) ## Run pytest (build the extension first: make install or build-dev)
-	timeout -k 30 $(TEST_PYTHON_LIMIT) $(VENV_PYTHON) -m pytest
+	timeout -k 30 $(TEST_PYTHON_LIMIT) $(VENV_PYTHON) -m pytest \
+		$(if $(filter-out 0 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadgroup)
 
 # The real-Slurm tests (tests/slurm) need Debian's Slurm and munge packages; this installs
 # them (root, apt-get) without starting any system daemon, and is a quick check once they
@@ -157,17 +172,21 @@ slurm-deps: ## Install Slurm and munge for tests/slurm (root; no daemon is start
 CARGO_TARGET := $(or $(CARGO_TARGET_DIR),target)
 PY_VERSION = $(shell $(VENV_PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 MATURIN_CARGO_ENV = PYO3_BUILD_EXTENSION_MODULE=1 \
-	PYO3_CONFIG_FILE=$(abspath $(firstword $(wildcard \
-		$(CARGO_TARGET)/maturin/pyo3-config-*-$(PY_VERSION)-abi3.txt))) \
+	PYO3_CONFIG_FILE="$$(realpath $(CARGO_TARGET)/maturin/pyo3-config-*-$(PY_VERSION)-abi3.txt)" \
 	PYO3_ENVIRONMENT_SIGNATURE=cpython-$(PY_VERSION)-64bit \
 	PYO3_PYTHON=$(abspath $(VENV_PYTHON)) PYTHON_SYS_EXECUTABLE=$(abspath $(VENV_PYTHON))
 DEMO_BINS := $(CARGO_TARGET)/release
 
-demo-build: build-prod ## Build the Rust demos with the extension's release build (compiles the demos only)
-	$(MATURIN_CARGO_ENV) $(CARGO) build --release -p monarch_extension -p monarch_demos --lib --bins \
-		--message-format json-render-diagnostics | $(VENV_PYTHON) tools/cargo_fresh.py monarch_demos
+DEMO_BUILD = $(MATURIN_CARGO_ENV) $(CARGO) build --release -p monarch_extension -p monarch_demos \
+	--lib --bins --message-format json-render-diagnostics | $(VENV_PYTHON) tools/cargo_fresh.py monarch_demos
 
-demo: build-prod $(DEMO_STAMP) demo-build ## Install what the demos need (not the test tools), run them: Rust ping-pong and native mesh, Python tour, DDP, RDMA, tensors, DDP on tensors, crawler, RL
+demo-build: build-prod ## Build the Rust demos with the extension's release build (compiles the demos only)
+	$(DEMO_BUILD)
+
+# torch is installed beside the extension's release build, as in `install`.
+demo: $(BUILD_STAMP) ## Install what the demos need (not the test tools), run them: Rust ping-pong and native mesh, Python tour, DDP, RDMA, tensors, DDP on tensors, crawler, RL
+	$(MAKE) --no-print-directory -j2 build-prod $(DEMO_STAMP)
+	$(DEMO_BUILD)
 	$(DEMO_BINS)/ping_pong
 	$(DEMO_BINS)/mesh_demo
 	$(VENV_PYTHON) examples/ping_pong.py

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,8 @@ os.environ.setdefault("MONARCH_SPAWN_FORK_SERVER_PRELOAD", "none")
 
 def pytest_configure(config: pytest.Config) -> None:
     """Stop early, with the fix, when the extension module is not built."""
+    # pytest-xdist declares this marker; declared here too for runs without it.
+    config.addinivalue_line("markers", "xdist_group(name): run these tests in one worker")
     try:
         import monarch._rust_bindings  # noqa: F401
     except ImportError as e:
@@ -45,6 +48,36 @@ def pytest_configure(config: pytest.Config) -> None:
             "first: `make install` (release) or `make build-dev` (debug), then run the "
             "tests with .venv/bin/python -m pytest"
         ) from e
+
+
+#: Directories whose tests share machine-wide set-ups (simulated hosts in network
+#: namespaces, a Slurm cluster on them, a headless browser): under pytest-xdist each
+#: directory's tests run in one worker, one after another.
+_SHARED_SETUP_GROUPS = {
+    "multihost": "netns",
+    "kubernetes": "netns",
+    "slurm": "netns",
+    "browser": "browser",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the tests for ``pytest -n N --dist loadgroup`` (what ``make test`` runs):
+    the tests of one file stay in one worker (so a module's fixtures are set up once),
+    and the directories of :data:`_SHARED_SETUP_GROUPS` each form one group. A no-op
+    when the tests run in one process."""
+    root = Path(__file__).parent
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        path = Path(str(item.path))
+        try:
+            rel = path.relative_to(root)
+        except ValueError:
+            continue
+        group = _SHARED_SETUP_GROUPS.get(rel.parts[0], rel.as_posix())
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 _EXIT_STATUS = pytest.StashKey[int]()
