@@ -150,7 +150,7 @@ test-rust: | $(VENV_PYTHON) ## cargo test --workspace (unit, integration and doc
 # pytest runs in PYTEST_WORKERS processes (pytest-xdist; default: the cores, at most 4):
 # most tests wait on processes they start rather than compute. Each file's tests, and each
 # directory of tests that share simulated hosts or a browser, run in one worker
-# (tests/conftest.py); PYTEST_WORKERS=0 runs everything in one process.
+# (tests/conftest.py); PYTEST_WORKERS=1 runs everything in one process.
 PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 
 test-python: $(REQ_STAMP) ## Run pytest (build the extension first: make install or build-dev)
