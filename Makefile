@@ -15,7 +15,7 @@ MATURIN := $(VENV)/bin/maturin
 # the extension needs, what the demos add (torch), and what the tests, linters and docs
 # tools add. `make demo` installs the first two only; `make install` and `make test` all.
 BUILD_REQUIREMENTS := maturin>=1.9.4,<2 cloudpickle
-DEMO_REQUIREMENTS := torch
+DEMO_REQUIREMENTS := torch numpy
 DEV_REQUIREMENTS := pytest pytest-timeout pytest-xdist ruff mypy matplotlib nbclient ipykernel nbformat \
 	pexpect kubernetes kubernetes-validate jsonschema selenium prometheus-client
 req_stamp = $(VENV)/.requirements-$(1)-$(shell printf '%s' '$(2)' | sha256sum | cut -c1-16)
@@ -177,8 +177,11 @@ MATURIN_CARGO_ENV = PYO3_BUILD_EXTENSION_MODULE=1 \
 	PYO3_PYTHON=$(abspath $(VENV_PYTHON)) PYTHON_SYS_EXECUTABLE=$(abspath $(VENV_PYTHON))
 DEMO_BINS := $(CARGO_TARGET)/release
 
+# The crates only the demos use (the extension does not): the ones the demos' build may
+# compile.
+DEMO_ONLY_CRATES := monarch_demos anyhow
 DEMO_BUILD = $(MATURIN_CARGO_ENV) $(CARGO) build --release -p monarch_extension -p monarch_demos \
-	--lib --bins --message-format json-render-diagnostics | $(VENV_PYTHON) tools/cargo_fresh.py monarch_demos
+	--lib --bins --message-format json-render-diagnostics | $(VENV_PYTHON) tools/cargo_fresh.py $(DEMO_ONLY_CRATES)
 
 demo-build: build-prod ## Build the Rust demos with the extension's release build (compiles the demos only)
 	$(DEMO_BUILD)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import datetime
 import logging
 import os
@@ -185,6 +186,14 @@ def _as_bytes(value: Any) -> bytes:
     return bytes(value)
 
 
+def _tensor_bytes(value: torch.Tensor) -> bytes:
+    """A CPU tensor's elements as bytes, in row-major order: one copy, and no NumPy
+    (torch installed alone has none)."""
+    flat = value.contiguous().reshape(-1).view(torch.uint8)
+    n = flat.numel()
+    return ctypes.string_at(flat.data_ptr(), n) if n else b""
+
+
 def _local_address() -> str:
     """The address gloo listens on: the IP this proc's monarch address uses (so peers
     on other hosts reach it), else loopback.
@@ -311,7 +320,7 @@ class TensorWorker(Actor):
                 if nbytes < wire.SMALL_TENSOR_BYTES and not value.requires_grad:
                     # Small: raw bytes (torch's own pickling of a tensor costs more
                     # than the whole round trip of a small fetch).
-                    data = value.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+                    data = _tensor_bytes(value)
                     value = wire.TensorData(str(value.dtype), tuple(value.shape), data)
                 elif not value.is_contiguous() or value.untyped_storage().nbytes() != nbytes:
                     value = value.clone(memory_format=torch.contiguous_format)
