@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,8 +38,6 @@ os.environ.setdefault("MONARCH_SPAWN_FORK_SERVER_PRELOAD", "none")
 
 def pytest_configure(config: pytest.Config) -> None:
     """Stop early, with the fix, when the extension module is not built."""
-    # pytest-xdist declares this marker; declared here too for runs without it.
-    config.addinivalue_line("markers", "xdist_group(name): run these tests in one worker")
     try:
         import monarch._rust_bindings  # noqa: F401
     except ImportError as e:
@@ -52,7 +50,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 #: Directories whose tests share machine-wide set-ups (simulated hosts in network
 #: namespaces, a Slurm cluster on them, a headless browser): under pytest-xdist each
-#: directory's tests run in one worker, one after another.
+#: of these groups runs in one worker, one test after another.
 _SHARED_SETUP_GROUPS = {
     "multihost": "netns",
     "kubernetes": "netns",
@@ -61,23 +59,34 @@ _SHARED_SETUP_GROUPS = {
 }
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group the tests for ``pytest -n N --dist loadgroup`` (what ``make test`` runs):
-    the tests of one file stay in one worker (so a module's fixtures are set up once),
-    and the directories of :data:`_SHARED_SETUP_GROUPS` each form one group. A no-op
-    when the tests run in one process."""
-    root = Path(__file__).parent
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        path = Path(str(item.path))
-        try:
-            rel = path.relative_to(root)
-        except ValueError:
-            continue
-        group = _SHARED_SETUP_GROUPS.get(rel.parts[0], rel.as_posix())
-        item.add_marker(pytest.mark.xdist_group(group))
+def _work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to under ``pytest -n N --dist loadgroup``: its
+    file (so a module's fixtures are set up once), or its directory's group in
+    :data:`_SHARED_SETUP_GROUPS`."""
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    if "tests" in parts[:-1]:
+        sub = parts[parts.index("tests") + 1 :]
+        if len(sub) > 1 and sub[0] in _SHARED_SETUP_GROUPS:
+            return _SHARED_SETUP_GROUPS[sub[0]]
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` (what ``make test`` runs) hands out the work units of
+    :func:`_work_unit`, the largest first. (pytest-xdist's own loadgroup reads
+    ``xdist_group`` marks through the test ids, which pytest 9.2 no longer lets it
+    change; this asks nothing of them.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _SharedSetupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _work_unit(nodeid)
+
+    return _SharedSetupScheduling(config, log)
 
 
 _EXIT_STATUS = pytest.StashKey[int]()
