@@ -259,23 +259,23 @@ fn big_snapshot(n: usize) -> Value {
                       "gpus": [{"index": 0, "mem_used": 1, "util_pct": 50.0}]}]})
 }
 
+/// 1,000 actors render into valid exposition text with every actor in it. How fast is
+/// for benches/monitoring_bench.py (`/metrics` with 1,000 actors, release build, against
+/// its 20 ms budget), not for a test: this one runs in the unoptimised test profile.
 #[test]
-fn metrics_render_1000_actors_fast() {
+fn metrics_render_1000_actors() {
     let snapshot = big_snapshot(1000);
     let events: Vec<Value> = (0..100)
         .map(|i| json!({"seq": i, "kind": "mesh_spawned"}))
         .collect();
     let text = monarch_admin::render_metrics(&snapshot, &events);
     check_exposition(&text);
-    let runs = 20;
-    let started = Instant::now();
-    for _ in 0..runs {
-        std::hint::black_box(monarch_admin::render_metrics(&snapshot, &events));
+    for i in [0, 1, 499, 998, 999] {
+        let id = format!("trainer\\\"s\\\\[{i}]");
+        assert!(
+            text.contains(&id),
+            "actor {i} ({id}) is missing from the render"
+        );
     }
-    let each = started.elapsed() / runs;
-    println!(
-        "render_metrics, 1000 actors: {each:?} per render, {} bytes",
-        text.len()
-    );
-    assert!(each < Duration::from_millis(20), "render took {each:?}");
+    println!("render_metrics, 1000 actors: {} bytes", text.len());
 }
