@@ -174,8 +174,9 @@ _CHILD = textwrap.dedent(
     )
     with urllib.request.urlopen(req, timeout=60) as r:
         r.read()
+        spinning = flags[0]  # read before saying "answered": the parent then stops
         flags[1] = 1  # answered
-        print(r.status, flags[0])
+        print(r.status, spinning)
     """
 )
 
