@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +37,7 @@ from monarch.actor import (
     this_host,
     this_proc,
 )
+from proc_state import running
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -413,15 +415,7 @@ def test_clean_shutdown_at_interpreter_exit(tmp_path: object) -> None:
     pids = [int(p) for p in out.stdout.split()]
     assert len(pids) == 3
     for pid in pids:
-        assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+        assert not running(pid)
 
 
 class FailsInInit(Actor):
@@ -552,8 +546,10 @@ def test_a_stopped_actor_frees_its_thread_and_calls_still_fail() -> None:
 def test_host_mesh_stop_shutdown_and_async_with() -> None:
     script = textwrap.dedent(
         """
-        import asyncio, os
+        import asyncio, os, sys
+        sys.path.insert(0, TESTS)
         from monarch.actor import Actor, endpoint, this_host
+        from proc_state import running
 
         class Pid(Actor):
             @endpoint
@@ -564,9 +560,7 @@ def test_host_mesh_stop_shutdown_and_async_with() -> None:
         pm = host.spawn_procs({"gpus": 2})
         pids = pm.spawn("p", Pid).pid.call().get(timeout=30).values()
         host.stop().get(timeout=30)
-        print("stopped", all(not os.path.exists(f"/proc/{p}/cmdline") or
-              open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
-              for p in pids))
+        print("stopped", not any(running(p) for p in pids))
         try:
             host.slice().shutdown()
         except RuntimeError as e:
@@ -583,7 +577,7 @@ def test_host_mesh_stop_shutdown_and_async_with() -> None:
         except RuntimeError as e:
             print("after:", e)
         """
-    )
+    ).replace("TESTS", repr(str(Path(__file__).parent.parent)))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [

@@ -21,6 +21,7 @@ import pytest
 
 from monarch._src import config
 from monarch.actor import Actor, SupervisionError, endpoint, this_host
+from proc_state import running
 
 if TYPE_CHECKING:  # not imported at run time: procs unpickling this module lack it
     from conftest import Faults
@@ -52,14 +53,6 @@ def _cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode()
     except OSError:
         return ""
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _exists(pid: int) -> bool:
@@ -99,7 +92,7 @@ def test_procs_are_forked_from_one_template_that_exits_with_them() -> None:
     more.stop().get(timeout=30)
     # Reaped (no zombies left under the template), and the template itself is gone.
     _wait_until(lambda: not any(_exists(p) for p in pids), 10, "the procs are reaped")
-    _wait_until(lambda: not _running(template), 10, "the idle template exits")
+    _wait_until(lambda: not running(template), 10, "the idle template exits")
 
 
 def test_a_killed_forked_proc_is_reported_and_reaped(faults: Faults) -> None:
@@ -131,7 +124,7 @@ def test_a_killed_template_fails_its_procs_and_the_next_spawn_gets_a_new_one(
     with pytest.raises(SupervisionError):
         pending.get(timeout=30)
     assert len(faults.wait_for(2, "probe_lost")) == 2
-    _wait_until(lambda: not any(_running(i["pid"]) for i in infos), 10, "its procs die")
+    _wait_until(lambda: not any(running(i["pid"]) for i in infos), 10, "its procs die")
     fresh = this_host().spawn_procs(per_host={"gpus": 2}, name="forked_after")
     try:
         after = [v for _, v in fresh.spawn("probe", Probe).info.call().get(timeout=60).items()]
@@ -195,7 +188,7 @@ def test_a_sigkilled_client_leaves_no_template_and_no_forked_proc() -> None:
             stderr += got
         client.kill()
         client.wait(timeout=10)
-        _wait_until(lambda: not any(_running(p) for p in pids), 5, "all die with the client")
+        _wait_until(lambda: not any(running(p) for p in pids), 5, "all die with the client")
     finally:
         client.kill()
         client.wait(timeout=10)

@@ -19,6 +19,7 @@ import pytest
 
 import monarch
 from monarch.actor import Actor, SupervisionError, concurrent_endpoint, endpoint, this_host
+from proc_state import running
 
 if TYPE_CHECKING:  # not imported at run time: procs unpickling this module lack it
     from conftest import Faults
@@ -153,16 +154,6 @@ def _lines(path: Path, count: int, timeout: float = 30) -> list[str]:
         time.sleep(0.05)
 
 
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` still runs (one that exited but was not reaped yet, a
-    zombie, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_proc_mesh_stop_cancels_tasks_cleans_up_and_finalizes(tmp_path: Path) -> None:
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     plain = tmp_path / "plain"
@@ -218,7 +209,7 @@ def test_the_program_ends_normally_after_a_stop_cancelled_a_reraising_endpoint(
         textwrap.dedent(
             f"""
             import sys
-            sys.path.insert(0, {str(Path(__file__).parent)!r})
+            sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parent.parent)!r}]
             from test_stop import Reraises
             from monarch.actor import this_host
 
@@ -248,7 +239,7 @@ def test_a_stopped_proc_finalizes_its_interpreter(tmp_path: Path, fork_server: b
     # The proc has exited when the stop completes: its atexit handlers ran, then the
     # module teardown released what a module global held.
     assert notes.read_text().split() == ["atexit", "global-del"]
-    assert not _running(pid)
+    assert not running(pid)
 
 
 def test_a_hanging_atexit_handler_costs_at_most_the_stop_timeout() -> None:
@@ -258,7 +249,7 @@ def test_a_hanging_atexit_handler_costs_at_most_the_stop_timeout() -> None:
     start = time.monotonic()
     procs.stop().get(timeout=60)
     assert time.monotonic() - start < 15  # not the 300 s of the handler
-    assert not _running(pid)
+    assert not running(pid)
 
 
 def test_a_stuck_actor_costs_at_most_the_stop_timeout(tmp_path: Path) -> None:
@@ -282,7 +273,7 @@ def test_the_end_of_the_program_stops_actors_gracefully(tmp_path: Path) -> None:
         textwrap.dedent(
             f"""
             import sys
-            sys.path.insert(0, {str(Path(__file__).parent)!r})
+            sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parent.parent)!r}]
             from test_stop import Finalized
             from monarch.actor import this_host, this_proc
 

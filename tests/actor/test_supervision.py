@@ -28,6 +28,7 @@ from monarch.actor import (
     endpoint,
     this_host,
 )
+from proc_state import running
 
 if TYPE_CHECKING:  # not imported at run time: procs unpickling this module lack it
     from conftest import Faults
@@ -429,7 +430,7 @@ def test_procs_die_with_a_sigkilled_client() -> None:
         deadline = time.monotonic() + 2
         alive = pids
         while alive and time.monotonic() < deadline:
-            alive = [p for p in alive if _running(p)]
+            alive = [p for p in alive if running(p)]
             time.sleep(0.02)
         assert not alive, f"procs {alive} outlived their SIGKILLed client by 2 s"
     finally:
@@ -439,14 +440,6 @@ def test_procs_die_with_a_sigkilled_client() -> None:
             client.stdin.close()
         if client.stdout is not None:
             client.stdout.close()
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_chaos_calls_across_8_procs_while_procs_are_killed(faults: Faults) -> None:

@@ -29,6 +29,7 @@ from fault_recorder import RECORDER
 from monarch._src.job.exec import _CommandRunner
 from monarch.actor import Channel, HostMesh, this_host
 from monarch.job import ProcessJob, exec_command, shell
+from proc_state import running
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -98,12 +99,7 @@ def wait_gone(pid: int) -> None:
     deadline = time.monotonic() + TIMEOUT
     delay = 0.01
     while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            return
-        if state in ("Z", "X"):
+        if not running(pid):
             return
         time.sleep(delay)  # not our child: nothing to wait on
         delay = min(delay * 2, 0.2)
@@ -394,16 +390,7 @@ def test_the_end_of_stdin_stops_the_shells_foreground_command(
     assert pid_file.exists(), "the command never ran"
     assert elapsed < 15, elapsed  # not the 60 s of the command
     assert status == 128 + signal.SIGHUP  # the shell was hung up
-    assert not _running(int(pid_file.read_text()))
-
-
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, exited but not reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    assert not running(int(pid_file.read_text()))
 
 
 @pytest.mark.skipif(not os.path.exists("/bin/bash"), reason="needs bash")
