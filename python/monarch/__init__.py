@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from monarch._rust_bindings import __version__ as __version__
 from monarch._rust_bindings import _prepare_exit
+from monarch._src import wiring as _wiring  # noqa: F401  (connects the layers)
 from monarch._src.config import Encoding as Encoding
 from monarch._src.config import clear_runtime_config as clear_runtime_config
 from monarch._src.config import configure as configure

@@ -336,6 +336,10 @@ def test_status_adds_the_health(
 # --- the command ----------------------------------------------------------------------
 
 
+#: What the ``monarch-tui`` script runs.
+_MONARCH_TUI = "import sys; from monarch.tools.cli import main_tui; sys.exit(main_tui())"
+
+
 def test_once_and_json(server: Any) -> None:
     once = _top(server.url, "--once", "--width", "80")
     assert once.returncode == 0, once.stderr
@@ -353,7 +357,8 @@ def test_once_and_json(server: Any) -> None:
     by_env = _top("--once", MONARCH_ADMIN_URL=server.url)
     assert by_env.returncode == 0 and "FAILURES" in by_env.stdout
     tui_cmd = subprocess.run(
-        [sys.executable, "-m", "monarch._src.monitoring.tui", server.url, "--once"],
+        # monarch-tui, the upstream name of `monarch top`
+        [sys.executable, "-c", _MONARCH_TUI, server.url, "--once"],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,

@@ -6,6 +6,8 @@ Guides: [Getting started](../getting_started.md) and [Supervision](../supervisio
 from collections.abc import Callable as _Callable
 from typing import Any as _Any
 
+from monarch._src.actor import logs as _logs
+from monarch._src.actor import supervision as _supervision
 from monarch._src.actor.actor import Actor
 from monarch._src.actor.actor_mesh import ActorMesh, get_or_spawn_controller
 from monarch._src.actor.channel import Accumulator, Channel, Port, PortReceiver, send
@@ -36,7 +38,6 @@ from monarch._src.actor.workers import (
     attach_to_workers,
     default_bootstrap_cmd,
     enable_transport,
-    hosts_from_config,
     run_worker_loop_forever,
 )
 from monarch.actor import config
@@ -44,6 +45,10 @@ from monarch.actor import config
 #: Called with each failure that reaches the client unhandled; assign your own function
 #: to decide (returning normally handles the failure). The default exits non-zero.
 unhandled_fault_hook: _Callable[[MeshFailure], object] = _default_fault_hook
+
+# The runtime reads the two settings users assign here when it needs them.
+_supervision.set_fault_hook_source(lambda: unhandled_fault_hook)
+_logs.set_prefix_switch(lambda: config.prefix_python_logs_with_actor)
 
 
 def __getattr__(name: str) -> _Any:
@@ -54,6 +59,17 @@ def __getattr__(name: str) -> _Any:
 
         return proc_mesh
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def hosts_from_config(name: str = "hosts") -> HostMesh:
+    """Two worker processes on this machine, attached as a 2-host mesh (extent
+    ``{"hosts": 2}``): a stand-in for a real cluster, for trying multi-host code on
+    one machine (a :class:`monarch.job.ProcessJob`). The workers end with this
+    process."""
+    # Imported on first use: the job layer is built on this one.
+    from monarch._src.job.job import hosts_from_config as start
+
+    return start(name)
 
 
 def shutdown_context() -> Future[None]:

@@ -11,12 +11,14 @@ device, else a TCP path over parallel connections. Guide: [RDMA](../rdma.md).
 from monarch._src.rdma.buffer import (
     RDMAAction,
     RDMABuffer,
-    RDMAReadTransferWarning,
-    RDMATcpFallbackWarning,
-    RDMAWriteTransferWarning,
     get_rdma_backend,
     is_ibverbs_available,
     is_rdma_available,
+)
+from monarch._src.rdma.notices import (
+    RDMAReadTransferWarning,
+    RDMATcpFallbackWarning,
+    RDMAWriteTransferWarning,
 )
 
 __all__ = [

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from monarch._rust_bindings import ActorMeshHandle, CallReplies, CastMode, PortHandle, ReplyQueue
 from monarch._src import config
-from monarch._src.actor import process
+from monarch._src.actor import extensions, process
 from monarch._src.actor.actor import Actor, _class_info, _ClassInfo
 from monarch._src.actor.context import context, sender
 from monarch._src.actor.endpoint import Endpoint, EndpointKind, TensorRoute, _NotAnEndpoint
@@ -47,11 +47,6 @@ DEPRECATED_AWAIT_SPAWN = (
     "every actor ran __init__, `await actors.initialized`"
 )
 
-
-#: ``hook(proc_mesh, name, class_name, args, kwargs) -> (args, kwargs)``: the arguments
-#: of a spawn, with monarch tensors replaced by what gives each actor its local shard.
-#: Set by the tensor engine when it is imported (no monarch tensor exists before).
-spawn_args_hook: Callable[..., tuple[tuple[Any, ...], dict[str, Any]]] | None = None
 
 _fanout: list[int] = []
 
@@ -323,8 +318,9 @@ def spawn_actor_mesh(
 ) -> ActorMesh[Any]:
     """Spawn one ``cls`` actor per proc of ``proc_mesh`` (see ``ProcMesh.spawn``)."""
     info = _check_spawn(name, cls, args, kwargs)
-    if spawn_args_hook is not None:
-        args, kwargs = spawn_args_hook(proc_mesh, name, info.name, args, kwargs)
+    engine = extensions.tensor_engine_if_tensors()
+    if engine is not None:  # monarch tensors become each actor's local shard
+        args, kwargs = engine.spawn_args(proc_mesh, name, info.name, args, kwargs)
     parts = _spawn_parts(name, cls, args, kwargs)
     who = sender()
     state = process.get()

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import (
@@ -56,6 +55,7 @@ from typing import (
 )
 
 from monarch._rust_bindings import CastMode
+from monarch._src.actor import extensions
 from monarch._src.actor.future import Future
 from monarch._src.actor.pickling import dumps, dumps_call
 from monarch._src.actor.value_mesh import ValueMesh
@@ -480,9 +480,7 @@ class Endpoint(Generic[P, R]):
         without waiting. Their shapes come from the endpoint's ``propagate`` function
         (``@endpoint(propagate=fn)``), called with the arguments (fake tensors for
         monarch tensors)."""
-        from monarch._src.tensor_engine.interop import rref
-
-        return rref(self, args, kwargs)  # type: ignore[no-any-return]
+        return extensions.tensor_engine().rref(self, args, kwargs)  # type: ignore[no-any-return]
 
     # Hidden from type checkers, so that calling an endpoint of a mesh directly is a type
     # error, as it is an error at run time.
@@ -511,19 +509,14 @@ class _TensorArguments(TypeError):
 def _carries_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether the arguments hold monarch tensors (only possible once the tensor engine
     was imported; the check imports nothing otherwise)."""
-    if "monarch._src.tensor_engine.tensor" not in sys.modules:
-        return False
-    from monarch._src.tensor_engine.interop import has_tensors
-
-    return has_tensors(args, kwargs)
+    engine = extensions.tensor_engine_if_tensors()
+    return engine is not None and engine.has_tensors(args, kwargs)
 
 
 def _with_tensors(
     endpoint: Endpoint[..., Any], adverb: str, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    from monarch._src.tensor_engine.interop import call
-
-    return call(endpoint, adverb, args, kwargs)
+    return extensions.tensor_engine().call(endpoint, adverb, args, kwargs)
 
 
 def _find_unpicklable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:

@@ -26,10 +26,9 @@ import socket
 import sys
 import traceback
 
-# Preload what every proc imports (monarch's public API, its config, the extension, the
-# breakpoint hook that serve_child installs).
-import monarch.actor  # noqa: F401
-from monarch._src.actor import runtime
+# Preload what every proc imports (the actor API's modules, its config, the extension,
+# the breakpoint hook that serve_child installs).
+from monarch._src.actor import bootstrap, runtime  # noqa: F401
 from monarch._src.actor.debugger import remote_pdb  # noqa: F401
 
 _FD_ENV = "MONARCH_FORK_SERVER_FD"

@@ -26,6 +26,7 @@ import logging
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from monarch._rust_bindings import OutputReceiver
@@ -142,10 +143,24 @@ def _register_ipython_flush() -> None:
 _prefix_installed = False
 
 
-def _prefix_enabled() -> bool:
-    from monarch.actor import config as actor_config
+#: Whether the prefix is on, looked up for each record: ``monarch.actor`` registers the
+#: reading of its ``config.prefix_python_logs_with_actor`` switch, which users assign
+#: (:func:`set_prefix_switch`); until then, on.
+def _prefix_on() -> bool:
+    return True
 
-    return bool(actor_config.prefix_python_logs_with_actor)
+
+_prefix_switch: Callable[[], bool] = _prefix_on
+
+
+def set_prefix_switch(switch: Callable[[], bool]) -> None:
+    """Look up whether records get the actor prefix with ``switch()``, for each record."""
+    global _prefix_switch
+    _prefix_switch = switch
+
+
+def _prefix_enabled() -> bool:
+    return bool(_prefix_switch())
 
 
 def install_actor_log_prefix() -> None:

@@ -25,7 +25,7 @@ from monarch._rust_bindings import Extent as _Extent
 from monarch._rust_bindings import HostMeshHandle, ProcMeshHandle
 from monarch._src import config
 from monarch._src.actor import context as _context
-from monarch._src.actor import cpu_threads, cuda_devices, logs, process
+from monarch._src.actor import cpu_threads, cuda_devices, extensions, logs, process
 from monarch._src.actor import proc_bind as proc_binding
 from monarch._src.actor.actor import Actor
 from monarch._src.actor.actor_mesh import spawn_actor_mesh
@@ -170,22 +170,16 @@ class ProcMesh(MeshTrait):
         of it (see [Distributed tensors](../tensors.md)). Use as
         ``with mesh.activate():`` or end it with ``deactivate()``. The first use starts a
         tensor worker on each proc."""
-        from monarch._src.tensor_engine.tensor import activate
-
-        return activate(self)
+        return extensions.tensor_engine().activate(self)
 
     def deactivate(self) -> None:
         """End this mesh's activation (the innermost one)."""
-        from monarch._src.tensor_engine.tensor import deactivate
-
-        deactivate(self)
+        extensions.tensor_engine().deactivate(self)
 
     def rank_tensor(self, dim: str | Sequence[str]) -> Any:
         """A distributed tensor holding each proc's coordinate along ``dim`` (or,
         row-major, along several dims)."""
-        from monarch._src.tensor_engine.api import rank_tensor
-
-        return rank_tensor(self, dim)
+        return extensions.tensor_engine().rank_tensor(self, dim)
 
     def rank_tensors(self) -> dict[str, Any]:
         """``rank_tensor(dim)`` for every dimension."""
@@ -197,15 +191,11 @@ class ProcMesh(MeshTrait):
 
     def process_group(self, dims: str | Sequence[str]) -> Any:
         """A ``RemoteProcessGroup`` over ``dims``, for remote functions."""
-        from monarch._src.tensor_engine.api import RemoteProcessGroup
-
-        return RemoteProcessGroup(dims, self)
+        return extensions.tensor_engine().process_group(self, dims)
 
     def to_table(self) -> str:
         """A text table of this mesh: each rank's coordinates."""
-        from monarch._src.tensor_engine.api import to_table
-
-        return to_table(self)
+        return extensions.tensor_engine().to_table(self)
 
     async def logging_option(
         self,

@@ -25,7 +25,15 @@ import time
 
 from monarch._rust_bindings import ProcAgent, monitor_stack_fd, set_max_frame_len
 from monarch._src import config
-from monarch._src.actor import cpu_threads, cuda_devices, logs, proc_bind, process, supervision
+from monarch._src.actor import (
+    cpu_threads,
+    cuda_devices,
+    extensions,
+    logs,
+    proc_bind,
+    process,
+    supervision,
+)
 from monarch._src.actor.actor_host import run_spawner, stop_all
 from monarch._src.actor.pickling import loads
 from monarch._src.actor.proc_mesh import BOOTSTRAP_FN_ENV, ROOT_PROC_ENV, run_bootstrap
@@ -86,9 +94,7 @@ def bootstrap_root() -> process.ProcessState:
     run_spawner(state)
     supervision.start_root_supervision(state)
     atexit.register(_shutdown_at_exit)
-    from monarch._src.monitoring.dashboard import start_from_config
-
-    start_from_config(agent)  # MONARCH_DASHBOARD
+    extensions.client_started(agent)  # the dashboard, when MONARCH_DASHBOARD asks
     return state
 
 

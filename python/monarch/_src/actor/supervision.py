@@ -27,10 +27,11 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from monarch._rust_bindings import MeshFailure as _RustMeshFailure
-from monarch._src.actor import process
+from monarch._src.actor import extensions, process
 
 if TYPE_CHECKING:
     from monarch._src.actor.actor_mesh import ActorMesh
@@ -139,6 +140,27 @@ def unhandled_fault_hook(failure: MeshFailure) -> None:
     sys.exit(1)
 
 
+#: Where the hook is looked up at call time: ``monarch.actor`` registers a function that
+#: reads its ``unhandled_fault_hook`` attribute, which users assign
+#: (:func:`set_fault_hook_source`); until then, the default hook.
+def _default_hook() -> Callable[[MeshFailure], object]:
+    return unhandled_fault_hook
+
+
+_fault_hook_source: Callable[[], Callable[[MeshFailure], object]] = _default_hook
+
+
+def set_fault_hook_source(source: Callable[[], Callable[[MeshFailure], object]]) -> None:
+    """Look up the unhandled-failure hook with ``source()`` each time a failure reaches
+    it (the public ``monarch.actor`` module registers the reading of its attribute)."""
+    global _fault_hook_source
+    _fault_hook_source = source
+
+
+def _fault_hook() -> Callable[[MeshFailure], object]:
+    return _fault_hook_source()
+
+
 class _Verdicts:
     """Which meshes' failures the root hook is deciding, and has decided."""
 
@@ -201,9 +223,7 @@ def _judge(failure: MeshFailure) -> None:
     with v.hook_lock:
         if v.exiting:
             return  # the program is ending already
-        import monarch.actor
-
-        hook = getattr(monarch.actor, "unhandled_fault_hook", unhandled_fault_hook)
+        hook = _fault_hook()
         try:
             hook(failure)
         except BaseException as e:  # unhandled: stop the program, loudly
@@ -216,9 +236,7 @@ def _judge(failure: MeshFailure) -> None:
                 flush=True,
             )
     if unhandled:
-        from monarch._src.monitoring.postmortem import write_postmortem
-
-        write_postmortem()  # when MONARCH_DASHBOARD_REPORT names a file; never raises
+        extensions.unhandled_failure()  # the post-mortem report, if one is configured
         # Outside the hook lock: the exit sequence judges the failures still queued,
         # on this thread when it runs here.
         _exit(1)

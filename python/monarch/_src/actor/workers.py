@@ -44,7 +44,6 @@ __all__ = [
     "attach_to_workers",
     "default_bootstrap_cmd",
     "enable_transport",
-    "hosts_from_config",
     "run_worker_loop_forever",
     "worker_command",
 ]
@@ -316,14 +315,3 @@ def attach_to_workers(
 def worker_command(address: str, python: str | None = None) -> list[str]:
     """The command line that starts a worker serving at ``address``."""
     return [python or sys.executable, "-m", "monarch.tools.cli", "worker", "--address", address]
-
-
-def hosts_from_config(name: str = "hosts") -> HostMesh:
-    """Two worker processes on this machine, attached as a 2-host mesh (extent
-    ``{"hosts": 2}``): a stand-in for a real cluster, for trying multi-host code on
-    one machine (a :class:`monarch.job.ProcessJob`). The workers end with this
-    process."""
-    from monarch._src.job.job import ProcessJob
-
-    mesh: HostMesh = getattr(ProcessJob({name: 2}).state(cached_path=None), name)
-    return mesh

@@ -9,7 +9,13 @@ import time
 
 from monarch._src.cli.errors import USAGE, CliError
 from monarch._src.job import context
-from monarch._src.job.job import JobState, JobTrait
+from monarch._src.job.job import (
+    JobState,
+    JobTrait,
+    import_job,
+    load_saved_job,
+    remove_context,
+)
 
 __all__ = ["connect", "run", "saved_job"]
 
@@ -21,7 +27,7 @@ def _say(message: str) -> None:
 def saved_job(name: str) -> JobTrait:
     """The job applied in context ``name``; :class:`CliError` saying how to apply one
     when there is none."""
-    job = context.load_saved(name)
+    job = load_saved_job(name)
     if job is None or not job.active:
         spec = context.read_spec(name)
         again = f"`monarch apply` (to apply {spec} again) or " if spec else ""
@@ -56,14 +62,14 @@ def _apply(args: argparse.Namespace) -> int:
             USAGE,
         )
     try:
-        job = context.import_job(spec)
+        job = import_job(spec)
     except (ValueError, TypeError) as e:
         raise CliError(str(e), USAGE) from e
     context.write_spec(name, spec)
     # The runtime is imported once the command line and the job are known to be good.
     from monarch._src.cli.probe import wait_ready
 
-    previous = context.load_saved(name)
+    previous = load_saved_job(name)
     started = time.monotonic()
     try:
         state = job.state(cached_path=str(context.state_path(name)))
@@ -161,7 +167,7 @@ def _context(args: argparse.Namespace) -> int:
         recorded = context.read_spec(name)
         _say(f"now in context {name!r}" + (f" ({recorded})" if recorded else ""))
     else:
-        job = context.remove(name)
+        job = remove_context(name)
         killed = f"; killed its job ({job!r})" if job is not None else ""
         _say(f"removed context {name!r}{killed}")
     return 0

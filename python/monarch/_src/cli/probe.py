@@ -11,8 +11,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from monarch._src.actor.actor import Actor
+from monarch._src.actor.endpoint import endpoint
+from monarch._src.actor.future import Future
+from monarch._src.actor.proc_mesh import HostMesh, ProcMesh
 from monarch._src.job.job import JobState
-from monarch.actor import Actor, Future, HostMesh, ProcMesh, endpoint
 
 __all__ = ["HostAnswer", "host_at", "host_names", "probe_hosts", "wait_ready"]
 

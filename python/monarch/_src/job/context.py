@@ -25,30 +25,22 @@ Invariants (tests cite them):
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import shutil
-import sys
-import types
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from monarch._src.job.job import JobTrait
 
 __all__ = [
     "MONARCH_DIR",
     "ContextError",
+    "check_exists",
     "check_name",
     "contexts",
     "create",
     "current",
+    "delete",
     "ensure_layout",
-    "import_job",
-    "load_saved",
     "read_spec",
-    "remove",
     "spec_path",
     "state_path",
     "use",
@@ -192,32 +184,22 @@ def use(name: str) -> None:
     _point_link_at(name)
 
 
-def load_saved(name: str) -> JobTrait | None:
-    """The job applied in context ``name``, or ``None`` when it has none."""
-    from monarch._src.job.job import job_load
-
-    path = state_path(name)
-    try:
-        return job_load(str(path))
-    except FileNotFoundError:
-        return None
-
-
-def remove(name: str) -> JobTrait | None:
-    """Kill the job of context ``name`` and delete the context; the job it killed. When
-    ``name`` was current, ``default`` becomes current."""
+def check_exists(name: str) -> None:
+    """Raise :class:`ContextError` unless context ``name`` exists."""
     check_name(name)
     if not (_root() / name).is_dir():
         raise _unknown(name)
+
+
+def delete(name: str) -> None:
+    """Delete the directory of context ``name`` (its job is the caller's business). When
+    ``name`` was current, ``default`` becomes current."""
+    check_exists(name)
     was_current = current() == name
-    job = load_saved(name)
-    if job is not None:
-        job.kill()
     shutil.rmtree(_root() / name)
     if was_current:
         (_root() / DEFAULT_CONTEXT).mkdir(exist_ok=True)
         _point_link_at(DEFAULT_CONTEXT)
-    return job
 
 
 def read_spec(name: str) -> str | None:
@@ -233,53 +215,3 @@ def write_spec(name: str, spec: str) -> None:
     path = spec_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(spec + "\n")
-
-
-def import_job(spec: str) -> JobTrait:
-    """The job ``spec`` names: ``module.attr``, where ``attr`` is a job or a function
-    that returns one (called without arguments). The working directory is on the
-    import path."""
-    from monarch._src.job.job import JobTrait
-
-    module_name, _, attr = spec.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(
-            f"{spec!r} does not name a job: give module.attr, e.g. `monarch apply jobs.job` "
-            "for the object `job` in jobs.py"
-        )
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name is not None and module_name.startswith(e.name):
-            raise ValueError(
-                f"cannot import {module_name!r} for {spec!r}: no module {e.name!r} in "
-                f"{cwd} or on the Python path; run the command from the directory that "
-                "holds it"
-            ) from e
-        raise
-    try:
-        value = getattr(module, attr)
-    except AttributeError:
-        raise ValueError(
-            f"module {module_name!r} ({getattr(module, '__file__', '?')}) has no "
-            f"attribute {attr!r} for {spec!r}"
-        ) from None
-    what = value
-    if not isinstance(value, JobTrait) and callable(value) and not isinstance(value, type):
-        value = value()
-    if not isinstance(value, JobTrait):
-        got = type(value).__name__
-        hint = ""
-        if isinstance(what, types.ModuleType):
-            hint = f"; {spec} is a module: name the job in it, e.g. {spec}.job"
-        elif isinstance(what, type):
-            got = f"the class {what.__name__}"
-            hint = f"; make an instance in {module_name}, e.g. job = {what.__name__}(...)"
-        raise TypeError(
-            f"{spec} is not a job: expected a JobTrait (e.g. ProcessJob({{'hosts': 2}})) or "
-            f"a function returning one, got {got}{hint}"
-        )
-    return value

@@ -47,21 +47,15 @@ import termios
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, Generic, NamedTuple, TypeVar
 
-from monarch._src.actor.future import background_loop
+from monarch._src.actor.actor import Actor
+from monarch._src.actor.channel import Channel, Port, PortReceiver
+from monarch._src.actor.context import context
+from monarch._src.actor.endpoint import concurrent_endpoint
+from monarch._src.actor.errors import ActorError
+from monarch._src.actor.future import Future, background_loop
+from monarch._src.actor.point import Point
+from monarch._src.actor.proc_mesh import HostMesh, ProcMesh
 from monarch._src.job.port_forward import _Window
-from monarch.actor import (
-    Actor,
-    ActorError,
-    Channel,
-    Future,
-    HostMesh,
-    Point,
-    Port,
-    PortReceiver,
-    ProcMesh,
-    concurrent_endpoint,
-    context,
-)
 
 __all__ = ["exec_command"]
 

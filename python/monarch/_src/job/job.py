@@ -33,6 +33,7 @@ Invariants (tests cite them):
 from __future__ import annotations
 
 import atexit
+import importlib
 import logging
 import os
 import pickle
@@ -44,12 +45,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from monarch._src.job import context
 from monarch._src.job.telemetry import (
     MeshAdminConfig,
     TelemetryConfig,
@@ -58,7 +61,7 @@ from monarch._src.job.telemetry import (
 )
 
 if TYPE_CHECKING:
-    from monarch.actor import HostMesh
+    from monarch._src.actor.proc_mesh import HostMesh
 
 __all__ = [
     "DEFAULT_JOB_PATH",
@@ -66,6 +69,7 @@ __all__ = [
     "JobTrait",
     "LocalJob",
     "ProcessJob",
+    "hosts_from_config",
     "job_load",
     "job_loads",
     "load_current_job",
@@ -407,9 +411,7 @@ def set_current_job(job: JobTrait | str | None) -> None:
     """
     global _current_job
     if isinstance(job, str):
-        from monarch._src.job import context
-
-        context.import_job(job)  # fails here, naming the problem, not at the next load
+        import_job(job)  # fails here, naming the problem, not at the next load
         context.write_spec(context.ensure_layout(), job)
         _current_job = None
         return
@@ -429,8 +431,6 @@ def load_current_job() -> JobTrait:
     """
     if _current_job is not None:
         return _current_job
-    from monarch._src.job import context
-
     name = context.current()
     spec = context.read_spec(name)
     saved = _load_cached(DEFAULT_JOB_PATH)
@@ -443,9 +443,77 @@ def load_current_job() -> JobTrait:
             "run `monarch apply module.attr` first (or `job.state()`, which saves the job "
             "there)"
         )
-    job = context.import_job(spec)
+    job = import_job(spec)
     if saved is not None and _can_run(saved, job):
         return saved
+    return job
+
+
+def import_job(spec: str) -> JobTrait:
+    """The job ``spec`` names: ``module.attr``, where ``attr`` is a job or a function
+    that returns one (called without arguments). The working directory is on the
+    import path."""
+    module_name, _, attr = spec.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(
+            f"{spec!r} does not name a job: give module.attr, e.g. `monarch apply jobs.job` "
+            "for the object `job` in jobs.py"
+        )
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and module_name.startswith(e.name):
+            raise ValueError(
+                f"cannot import {module_name!r} for {spec!r}: no module {e.name!r} in "
+                f"{cwd} or on the Python path; run the command from the directory that "
+                "holds it"
+            ) from e
+        raise
+    try:
+        value = getattr(module, attr)
+    except AttributeError:
+        raise ValueError(
+            f"module {module_name!r} ({getattr(module, '__file__', '?')}) has no "
+            f"attribute {attr!r} for {spec!r}"
+        ) from None
+    what = value
+    if not isinstance(value, JobTrait) and callable(value) and not isinstance(value, type):
+        value = value()
+    if not isinstance(value, JobTrait):
+        got = type(value).__name__
+        hint = ""
+        if isinstance(what, types.ModuleType):
+            hint = f"; {spec} is a module: name the job in it, e.g. {spec}.job"
+        elif isinstance(what, type):
+            got = f"the class {what.__name__}"
+            hint = f"; make an instance in {module_name}, e.g. job = {what.__name__}(...)"
+        raise TypeError(
+            f"{spec} is not a job: expected a JobTrait (e.g. ProcessJob({{'hosts': 2}})) or "
+            f"a function returning one, got {got}{hint}"
+        )
+    return value
+
+
+def load_saved_job(name: str) -> JobTrait | None:
+    """The job applied in context ``name``, or ``None`` when it has none."""
+    path = context.state_path(name)
+    try:
+        return job_load(str(path))
+    except FileNotFoundError:
+        return None
+
+
+def remove_context(name: str) -> JobTrait | None:
+    """Kill the job of context ``name`` and delete the context; the job it killed. When
+    ``name`` was current, ``default`` becomes current."""
+    context.check_exists(name)
+    job = load_saved_job(name)
+    if job is not None:
+        job.kill()
+    context.delete(name)
     return job
 
 
@@ -468,7 +536,7 @@ class LocalJob(JobTrait):
         _refuse_batch(self, client_script)
 
     def _state(self) -> JobState:
-        from monarch.actor import this_host
+        from monarch._src.actor.proc_mesh import this_host
 
         host = this_host()
         return JobState({name: host for name in self._host_names})
@@ -830,7 +898,7 @@ class ProcessJob(JobTrait):
                 + "); call job.kill(), then job.state() to start new workers"
             )
         # Imported here: monarch.job stays cheap to import.
-        from monarch.actor import attach_to_workers  # type: ignore[attr-defined, unused-ignore]
+        from monarch._src.actor.workers import attach_to_workers
 
         # Unix sockets need no credentials (their directory is private to this user):
         # the process's TCP authentication is left as it is, never switched off.
@@ -894,3 +962,12 @@ def __getattr__(name: str) -> object:
 
         return PortForwarder
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def hosts_from_config(name: str = "hosts") -> HostMesh:
+    """Two worker processes on this machine, attached as a 2-host mesh (extent
+    ``{"hosts": 2}``): a stand-in for a real cluster, for trying multi-host code on
+    one machine (a :class:`monarch.job.ProcessJob`). The workers end with this
+    process."""
+    mesh: HostMesh = getattr(ProcessJob({name: 2}).state(cached_path=None), name)
+    return mesh

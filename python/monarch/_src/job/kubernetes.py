@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 from monarch._src.job.job import JobState, JobTrait, _refuse_batch
 
 if TYPE_CHECKING:
-    from monarch.actor import HostMesh
+    from monarch._src.actor.proc_mesh import HostMesh
 
 __all__ = ["ImageSpec", "KubeConfig", "KubernetesJob"]
 
@@ -514,7 +514,7 @@ class KubernetesJob(JobTrait):
                 name: _PodWatch(self, api_client, spec).wait_answering(deadline)
                 for name, spec in self._meshes.items()
             }
-        from monarch.actor import attach_to_workers  # type: ignore[attr-defined, unused-ignore]
+        from monarch._src.actor.workers import attach_to_workers
 
         meshes: dict[str, HostMesh] = {}
         for name, pods in found.items():
@@ -584,7 +584,7 @@ class KubernetesJob(JobTrait):
                     if pods:
                         workers[spec.name] = pods
         for name, pods in workers.items():
-            from monarch.actor import attach_to_workers  # type: ignore[attr-defined, unused-ignore]
+            from monarch._src.actor.workers import attach_to_workers
 
             mesh = attach_to_workers(name=name, ca=None, workers=[p.address for p in pods])
             mesh.shutdown().get(timeout=self.kill_timeout)

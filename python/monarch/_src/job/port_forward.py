@@ -48,18 +48,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from monarch.actor import (
-    Actor,
-    Channel,
-    MeshFailure,
-    Point,
-    Port,
-    PortReceiver,
-    ProcMesh,
-    concurrent_endpoint,
-    context,
-    endpoint,
-)
+from monarch._src.actor.actor import Actor
+from monarch._src.actor.channel import Channel, Port, PortReceiver
+from monarch._src.actor.context import context
+from monarch._src.actor.endpoint import concurrent_endpoint, endpoint
+from monarch._src.actor.point import Point
+from monarch._src.actor.proc_mesh import ProcMesh
+from monarch._src.actor.supervision import MeshFailure
 
 __all__ = ["PortForwarder"]
 

@@ -24,7 +24,12 @@ import tty
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
-from monarch._src.actor.future import background_loop
+from monarch._src.actor.actor import Actor
+from monarch._src.actor.channel import Channel, Port, PortReceiver
+from monarch._src.actor.context import context
+from monarch._src.actor.endpoint import concurrent_endpoint
+from monarch._src.actor.future import Future, background_loop
+from monarch._src.actor.proc_mesh import HostMesh
 from monarch._src.job.exec import (
     _CHUNK,
     _DEFAULT_SHELL,
@@ -44,16 +49,6 @@ from monarch._src.job.exec import (
     _working_directory,
 )
 from monarch._src.job.port_forward import _Window
-from monarch.actor import (
-    Actor,
-    Channel,
-    Future,
-    HostMesh,
-    Port,
-    PortReceiver,
-    concurrent_endpoint,
-    context,
-)
 
 __all__ = ["shell"]
 

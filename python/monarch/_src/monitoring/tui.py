@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 ENV_URL = "MONARCH_ADMIN_URL"
 ENV_TOKEN = "MONARCH_ADMIN_TOKEN"
 
-__all__ = ["add_arguments", "main_tui", "run"]
+__all__ = ["add_arguments", "run"]
 
 JSON = dict[str, Any]
 
@@ -182,14 +182,3 @@ def run(args: argparse.Namespace, prog: str = "monarch top") -> int:
         # `monarch top --once | head`: the reader left.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-
-
-def main_tui(argv: list[str] | None = None) -> int:
-    """The ``monarch-tui`` command (as ``monarch top``)."""
-    parser = argparse.ArgumentParser(prog="monarch-tui", description=DESCRIPTION)
-    add_arguments(parser)
-    return run(parser.parse_args(argv), prog="monarch-tui")
-
-
-if __name__ == "__main__":
-    sys.exit(main_tui())

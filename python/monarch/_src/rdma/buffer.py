@@ -48,6 +48,12 @@ from monarch._rust_bindings import (
 from monarch._src import config
 from monarch._src.actor.future import Done, Future
 from monarch._src.rdma.memory import Memory, local_memory
+from monarch._src.rdma.notices import (
+    RDMAReadTransferWarning,
+    RDMATcpFallbackWarning,
+    RDMAWriteTransferWarning,
+    warn_once,
+)
 
 if TYPE_CHECKING:
     from monarch._rust_bindings import Future as RustFuture
@@ -66,21 +72,6 @@ __all__ = [
 #: A registered region, as the bindings give it (``pid``, ``id``, ``addr``, ``len``,
 #: ``key``, ``slot``).
 Region = RdmaRegion
-
-
-class RDMATcpFallbackWarning(UserWarning):
-    """A transfer went over the TCP path: the two hosts have no common RDMA device.
-    Emitted once per process."""
-
-
-class RDMAReadTransferWarning(UserWarning):
-    """A read needed an extra staging copy (e.g. CPU memory of the owner into a CUDA
-    destination). Emitted once per process."""
-
-
-class RDMAWriteTransferWarning(UserWarning):
-    """A write needed an extra staging copy (e.g. a CUDA source into CPU memory of the
-    owner). Emitted once per process."""
 
 
 # --- this process ----------------------------------------------------------------------
@@ -145,24 +136,12 @@ def get_rdma_backend() -> Literal["ibverbs", "tcp", "none"]:
     return "none"
 
 
-_warned: set[type[Warning]] = set()
-
-
-def _warn_once(category: type[Warning], message: str) -> None:
-    with _setup_lock:
-        if category in _warned:
-            return
-        _warned.add(category)
-    warnings.warn(message, category, stacklevel=4)
-
-
 # --- the handle ------------------------------------------------------------------------
 
 
 def _owner_name() -> str:
-    # monarch.actor installs the runtime's bootstrap: a script that imported only
-    # monarch.rdma gets its client started here, as with any first use of monarch.
-    import monarch.actor  # noqa: F401
+    # A script that imported only monarch.rdma gets its client started here, as with any
+    # first use of monarch (the actor package registers the runtime's bootstrap).
     from monarch._src.actor.context import context
 
     return str(context().actor_instance.actor_id)
@@ -343,7 +322,7 @@ class RDMABuffer:
                 )
             )
         if via == "tcp":
-            _warn_once(
+            warn_once(
                 RDMATcpFallbackWarning,
                 f"{self._describe()} is on another host and neither side has an RDMA "
                 "device: transfers stream over TCP (set rdma_allow_tcp_fallback=False to "

@@ -15,6 +15,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Literal
 
 from monarch._rust_bindings import rdma_check_live, rdma_read, rdma_write
+from monarch._src.rdma.notices import RDMAReadTransferWarning, RDMAWriteTransferWarning, warn_once
 
 if TYPE_CHECKING:
     from monarch._src.rdma.buffer import RDMABuffer, Region
@@ -115,12 +116,6 @@ def transfer(
     """Copy between ``buf`` and local ``mem``, where one side is CUDA: with CUDA IPC
     when the owner is on this host (``via`` is ``"cuda_ipc"``), else through pinned
     staging memory over ``via``."""
-    from monarch._src.rdma.buffer import (
-        RDMAReadTransferWarning,
-        RDMAWriteTransferWarning,
-        _warn_once,
-    )
-
     n = region.len
     torch = _require_cuda(buf)
     local = _as_bytes(mem, n)
@@ -141,7 +136,7 @@ def transfer(
     staging = torch.empty(n, dtype=torch.uint8, pin_memory=True)
     what = f"staging for the {buf._describe()}"
     if op == "read":
-        _warn_once(
+        warn_once(
             RDMAReadTransferWarning,
             f"reading the {buf._describe()} (CPU memory) into CUDA memory goes through a "
             "pinned staging copy; read into CPU memory to avoid it",
@@ -152,7 +147,7 @@ def transfer(
         local.copy_(staging)
         torch.cuda.synchronize(local.device)
     else:
-        _warn_once(
+        warn_once(
             RDMAWriteTransferWarning,
             f"writing CUDA memory into the {buf._describe()} (CPU memory) goes through a "
             "pinned staging copy; write from CPU memory to avoid it",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from monarch._src.actor.proc_mesh import ProcMesh
 from monarch._src.spmd.actor import SPMDActor
-from monarch.tools.network import AddrType
+from monarch._src.spmd.network import AddrType
 
 __all__ = ["SPMDActor", "setup_torch_elastic_env", "setup_torch_elastic_env_async"]
 

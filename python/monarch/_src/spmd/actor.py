@@ -30,7 +30,7 @@ import sys
 from monarch._src.actor.actor import Actor
 from monarch._src.actor.context import current_rank, current_size
 from monarch._src.actor.endpoint import endpoint
-from monarch.tools.network import AddrType, get_ipaddr
+from monarch._src.spmd.network import AddrType, get_ipaddr
 
 __all__ = ["SPMDActor", "torch_elastic_env"]
 

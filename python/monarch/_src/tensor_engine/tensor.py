@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from monarch._src.actor import actor_mesh as _actor_mesh
+from monarch._src.actor import extensions as _extensions
 from monarch._src.tensor_engine import _torch, wire
 from monarch._src.tensor_engine.errors import (
     BORROWED,
@@ -954,12 +954,6 @@ def _check_dims(view: View, dims: str | Sequence[str], what: str) -> tuple[str, 
     return names
 
 
-def _spawn_args(*args: Any) -> Any:
-    from monarch._src.tensor_engine.interop import spawn_args
-
-    return spawn_args(*args)
-
-
-# Monarch tensors exist from now on: ``ProcMesh.spawn`` hands their local shards to the
-# actors (see ``monarch._src.tensor_engine.interop``).
-_actor_mesh.spawn_args_hook = _spawn_args
+# Monarch tensors exist from now on: the arguments of an endpoint call or a spawn may hold
+# them (see ``monarch._src.actor.extensions``).
+_extensions.enable_tensor_arguments()
