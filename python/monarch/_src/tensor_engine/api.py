@@ -38,6 +38,7 @@ from monarch._src.tensor_engine.stream import Stream, get_active_stream
 from monarch._src.tensor_engine.tensor import (
     READ,
     Tensor,
+    TensorCollectives,
     _Args,
     _borrowed_where,
     _check_dims,
@@ -48,6 +49,7 @@ from monarch._src.tensor_engine.tensor import (
     aliases_of,
     check_use,
     current_view,
+    register_collectives,
 )
 
 if TYPE_CHECKING:
@@ -819,3 +821,10 @@ def to_table(mesh: ProcMesh) -> str:
     out = [line, "  ".join("-" * w for w in widths)]
     out += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=False)) for r in rows]
     return "\n".join(out)
+
+
+# The collective methods of a monarch tensor run these (no tensor exists before this
+# module is imported: activating a mesh imports it).
+register_collectives(
+    TensorCollectives(reduce_one=_reduce_one, to_mesh_one=_to_mesh_one, slice_mesh=slice_mesh)
+)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -28,9 +30,44 @@ if TYPE_CHECKING:
 
     from monarch._src.tensor_engine.tensor import Tensor
 
-__all__ = ["MAIN", "Borrow", "Stream", "StreamActivation", "get_active_stream"]
+__all__ = [
+    "MAIN",
+    "Borrow",
+    "Stream",
+    "StreamActivation",
+    "TensorBorrows",
+    "get_active_stream",
+    "register_tensor_borrows",
+]
 
 _sids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class TensorBorrows:
+    """How a borrow is made and ended on the tensors' side: the module of
+    ``monarch.Tensor`` registers it when imported (:func:`register_tensor_borrows`; no
+    tensor, so no borrow, exists before)."""
+
+    #: ``borrow(to, t, mutable) -> (t_here, borrow)`` (see :meth:`Stream.borrow`).
+    borrow: Callable[[Stream, Any, bool], tuple[Tensor, Borrow]]
+    #: ``end_borrow(b)`` (see :meth:`Borrow.drop`).
+    end_borrow: Callable[[Borrow], None]
+
+
+_borrows: TensorBorrows | None = None
+
+
+def register_tensor_borrows(borrows: TensorBorrows) -> None:
+    """Register how borrows are made (the tensors' module does, when imported)."""
+    global _borrows
+    _borrows = borrows
+
+
+def _tensor_borrows() -> TensorBorrows:
+    if _borrows is None:
+        raise TypeError("Stream.borrow(t): t must be a monarch tensor (none exists yet)")
+    return _borrows
 
 
 class Stream:
@@ -68,9 +105,7 @@ class Stream:
         ``borrow.drop()``: with ``mutable=False`` neither stream may write ``t``; with
         ``mutable=True`` this stream may write it and ``t``'s own stream may not use it
         at all. ``drop()`` makes ``t``'s stream wait for this stream's use of it."""
-        from monarch._src.tensor_engine.tensor import borrow as _borrow
-
-        return _borrow(self, t, bool(mutable))  # type: ignore[arg-type]
+        return _tensor_borrows().borrow(self, t, bool(mutable))
 
 
 #: The default stream.
@@ -156,9 +191,7 @@ class Borrow:
         if self._dropped:
             return
         self._dropped = True
-        from monarch._src.tensor_engine.tensor import end_borrow
-
-        end_borrow(self)
+        _tensor_borrows().end_borrow(self)
 
     def __del__(self) -> None:
         if getattr(self, "_dropped", True):

@@ -24,13 +24,15 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from monarch._src.actor import extensions as _extensions
 from monarch._src.tensor_engine import _torch, wire
+from monarch._src.tensor_engine import stream as _stream_module
 from monarch._src.tensor_engine.errors import (
     BORROWED,
     DROPPED,
@@ -40,15 +42,17 @@ from monarch._src.tensor_engine.errors import (
     WRONG_STREAM,
     bad_arguments,
 )
+from monarch._src.tensor_engine.stream import Borrow
 from monarch._src.tensor_engine.stream import _stack as _streams
 
 if TYPE_CHECKING:
     from monarch._src.actor.proc_mesh import ProcMesh
     from monarch._src.tensor_engine.engine import Engine, View
-    from monarch._src.tensor_engine.stream import Borrow, Stream
+    from monarch._src.tensor_engine.stream import Stream
 
 __all__ = [
     "Tensor",
+    "TensorCollectives",
     "activate",
     "borrow",
     "current_view",
@@ -57,6 +61,7 @@ __all__ = [
     "get_active_mesh",
     "no_mesh",
     "record",
+    "register_collectives",
 ]
 
 _aten = torch.ops.aten
@@ -127,6 +132,40 @@ class _Aliases:
             self.access = base & READ
         else:
             self.access = base
+
+
+@dataclass(frozen=True)
+class TensorCollectives:
+    """What the methods ``reduce``, ``reduce_``, ``to_mesh`` and ``slice_mesh`` of a
+    :class:`Tensor` run: the module of the public functions
+    (:mod:`monarch._src.tensor_engine.api`) registers them when it is imported, which is
+    before any tensor exists (activating a mesh imports it)."""
+
+    #: ``reduce_one(t, dims, reduction, scatter, mesh, out)``.
+    reduce_one: Callable[..., Tensor]
+    #: ``to_mesh_one(t, view, mesh, stream)``.
+    to_mesh_one: Callable[..., Tensor]
+    #: ``slice_mesh(t, **coords)``.
+    slice_mesh: Callable[..., Any]
+
+
+_collectives: TensorCollectives | None = None
+
+
+def register_collectives(collectives: TensorCollectives) -> None:
+    """Register what the collective methods of a :class:`Tensor` run."""
+    global _collectives
+    _collectives = collectives
+
+
+def _the_collectives() -> TensorCollectives:
+    if _collectives is None:
+        raise RuntimeError(
+            "the collectives of monarch tensors are not loaded: activate a mesh with "
+            "ProcMesh.activate() (which loads them) before using a tensor's reduce, "
+            "to_mesh or slice_mesh"
+        )
+    return _collectives
 
 
 class Tensor(torch.Tensor):
@@ -211,9 +250,7 @@ class Tensor(torch.Tensor):
         out: Tensor | None = None,
     ) -> Tensor:
         """A collective over the mesh dimensions ``dims`` (see ``monarch.reduce``)."""
-        from monarch._src.tensor_engine.api import _reduce_one
-
-        return _reduce_one(self, dims, reduction, scatter, mesh, out)
+        return _the_collectives().reduce_one(self, dims, reduction, scatter, mesh, out)
 
     def reduce_(
         self,
@@ -223,24 +260,18 @@ class Tensor(torch.Tensor):
         mesh: Any = None,
     ) -> Tensor:
         """``reduce`` into this tensor."""
-        from monarch._src.tensor_engine.api import _reduce_one
-
-        return _reduce_one(self, dims, reduction, scatter, mesh, self)
+        return _the_collectives().reduce_one(self, dims, reduction, scatter, mesh, self)
 
     def to_mesh(self, mesh: ProcMesh, stream: Stream | None = None) -> Tensor:
         """This tensor on ``mesh``: each rank of ``mesh`` gets the shard of the rank at
         the same position (or, from a one-rank source, the only shard). The result
         belongs to ``stream`` (default: this tensor's stream), which receives it while
         this tensor's stream sends it."""
-        from monarch._src.tensor_engine.api import _to_mesh_one
-
-        return _to_mesh_one(self, self._view, mesh, stream)
+        return _the_collectives().to_mesh_one(self, self._view, mesh, stream)
 
     def slice_mesh(self, **coords: int | slice) -> Any:
         """The shards of part of this tensor's mesh, to move with ``.to_mesh(...)``."""
-        from monarch._src.tensor_engine.api import slice_mesh
-
-        return slice_mesh(self, **coords)
+        return _the_collectives().slice_mesh(self, **coords)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         state = "dropped, " if self._h.dropped else ""
@@ -720,8 +751,6 @@ def _borrowed_where(where: str, t: Tensor) -> str:
 
 def borrow(to: Stream, t: Tensor, mutable: bool) -> tuple[Tensor, Borrow]:
     """``to.borrow(t, mutable)`` (see ``Stream.borrow``)."""
-    from monarch._src.tensor_engine.stream import Borrow
-
     what = f"{to}.borrow(t, mutable={mutable})"
     if not isinstance(t, Tensor):
         raise bad_arguments(what, [("t", LOCAL_TENSOR)])
@@ -957,3 +986,6 @@ def _check_dims(view: View, dims: str | Sequence[str], what: str) -> tuple[str, 
 # Monarch tensors exist from now on: the arguments of an endpoint call or a spawn may hold
 # them (see ``monarch._src.actor.extensions``).
 _extensions.enable_tensor_arguments()
+_stream_module.register_tensor_borrows(
+    _stream_module.TensorBorrows(borrow=borrow, end_borrow=end_borrow)
+)

@@ -33,6 +33,7 @@ __all__ = [
     "WAIT",
     "Failure",
     "GroupRef",
+    "InputFailed",
     "Ref",
     "TensorData",
     "TensorMeta",
@@ -208,3 +209,18 @@ class Failure:
 
     def __repr__(self) -> str:
         return f"Failure(seq={self.seq}, rank={self.rank}, {self.error.strip().splitlines()[-1:]})"
+
+
+class InputFailed:
+    """A worker's reply in place of the actor's: a tensor argument holds no value on
+    its rank (the work producing it failed)."""
+
+    __slots__ = ("failure", "index")
+
+    def __init__(self, failure: Failure, index: int) -> None:
+        self.failure = failure
+        #: The index of the actor it stands for in the call's view.
+        self.index = index
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (InputFailed, (self.failure, self.index))

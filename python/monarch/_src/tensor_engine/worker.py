@@ -45,7 +45,7 @@ from monarch._src.actor.channel import Channel, Port
 from monarch._src.actor.context import context
 from monarch._src.actor.endpoint import endpoint
 from monarch._src.actor.pickling import loads
-from monarch._src.tensor_engine import shm, wire
+from monarch._src.tensor_engine import shm, wire, worker_interop
 from monarch._src.tensor_engine.wire import Failure, GroupRef, Ref, TensorMeta
 
 __all__ = ["MeshStore", "TensorWorker", "this_worker"]
@@ -403,9 +403,7 @@ class TensorWorker(Actor):
             elif op == wire.ALIAS:
                 self.values[cmd[2]] = self._value(cmd[3])
             elif op == wire.ACTOR:
-                from monarch._src.tensor_engine.interop import worker_actor_command
-
-                worker_actor_command(self, cmd)
+                worker_interop.worker_actor_command(self, cmd)
         except BaseException as e:  # never let a command end the worker
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
