@@ -176,10 +176,11 @@ def test_the_modules_of_src_import_each_other_without_a_cycle() -> None:
 
 
 #: The tensor engine's modules that a tensor worker's proc runs: the worker actor, its
-#: side of actor calls with tensors, shared memory for collectives, and what both sides
-#: share (the wire, the errors). Everything else in the package is the client's.
+#: collectives, its side of actor calls with tensors, shared memory for collectives, and
+#: what both sides share (the wire, the errors). Everything else in the package is the client's.
 WORKER_SIDE = {
-    f"monarch._src.tensor_engine.{m}" for m in ("worker", "worker_interop", "shm", "wire", "errors")
+    f"monarch._src.tensor_engine.{m}"
+    for m in ("worker", "worker_collectives", "worker_interop", "shm", "wire", "errors")
 }
 
 

@@ -363,7 +363,7 @@ def test_all_reduces_on_two_streams_at_once_keep_apart(mesh: ProcMesh) -> None:
 
         w = this_worker()
         assert w is not None
-        return torch.tensor(float(sum(w.shm_groups.values())))
+        return torch.tensor(float(sum(w.collectives.shm_groups.values())))
 
     for k, a, b in outs:
         for g in range(2):

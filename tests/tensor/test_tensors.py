@@ -639,7 +639,7 @@ def test_large_all_reduces_on_one_host_read_peer_memory(mesh: ProcMesh) -> None:
         from monarch._src.tensor_engine.worker import TensorWorker
 
         workers = [o for o in _gc.get_objects() if isinstance(o, TensorWorker)]
-        return torch.tensor(float(any(any(w.shm_groups.values()) for w in workers)))
+        return torch.tensor(float(any(any(w.collectives.shm_groups.values()) for w in workers)))
 
     with mesh.activate():
         used = used_shared_memory()

@@ -274,17 +274,16 @@ def _reduce_one(
         seq = engine.next_seq()
         engine.issue(
             view,
-            (
-                wire.REDUCE,
-                seq,
-                result._h.ref.id,
-                t._h.ref.id,
-                view.vid,
-                names,
-                reduction,
-                bool(scatter),
-                inplace,
-                (tuple(size), dtype, device),
+            wire.Reduce(
+                seq=seq,
+                out=result._h.ref.id,
+                inp=t._h.ref.id,
+                vid=view.vid,
+                dims=names,
+                reduction=reduction,
+                scatter=bool(scatter),
+                inplace=inplace,
+                meta=(tuple(size), dtype, device),
             ),
             0,
             _client_frames(),
@@ -398,7 +397,7 @@ def _to_mesh_one(t: Tensor, src: View, mesh: ProcMesh, to: Stream | None = None)
             seq = engine.next_seq()
             engine.issue(
                 dest,
-                (wire.OP, seq, fid, [t._h.ref], {}, [out._h.ref.id], ()),
+                wire.Op(seq, fid, [t._h.ref], {}, [out._h.ref.id], ()),
                 fid,
                 _client_frames(),
                 stream,
@@ -413,8 +412,8 @@ def _to_mesh_one(t: Tensor, src: View, mesh: ProcMesh, to: Stream | None = None)
     with engine.lock:
         seq = engine.next_seq()
         frames = _client_frames()
-        engine.issue(src, (wire.SEND, seq, t._h.ref.id, routes), 0, frames, stream)
-        engine.issue(dest, (wire.RECV, seq, out._h.ref.id, sources), 0, frames, to)
+        engine.issue(src, wire.Send(seq, t._h.ref.id, routes), 0, frames, stream)
+        engine.issue(dest, wire.Recv(seq, out._h.ref.id, sources), 0, frames, to)
     return out
 
 
@@ -630,7 +629,7 @@ class Remote:
         with engine.lock:
             seq = engine.next_seq()
             engine.issue(
-                view, (wire.CALL, seq, fid, eargs, ekwargs, outs, None), fid, _client_frames()
+                view, wire.Call(seq, fid, eargs, ekwargs, outs, None), fid, _client_frames()
             )
         return result
 
@@ -654,7 +653,7 @@ class Remote:
         with engine.lock:
             seq = engine.next_seq()
             engine.issue(
-                view, (wire.CALL, seq, fid, eargs, ekwargs, [], whole.id), fid, _client_frames()
+                view, wire.Call(seq, fid, eargs, ekwargs, [], whole.id), fid, _client_frames()
             )
         engine.flush()
         described = _ask_first_rank(view, "describe", whole.id, [get_active_stream().sid])
@@ -664,7 +663,7 @@ class Remote:
         result, outs = _tensors_of(described, view)
         with engine.lock:
             seq = engine.next_seq()
-            engine.issue(view, (wire.UNPACK, seq, whole.id, outs), 0, None)
+            engine.issue(view, wire.Unpack(seq, whole.id, outs), 0, None)
         engine.dropped(view.slot, whole.id)
         return result
 
@@ -803,7 +802,7 @@ def rank_tensor(mesh: ProcMesh, dims: str | Sequence[str]) -> Tensor:
     with engine.lock:
         engine.define_view(view, view)
         seq = engine.next_seq()
-        engine.issue(view, (wire.RANK, seq, out._h.ref.id, view.vid, names), 0, _client_frames())
+        engine.issue(view, wire.Rank(seq, out._h.ref.id, view.vid, names), 0, _client_frames())
     return out
 
 

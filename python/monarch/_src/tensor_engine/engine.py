@@ -118,7 +118,7 @@ class Engine:
         self.lock = threading.RLock()
         self._refs = itertools.count(1)
         self.seq = 0
-        self.pending: list[tuple[Any, ...]] = []
+        self.pending: list[wire.Command] = []
         self.pending_view: View | None = None
         #: The stream of the last buffered command (a batch starts on "main").
         self.pending_sid = 0
@@ -207,14 +207,14 @@ class Engine:
     def issue(
         self,
         view: View,
-        cmd: tuple[Any, ...],
+        cmd: wire.Command,
         fid: int = 0,
         frame: Any = None,
         stream: Stream | None = None,
     ) -> None:
         """Buffer ``cmd`` for ``view`` on ``stream`` (default: the active stream),
-        defining function ``fid`` there first if new. ``cmd[1]`` must be the seq from
-        :meth:`next_seq` (or -1 for commands without outputs)."""
+        defining function ``fid`` there first if new. A command that carries ``frame``
+        carries the seq :meth:`next_seq` gave it."""
         if stream is None:
             stream = _streams[-1]
         with self.lock:
@@ -224,23 +224,24 @@ class Engine:
                 self.pending_view = view
             pending = self.pending
             if fid and fid not in view.defined_fns:
-                pending.append((wire.DEFINE_FN, fid, self.fn_specs[fid]))
+                pending.append(wire.DefineFn(fid, self.fn_specs[fid]))
                 view.defined_fns.add(fid)
             if not pending:
                 self._wake.set()
             if stream.sid != self.pending_sid:
-                pending.append((wire.STREAM, -1, stream.sid, stream.name))
+                pending.append(wire.SetStream(stream.sid, stream.name))
                 self.pending_sid = stream.sid
             pending.append(cmd)
             if frame is not None:
-                self.frames[cmd[1] % FRAME_RING] = (cmd[1], frame)
+                seq = wire.seq_of(cmd)
+                self.frames[seq % FRAME_RING] = (seq, frame)
             if len(pending) >= BATCH_MAX:
                 self._flush_locked()
 
     def define_view(self, target: View, vid_view: View) -> None:
         """Make sure ``target``'s workers know view ``vid_view`` (call with the lock)."""
         if vid_view.vid not in target.defined_views:
-            self.issue(target, (wire.DEFINE_VIEW, -1, vid_view.vid, vid_view.shape))
+            self.issue(target, wire.DefineView(vid_view.vid, vid_view.shape))
             target.defined_views.add(vid_view.vid)
 
     def next_seq(self) -> int:
@@ -268,7 +269,7 @@ class Engine:
             slot, sid, ref = pop()
             deletes.setdefault(slot, {}).setdefault(sid, []).append(ref)
         view = self.pending_view
-        batches: list[tuple[View, list[tuple[Any, ...]]]] = []
+        batches: list[tuple[View, list[wire.Command]]] = []
         current = self.pending_sid
         self.pending_sid = 0
         if self.pending and view is not None:
@@ -287,7 +288,7 @@ class Engine:
         for target, cmds in batches:
             self._send(target, cmds)
 
-    def _send(self, view: View, cmds: list[tuple[Any, ...]]) -> None:
+    def _send(self, view: View, cmds: list[wire.Command]) -> None:
         if self.failure is not None or self.closed:
             return
         try:
@@ -352,22 +353,20 @@ class Engine:
         ports = self.workers.port_of.call().get(timeout=timeout)
         self.ports = [ports.item(**p) if p else ports.item() for p in _points(self.root)]
         root_view = self.view(self.root)
-        self.issue(root_view, (wire.PEERS, -1, self.ports))
+        self.issue(root_view, wire.Peers(self.ports))
 
 
-def _append_deletes(
-    cmds: list[tuple[Any, ...]], by_sid: dict[int, list[int]], current: int
-) -> None:
+def _append_deletes(cmds: list[wire.Command], by_sid: dict[int, list[int]], current: int) -> None:
     """Append the deletes of ``by_sid`` to a batch whose last command ran on stream
     ``current``: each on its own stream (after that stream's uses of the refs)."""
     for sid in sorted(by_sid, key=lambda s: s != current):
         if sid != current:
-            cmds.append((wire.STREAM, -1, sid, ""))
+            cmds.append(wire.SetStream(sid, ""))
             current = sid
-        cmds.append((wire.DELETE, -1, by_sid[sid]))
+        cmds.append(wire.Delete(by_sid[sid]))
 
 
-def _sendable(cmd: tuple[Any, ...]) -> tuple[Any, ...]:
+def _sendable(cmd: wire.Command) -> wire.Command:
     """``cmd``, or, when it does not pickle, a command that fails its outputs with why
     (one bad argument fails one command, never the batch)."""
     try:
@@ -377,7 +376,7 @@ def _sendable(cmd: tuple[Any, ...]) -> tuple[Any, ...]:
             f"TypeError: the arguments of this command cannot be sent to the workers: "
             f"{type(e).__name__}: {e}\n"
         )
-        return (wire.FAIL, cmd[1], wire.outputs(cmd), error)
+        return wire.Fail(wire.seq_of(cmd), wire.outputs(cmd), error)
     return cmd
 
 

@@ -3,11 +3,11 @@
 Passing monarch tensors to an endpoint of an actor mesh that lives on the same procs
 (``actors.method.call(t)``, and ``call_one``, ``choose``, ``stream``, ``broadcast``)
 delivers each actor its own shard: the call becomes a command of the tensor engine,
-``(ACTOR, seq, payload, outs)``, so each worker runs it after the commands that
-produced the tensors. The worker replaces the tensors by its local shards and sends
-the call to the actor of the same proc, with the reply port of the client's call (the
-client's future gets the replies as for any call). The actor gets a copy of its shard
-as it was at that point of the program.
+:class:`~monarch._src.tensor_engine.wire.ActorWork`, so each worker runs it after the
+commands that produced the tensors. The worker replaces the tensors by its local shards
+and sends the call to the actor of the same proc, with the reply port of the client's
+call (the client's future gets the replies as for any call). The actor gets a copy of
+its shard as it was at that point of the program.
 
 ``actors.method.rref(...)`` runs an endpoint as a step of the program: each worker
 sends the call to its proc's actor and waits for the result (at most
@@ -24,16 +24,12 @@ the actors see the calls in the order the client issued them, as upstream Monarc
 
 Monarch tensors passed to ``ProcMesh.spawn`` as constructor arguments reach each actor
 as its local shard too: the spawn's pickled arguments hold a :class:`_SpawnShard` per
-tensor, and the ``("spawn_args", token, refs, ranks)`` command has each worker of those
+tensor, and a ``SpawnArgs`` command has each worker of those
 ranks publish copies of its shards under ``token`` in its process, where the actor's
 unpickling of its arguments waits for them (at most ``tensor_collective_timeout``).
 
-A payload is ``(kind, actor_mesh, method, args, kwargs, port, targets, count, metas)``:
-``kind`` is ``"call"`` or ``"rref"``, ``args``/``kwargs`` the arguments with
-:class:`~monarch._src.tensor_engine.wire.Ref` for monarch tensors, ``port`` where
-replies go (``None``: nowhere, a broadcast; an rref's go to the worker), ``targets``
-the global rank -> index in the actor mesh view of each actor to call, ``count`` the
-size of that view, and ``metas`` the ``(size, dtype)`` of each output of an rref.
+The payload of the command is a :class:`~monarch._src.tensor_engine.wire.ActorCall` (a
+call or an rref) or a :class:`~monarch._src.tensor_engine.wire.SpawnArgs`.
 """
 
 from __future__ import annotations
@@ -147,12 +143,14 @@ def _targets(mesh: ActorMesh[Any], view: View, qualname: str, exact: bool) -> di
     return {r: i for i, r in enumerate(ranks)}
 
 
-def _issue(view: View, payload: tuple[Any, ...], outs: list[int], stream: Stream) -> None:
+def _issue(
+    view: View, payload: wire.ActorCall | wire.SpawnArgs, outs: list[int], stream: Stream
+) -> None:
     engine = view.engine
     engine.check()
     with engine.lock:
         seq = engine.next_seq()
-        engine.issue(view, (wire.ACTOR, seq, payload, outs), 0, _client_frames(), stream)
+        engine.issue(view, wire.ActorWork(seq, payload, outs), 0, _client_frames(), stream)
 
 
 class _Route:
@@ -242,7 +240,7 @@ def call(
         ) from e
     queue = None if adverb == "broadcast" else process.get().agent.reply_queue()
     port = queue.port() if queue is not None else None
-    payload = ("call", mesh, name, eargs, ekwargs, port, targets, n, None)
+    payload = wire.ActorCall("call", mesh, name, eargs, ekwargs, port, targets, n, None)
     _issue(view, payload, [], stream)
     _routed_from_now(mesh, view, stream)
     view.engine.flush()
@@ -368,7 +366,9 @@ def rref(endpoint: Endpoint[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
         result, outs = _tensors_of(described, view)
         leaves, _ = tree_flatten(result)
         metas = [(tuple(t.shape), t.dtype) for t in leaves if isinstance(t, Tensor)]
-    payload = ("rref", mesh, endpoint._name, eargs, ekwargs, None, targets, len(targets), metas)
+    payload = wire.ActorCall(
+        "rref", mesh, endpoint._name, eargs, ekwargs, None, targets, len(targets), metas
+    )
     _issue(view, payload, outs, stream)
     _routed_from_now(mesh, view, stream)
     return result
@@ -431,7 +431,7 @@ def spawn_args(
     engine.check()
     with engine.lock:
         token = engine.new_token()
-    _issue(view, ("spawn_args", token, [t._h.ref for t in tensors], ranks), [], stream)
+    _issue(view, wire.SpawnArgs(token, [t._h.ref for t in tensors], ranks), [], stream)
     engine.flush()
     out = []
     index = 0

@@ -315,7 +315,7 @@ class Simulator:
     def _now_us(self) -> float:
         return (time.monotonic() - self._t0) * 1e6
 
-    def _batch(self, view: View, cmds: list[tuple[Any, ...]]) -> None:
+    def _batch(self, view: View, cmds: list[wire.Command]) -> None:
         """Place a batch of commands sent to ``view`` on its ranks' streams."""
         with self._lock:
             now = self._now_us()
@@ -328,33 +328,32 @@ class Simulator:
             ranks = view.shape.ranks()
             sid = 0
             for cmd in cmds:
-                op = cmd[0]
-                if op == wire.STREAM:
-                    sid = cmd[2]
-                    if cmd[3] or sid not in tl.stream_names:
-                        tl.stream_names[sid] = cmd[3] or f"stream {sid}"
-                elif op == wire.DEFINE_FN:
-                    self._fns[cmd[1]] = cmd[2]
-                elif op == wire.DEFINE_VIEW:
-                    self._views[cmd[2]] = cmd[3]
-                elif op == wire.DELETE:
-                    for ref in cmd[2]:
+                if isinstance(cmd, wire.SetStream):
+                    sid = cmd.sid
+                    if cmd.name or sid not in tl.stream_names:
+                        tl.stream_names[sid] = cmd.name or f"stream {sid}"
+                elif isinstance(cmd, wire.DefineFn):
+                    self._fns[cmd.fid] = cmd.spec
+                elif isinstance(cmd, wire.DefineView):
+                    self._views[cmd.vid] = cmd.shape
+                elif isinstance(cmd, wire.Delete):
+                    for ref in cmd.refs:
                         self.metas.pop(ref, None)
                         self._wholes.pop(ref, None)
-                elif op == wire.SIGNAL:
+                elif isinstance(cmd, wire.Signal):
                     for r in ranks:
-                        self._signalled.add((cmd[2], r))
-                        tl.add(r, sid, Task(SIGNAL, "signal", 0.0, key=(cmd[2], r)))
-                elif op == wire.WAIT:
+                        self._signalled.add((cmd.token, r))
+                        tl.add(r, sid, Task(SIGNAL, "signal", 0.0, key=(cmd.token, r)))
+                elif isinstance(cmd, wire.Wait):
                     for r in ranks:
-                        if (cmd[2], r) in self._signalled:
-                            self._signalled.discard((cmd[2], r))
-                            tl.add(r, sid, Task(WAIT, "wait", 0.0, key=(cmd[2], r)))
-                elif op == wire.REDUCE:
+                        if (cmd.token, r) in self._signalled:
+                            self._signalled.discard((cmd.token, r))
+                            tl.add(r, sid, Task(WAIT, "wait", 0.0, key=(cmd.token, r)))
+                elif isinstance(cmd, wire.Reduce):
                     self._reduce(cmd, view, sid, earliest)
-                elif op == wire.SEND:
+                elif isinstance(cmd, wire.Send):
                     self._p2p_send(cmd, sid, earliest)
-                elif op == wire.RECV:
+                elif isinstance(cmd, wire.Recv):
                     self._p2p_recv(cmd, view, sid, earliest)
                 else:
                     work = self._work(cmd)
@@ -372,13 +371,12 @@ class Simulator:
             args["at"] = f"{file}:{line} ({fn})"
         return args
 
-    def _work(self, cmd: tuple[Any, ...]) -> tuple[str, float, str, dict[str, Any]] | None:
+    def _work(self, cmd: wire.Command) -> tuple[str, float, str, dict[str, Any]] | None:
         """The name, duration, category and trace arguments of an ordinary command
         (``None``: it takes no time and is not shown)."""
-        op = cmd[0]
         cost = self.cost_model
-        if op == wire.OP:
-            _, seq, fid, args, kwargs, outs, _writes = cmd
+        if isinstance(cmd, wire.Op):
+            seq, fid, args, kwargs, outs = cmd.seq, cmd.fid, cmd.args, cmd.kwargs, cmd.outs
             name, fn, is_view = self._op(fid)
             if is_view:
                 return None
@@ -394,8 +392,15 @@ class Simulator:
             if flops:
                 info["flops"] = flops
             return (name, cost.compute_us(flops, nbytes, dtype), "compute", self._frame(seq, info))
-        if op == wire.CALL:
-            _, seq, fid, args, kwargs, outs, whole = cmd
+        if isinstance(cmd, wire.Call):
+            seq, fid, args, kwargs, outs, whole = (
+                cmd.seq,
+                cmd.fid,
+                cmd.args,
+                cmd.kwargs,
+                cmd.outs,
+                cmd.whole,
+            )
             if whole is not None:
                 self._wholes[whole] = (fid, args, kwargs)
             inputs = _tensors_in((args, kwargs), self.metas)
@@ -410,9 +415,9 @@ class Simulator:
                 "remote",
                 self._frame(seq, {"bytes": nbytes}),
             )
-        if op == wire.RANK:
-            return ("rank", cost.kernel_overhead_us, "compute", self._frame(cmd[1], {}))
-        # PEERS, UNPACK, ALIAS, FAIL, ACTOR: no device time.
+        if isinstance(cmd, wire.Rank):
+            return ("rank", cost.kernel_overhead_us, "compute", self._frame(cmd.seq, {}))
+        # Peers, Unpack, Alias, Fail, ActorWork: no device time.
         return None
 
     def _op(self, fid: int) -> tuple[str, Any, bool]:
@@ -450,8 +455,9 @@ class Simulator:
     def _inter_host(self, ranks: Sequence[int]) -> bool:
         return len({r // self.gpus for r in ranks}) > 1
 
-    def _reduce(self, cmd: tuple[Any, ...], view: View, sid: int, earliest: float) -> None:
-        _, seq, _out, _inp, vid, dims, reduction, scatter, _inplace, (size, dtype, _dev) = cmd
+    def _reduce(self, cmd: wire.Reduce, view: View, sid: int, earliest: float) -> None:
+        seq, vid, dims, reduction, scatter = cmd.seq, cmd.vid, cmd.dims, cmd.reduction, cmd.scatter
+        size, dtype, _device = cmd.meta
         if reduction == "stack":
             kind = "all_to_all" if scatter else "all_gather"
         else:
@@ -480,8 +486,8 @@ class Simulator:
             )
             self._timeline.add(r, sid, task)
 
-    def _p2p_send(self, cmd: tuple[Any, ...], sid: int, earliest: float) -> None:
-        _, seq, ref, routes = cmd
+    def _p2p_send(self, cmd: wire.Send, sid: int, earliest: float) -> None:
+        seq, ref, routes = cmd.seq, cmd.ref, cmd.routes
         meta = self.metas.get(ref)
         nbytes = _nbytes(meta) if meta is not None else 0
         for src, dsts in routes.items():
@@ -494,8 +500,8 @@ class Simulator:
                 task.earliest = earliest
                 self._timeline.add(src, sid, task)
 
-    def _p2p_recv(self, cmd: tuple[Any, ...], view: View, sid: int, earliest: float) -> None:
-        _, seq, out, sources = cmd
+    def _p2p_recv(self, cmd: wire.Recv, view: View, sid: int, earliest: float) -> None:
+        seq, out, sources = cmd.seq, cmd.out, cmd.sources
         meta = self.metas.get(out)
         nbytes = _nbytes(meta) if meta is not None else 0
         for dst in view.shape.ranks():
@@ -691,7 +697,7 @@ class SimulatedEngine(Engine):
         self.controller = None  # type: ignore[assignment]
         self.workers = _Workers(self.sim, self.root._shape)
 
-    def _send(self, view: View, cmds: list[tuple[Any, ...]]) -> None:
+    def _send(self, view: View, cmds: list[wire.Command]) -> None:
         if self.failure is not None or self.closed:
             return
         try:

@@ -638,7 +638,7 @@ def record(func: Any, args: Sequence[Any], kwargs: dict[str, Any], view: View | 
     fid = engine.fn_id(func, _op_spec(func))
     with engine.lock:
         seq = engine.next_seq()
-        engine.issue(view, (wire.OP, seq, fid, eargs, ekwargs, outs, writes), fid, _client_frames())
+        engine.issue(view, wire.Op(seq, fid, eargs, ekwargs, outs, writes), fid, _client_frames())
     return result
 
 
@@ -776,10 +776,10 @@ def borrow(to: Stream, t: Tensor, mutable: bool) -> tuple[Tensor, Borrow]:
     b.borrowed = borrowed
     with engine.lock:
         token = engine.new_token()
-        engine.issue(view, (wire.SIGNAL, -1, token), 0, None, t._stream)
-        engine.issue(view, (wire.WAIT, -1, token), 0, None, to)
+        engine.issue(view, wire.Signal(token), 0, None, t._stream)
+        engine.issue(view, wire.Wait(token), 0, None, to)
         seq = engine.next_seq()
-        engine.issue(view, (wire.ALIAS, seq, ref.id, t._h.ref.id), 0, frames, to)
+        engine.issue(view, wire.Alias(seq, ref.id, t._h.ref.id), 0, frames, to)
     origin = aliases_of(t)
     origin.borrows.add(b)
     origin.recompute()
@@ -797,9 +797,9 @@ def end_borrow(b: Borrow) -> None:
         if engine.failure is None and not engine.closed:
             with engine.lock:
                 token = engine.new_token()
-                engine.issue(view, (wire.SIGNAL, -1, token), 0, None, b.stream)
+                engine.issue(view, wire.Signal(token), 0, None, b.stream)
                 borrowed._h.drop()
-                engine.issue(view, (wire.WAIT, -1, token), 0, None, origin._stream)
+                engine.issue(view, wire.Wait(token), 0, None, origin._stream)
         else:
             borrowed._h.drop()
     finally:
@@ -820,7 +820,7 @@ def _lift(func: Any, args: Sequence[Any], view: View) -> Any:
     with engine.lock:
         seq = engine.next_seq()
         engine.issue(
-            view, (wire.OP, seq, fid, [local.detach()], {}, [ref.id], ()), fid, _client_frames()
+            view, wire.Op(seq, fid, [local.detach()], {}, [ref.id], ()), fid, _client_frames()
         )
     return out
 

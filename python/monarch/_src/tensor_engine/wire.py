@@ -1,113 +1,283 @@
 """What the client sends tensor workers: commands, and the references inside them.
 
-A batch is one pickle of a list of commands; each command is a tuple whose first item
-is its opcode. Tensors travel as :class:`Ref` (an engine-wide integer id), process
-groups as :class:`GroupRef`. Functions (aten operators and remote functions) are
-defined once per worker with :data:`DEFINE_FN` and referred to by id after; views (the
-mesh view a command runs on) likewise with :data:`DEFINE_VIEW`.
+A batch is one pickle of a list of commands. Each command is a record of its own type
+(a ``NamedTuple``: named, typed fields, pickled as compactly as a tuple). Tensors travel
+as :class:`Ref` (an engine-wide integer id), process groups as :class:`GroupRef`.
+Functions (aten operators and remote functions) are defined once per worker with
+:class:`DefineFn` and referred to by id after; views (the mesh view a command runs on)
+likewise with :class:`DefineView`. A command that produces values carries the ``seq``
+the client gave it (the client keeps the frames that issued it under that number);
+:func:`outputs` lists the refs it writes, which a failure of it marks failed.
 
-This module imports nothing heavy: both sides use it.
+The worker, the client's engine and the simulator all read these records. This module
+imports nothing heavy: both sides use it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
-    "ACTOR",
-    "ALIAS",
-    "CALL",
-    "DEFINE_FN",
-    "DEFINE_VIEW",
-    "DELETE",
-    "FAIL",
-    "OP",
-    "PEERS",
-    "RANK",
-    "RECV",
-    "REDUCE",
-    "SEND",
-    "SIGNAL",
-    "STREAM",
-    "UNPACK",
-    "WAIT",
+    "ActorCall",
+    "ActorWork",
+    "Alias",
+    "Call",
+    "Command",
+    "DefineFn",
+    "DefineView",
+    "Delete",
+    "Fail",
     "Failure",
     "GroupRef",
     "InputFailed",
+    "Op",
+    "Peers",
+    "Rank",
+    "Recv",
+    "Reduce",
     "Ref",
+    "Send",
+    "SetStream",
+    "Signal",
+    "SpawnArgs",
     "TensorData",
     "TensorMeta",
+    "Unpack",
+    "Wait",
     "outputs",
+    "seq_of",
 ]
 
-#: ``(DEFINE_FN, fid, spec)``: ``spec`` is ``("op", namespace, name, overload)`` for a
-#: torch operator, ``("path", "module.qualname")`` or ``("pickle", bytes)`` otherwise.
-DEFINE_FN = 0
-#: ``(DEFINE_VIEW, vid, shape)``: the view's :class:`~monarch._src.actor.shape.Shape`
-#: over the global ranks of the engine's proc mesh.
-DEFINE_VIEW = 1
-#: ``(OP, seq, fid, args, kwargs, outs)``: run a torch operator; ``outs[i]`` is the ref
-#: of its i-th tensor output, or ``None`` where that output is an input (in place).
-OP = 2
-#: ``(CALL, seq, fid, args, kwargs, outs, whole)``: run a remote function; the tensor
-#: leaves of its result are stored under ``outs`` (in pytree order); with ``whole`` the
-#: whole result is also kept under that ref (``propagate="inspect"``).
-CALL = 3
-#: ``(DELETE, [ref, ...])``: forget these values.
-DELETE = 4
-#: ``(RANK, seq, out, vid, dims)``: ``out`` = this rank's coordinate in view ``vid``
-#: along ``dims`` (row-major over several), an int64 scalar.
-RANK = 5
-#: ``(REDUCE, seq, out, inp, vid, dims, reduction, scatter, inplace)``.
-REDUCE = 6
-#: ``(SEND, seq, ref, {src_rank: [dst_rank, ...]})``.
-SEND = 7
-#: ``(RECV, seq, out, {dst_rank: src_rank})``.
-RECV = 8
-#: ``(PEERS, [port by global rank])``: where each worker receives point-to-point data.
-PEERS = 9
-#: ``(UNPACK, seq, whole, outs)``: store the tensor leaves of the value under ``whole``.
-UNPACK = 10
-#: ``(FAIL, seq, outs, error)``: a command that could not be sent (its arguments do not
-#: pickle): its outputs are failed with ``error``.
-FAIL = 11
-#: ``(STREAM, -1, sid, name)``: the commands after this one in the batch run on stream
-#: ``sid`` (named ``name``; created on first sight), until the next ``STREAM``. Every
-#: batch starts on stream 0, ``"main"``. ``DEFINE_FN``, ``DEFINE_VIEW`` and ``PEERS``
-#: are global: they take effect at once whatever stream is current.
-STREAM = 12
-#: ``(SIGNAL, -1, token)``: the current stream reached this point (``token`` is an
-#: engine-wide int; each is waited for by exactly one ``WAIT``).
-SIGNAL = 13
-#: ``(WAIT, -1, token)``: the current stream waits until ``SIGNAL token`` ran (on
-#: another stream; on CUDA the wait is an event wait on the device).
-WAIT = 14
-#: ``(ALIAS, seq, out, src)``: ``out`` is the value of ``src`` itself (a borrow: the
-#: current stream sees the origin stream's tensor; issued after a ``WAIT`` for it).
-ALIAS = 15
-#: ``(ACTOR, seq, payload, outs)``: tensors to and from actor endpoints (see
-#: ``monarch._src.tensor_engine.interop``).
-ACTOR = 16
+
+class DefineFn(NamedTuple):
+    """Define function ``fid`` on the worker. ``spec`` is ``("op", namespace, name,
+    overload)`` for a torch operator, ``("path", "module.qualname")`` (optionally with
+    the source file) or ``("pickle", bytes)`` otherwise. Global: takes effect at once,
+    whatever stream is current."""
+
+    fid: int
+    spec: tuple[Any, ...]
 
 
-def outputs(cmd: tuple[Any, ...]) -> list[int]:
+class DefineView(NamedTuple):
+    """Define view ``vid``: its :class:`~monarch._src.actor.shape.Shape` over the global
+    ranks of the engine's proc mesh. Global, as :class:`DefineFn`."""
+
+    vid: int
+    shape: Any
+
+
+class Op(NamedTuple):
+    """Run torch operator ``fid``; ``outs[i]`` is the ref of its i-th tensor output.
+    ``writes`` are the refs of the inputs it writes in place (failed with it)."""
+
+    seq: int
+    fid: int
+    args: Any
+    kwargs: Any
+    outs: list[int]
+    writes: tuple[int, ...]
+
+
+class Call(NamedTuple):
+    """Run remote function ``fid``: the tensor leaves of its result are stored under
+    ``outs`` (in pytree order); with ``whole`` the whole result is also kept under that
+    ref (``propagate="inspect"``)."""
+
+    seq: int
+    fid: int
+    args: Any
+    kwargs: Any
+    outs: list[int]
+    whole: int | None
+
+
+class Delete(NamedTuple):
+    """Forget the values of these refs."""
+
+    refs: list[int]
+
+
+class Rank(NamedTuple):
+    """``out`` = this rank's coordinate in view ``vid`` along ``dims`` (row-major over
+    several), an int64 scalar."""
+
+    seq: int
+    out: int
+    vid: int
+    dims: tuple[str, ...]
+
+
+class Reduce(NamedTuple):
+    """A collective of ``inp`` over ``dims`` of view ``vid`` into ``out``: ``reduction``
+    (``"sum"``, ``"avg"``, ``"max"``, ``"min"``, ``"product"`` or ``"stack"``), scattered
+    or not, in place or not. ``meta`` is the input's ``(size, dtype, device)``: a rank
+    whose input failed takes part with zeros of it."""
+
+    seq: int
+    out: int
+    inp: int
+    vid: int
+    dims: tuple[str, ...]
+    reduction: str
+    scatter: bool
+    inplace: bool
+    meta: tuple[Any, ...]
+
+
+class Send(NamedTuple):
+    """Send the value of ``ref`` from each source rank to its destinations:
+    ``routes`` is ``{src_rank: [dst_rank, ...]}``."""
+
+    seq: int
+    ref: int
+    routes: dict[int, list[int]]
+
+
+class Recv(NamedTuple):
+    """Receive ``out`` from a source rank: ``sources`` is ``{dst_rank: src_rank}``."""
+
+    seq: int
+    out: int
+    sources: dict[int, int]
+
+
+class Peers(NamedTuple):
+    """Where each worker receives point-to-point data: its port, by global rank. Global,
+    as :class:`DefineFn`."""
+
+    ports: list[Any]
+
+
+class Unpack(NamedTuple):
+    """Store the tensor leaves of the value under ``whole`` under ``outs``."""
+
+    seq: int
+    whole: int
+    outs: list[int]
+
+
+class Fail(NamedTuple):
+    """A command that could not be sent (its arguments do not pickle): its outputs
+    ``outs`` are failed with ``error``."""
+
+    seq: int
+    outs: list[int]
+    error: str
+
+
+class SetStream(NamedTuple):
+    """The commands after this one in the batch run on stream ``sid`` (named ``name``;
+    created on first sight), until the next ``SetStream``. Every batch starts on stream
+    0, ``"main"``."""
+
+    sid: int
+    name: str
+
+
+class Signal(NamedTuple):
+    """The current stream reached this point (``token`` is an engine-wide int; each is
+    waited for by exactly one :class:`Wait`)."""
+
+    token: int
+
+
+class Wait(NamedTuple):
+    """The current stream waits until ``Signal(token)`` ran (on another stream; on CUDA
+    the wait is an event wait on the device)."""
+
+    token: int
+
+
+class Alias(NamedTuple):
+    """``out`` is the value of ``src`` itself (a borrow: the current stream sees the
+    origin stream's tensor; issued after a :class:`Wait` for it)."""
+
+    seq: int
+    out: int
+    src: int
+
+
+class ActorCall(NamedTuple):
+    """An endpoint call with tensors in its arguments (see
+    ``monarch._src.tensor_engine.interop``): ``kind`` is ``"call"`` or ``"rref"``,
+    ``args``/``kwargs`` hold :class:`Ref` for monarch tensors, ``port`` is where replies
+    go (``None``: nowhere, a broadcast; an rref's go to the worker), ``targets`` maps a
+    global rank to the index, in the actor mesh view, of the actor to call there,
+    ``size`` is the size of that view, and ``metas`` the ``(size, dtype)`` of each
+    output of an rref (``None``: run for its effect)."""
+
+    kind: str
+    mesh: Any
+    method: str
+    args: Any
+    kwargs: Any
+    port: Any
+    targets: dict[int, int]
+    size: int
+    metas: list[tuple[Any, Any]] | None
+
+
+class SpawnArgs(NamedTuple):
+    """The workers of ``ranks`` publish copies of their shards of ``refs`` under
+    ``token``, for the actors a spawn gave those tensors to."""
+
+    token: int
+    refs: list[Ref]
+    ranks: list[int]
+
+
+class ActorWork(NamedTuple):
+    """Tensors to and from actor endpoints: ``payload`` is an :class:`ActorCall` or a
+    :class:`SpawnArgs`; ``outs`` the refs an rref writes."""
+
+    seq: int
+    payload: ActorCall | SpawnArgs
+    outs: list[int]
+
+
+#: Any command.
+Command = (
+    DefineFn
+    | DefineView
+    | Op
+    | Call
+    | Delete
+    | Rank
+    | Reduce
+    | Send
+    | Recv
+    | Peers
+    | Unpack
+    | Fail
+    | SetStream
+    | Signal
+    | Wait
+    | Alias
+    | ActorWork
+)
+
+#: The commands that take effect at once, whatever stream is current.
+GLOBAL = (DefineFn, DefineView, Peers)
+
+
+def outputs(cmd: Command) -> list[int]:
     """The refs a command writes (what a failure of it marks failed)."""
-    op = cmd[0]
-    if op == OP:
-        return [*cmd[5], *cmd[6]]
-    if op == CALL:
-        return [*cmd[5], *([cmd[6]] if cmd[6] is not None else [])]
-    if op in (RANK, REDUCE, RECV):
-        return [cmd[2]]
-    if op == UNPACK:
-        return list(cmd[3])
-    if op == FAIL:
-        return list(cmd[2])
-    if op == ALIAS:
-        return [cmd[2]]
-    if op == ACTOR:
-        return list(cmd[3])
+    if isinstance(cmd, Op):
+        return [*cmd.outs, *cmd.writes]
+    if isinstance(cmd, Call):
+        return [*cmd.outs, *([cmd.whole] if cmd.whole is not None else [])]
+    if isinstance(cmd, (Rank, Reduce, Recv, Alias)):
+        return [cmd.out]
+    if isinstance(cmd, (Unpack, Fail, ActorWork)):
+        return list(cmd.outs)
     return []
+
+
+def seq_of(cmd: Command) -> int:
+    """The seq of a command that produces values; -1 for the others."""
+    seq: int = getattr(cmd, "seq", -1)
+    return seq
 
 
 class Ref:

@@ -5,20 +5,12 @@ raises, stores a :class:`~monarch._src.tensor_engine.wire.Failure` under its out
 instead of values: nothing the client sends kills a worker, and the failure is reported
 by the fetches that depend on it (with the seq of the command that failed first).
 
-Collectives run over torch process groups built directly (not
-``init_process_group``, so any number coexist): one per set of member ranks and device
-type, created at first use. Every member sees the same commands in the same order, so
-lazy creation cannot deadlock. Rendezvous goes through the controller's store over
-monarch's messaging (:class:`MeshStore`). An input that failed takes part with zeros of
-its shape so that its peers do not wait for it.
-
-Point-to-point transfers (``to_mesh``) go over monarch ports: the sender sends its
-value to the receiving worker's port; the receiver waits for it (bounded by the
-collective timeout).
+Collectives, same-host all-reduces and point-to-point transfers are the worker's
+:class:`~monarch._src.tensor_engine.worker_collectives.Collectives`.
 
 Streams: the commands of stream 0 (``"main"``) run on the actor's own thread as they
 arrive; every other stream has a thread of its own (and, on CUDA, a CUDA stream) fed by
-a queue, so streams run concurrently. Their values share one table; ``SIGNAL``/``WAIT``
+a queue, so streams run concurrently. Their values share one table; ``Signal``/``Wait``
 order them where the client asked (borrows). Collectives use process groups per stream,
 so two streams' collectives never interleave on one group.
 """
@@ -28,48 +20,26 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import ctypes
-import datetime
 import logging
-import os
 import queue
-import re
 import threading
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from monarch._src.actor.actor import Actor
-from monarch._src.actor.channel import Channel, Port
+from monarch._src.actor.channel import Port
 from monarch._src.actor.context import context
 from monarch._src.actor.endpoint import endpoint
 from monarch._src.actor.pickling import loads
-from monarch._src.tensor_engine import shm, wire, worker_interop
+from monarch._src.tensor_engine import wire, worker_interop
 from monarch._src.tensor_engine.wire import Failure, GroupRef, Ref, TensorMeta
+from monarch._src.tensor_engine.worker_collectives import Collectives, collective_timeout
 
-__all__ = ["MeshStore", "TensorWorker", "this_worker"]
+__all__ = ["TensorWorker", "this_worker"]
 
-#: torch's store base class (its stubs hide it behind a platform check).
-_StoreBase: Any = getattr(dist, "Store")  # noqa: B009
-_PrefixStore: Any = getattr(dist, "PrefixStore")  # noqa: B009
-
-_REDUCE_OPS = {
-    "sum": "SUM",
-    "avg": "AVG",
-    "product": "PRODUCT",
-    "min": "MIN",
-    "max": "MAX",
-    "band": "BAND",
-    "bor": "BOR",
-    "bxor": "BXOR",
-}
-
-
-#: Collective results of at least this many bytes (CPU) reuse pooled memory.
-POOL_MIN_BYTES = 1 << 20
-#: How many buffers of one size the pool keeps.
-POOL_PER_SIZE = 4
 
 logger = logging.getLogger(__name__)
 
@@ -124,89 +94,12 @@ class _Local(threading.local):
     sid = 0
 
 
-def _collective_timeout() -> float:
-    from monarch._src import config
-
-    return float(config.get("tensor_collective_timeout"))
-
-
-class MeshStore(_StoreBase):  # type: ignore[misc]
-    """A ``torch.distributed.Store`` kept by the engine's controller actor: process
-    groups rendezvous over monarch's authenticated messaging, with no server of their
-    own."""
-
-    def __init__(self, controller: Any, timeout: float) -> None:
-        super().__init__()
-        self.controller = controller
-        self._wait_s = timeout
-
-    def _get(self, fut: Any) -> Any:
-        return fut.get(timeout=self._wait_s + 10)
-
-    def set(self, key: str, value: Any) -> None:
-        self._get(self.controller.store_set.call_one(key, _as_bytes(value)))
-
-    def get(self, key: str) -> bytes:
-        value = self._get(self.controller.store_get.call_one(key, self._wait_s))
-        if value is None:
-            raise dist.DistStoreError(
-                f"the key {key!r} was not set within {self._wait_s} s: a member of the "
-                "process group did not join it"
-            )
-        return value  # type: ignore[no-any-return]
-
-    def add(self, key: str, amount: int) -> int:
-        return int(self._get(self.controller.store_add.call_one(key, int(amount))))
-
-    def wait(self, keys: list[str], timeout: Any = None) -> None:
-        if not self._get(self.controller.store_wait.call_one(list(keys), self._wait_s)):
-            raise dist.DistStoreError(f"the keys {keys} were not set within {self._wait_s} s")
-
-    def check(self, keys: list[str]) -> bool:
-        return bool(self._get(self.controller.store_check.call_one(list(keys))))
-
-    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
-        return self._get(  # type: ignore[no-any-return]
-            self.controller.store_compare_set.call_one(key, _as_bytes(expected), _as_bytes(desired))
-        )
-
-    def delete_key(self, key: str) -> bool:
-        return bool(self._get(self.controller.store_delete.call_one(key)))
-
-    def num_keys(self) -> int:
-        return int(self._get(self.controller.store_num_keys.call_one()))
-
-    def set_timeout(self, timeout: Any) -> None:
-        pass
-
-
-def _as_bytes(value: Any) -> bytes:
-    if isinstance(value, str):
-        return value.encode()
-    return bytes(value)
-
-
 def _tensor_bytes(value: torch.Tensor) -> bytes:
     """A CPU tensor's elements as bytes, in row-major order: one copy, and no NumPy
     (torch installed alone has none)."""
     flat = value.contiguous().reshape(-1).view(torch.uint8)
     n = flat.numel()
     return ctypes.string_at(flat.data_ptr(), n) if n else b""
-
-
-def _local_address() -> str:
-    """The address gloo listens on: the IP this proc's monarch address uses (so peers
-    on other hosts reach it), else loopback.
-
-    A proc id is ``<uid>@<address>``; a TCP address is ``tcp:<ipv4>:<port>`` or
-    ``tcp:[<ipv6>]:<port>`` (the IPv6 one without its brackets here)."""
-    from monarch._src.actor import process
-
-    proc_id = process.get().proc_id
-    match = re.search(r"@tcp:(?:\[([^\]]+)\]|([^:\[\]]+)):\d+$", proc_id)
-    if match:
-        return match.group(1) or match.group(2)
-    return "127.0.0.1"
 
 
 class TensorWorker(Actor):
@@ -220,23 +113,6 @@ class TensorWorker(Actor):
         self.values: dict[int, Any] = {}
         self.fns: dict[int, Any] = {}
         self.views: dict[int, Any] = {}
-        self.groups: dict[tuple[Any, ...], Any] = {}
-        self.stores: list[MeshStore] = []
-        #: Collectives reached, per group (see ``_arrive``).
-        self.arrivals: dict[str, int] = {}
-        #: Large CPU buffers of collective results, by size, kept for reuse (``_empty``).
-        self.pool: dict[int, list[Any]] = {}
-        #: Same-host all-reduces (``shm``), per group and stream: whether the group uses
-        #: the shared path, and its segments and sockets where it does.
-        self.shm_groups: dict[str, bool] = {}
-        self.shm_links: dict[str, shm.Group] = {}
-        self.peers: list[Port[Any]] | None = None
-        self.port: Port[Any]
-        self.receiver: Any
-        self.port, self.receiver = Channel.open()
-        self.inbox: dict[tuple[int, int], Any] = {}
-        self.inbox_changed = threading.Condition()
-        self.pump: threading.Thread | None = None
         self.streams: dict[int, _StreamThread] = {}
         self._local = _Local()
         #: SIGNAL token -> [reached, CUDA event or None] (see ``_signal``).
@@ -245,10 +121,12 @@ class TensorWorker(Actor):
         self.seq = -1
         #: Why a whole batch could not be read, if one could not.
         self.broken: Failure | None = None
+        self.collectives = Collectives(self)
+        self._handlers = self._command_handlers()
 
     def __cleanup__(self, exc: Any) -> None:
         # The shared segments and sockets of same-host all-reduces (see ``shm``).
-        self._close_shm()
+        self.collectives.close()
 
     # --- endpoints ----------------------------------------------------------------------
 
@@ -262,16 +140,16 @@ class TensorWorker(Actor):
         execute = self._execute
         sid = 0
         start = 0
-        stream_op = wire.STREAM
+        set_stream = wire.SetStream
         for i, cmd in enumerate(cmds):
-            op = cmd[0]
-            if op == stream_op:
+            kind = type(cmd)
+            if kind is set_stream:
                 self._dispatch(sid, cmds, start, i)
-                sid = cmd[2]
+                sid = cmd.sid
                 if sid and sid not in self.streams:
-                    self.streams[sid] = _StreamThread(self, sid, cmd[3])
+                    self.streams[sid] = _StreamThread(self, sid, cmd.name)
                 start = i + 1
-            elif sid and op in _GLOBAL:
+            elif sid and kind in _GLOBAL:
                 # Definitions take effect at once, whatever the stream.
                 self._dispatch(sid, cmds, start, i)
                 execute(cmd)
@@ -291,7 +169,7 @@ class TensorWorker(Actor):
     def _sync(self, sids: list[int] | None) -> None:
         """Wait until the streams ``sids`` (every stream: ``None``) ran the work that
         arrived before now ("main" runs on this thread, so it has)."""
-        timeout = _collective_timeout()
+        timeout = collective_timeout()
         for sid in self.streams if sids is None else sids:
             stream = self.streams.get(sid)
             if stream is not None and not stream.drain(timeout):
@@ -363,51 +241,64 @@ class TensorWorker(Actor):
 
     @endpoint
     def port_of(self) -> Port[Any]:
-        return self.port
+        return self.collectives.port
 
     # --- commands -----------------------------------------------------------------------
 
-    def _execute(self, cmd: tuple[Any, ...]) -> None:
-        op = cmd[0]
+    def _execute(self, cmd: wire.Command) -> None:
         try:
-            if op == wire.OP:
-                self._op(cmd)
-            elif op == wire.DELETE:
-                pop = self.values.pop
-                for ref in cmd[2]:
-                    pop(ref, None)
-            elif op == wire.DEFINE_FN:
-                self.fns[cmd[1]] = self._resolve_fn(cmd[2])
-            elif op == wire.DEFINE_VIEW:
-                self.views[cmd[2]] = cmd[3]
-            elif op == wire.CALL:
-                self._call(cmd)
-            elif op == wire.RANK:
-                self._rank(cmd)
-            elif op == wire.REDUCE:
-                self._reduce(cmd)
-            elif op == wire.SEND:
-                self._send(cmd)
-            elif op == wire.RECV:
-                self._recv(cmd)
-            elif op == wire.PEERS:
-                self.peers = cmd[2]
-            elif op == wire.UNPACK:
-                self._unpack(cmd)
-            elif op == wire.FAIL:
-                self._fail_outputs(cmd, Failure(cmd[1], self.rank, cmd[3], []))
-            elif op == wire.SIGNAL:
-                self._signal(cmd[2])
-            elif op == wire.WAIT:
-                self._wait(cmd[2])
-            elif op == wire.ALIAS:
-                self.values[cmd[2]] = self._value(cmd[3])
-            elif op == wire.ACTOR:
-                worker_interop.worker_actor_command(self, cmd)
+            self._handlers[type(cmd)](cmd)
         except BaseException as e:  # never let a command end the worker
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
-            self._fail_outputs(cmd, self._failure(cmd[1], e))
+            self._fail_outputs(cmd, self._failure(wire.seq_of(cmd), e))
+
+    def _command_handlers(self) -> dict[type, Callable[[Any], None]]:
+        """What runs each command, by its type."""
+        return {
+            wire.Op: self._op,
+            wire.Delete: self._delete,
+            wire.DefineFn: self._define_fn,
+            wire.DefineView: self._define_view,
+            wire.Call: self._call,
+            wire.Rank: self._rank,
+            wire.Reduce: self.collectives.reduce,
+            wire.Send: self.collectives.send,
+            wire.Recv: self.collectives.recv,
+            wire.Peers: self.collectives.set_peers,
+            wire.Unpack: self._unpack,
+            wire.Fail: self._fail,
+            wire.Signal: self._on_signal,
+            wire.Wait: self._on_wait,
+            wire.Alias: self._alias,
+            wire.ActorWork: self._actor_work,
+        }
+
+    def _delete(self, cmd: wire.Delete) -> None:
+        pop = self.values.pop
+        for ref in cmd.refs:
+            pop(ref, None)
+
+    def _define_fn(self, cmd: wire.DefineFn) -> None:
+        self.fns[cmd.fid] = self._resolve_fn(cmd.spec)
+
+    def _define_view(self, cmd: wire.DefineView) -> None:
+        self.views[cmd.vid] = cmd.shape
+
+    def _fail(self, cmd: wire.Fail) -> None:
+        self._fail_outputs(cmd, Failure(cmd.seq, self.rank, cmd.error, []))
+
+    def _on_signal(self, cmd: wire.Signal) -> None:
+        self._signal(cmd.token)
+
+    def _on_wait(self, cmd: wire.Wait) -> None:
+        self._wait(cmd.token)
+
+    def _alias(self, cmd: wire.Alias) -> None:
+        self.values[cmd.out] = self._value(cmd.src)
+
+    def _actor_work(self, cmd: wire.ActorWork) -> None:
+        worker_interop.worker_actor_command(self, cmd)
 
     # --- streams ------------------------------------------------------------------------
 
@@ -428,7 +319,7 @@ class TensorWorker(Actor):
 
     def _wait(self, token: int) -> None:
         slot = self._signal_slot(token)
-        timeout = _collective_timeout()
+        timeout = collective_timeout()
         if not slot[0].wait(timeout):
             logger.warning(
                 "rank %s: a stream waited %s s for another stream's borrow point and goes on "
@@ -442,7 +333,7 @@ class TensorWorker(Actor):
         with self.signals_lock:
             self.signals.pop(token, None)
 
-    def _fail_outputs(self, cmd: tuple[Any, ...], failure: Failure) -> None:
+    def _fail_outputs(self, cmd: wire.Command, failure: Failure) -> None:
         for out in wire.outputs(cmd):
             self.values[out] = failure
 
@@ -480,7 +371,7 @@ class TensorWorker(Actor):
         if t is dict:
             return {k: self._resolve(v, failed) for k, v in x.items()}
         if t is GroupRef:
-            return self._group_for(x)
+            return self.collectives.group_for(x)
         return x
 
     def _resolve_fn(self, spec: tuple[Any, ...]) -> Any:
@@ -495,8 +386,8 @@ class TensorWorker(Actor):
             return loads(spec[1])
         raise ValueError(f"unknown function spec {spec!r}")
 
-    def _op(self, cmd: tuple[Any, ...]) -> None:
-        _, _seq, fid, args, kwargs, outs, writes = cmd
+    def _op(self, cmd: wire.Op) -> None:
+        fid, args, kwargs, outs, writes = cmd.fid, cmd.args, cmd.kwargs, cmd.outs, cmd.writes
         failed: list[Failure] = []
         args = self._resolve(args, failed)
         if kwargs:
@@ -516,8 +407,8 @@ class TensorWorker(Actor):
         for out, value in zip(outs, result, strict=False):
             values[out] = value
 
-    def _call(self, cmd: tuple[Any, ...]) -> None:
-        _, _seq, fid, args, kwargs, outs, whole = cmd
+    def _call(self, cmd: wire.Call) -> None:
+        fid, args, kwargs, outs, whole = cmd.fid, cmd.args, cmd.kwargs, cmd.outs, cmd.whole
         failed: list[Failure] = []
         args = self._resolve(args, failed)
         kwargs = self._resolve(kwargs, failed)
@@ -541,8 +432,8 @@ class TensorWorker(Actor):
             for out, value in zip(outs, leaves, strict=False):
                 self.values[out] = value
 
-    def _unpack(self, cmd: tuple[Any, ...]) -> None:
-        _, _seq, whole, outs = cmd
+    def _unpack(self, cmd: wire.Unpack) -> None:
+        whole, outs = cmd.whole, cmd.outs
         value = self._value(whole)
         if type(value) is Failure:
             for out in outs:
@@ -556,324 +447,14 @@ class TensorWorker(Actor):
         point = shape.coordinates(self.rank)
         return shape, {label: point[label] for label in shape.labels}
 
-    def _rank(self, cmd: tuple[Any, ...]) -> None:
-        _, _seq, out, vid, dims = cmd
+    def _rank(self, cmd: wire.Rank) -> None:
+        out, vid, dims = cmd.out, cmd.vid, cmd.dims
         shape, coords = self._coords(vid)
         sizes = dict(shape.extent)
         value = 0
         for d in dims:
             value = value * sizes[d] + coords[d]
         self.values[out] = torch.tensor(value, dtype=torch.int64)
-
-    # --- collectives --------------------------------------------------------------------
-
-    def _members(self, vid: int, dims: tuple[str, ...]) -> list[int]:
-        shape, mine = self._coords(vid)
-        others = [label for label in shape.labels if label not in dims]
-        members = []
-        for r in shape.ranks():
-            point = shape.coordinates(r)
-            if all(point[label] == mine[label] for label in others):
-                members.append(r)
-        return members
-
-    def _group(self, members: list[int], device: str) -> Any:
-        """The process group of ``members`` for ``device`` tensors on the current
-        stream (each stream has its own, so their collectives never interleave)."""
-        sid = self._local.sid
-        key = (tuple(members), device, sid)
-        pg = self.groups.get(key)
-        if pg is None:
-            timeout = _collective_timeout()
-            # The Python store must outlive the group: torch keeps only its C++ half.
-            mesh_store = MeshStore(self.controller, timeout)
-            self.stores.append(mesh_store)
-            store = _PrefixStore(f"pg/{device}/{sid}/{'.'.join(map(str, members))}/", mesh_store)
-            rank = members.index(self.rank)
-            td = datetime.timedelta(seconds=timeout)
-            if device == "cuda":
-                pg = dist.ProcessGroupNCCL(
-                    store, rank, len(members), dist.ProcessGroupNCCL.Options()
-                )
-            else:
-                from torch._C._distributed_c10d import ProcessGroupGloo
-
-                iface = os.environ.get("GLOO_SOCKET_IFNAME")
-                if iface:
-                    dev = ProcessGroupGloo.create_device(interface=iface)
-                else:
-                    dev = ProcessGroupGloo.create_device(hostname=_local_address())
-                opts = getattr(ProcessGroupGloo, "_Options")()  # noqa: B009
-                opts._devices = [dev]
-                opts._timeout = td
-                pg = ProcessGroupGloo(store, rank, len(members), opts)
-            self.groups[key] = pg
-        return pg
-
-    def _group_for(self, ref: GroupRef) -> Any:
-        """The group a remote function gets for a ``RemoteProcessGroup``: gloo for CPU
-        tensors and, where CUDA is present, NCCL for CUDA tensors, in one group (as
-        ``torch.distributed``'s default ``"cpu:gloo,cuda:nccl"``), so user code can reduce
-        either kind of tensor with it."""
-        members = self._members(ref.vid, ref.dims)
-        if not torch.cuda.is_available():
-            pg = self._group(members, "cpu")
-            _register_group(pg, members, "cpu")
-            return pg
-        key = (tuple(members), "cpu+cuda", self._local.sid)
-        pg = self.groups.get(key)
-        if pg is None:
-            pg = _two_backend_group(
-                self._group(members, "cpu"),
-                self._group(members, "cuda"),
-                members.index(self.rank),
-                len(members),
-            )
-            self.groups[key] = pg
-        _register_group(pg, members, "cpu+cuda")
-        return pg
-
-    def _reduce(self, cmd: tuple[Any, ...]) -> None:
-        _, _seq, out, inp, vid, dims, reduction, scatter, inplace, meta = cmd
-        members = self._members(vid, dims)
-        value = self._value(inp)
-        failure = value if type(value) is Failure else None
-        if failure is None and inplace:
-            target = self._value(out)
-            if type(target) is Failure:
-                failure = target
-        if failure is not None:
-            # Take part with zeros so that peers do not wait for us.
-            size, dtype, device = meta
-            value = torch.zeros(size, dtype=dtype, device=device)
-        device = "cuda" if value.device.type == "cuda" else "cpu"
-        try:
-            in_place = inplace and out == inp and failure is None
-            result = self._collective(value, members, device, reduction, scatter, in_place)
-        except Exception as e:
-            raise RuntimeError(self._collective_error(e, members, reduction, dims)) from e
-        if failure is not None:
-            self.values[out] = failure
-        elif inplace:
-            target = self.values[out]
-            if target is not result:
-                target.copy_(result)
-        else:
-            self.values[out] = result
-
-    def _empty(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """A 1-D tensor for a collective's result. Large CPU ones reuse the memory of an
-        earlier result that is no longer used (at most :data:`POOL_PER_SIZE` buffers per
-        size are kept): fresh memory of that size comes from the OS page by page, which
-        costs more than the collective's own copy."""
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        if device.type != "cpu" or nbytes < POOL_MIN_BYTES:
-            return torch.empty(numel, dtype=dtype, device=device)
-        kept = self.pool.setdefault(nbytes, [])
-        for storage in kept:
-            if torch._C._storage_Use_Count(storage._cdata) == 1:  # only the pool has it
-                return torch.empty(0, dtype=dtype).set_(storage, 0, (numel,), (1,))
-        fresh = torch.empty(numel, dtype=dtype)
-        if len(kept) < POOL_PER_SIZE:
-            kept.append(fresh.untyped_storage())
-        return fresh
-
-    def _collective(
-        self,
-        value: torch.Tensor,
-        members: list[int],
-        device: str,
-        reduction: str,
-        scatter: bool,
-        in_place: bool = False,
-    ) -> torch.Tensor:
-        """The result of ``reduction`` over ``members``: a new tensor, or with
-        ``in_place`` (an all-reduce into ``value``) possibly ``value`` itself; the
-        caller copies it where an in-place form asks."""
-        from torch._C._distributed_c10d import AllreduceOptions, ReduceOp, ReduceScatterOptions
-
-        n = len(members)
-        src = value.contiguous()
-        if n > 1 and not self._on_shm(members, src, reduction, scatter):
-            self._arrive(members, device)
-        if n == 1:
-            if reduction == "stack":
-                return src.clone() if scatter else src.unsqueeze(0).clone()
-            return src[0].clone() if scatter else src.clone()
-        pg = self._group(members, device)
-        empty = self._empty
-        if reduction == "stack":
-            if scatter:
-                flat = empty(src.numel(), src.dtype, src.device)
-                pg.alltoall_base(flat, src.reshape(-1), [], []).wait()
-                result = flat.view(src.shape)
-            else:
-                flat = empty(n * src.numel(), src.dtype, src.device)
-                pg._allgather_base(flat, src.reshape(-1)).wait()
-                result = flat.view(n, *src.shape)
-            return result
-        op = getattr(ReduceOp, _REDUCE_OPS[reduction])
-        if scatter:
-            flat = empty(src.numel() // n, src.dtype, src.device)
-            rs_opts = ReduceScatterOptions()
-            rs_opts.reduceOp = op
-            pg._reduce_scatter_base(flat, src.reshape(-1), rs_opts).wait()
-            return flat.view(src.shape[1:])
-        if self._use_shm(members, src, reduction):
-            # Same host: through the group's shared segment, straight into the result:
-            # ``value`` itself where in place (so that the caller copies nothing).
-            link = self.shm_links[self._group_key(members)]
-            timeout = _collective_timeout()
-            if in_place and src is value:
-                link.allreduce(src.reshape(-1), src.reshape(-1), reduction, timeout)
-                return src
-            flat = empty(src.numel(), src.dtype, src.device)
-            link.allreduce(src.reshape(-1), flat, reduction, timeout)
-            return flat.view(src.shape)
-        opts = AllreduceOptions()
-        opts.reduceOp = op
-        if in_place or src is not value:
-            result = src
-        else:
-            result = empty(src.numel(), src.dtype, src.device).view(src.shape)
-            result.copy_(src)
-        pg.allreduce([result], opts).wait()
-        return result
-
-    def _group_key(self, members: list[int]) -> str:
-        """The members and the current stream, as a key of per-group state."""
-        return f"{self._local.sid}/{'.'.join(map(str, members))}"
-
-    def _use_shm(self, members: list[int], src: torch.Tensor, reduction: str) -> bool:
-        """Whether this all-reduce goes through a shared segment (see ``shm``): CPU, a
-        reduction it has, and every member on this host (set up once per group and
-        stream, decided by all members alike; the store is used only then). Every size
-        goes this way: it beats gloo's loopback TCP at every size measured (1 KiB to
-        64 MiB)."""
-        if (
-            src.device.type != "cpu"
-            or reduction not in shm.REDUCTIONS
-            or (reduction == "avg" and not src.dtype.is_floating_point)
-        ):
-            return False
-        key = self._group_key(members)
-        known = self.shm_groups.get(key)
-        if known is None:
-            timeout = _collective_timeout()
-            store = shm.Prefixed(MeshStore(self.controller, timeout), f"shm/{key}/")
-            try:
-                link = shm.Group.setup(store, members, self.rank, timeout)
-            except Exception:
-                # A member did not come in time, so none can decide for the shared path
-                # (see ``shm.Group.setup``): the group's later all-reduces use gloo.
-                self.shm_groups[key] = False
-                raise
-            known = link is not None
-            if link is not None:
-                self.shm_links[key] = link
-            self.shm_groups[key] = known
-        return known
-
-    def _on_shm(self, members: list[int], src: torch.Tensor, reduction: str, scatter: bool) -> bool:
-        """Whether this collective is an all-reduce of a group already on the shared
-        path: its barrier names the ranks that did not come, so it skips ``_arrive``
-        (whose message costs more than a small all-reduce)."""
-        return (
-            not scatter
-            and self.shm_groups.get(self._group_key(members)) is True
-            and self._use_shm(members, src, reduction)
-        )
-
-    def _close_shm(self) -> None:
-        """Close every group's shared segments and sockets."""
-        links, self.shm_links = self.shm_links, {}
-        for link in links.values():
-            link.close()
-
-    def _arrive(self, members: list[int], device: str) -> None:
-        """Tell the controller this rank reached its next collective of this group (so
-        that a timeout can name the ranks that did not)."""
-        key = f"{device}/{self._group_key(members)}"
-        count = self.arrivals.get(key, 0) + 1
-        self.arrivals[key] = count
-        self.controller.arrive.broadcast(key, self.rank, count)
-
-    def _collective_error(self, e: Exception, members: list[int], reduction: str, dims: Any) -> str:
-        if isinstance(e, shm.CollectiveTimeout):
-            missing = e.missing  # the shared path's barrier knows whom it did not hear
-        else:
-            missing = self._missing(members, "cuda" if "NCCL" in str(e) else "cpu")
-        timeout = _collective_timeout()
-        who = (
-            f"ranks {missing} did not join it within {timeout} s (tensor_collective_timeout)"
-            if missing
-            else "every member joined it"
-        )
-        return (
-            f"the collective {reduction!r} over dims {tuple(dims)} (ranks {members}) failed "
-            f"on rank {self.rank}; {who}: {e}"
-        )
-
-    def _missing(self, members: list[int], device: str) -> list[int]:
-        key = f"{device}/{self._group_key(members)}"
-        mine = self.arrivals.get(key, 0)
-        try:
-            counts = self.controller.arrivals_of.call_one(key).get(timeout=10)
-        except Exception:
-            return []
-        return [m for m in members if counts.get(m, 0) < mine]
-
-    # --- point to point -----------------------------------------------------------------
-
-    def _send(self, cmd: tuple[Any, ...]) -> None:
-        _, seq, ref, routes = cmd
-        dests = routes.get(self.rank, ())
-        value = self._value(ref)
-        if isinstance(value, torch.Tensor):
-            value = value.detach()
-        for dest in dests:
-            if dest == self.rank:
-                # A copy, as a peer receives one (the two may be used on different
-                # streams, and in place).
-                copy = value.clone() if isinstance(value, torch.Tensor) else value
-                with self.inbox_changed:
-                    self.inbox[(seq, self.rank)] = copy
-                    self.inbox_changed.notify_all()
-            else:
-                assert self.peers is not None, "no peer ports (PEERS) were sent"
-                self.peers[dest].send((seq, self.rank, value))
-
-    def _recv(self, cmd: tuple[Any, ...]) -> None:
-        _, seq, out, sources = cmd
-        src = sources[self.rank]
-        key = (seq, src)
-        timeout = _collective_timeout()
-        if src != self.rank and self.pump is None:
-            self.pump = threading.Thread(
-                target=self._pump, name="monarch-tensor-inbox", daemon=True
-            )
-            self.pump.start()
-        with self.inbox_changed:
-            if not self.inbox_changed.wait_for(lambda: key in self.inbox, timeout):
-                raise RuntimeError(
-                    f"to_mesh: rank {self.rank} received nothing from rank {src} within "
-                    f"{timeout} s (`tensor_collective_timeout`); the sender may have died"
-                )
-            value = self.inbox.pop(key)
-        self.values[out] = value
-
-    def _pump(self) -> None:
-        """Move what peers send to this worker's port into the inbox (any stream may
-        be waiting for it)."""
-        while True:
-            try:
-                s, sender, value = self.receiver.recv().get()
-            except Exception:
-                logger.exception("rank %s: the tensor inbox stopped", self.rank)
-                return
-            with self.inbox_changed:
-                self.inbox[(s, sender)] = value
-                self.inbox_changed.notify_all()
 
 
 #: The tensor worker of this process (a proc belongs to one mesh: it has at most one).
@@ -886,7 +467,7 @@ def this_worker() -> TensorWorker | None:
 
 
 #: Commands that define things for every stream (run at once, in any stream's place).
-_GLOBAL = frozenset((wire.DEFINE_FN, wire.DEFINE_VIEW, wire.PEERS))
+_GLOBAL = frozenset(wire.GLOBAL)
 
 
 def _import_path(path: str, qualname: str | None) -> Any:
@@ -934,34 +515,3 @@ def _placeholders(value: Any) -> Any:
         return x
 
     return tree_map(make, value)
-
-
-def _two_backend_group(cpu: Any, cuda: Any, rank: int, size: int) -> Any:
-    """One ``ProcessGroup`` that sends CPU tensors through ``cpu`` (gloo) and CUDA
-    tensors through ``cuda`` (NCCL), built as ``torch.distributed`` builds its own
-    multi-backend groups."""
-    kinds = dist.ProcessGroup.BackendType
-    pg = dist.ProcessGroup(getattr(dist, "HashStore")(), rank, size)  # noqa: B009
-    pg._set_default_backend(kinds.NCCL)
-    pg._register_backend(torch.device("cpu"), kinds.GLOO, cpu)
-    pg._register_backend(torch.device("cuda"), kinds.NCCL, cuda)
-    return pg
-
-
-def _register_group(pg: Any, members: list[int], device: str) -> None:
-    """Make ``pg`` usable with ``torch.distributed``'s functions (``dist.all_reduce(t,
-    group=pg)``): register it as the c10d world registers the groups it creates."""
-    from torch.distributed import distributed_c10d as c10d
-
-    world: Any = c10d._world
-    if pg in world.pg_map:
-        return
-    backend = {"cuda": "nccl", "cpu": "gloo"}.get(device, "cpu:gloo,cuda:nccl")
-    world.pg_map[pg] = (backend, None)
-    world.pg_names[pg] = f"monarch:{'.'.join(map(str, members))}:{device}"
-    world.pg_group_ranks[pg] = {g: i for i, g in enumerate(members)}
-    world.pg_backend_config[pg] = backend
-    try:
-        pg._set_group_name(world.pg_names[pg])
-    except Exception:
-        pass  # older torch: the name is only for its logs

@@ -1,8 +1,9 @@
 """Distributed tensors and actor endpoints, the worker's side (the client's is
 :mod:`monarch._src.tensor_engine.interop`, whose docs describe the protocol).
 
-A worker runs an ``(ACTOR, seq, payload, outs)`` command here: it replaces the refs in
-the call's arguments by its local shards and sends the call to the actor of its proc
+A worker runs an ``ActorWork`` command (:mod:`~monarch._src.tensor_engine.wire`) here:
+it replaces the refs in the call's arguments by its local shards and sends the call to
+the actor of its proc
 (or, for an rref, waits for the result and keeps its tensors), and it publishes the
 shards of a spawn's tensor arguments for the actors of its proc to take when they
 unpickle them (:func:`spawn_shard`). Nothing here imports the client side.
@@ -27,29 +28,49 @@ if TYPE_CHECKING:
 __all__ = ["spawn_shard", "worker_actor_command"]
 
 
-def worker_actor_command(worker: Any, cmd: tuple[Any, ...]) -> None:
-    """Run ``(ACTOR, seq, payload, outs)`` on ``worker`` (a ``TensorWorker``): see the
-    module docs. An exception fails ``outs``."""
-    _, seq, payload, outs = cmd
-    if payload[0] == "spawn_args":
-        _publish_spawn_args(worker, seq, payload)
+def worker_actor_command(worker: Any, cmd: wire.ActorWork) -> None:
+    """Run ``cmd`` on ``worker`` (a ``TensorWorker``): see the module docs. An exception
+    fails the command's outputs."""
+    payload = cmd.payload
+    if isinstance(payload, wire.SpawnArgs):
+        _publish_spawn_args(worker, cmd.seq, payload)
         return
-    kind, mesh, method, eargs, ekwargs, port, targets, count, metas = payload
-    index = targets.get(worker.rank)
+    index = payload.targets.get(worker.rank)
     if index is None:
         return  # no actor of the call on this proc
     failed: list[wire.Failure] = []
-    args, kwargs = _resolve(worker, (eargs, ekwargs), failed)
-    if kind == "call":
-        _deliver(worker, seq, mesh, method, args, kwargs, port, index, count, failed)
-    elif kind == "rref":
+    args, kwargs = _resolve(worker, (payload.args, payload.kwargs), failed)
+    if payload.kind == "call":
+        _deliver(
+            worker,
+            cmd.seq,
+            payload.mesh,
+            payload.method,
+            args,
+            kwargs,
+            payload.port,
+            index,
+            payload.size,
+            failed,
+        )
+    elif payload.kind == "rref":
         if failed:
-            for out in outs:
+            for out in cmd.outs:
                 worker.values[out] = failed[0]
             return
-        _run(worker, mesh, method, args, kwargs, index, count, metas, outs)
+        _run(
+            worker,
+            payload.mesh,
+            payload.method,
+            args,
+            kwargs,
+            index,
+            payload.size,
+            payload.metas,
+            cmd.outs,
+        )
     else:
-        raise ValueError(f"unknown actor command {kind!r}")
+        raise ValueError(f"unknown actor command {payload.kind!r}")
 
 
 def _resolve(worker: Any, value: Any, failed: list[wire.Failure]) -> Any:
@@ -164,10 +185,10 @@ _spawn_values: dict[int, list[Any]] = {}
 _spawn_changed = threading.Condition()
 
 
-def _publish_spawn_args(worker: Any, seq: int, payload: tuple[Any, ...]) -> None:
+def _publish_spawn_args(worker: Any, seq: int, payload: wire.SpawnArgs) -> None:
     """On a worker: publish copies of this rank's shards of a spawn's tensors (a
     ``wire.Failure`` for one that holds no value), if an actor of the spawn is here."""
-    _, token, refs, ranks = payload
+    token, refs, ranks = payload.token, payload.refs, payload.ranks
     if worker.rank not in ranks:
         return
     values: list[Any] = []
