@@ -50,52 +50,54 @@ if _TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from monarch._src.actor.extent import Extent as Extent
     from monarch._src.actor.shape import Shape as Shape
     from monarch._src.actor.slice import Slice as NDSlice
-    from monarch._src.tensor_engine.api import RemoteProcessGroup as RemoteProcessGroup
-    from monarch._src.tensor_engine.api import call_on_shard_and_fetch as call_on_shard_and_fetch
-    from monarch._src.tensor_engine.api import fetch_shard as fetch_shard
-    from monarch._src.tensor_engine.api import inspect as inspect
-    from monarch._src.tensor_engine.api import reduce as reduce
-    from monarch._src.tensor_engine.api import reduce_ as reduce_
-    from monarch._src.tensor_engine.api import remote as remote
-    from monarch._src.tensor_engine.api import show as show
-    from monarch._src.tensor_engine.api import slice_mesh as slice_mesh
-    from monarch._src.tensor_engine.api import to_mesh as to_mesh
-    from monarch._src.tensor_engine.coalescing import coalescing as coalescing
+    from monarch._src.tensor_engine.client.api import RemoteProcessGroup as RemoteProcessGroup
+    from monarch._src.tensor_engine.client.api import (
+        call_on_shard_and_fetch as call_on_shard_and_fetch,
+    )
+    from monarch._src.tensor_engine.client.api import fetch_shard as fetch_shard
+    from monarch._src.tensor_engine.client.api import inspect as inspect
+    from monarch._src.tensor_engine.client.api import reduce as reduce
+    from monarch._src.tensor_engine.client.api import reduce_ as reduce_
+    from monarch._src.tensor_engine.client.api import remote as remote
+    from monarch._src.tensor_engine.client.api import show as show
+    from monarch._src.tensor_engine.client.api import slice_mesh as slice_mesh
+    from monarch._src.tensor_engine.client.api import to_mesh as to_mesh
+    from monarch._src.tensor_engine.client.coalescing import coalescing as coalescing
+    from monarch._src.tensor_engine.client.grad import grad_function as grad_function
+    from monarch._src.tensor_engine.client.grad import grad_generator as grad_generator
+    from monarch._src.tensor_engine.client.opaque import OpaqueRef as OpaqueRef
+    from monarch._src.tensor_engine.client.stream import Stream as Stream
+    from monarch._src.tensor_engine.client.stream import get_active_stream as get_active_stream
+    from monarch._src.tensor_engine.client.tensor import Tensor as Tensor
+    from monarch._src.tensor_engine.client.tensor import get_active_mesh as get_active_mesh
+    from monarch._src.tensor_engine.client.tensor import no_mesh as no_mesh
     from monarch._src.tensor_engine.errors import RemoteException as RemoteException
-    from monarch._src.tensor_engine.grad import grad_function as grad_function
-    from monarch._src.tensor_engine.grad import grad_generator as grad_generator
-    from monarch._src.tensor_engine.opaque import OpaqueRef as OpaqueRef
     from monarch._src.tensor_engine.simulator import Simulator as Simulator
-    from monarch._src.tensor_engine.stream import Stream as Stream
-    from monarch._src.tensor_engine.stream import get_active_stream as get_active_stream
-    from monarch._src.tensor_engine.tensor import Tensor as Tensor
-    from monarch._src.tensor_engine.tensor import get_active_mesh as get_active_mesh
-    from monarch._src.tensor_engine.tensor import no_mesh as no_mesh
 
 #: Distributed tensors (``monarch._src.tensor_engine``), imported on first access so that
 #: ``import monarch`` does not import torch: name -> (module, attribute).
 _LAZY = {
-    "Tensor": ("monarch._src.tensor_engine.tensor", "Tensor"),
-    "get_active_mesh": ("monarch._src.tensor_engine.tensor", "get_active_mesh"),
-    "no_mesh": ("monarch._src.tensor_engine.tensor", "no_mesh"),
+    "Tensor": ("monarch._src.tensor_engine.client.tensor", "Tensor"),
+    "get_active_mesh": ("monarch._src.tensor_engine.client.tensor", "get_active_mesh"),
+    "no_mesh": ("monarch._src.tensor_engine.client.tensor", "no_mesh"),
     "RemoteException": ("monarch._src.tensor_engine.errors", "RemoteException"),
-    "RemoteProcessGroup": ("monarch._src.tensor_engine.api", "RemoteProcessGroup"),
-    "call_on_shard_and_fetch": ("monarch._src.tensor_engine.api", "call_on_shard_and_fetch"),
-    "fetch_shard": ("monarch._src.tensor_engine.api", "fetch_shard"),
-    "inspect": ("monarch._src.tensor_engine.api", "inspect"),
-    "reduce": ("monarch._src.tensor_engine.api", "reduce"),
-    "reduce_": ("monarch._src.tensor_engine.api", "reduce_"),
-    "remote": ("monarch._src.tensor_engine.api", "remote"),
-    "show": ("monarch._src.tensor_engine.api", "show"),
-    "slice_mesh": ("monarch._src.tensor_engine.api", "slice_mesh"),
-    "to_mesh": ("monarch._src.tensor_engine.api", "to_mesh"),
-    "Stream": ("monarch._src.tensor_engine.stream", "Stream"),
-    "get_active_stream": ("monarch._src.tensor_engine.stream", "get_active_stream"),
-    "coalescing": ("monarch._src.tensor_engine.coalescing", "coalescing"),
-    "grad_generator": ("monarch._src.tensor_engine.grad", "grad_generator"),
-    "grad_function": ("monarch._src.tensor_engine.grad", "grad_function"),
+    "RemoteProcessGroup": ("monarch._src.tensor_engine.client.api", "RemoteProcessGroup"),
+    "call_on_shard_and_fetch": ("monarch._src.tensor_engine.client.api", "call_on_shard_and_fetch"),
+    "fetch_shard": ("monarch._src.tensor_engine.client.api", "fetch_shard"),
+    "inspect": ("monarch._src.tensor_engine.client.api", "inspect"),
+    "reduce": ("monarch._src.tensor_engine.client.api", "reduce"),
+    "reduce_": ("monarch._src.tensor_engine.client.api", "reduce_"),
+    "remote": ("monarch._src.tensor_engine.client.api", "remote"),
+    "show": ("monarch._src.tensor_engine.client.api", "show"),
+    "slice_mesh": ("monarch._src.tensor_engine.client.api", "slice_mesh"),
+    "to_mesh": ("monarch._src.tensor_engine.client.api", "to_mesh"),
+    "Stream": ("monarch._src.tensor_engine.client.stream", "Stream"),
+    "get_active_stream": ("monarch._src.tensor_engine.client.stream", "get_active_stream"),
+    "coalescing": ("monarch._src.tensor_engine.client.coalescing", "coalescing"),
+    "grad_generator": ("monarch._src.tensor_engine.client.grad", "grad_generator"),
+    "grad_function": ("monarch._src.tensor_engine.client.grad", "grad_function"),
     "Simulator": ("monarch._src.tensor_engine.simulator", "Simulator"),
-    "OpaqueRef": ("monarch._src.tensor_engine.opaque", "OpaqueRef"),
+    "OpaqueRef": ("monarch._src.tensor_engine.client.opaque", "OpaqueRef"),
     "Extent": ("monarch._src.actor.extent", "Extent"),
     "Shape": ("monarch._src.actor.shape", "Shape"),
     "NDSlice": ("monarch._src.actor.slice", "Slice"),

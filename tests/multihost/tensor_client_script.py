@@ -59,7 +59,7 @@ class Where(Actor):
     @endpoint
     def where(self) -> dict[str, Any]:
         from monarch._src.actor import process
-        from monarch._src.tensor_engine.worker_collectives import _local_address
+        from monarch._src.tensor_engine.worker.collectives import _local_address
 
         return {"proc": process.get().proc_id, "gloo": _local_address()}
 

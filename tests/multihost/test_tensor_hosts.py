@@ -110,7 +110,7 @@ def test_gloo_binds_the_ip_of_the_procs_tcp_address(
     address without its brackets (with them kept, or cut at its first colon, gloo
     cannot resolve it and every collective fails)."""
     from monarch._src.actor import process
-    from monarch._src.tensor_engine import worker_collectives
+    from monarch._src.tensor_engine.worker import collectives as worker_collectives
 
     monkeypatch.setattr(process, "get", lambda: types.SimpleNamespace(proc_id=proc_id))
     assert worker_collectives._local_address() == address

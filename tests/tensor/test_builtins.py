@@ -91,7 +91,7 @@ def test_the_modules_export_upstreams_names() -> None:
     assert monarch.builtins.__all__ == ["log_remote", "set_logging_level_remote"]
     assert monarch.builtins.log_remote is log_remote
     for fn in (log_remote, set_manual_seed_remote, get_rng_state_all_cuda_remote):
-        assert isinstance(fn, monarch._src.tensor_engine.api.Remote)
+        assert isinstance(fn, monarch._src.tensor_engine.client.api.Remote)
     assert repr(set_manual_seed_remote) == "monarch.remote(set_manual_seed_remote)"
     assert "seed ^ process_idx" in (set_manual_seed_remote.__doc__ or "")
 

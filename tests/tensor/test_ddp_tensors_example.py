@@ -24,7 +24,7 @@ RANKS = 4
 ex: dict[str, Any] = runpy.run_path(str(EXAMPLE), run_name="ddp_tensors_example")
 
 streams = pytest.mark.skipif(
-    importlib.util.find_spec("monarch._src.tensor_engine.stream") is None,
+    importlib.util.find_spec("monarch._src.tensor_engine.client.stream") is None,
     reason="monarch.Stream is not in this build yet",
 )
 

@@ -48,7 +48,7 @@ def pass_through(counter: OpaqueRef) -> OpaqueRef:
 
 
 def live_opaque_values() -> int:
-    from monarch._src.tensor_engine import opaque
+    from monarch._src.tensor_engine.client import opaque
 
     gc.collect()
     return len(opaque._table)

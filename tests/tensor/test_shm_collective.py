@@ -1,4 +1,4 @@
-"""Same-host all-reduces through a shared segment (``monarch._src.tensor_engine.shm``):
+"""Same-host all-reduces through a shared segment (``monarch._src.tensor_engine.worker.shm``):
 the barrier and the group in this process (threads as ranks), then on a mesh of
 procs of this host."""
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from monarch import Stream, inspect, remote
-from monarch._src.tensor_engine import shm
+from monarch._src.tensor_engine.worker import shm
 from monarch.actor import ProcMesh
 
 #: Elements of a float32 tensor that fills two and a half slots (three pieces).
@@ -359,7 +359,7 @@ def test_all_reduces_on_two_streams_at_once_keep_apart(mesh: ProcMesh) -> None:
 
     @remote(propagate=lambda: torch.zeros(()))
     def groups_used() -> torch.Tensor:
-        from monarch._src.tensor_engine.worker import this_worker
+        from monarch._src.tensor_engine.worker.actor import this_worker
 
         w = this_worker()
         assert w is not None

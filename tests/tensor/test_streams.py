@@ -247,7 +247,7 @@ def test_a_failure_on_a_stream_is_reported_and_the_stream_goes_on(mesh: ProcMesh
 
 
 def test_coalescing_sends_the_block_once_and_refuses_fetches_inside(mesh: ProcMesh) -> None:
-    from monarch._src.tensor_engine.engine import engine_of
+    from monarch._src.tensor_engine.client.engine import engine_of
 
     engine = engine_of(mesh)
     sent: list[int] = []

@@ -259,7 +259,7 @@ def test_temporaries_are_freed_on_the_workers(mesh: ProcMesh) -> None:
         del context  # the worker is the current actor; count its table
         import gc as _gc
 
-        from monarch._src.tensor_engine.worker import TensorWorker
+        from monarch._src.tensor_engine.worker.actor import TensorWorker
 
         workers = [o for o in _gc.get_objects() if isinstance(o, TensorWorker)]
         return torch.tensor(float(max(len(w.values) for w in workers)))
@@ -611,7 +611,7 @@ def test_a_collective_with_a_missing_rank_fails_within_the_timeout(warm: bool) -
 
 def test_large_all_reduces_on_one_host_read_peer_memory(mesh: ProcMesh) -> None:
     # All-reduces among procs of one host go through a shared segment
-    # (monarch._src.tensor_engine.shm); an odd size leaves uneven chunks.
+    # (monarch._src.tensor_engine.worker.shm); an odd size leaves uneven chunks.
     n = (4 << 20) // 4 + 3
     with mesh.activate():
         r = mesh.rank_tensor(("hosts", "gpus")) + 1
@@ -636,7 +636,7 @@ def test_large_all_reduces_on_one_host_read_peer_memory(mesh: ProcMesh) -> None:
     def used_shared_memory() -> torch.Tensor:
         import gc as _gc
 
-        from monarch._src.tensor_engine.worker import TensorWorker
+        from monarch._src.tensor_engine.worker.actor import TensorWorker
 
         workers = [o for o in _gc.get_objects() if isinstance(o, TensorWorker)]
         return torch.tensor(float(any(any(w.collectives.shm_groups.values()) for w in workers)))

@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from monarch._src.tensor_engine.builtins_impl import log_remote, set_logging_level_remote
+from monarch._src.tensor_engine.client.builtins_impl import log_remote, set_logging_level_remote
 
 __all__ = ["log_remote", "set_logging_level_remote"]

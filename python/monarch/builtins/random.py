@@ -9,7 +9,7 @@ CUDA generators. ``make_deterministic`` turns on torch's deterministic algorithm
 
 from __future__ import annotations
 
-from monarch._src.tensor_engine.builtins_impl import (
+from monarch._src.tensor_engine.client.builtins_impl import (
     get_rng_state_all_cuda_remote,
     get_rng_state_remote,
     make_deterministic,

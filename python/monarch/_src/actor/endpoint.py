@@ -62,7 +62,7 @@ from monarch._src.actor.value_mesh import ValueMesh
 
 #: ``route(endpoint, adverb, args, kwargs)``: how a call without monarch tensors goes
 #: to a mesh that received calls through the tensor engine (which sets it on the mesh,
-#: see ``monarch._src.tensor_engine.interop``): what the adverb returns, or
+#: see ``monarch._src.tensor_engine.client.interop``): what the adverb returns, or
 #: :data:`SEND_DIRECTLY` when the call is to go the usual way.
 TensorRoute = Callable[["Endpoint[..., Any]", str, tuple[Any, ...], dict[str, Any]], Any]
 #: What a :data:`TensorRoute` returns for a call it leaves to the usual path.

@@ -8,15 +8,16 @@ which runs it with torch on its local shard. Values come back only when asked
 process groups (gloo for CPU tensors, NCCL for CUDA tensors) whose rendezvous goes over
 monarch's own messaging.
 
-Modules:
+Parts, by side:
 
-- :mod:`.wire`: the commands and the references in them (shared by both sides);
-- :mod:`.errors`: ``RemoteException`` and the argument errors;
-- :mod:`._torch`: every semi-private torch API the engine relies on;
-- :mod:`.tensor`: ``monarch.Tensor`` and recording;
-- :mod:`.engine`: the client side: batching, references, the controller actor;
-- :mod:`.worker`: the tensor worker actor;
-- :mod:`.api`: the public functions (``fetch_shard``, ``reduce``, ``remote``, ...).
+- :mod:`.wire`: the commands (one record type each) and the references in them, and
+  :mod:`.errors`: ``RemoteException`` and the argument errors; both sides use them;
+- :mod:`.client`: what runs in the program that drives the mesh (recording, shapes,
+  batching, streams and borrows, the public functions, tensors in actor calls);
+- :mod:`.worker`: what runs in each proc (the ``TensorWorker`` actor, its collectives,
+  shared-memory all-reduces, its side of actor calls); it never imports the client;
+- :mod:`.simulator` (with :mod:`.sim_model`): ``monarch.Simulator``, which reads the
+  client's commands as a worker would, with no processes.
 
 Guide: ``docs/tensors.md``.
 """
@@ -41,7 +42,7 @@ def _actor_api_part() -> _extensions.TensorEngine:
     """What the actor API hands this package (``ProcMesh.activate()``, an endpoint's
     ``rref`` and calls with tensors in their arguments): see
     :mod:`monarch._src.actor.extensions`."""
-    from monarch._src.tensor_engine import api, interop, tensor
+    from monarch._src.tensor_engine.client import api, interop, tensor
 
     return _extensions.TensorEngine(
         activate=tensor.activate,

@@ -32,7 +32,7 @@ from monarch._src.actor.proc_mesh import ProcMesh
 from monarch._src.actor.shape import Shape
 from monarch._src.actor.slice import Slice
 from monarch._src.tensor_engine import wire
-from monarch._src.tensor_engine.engine import Engine, View
+from monarch._src.tensor_engine.client.engine import Engine, View
 from monarch._src.tensor_engine.sim_model import (
     GROUP,
     RUN,
@@ -524,7 +524,7 @@ class Simulator:
     def _zeros(self, ref: int) -> Any:
         import torch
 
-        from monarch._src.tensor_engine import _torch
+        from monarch._src.tensor_engine.client import _torch
 
         meta = self.metas.get(ref)
         if meta is None:
@@ -552,7 +552,7 @@ class Simulator:
         return tree_map(make, value)
 
     def _run_remote(self, spec: tuple[Any, ...], args: Any, kwargs: Any, *_sids: Any) -> Any:
-        from monarch._src.tensor_engine import _torch
+        from monarch._src.tensor_engine.client import _torch
 
         fn = _resolve_fn(spec)
         args, kwargs = self._placeholders((list(args), dict(kwargs)))
@@ -565,7 +565,7 @@ class Simulator:
         import torch
         from torch.utils._pytree import tree_map
 
-        from monarch._src.tensor_engine import _torch
+        from monarch._src.tensor_engine.client import _torch
 
         fn = _resolve_fn(spec)
 
@@ -943,7 +943,7 @@ def _skip_cuda_init_when_simulating() -> None:
     available, that initialization is skipped (nothing runs on a device anyway)."""
     import torch
 
-    from monarch._src.tensor_engine.tensor import current_view
+    from monarch._src.tensor_engine.client.tensor import current_view
 
     original: Any = torch.cuda._lazy_init
 

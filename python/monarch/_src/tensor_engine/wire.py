@@ -200,7 +200,7 @@ class Alias(NamedTuple):
 
 class ActorCall(NamedTuple):
     """An endpoint call with tensors in its arguments (see
-    ``monarch._src.tensor_engine.interop``): ``kind`` is ``"call"`` or ``"rref"``,
+    ``monarch._src.tensor_engine.client.interop``): ``kind`` is ``"call"`` or ``"rref"``,
     ``args``/``kwargs`` hold :class:`Ref` for monarch tensors, ``port`` is where replies
     go (``None``: nowhere, a broadcast; an rref's go to the worker), ``targets`` maps a
     global rank to the index, in the actor mesh view, of the actor to call there,

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from monarch._src.tensor_engine.api import Remote, remote
+from monarch._src.tensor_engine.client.api import Remote, remote
 
 __all__ = [
     "LOGGER_NAME",

@@ -7,7 +7,7 @@ first use. Every member sees the same commands in the same order, so lazy creati
 cannot deadlock. Rendezvous goes through the controller's store over monarch's messaging
 (:class:`MeshStore`). An input that failed takes part with zeros of its shape so that
 its peers do not wait for it. On one host, CPU all-reduces go through a shared segment
-(:mod:`monarch._src.tensor_engine.shm`).
+(:mod:`monarch._src.tensor_engine.worker.shm`).
 
 Point-to-point transfers (``to_mesh``) go over monarch ports: the sender sends its value
 to the receiving worker's port; the receiver waits for it (bounded by the collective
@@ -30,11 +30,12 @@ import torch
 import torch.distributed as dist
 
 from monarch._src.actor.channel import Channel, Port
-from monarch._src.tensor_engine import shm, wire
+from monarch._src.tensor_engine import wire
 from monarch._src.tensor_engine.wire import Failure, GroupRef
+from monarch._src.tensor_engine.worker import shm
 
 if TYPE_CHECKING:
-    from monarch._src.tensor_engine.worker import TensorWorker
+    from monarch._src.tensor_engine.worker.actor import TensorWorker
 
 __all__ = ["Collectives", "MeshStore", "collective_timeout"]
 
@@ -141,7 +142,7 @@ def _local_address() -> str:
 
 
 class Collectives:
-    """The collectives of one :class:`~monarch._src.tensor_engine.worker.TensorWorker`
+    """The collectives of one :class:`~monarch._src.tensor_engine.worker.actor.TensorWorker`
     (see the module docs)."""
 
     def __init__(self, worker: TensorWorker) -> None:

@@ -78,16 +78,16 @@ def _fake_mode_active() -> bool:
 
 
 def _is_monarch(t: Any) -> bool:
-    from monarch._src.tensor_engine.tensor import Tensor
+    from monarch._src.tensor_engine.client.tensor import Tensor
 
     return isinstance(t, Tensor)
 
 
 def _current_worker() -> Any:
     """The tensor worker of this process, or None (the client)."""
-    if "monarch._src.tensor_engine.worker" not in sys.modules:
+    if "monarch._src.tensor_engine.worker.actor" not in sys.modules:
         return None
-    from monarch._src.tensor_engine.worker import this_worker
+    from monarch._src.tensor_engine.worker.actor import this_worker
 
     return this_worker()
 
@@ -117,7 +117,7 @@ class OpaqueRef:
         if _fake_mode_active():
             # A placeholder, in a `propagate` function (only its shape matters; a
             # local tensor, not one recorded on the active mesh).
-            from monarch._src.tensor_engine import _torch
+            from monarch._src.tensor_engine.client import _torch
 
             with _torch.disable_modes():
                 self._key = torch.zeros((), dtype=torch.int64)

@@ -46,20 +46,20 @@ from monarch._src.actor.pickling import loads_parts
 from monarch._src.actor.replies import OK, Failed, MeshInfo, decode
 from monarch._src.actor.value_mesh import ValueMesh
 from monarch._src.tensor_engine import wire
-from monarch._src.tensor_engine.engine import View
-from monarch._src.tensor_engine.errors import (
-    DROPPED,
-    WRONG_MESH,
-    bad_arguments,
-)
-from monarch._src.tensor_engine.stream import Stream, get_active_stream
-from monarch._src.tensor_engine.tensor import (
+from monarch._src.tensor_engine.client.engine import View
+from monarch._src.tensor_engine.client.stream import Stream, get_active_stream
+from monarch._src.tensor_engine.client.tensor import (
     Tensor,
     _client_frames,
     current_view,
     use_problem,
 )
-from monarch._src.tensor_engine.worker_interop import spawn_shard
+from monarch._src.tensor_engine.errors import (
+    DROPPED,
+    WRONG_MESH,
+    bad_arguments,
+)
+from monarch._src.tensor_engine.worker.interop import spawn_shard
 
 if TYPE_CHECKING:
     from monarch._src.actor.actor_mesh import ActorMesh
@@ -306,7 +306,7 @@ class _Replies:
             self._items[item.index] = (item, None)
 
     def _result(self) -> Any:
-        from monarch._src.tensor_engine.api import _remote_error
+        from monarch._src.tensor_engine.client.api import _remote_error
 
         pairs = [self._items[i] for i in sorted(self._items)]
         # The actors' errors first, as for any call; then a failed input.
@@ -323,7 +323,7 @@ class _Replies:
 def rref(endpoint: Endpoint[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``actors.method.rref(...)`` (see the module docs): the endpoint's result with
     its tensors as monarch tensors on the active mesh."""
-    from monarch._src.tensor_engine.api import _propagate_fake, _tensors_of
+    from monarch._src.tensor_engine.client.api import _propagate_fake, _tensors_of
 
     mesh = endpoint._mesh
     qualname = endpoint._qualname()

@@ -31,8 +31,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from monarch._src.actor import extensions as _extensions
-from monarch._src.tensor_engine import _torch, wire
-from monarch._src.tensor_engine import stream as _stream_module
+from monarch._src.tensor_engine import wire
+from monarch._src.tensor_engine.client import _torch
+from monarch._src.tensor_engine.client import stream as _stream_module
+from monarch._src.tensor_engine.client.stream import Borrow
+from monarch._src.tensor_engine.client.stream import _stack as _streams
 from monarch._src.tensor_engine.errors import (
     BORROWED,
     DROPPED,
@@ -42,13 +45,11 @@ from monarch._src.tensor_engine.errors import (
     WRONG_STREAM,
     bad_arguments,
 )
-from monarch._src.tensor_engine.stream import Borrow
-from monarch._src.tensor_engine.stream import _stack as _streams
 
 if TYPE_CHECKING:
     from monarch._src.actor.proc_mesh import ProcMesh
-    from monarch._src.tensor_engine.engine import Engine, View
-    from monarch._src.tensor_engine.stream import Stream
+    from monarch._src.tensor_engine.client.engine import Engine, View
+    from monarch._src.tensor_engine.client.stream import Stream
 
 __all__ = [
     "Tensor",
@@ -138,7 +139,7 @@ class _Aliases:
 class TensorCollectives:
     """What the methods ``reduce``, ``reduce_``, ``to_mesh`` and ``slice_mesh`` of a
     :class:`Tensor` run: the module of the public functions
-    (:mod:`monarch._src.tensor_engine.api`) registers them when it is imported, which is
+    (:mod:`monarch._src.tensor_engine.client.api`) registers them when it is imported, which is
     before any tensor exists (activating a mesh imports it)."""
 
     #: ``reduce_one(t, dims, reduction, scatter, mesh, out)``.
@@ -403,7 +404,7 @@ class Activation:
 def activate(mesh: ProcMesh | None) -> Activation:
     """Make ``mesh`` the active mesh (``None``: no mesh, local torch) until the
     returned activation ends."""
-    from monarch._src.tensor_engine.engine import engine_of
+    from monarch._src.tensor_engine.client.engine import engine_of
 
     if mesh is None:
         mode: Any = _LocalMode()

@@ -20,22 +20,12 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from monarch._src.actor.future import Done, Future
 from monarch._src.actor.pickling import dumps
-from monarch._src.tensor_engine import _torch, wire
-from monarch._src.tensor_engine.coalescing import no_coalescing
-from monarch._src.tensor_engine.engine import View, engine_of, mapped
-from monarch._src.tensor_engine.errors import (
-    BORROWED,
-    CROSS_DEVICE_REQUIRES_CUDA,
-    DROPPED,
-    LOCAL_TENSOR,
-    REQUIRES_GRAD,
-    WRONG_MESH,
-    WRONG_STREAM,
-    RemoteException,
-    bad_arguments,
-)
-from monarch._src.tensor_engine.stream import Stream, get_active_stream
-from monarch._src.tensor_engine.tensor import (
+from monarch._src.tensor_engine import wire
+from monarch._src.tensor_engine.client import _torch
+from monarch._src.tensor_engine.client.coalescing import no_coalescing
+from monarch._src.tensor_engine.client.engine import View, engine_of, mapped
+from monarch._src.tensor_engine.client.stream import Stream, get_active_stream
+from monarch._src.tensor_engine.client.tensor import (
     READ,
     Tensor,
     TensorCollectives,
@@ -50,6 +40,17 @@ from monarch._src.tensor_engine.tensor import (
     check_use,
     current_view,
     register_collectives,
+)
+from monarch._src.tensor_engine.errors import (
+    BORROWED,
+    CROSS_DEVICE_REQUIRES_CUDA,
+    DROPPED,
+    LOCAL_TENSOR,
+    REQUIRES_GRAD,
+    WRONG_MESH,
+    WRONG_STREAM,
+    RemoteException,
+    bad_arguments,
 )
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ instead of values: nothing the client sends kills a worker, and the failure is r
 by the fetches that depend on it (with the seq of the command that failed first).
 
 Collectives, same-host all-reduces and point-to-point transfers are the worker's
-:class:`~monarch._src.tensor_engine.worker_collectives.Collectives`.
+:class:`~monarch._src.tensor_engine.worker.collectives.Collectives`.
 
 Streams: the commands of stream 0 (``"main"``) run on the actor's own thread as they
 arrive; every other stream has a thread of its own (and, on CUDA, a CUDA stream) fed by
@@ -34,9 +34,10 @@ from monarch._src.actor.channel import Port
 from monarch._src.actor.context import context
 from monarch._src.actor.endpoint import endpoint
 from monarch._src.actor.pickling import loads
-from monarch._src.tensor_engine import wire, worker_interop
+from monarch._src.tensor_engine import wire
 from monarch._src.tensor_engine.wire import Failure, GroupRef, Ref, TensorMeta
-from monarch._src.tensor_engine.worker_collectives import Collectives, collective_timeout
+from monarch._src.tensor_engine.worker import interop as worker_interop
+from monarch._src.tensor_engine.worker.collectives import Collectives, collective_timeout
 
 __all__ = ["TensorWorker", "this_worker"]
 

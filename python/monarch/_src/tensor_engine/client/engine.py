@@ -2,7 +2,7 @@
 
 An engine is started the first time a mesh (or any view of it) is used for tensors:
 it spawns a :class:`Controller` actor in this process, which spawns one
-:class:`~monarch._src.tensor_engine.worker.TensorWorker` per proc of the *root* proc
+:class:`~monarch._src.tensor_engine.worker.actor.TensorWorker` per proc of the *root* proc
 mesh (views reuse them) and owns them: a proc that dies is reported to the controller,
 which records it, and the next use of the engine raises ``SupervisionError``. The
 controller also serves the key-value store the workers' process groups rendezvous
@@ -33,13 +33,13 @@ from monarch._src.actor.errors import SupervisionError
 from monarch._src.actor.future import Future
 from monarch._src.actor.pickling import dumps
 from monarch._src.tensor_engine import wire
-from monarch._src.tensor_engine.stream import _stack as _streams
+from monarch._src.tensor_engine.client.stream import _stack as _streams
 
 if TYPE_CHECKING:
     from monarch._src.actor.actor_mesh import ActorMesh
     from monarch._src.actor.proc_mesh import ProcMesh
     from monarch._src.actor.shape import Shape
-    from monarch._src.tensor_engine.stream import Stream
+    from monarch._src.tensor_engine.client.stream import Stream
 
 __all__ = [
     "BATCH_MAX",
@@ -467,7 +467,7 @@ class Controller(Actor):
 
     @endpoint
     async def start(self, procs: ProcMesh, me: Any) -> Any:
-        from monarch._src.tensor_engine.worker import TensorWorker
+        from monarch._src.tensor_engine.worker.actor import TensorWorker
 
         self.workers = procs.spawn("tensor_worker", TensorWorker, me)
         return self.workers

@@ -1,5 +1,5 @@
 """Distributed tensors and actor endpoints, the worker's side (the client's is
-:mod:`monarch._src.tensor_engine.interop`, whose docs describe the protocol).
+:mod:`monarch._src.tensor_engine.client.interop`, whose docs describe the protocol).
 
 A worker runs an ``ActorWork`` command (:mod:`~monarch._src.tensor_engine.wire`) here:
 it replaces the refs in the call's arguments by its local shards and sends the call to

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from monarch._src.tensor_engine.tensor import Tensor
+    from monarch._src.tensor_engine.client.tensor import Tensor
 
 __all__ = [
     "MAIN",

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-from monarch._src.tensor_engine.stream import get_active_stream
-from monarch._src.tensor_engine.tensor import Tensor
+from monarch._src.tensor_engine.client.stream import get_active_stream
+from monarch._src.tensor_engine.client.tensor import Tensor
 
 __all__ = ["GradientGenerator", "grad_function", "grad_generator"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from monarch._src.tensor_engine import engine as _engine
+from monarch._src.tensor_engine.client import engine as _engine
 
 __all__ = ["coalescing", "in_coalescing", "no_coalescing"]
 
