@@ -411,6 +411,16 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             if p.pid not in daemons and "slurmscriptd" not in p.cmdline
         ]
 
+    def wait_steps_gone(self, timeout: float) -> list[NsProcess]:
+        """Wait until no job step process is left (a step's ``slurmstepd`` finishes its
+        teardown after ``srun`` returned); the processes still there after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            steps = self.step_processes()
+            if not steps or time.monotonic() >= deadline:
+                return steps
+            time.sleep(POLL / 5)  # not our children: nothing to wait() on
+
     def logs_tail(self, lines: int = 15) -> str:
         """The last ``lines`` lines of every daemon log, for error messages."""
         parts = []
