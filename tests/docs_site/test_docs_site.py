@@ -172,8 +172,8 @@ def test_every_public_name_has_an_entry(site: Site) -> None:
         ("api/actor.html", "monarch.actor.Actor", "_src/actor/actor.py", "Actor"),
         ("api/actor.html", "monarch.actor.endpoint", "_src/actor/endpoint.py", "endpoint"),
         ("api/rdma.html", "monarch.rdma.RDMABuffer", "_src/rdma/buffer.py", "RDMABuffer"),
-        ("api/monarch.html", "monarch.Stream", "_src/tensor_engine/stream.py", "Stream"),
-        ("api/monarch.html", "monarch.Tensor", "_src/tensor_engine/tensor.py", "Tensor"),
+        ("api/monarch.html", "monarch.Stream", "_src/tensor_engine/client/stream.py", "Stream"),
+        ("api/monarch.html", "monarch.Tensor", "_src/tensor_engine/client/tensor.py", "Tensor"),
         ("api/job.html", "monarch.job.ProcessJob", "_src/job/job.py", "ProcessJob"),
     ],
 )

@@ -26,6 +26,7 @@ import pytest
 
 import monarch.actor
 import monarch.job
+from monarch._src.actor import workers as workers_impl
 from monarch._src.job import job as job_impl
 from monarch.actor import Actor, HostMesh, MeshFailure, current_rank, endpoint, this_host
 from monarch.job import (
@@ -383,7 +384,8 @@ def _record_attach(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         calls.append(kwargs)
         return FakeMesh(f"{kwargs['name']}:{len(kwargs['workers'])}")
 
-    monkeypatch.setattr(monarch.actor, "attach_to_workers", attach, raising=False)
+    # Where ProcessJob looks it up when it attaches (the public name re-exports it).
+    monkeypatch.setattr(workers_impl, "attach_to_workers", attach)
     return calls
 
 

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from monarch._src.rdma import buffer as impl  # noqa: E402
+from monarch._src.rdma import notices  # noqa: E402
 from monarch.config import configured  # noqa: E402
 from monarch.rdma import (  # noqa: E402
     RDMABuffer,
@@ -46,7 +47,7 @@ def test_a_handle_of_another_host_goes_over_tcp_and_warns_once() -> None:
     assert buf.backend == "cma"
     remote = elsewhere(buf)
     assert remote.backend == "tcp"
-    impl._warned.discard(RDMATcpFallbackWarning)
+    notices._warned.discard(RDMATcpFallbackWarning)
     dst = torch.zeros_like(src)
     with pytest.warns(RDMATcpFallbackWarning, match="TCP"):
         remote.read_into(dst).get()
