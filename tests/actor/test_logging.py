@@ -298,3 +298,82 @@ def test_the_logging_guide_runs_as_it_says() -> None:
         err,
         re.M,
     ), err
+
+
+_WHILE_CLIENT_PRINTS = """
+import sys, threading
+from monarch.actor import Actor, current_rank, endpoint, this_host
+
+class Talker(Actor):
+    @endpoint
+    def talk(self, n: int) -> None:
+        for i in range(n):
+            print(f"proc {current_rank().rank} line {i}")
+
+procs = this_host().spawn_procs(per_host={"gpus": 2}, name="talkers")
+talking = threading.Thread(target=procs.spawn("t", Talker).talk.call(ROUNDS).get)
+talking.start()
+i = 0
+while talking.is_alive() or i < ROUNDS:  # while the procs print
+    print(f"client {type(sys.stdout).__name__} line {i}")
+    i += 1
+procs.stop().get()
+"""
+
+
+def test_proc_lines_never_land_inside_a_client_line() -> None:
+    """With an unbuffered stdout, ``print`` writes its text and its newline in two
+    writes; the procs' lines, written by another thread, come between lines only."""
+    n = 10000
+    out = run_client(_WHILE_CLIENT_PRINTS.replace("ROUNDS", str(n)), PYTHONUNBUFFERED="1")
+    assert out.returncode == 0, out.stderr
+    line = re.compile(r"^(client LineGate line \d+|\[talkers [01]\] proc [01] line \d+)$")
+    glued = [text for text in out.stdout.splitlines() if not line.match(text)]
+    assert not glued, f"{len(glued)} lines glued together, e.g. {glued[:3]}"
+    assert len(_lines_of(out.stdout, 0, "proc 0 line")) == n
+    assert len(_lines_of(out.stdout, 1, "proc 1 line")) == n
+
+
+class _Recorder:
+    """A stream that records each write."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def fileno(self) -> int:
+        return 7
+
+
+def test_line_gate_holds_proc_lines_until_the_client_ends_its_line() -> None:
+    import threading
+
+    stream = _Recorder()
+    gate = logs.LineGate(stream)
+    gate.write("client text")  # print() has written its text, not yet its newline
+    wrote = threading.Event()
+
+    def writer() -> None:
+        gate.write_lines("[m 0] proc line\n", wait=30)
+        wrote.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    assert not wrote.wait(0.2), "the proc line was written inside the client's line"
+    gate.write("\n")
+    assert wrote.wait(30)
+    thread.join(30)
+    assert "".join(stream.writes) == "client text\n[m 0] proc line\n"
+    assert gate.fileno() == 7 and gate.wrapped is stream  # the rest is the stream's
+
+
+def test_line_gate_starts_a_new_line_when_the_client_leaves_one_open() -> None:
+    stream = _Recorder()
+    gate = logs.LineGate(stream)
+    gate.write("Loading...")
+    gate.write_lines("[m 1] proc line", wait=0.01)  # no newline of its own either
+    gate.write("done\n")
+    assert "".join(stream.writes) == "Loading...\n[m 1] proc line\ndone\n"

@@ -7,6 +7,8 @@
   daemon thread (``monarch-logs``) writes them through ``sys.stdout`` /
   ``sys.stderr`` — looked up at each write, so a notebook shows them in its cell and
   ``contextlib.redirect_stdout`` catches them. The thread waits without the GIL.
+  A :class:`LineGate` over the client's standard streams keeps those lines out of
+  the middle of a line the client is printing.
 - **Order with failures.** :func:`flush` waits until everything that arrived was
   written. The root supervision calls it before it reports a failure, so a proc's
   last lines (which its host sends before the report of its death) come first;
@@ -21,6 +23,7 @@
 from __future__ import annotations
 
 import atexit
+import io
 import itertools
 import logging
 import sys
@@ -39,6 +42,7 @@ if TYPE_CHECKING:
     from monarch._src.actor.proc_mesh import ProcMesh
 
 __all__ = [
+    "LineGate",
     "configure_proc_streams",
     "flush",
     "install_actor_log_prefix",
@@ -64,6 +68,7 @@ def start_client_output() -> None:
             return
         receiver = OutputReceiver.install(prefix=bool(config.get("prefix_with_rank")))
         _receiver = receiver
+        _gate_client_streams()
     threading.Thread(
         target=_write_forever, args=(receiver,), name="monarch-logs", daemon=True
     ).start()
@@ -71,6 +76,80 @@ def start_client_output() -> None:
     # stopped (atexit runs hooks last-in first-out).
     atexit.register(_flush_at_exit)
     _register_ipython_flush()
+
+
+#: How long the writer thread waits for the client to end a line it is writing, in
+#: seconds, before it starts a new line itself.
+LINE_WAIT = 0.1
+
+
+class LineGate:
+    """The client's ``sys.stdout`` (or ``sys.stderr``) while it receives its procs'
+    output: the same stream, except that the ``monarch-logs`` thread writes the procs'
+    lines only where the client's own output is at the start of a line.
+
+    Without it a proc's line could land inside a client line: ``print(text)`` writes
+    ``text`` and then ``"\\n"``, and an unbuffered stream (``python -u``,
+    ``PYTHONUNBUFFERED``) lets other threads run between the two writes. If the client
+    leaves a line open (``print(..., end="")``) for longer than :data:`LINE_WAIT`, the
+    procs' lines start on a new line. Everything else is the wrapped stream's own
+    (``fileno``, ``isatty``, ``buffer``, ``encoding``, ``flush``, ...)."""
+
+    def __init__(self, stream: Any) -> None:
+        object.__setattr__(self, "_stream", stream)
+        object.__setattr__(self, "_cond", threading.Condition(threading.RLock()))
+        object.__setattr__(self, "_at_line_start", True)
+
+    @property
+    def wrapped(self) -> Any:
+        """The stream this gate writes to."""
+        return self._stream
+
+    def write(self, text: str) -> int:
+        with self._cond:
+            written: int = self._stream.write(text)
+            if text:
+                ended = text.endswith("\n")
+                object.__setattr__(self, "_at_line_start", ended)
+                if ended:
+                    self._cond.notify_all()
+            return written
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def write_lines(self, text: str, wait: float = LINE_WAIT) -> None:
+        """Write whole lines (the procs'), at the start of a line of the client's
+        output: wait at most ``wait`` seconds for the client to end the line it is
+        writing, then start a new one."""
+        if not text:
+            return
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._at_line_start, wait):
+                self._stream.write("\n")
+            self._stream.write(text if text.endswith("\n") else text + "\n")
+            object.__setattr__(self, "_at_line_start", True)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._stream, name, value)
+
+    def __repr__(self) -> str:
+        return f"<monarch LineGate over {self._stream!r}>"
+
+
+def _gate_client_streams() -> None:
+    """Put a :class:`LineGate` over the client's standard ``sys.stdout`` and
+    ``sys.stderr``. Streams replaced by someone else (a notebook's, pytest's,
+    ``contextlib.redirect_stdout``) are left as they are: the writer thread writes to
+    them as to any stream."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if type(stream) is io.TextIOWrapper:
+            setattr(sys, name, LineGate(stream))
 
 
 def _write_forever(receiver: OutputReceiver) -> None:
@@ -85,7 +164,10 @@ def _write_forever(receiver: OutputReceiver) -> None:
             if stream is None:  # pythonw, or closed on purpose
                 continue
             try:
-                stream.write(text)
+                if isinstance(stream, LineGate):
+                    stream.write_lines(text)
+                else:
+                    stream.write(text)
             except Exception:  # a closed or broken stream: nowhere left to write
                 continue
             if stream not in used:
