@@ -16,10 +16,22 @@ from monarch._src.actor import extensions
 __all__: list[str] = []
 
 
-def _load_tensor_engine() -> None:
-    # The package registers its part when imported (and says what to install when
-    # torch is missing).
-    import monarch._src.tensor_engine  # noqa: F401
+def _tensor_engine() -> extensions.TensorEngine:
+    """The tensor engine's part of the actor API. Its package, imported first, says
+    what to install when torch is missing."""
+    from monarch._src.tensor_engine.client import api, interop, tensor
+
+    return extensions.TensorEngine(
+        activate=tensor.activate,
+        deactivate=tensor.deactivate,
+        rank_tensor=api.rank_tensor,
+        process_group=lambda mesh, dims: api.RemoteProcessGroup(dims, mesh),
+        to_table=api.to_table,
+        has_tensors=interop.has_tensors,
+        call=interop.call,
+        rref=interop.rref,
+        spawn_args=interop.spawn_args,
+    )
 
 
 def _start_dashboard(agent: Any) -> None:
@@ -34,6 +46,6 @@ def _write_postmortem() -> None:
     write_postmortem()  # when MONARCH_DASHBOARD_REPORT names a file; never raises
 
 
-extensions.set_tensor_engine_loader(_load_tensor_engine)
+extensions.provide_tensor_engine(_tensor_engine)
 extensions.on_client_started(_start_dashboard)
 extensions.on_unhandled_failure(_write_postmortem)

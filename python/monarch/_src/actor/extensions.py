@@ -26,7 +26,6 @@ __all__ = [
     "on_client_started",
     "on_unhandled_failure",
     "provide_tensor_engine",
-    "set_tensor_engine_loader",
     "tensor_engine",
     "tensor_engine_if_tensors",
     "unhandled_failure",
@@ -66,23 +65,15 @@ class TensorEngine:
 _lock = threading.Lock()
 _engine: TensorEngine | None = None
 _engine_provider: Callable[[], TensorEngine] | None = None
-_engine_loader: Callable[[], None] | None = None
 _tensor_arguments = False
 _client_started: list[Callable[[Any], None]] = []
 _unhandled_failure: list[Callable[[], None]] = []
 
 
-def set_tensor_engine_loader(loader: Callable[[], None]) -> None:
-    """Register the function that imports the tensor engine, which then registers its
-    provider (:func:`provide_tensor_engine`)."""
-    global _engine_loader
-    with _lock:
-        _engine_loader = loader
-
-
 def provide_tensor_engine(provider: Callable[[], TensorEngine]) -> None:
-    """Register the function that gives the tensor engine's part (called on first use).
-    The tensor engine's package does this when it is imported."""
+    """Register the function that gives the tensor engine's part (called on first use,
+    so that torch is imported only by programs that use distributed tensors);
+    :mod:`monarch._src.wiring` does this when ``monarch`` is imported."""
     global _engine_provider
     with _lock:
         _engine_provider = provider
@@ -93,8 +84,6 @@ def tensor_engine() -> TensorEngine:
     global _engine
     if _engine is not None:
         return _engine
-    if _engine_provider is None and _engine_loader is not None:
-        _engine_loader()  # imports the engine, which registers its provider
     provider = _engine_provider
     if provider is None:
         raise RuntimeError(

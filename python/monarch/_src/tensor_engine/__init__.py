@@ -24,8 +24,6 @@ Guide: ``docs/tensors.md``.
 
 import importlib.util as _importlib_util
 
-from monarch._src.actor import extensions as _extensions
-
 # Every way into distributed tensors (``monarch.Tensor`` and the other lazy names of
 # ``monarch``, ``ProcMesh.activate()``, ``monarch.builtins``) imports this package first:
 # without torch, say what to install instead of a bare "No module named 'torch'".
@@ -36,25 +34,3 @@ if _importlib_util.find_spec("torch") is None:
         "memory work without it)",
         name="torch",
     )
-
-
-def _actor_api_part() -> _extensions.TensorEngine:
-    """What the actor API hands this package (``ProcMesh.activate()``, an endpoint's
-    ``rref`` and calls with tensors in their arguments): see
-    :mod:`monarch._src.actor.extensions`."""
-    from monarch._src.tensor_engine.client import api, interop, tensor
-
-    return _extensions.TensorEngine(
-        activate=tensor.activate,
-        deactivate=tensor.deactivate,
-        rank_tensor=api.rank_tensor,
-        process_group=lambda mesh, dims: api.RemoteProcessGroup(dims, mesh),
-        to_table=api.to_table,
-        has_tensors=interop.has_tensors,
-        call=interop.call,
-        rref=interop.rref,
-        spawn_args=interop.spawn_args,
-    )
-
-
-_extensions.provide_tensor_engine(_actor_api_part)
