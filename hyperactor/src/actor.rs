@@ -232,7 +232,7 @@ pub struct Context<A> {
     cell: Arc<ActorCell>,
     proc: Proc,
     /// The extra header of the message being handled (see [`Context::extra`]).
-    extra: std::sync::Mutex<Option<bytes::Bytes>>,
+    extra: crate::sync::Mutex<Option<bytes::Bytes>>,
     _actor: PhantomData<fn() -> A>,
 }
 
@@ -241,7 +241,7 @@ impl<A: Actor> Context<A> {
         Self {
             cell,
             proc,
-            extra: std::sync::Mutex::new(None),
+            extra: crate::sync::Mutex::new(None),
             _actor: PhantomData,
         }
     }
@@ -251,11 +251,11 @@ impl<A: Actor> Context<A> {
     /// such as the mesh layer's cast route. `None` outside a handler and for plain
     /// messages.
     pub fn extra(&self) -> Option<bytes::Bytes> {
-        self.extra.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.extra.lock().clone()
     }
 
     pub(crate) fn set_extra(&self, extra: Option<bytes::Bytes>) {
-        *self.extra.lock().unwrap_or_else(|e| e.into_inner()) = extra;
+        *self.extra.lock() = extra;
     }
 
     /// A serializable reference to this actor.

@@ -12,6 +12,7 @@ pub mod message;
 pub mod port;
 pub mod proc;
 pub mod supervision;
+pub mod sync;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 

@@ -20,9 +20,10 @@
 //! - MB-3 (closed means returned): after `Mailbox::close` every delivery fails with the
 //!   close reason, so the proc returns the message to its sender (DEL-1).
 
+use crate::sync::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -155,7 +156,7 @@ impl Mailbox {
     fn lock(&self) -> MutexGuard<'_, MailboxState> {
         // A panic while holding this lock cannot leave the table half-updated (every
         // critical section is a single map operation), so poisoning is ignored.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     /// The id of the actor that owns this mailbox.

@@ -32,9 +32,10 @@
 //! # }
 //! ```
 
+use crate::sync::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use rustc_hash::FxHashMap;
@@ -72,10 +73,6 @@ struct ProcInner {
     stopped: AtomicBool,
     /// The proc's endpoint; dropping it stops receiving.
     server: Mutex<Option<ChannelServer>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Proc {
@@ -292,10 +289,10 @@ impl Proc {
     /// Cancel safe: actors already asked to stop go on stopping.
     pub async fn stop(&self, timeout: Duration) {
         self.inner.stopped.store(true, Ordering::SeqCst);
-        let roots: Vec<_> = lock(&self.inner.roots).drain(..).collect();
+        let roots: Vec<_> = self.inner.roots.lock().drain(..).collect();
         futures::future::join_all(roots.iter().map(|cell| cell.stop_and_wait(timeout))).await;
-        lock(&self.inner.server).take();
-        lock(&self.inner.links).clear();
+        self.inner.server.lock().take();
+        self.inner.links.lock().clear();
     }
 
     /// Whether [`Proc::stop`] was called: the proc takes no new actors.
@@ -306,7 +303,7 @@ impl Proc {
     /// The counters of every actor of this proc (runtime and driven, children included;
     /// clients are not actors), with its status and queue length.
     pub fn actor_stats(&self) -> Vec<crate::actor::ActorStatsSnapshot> {
-        let roots: Vec<_> = lock(&self.inner.roots).clone();
+        let roots: Vec<_> = self.inner.roots.lock().clone();
         let mut cells = Vec::new();
         for root in &roots {
             root.collect_tree(&mut cells);
@@ -319,7 +316,7 @@ impl Proc {
     }
 
     pub(crate) fn add_root(&self, cell: Arc<ActorCell>) {
-        let mut roots = lock(&self.inner.roots);
+        let mut roots = self.inner.roots.lock();
         roots.retain(|c| !c.status().is_terminal());
         roots.push(cell);
     }
@@ -338,7 +335,7 @@ impl Proc {
             });
         }
         let index = {
-            let mut names = lock(&self.inner.names);
+            let mut names = self.inner.names.lock();
             let next = names.entry(name.to_string()).or_insert(0);
             let index = *next;
             *next += 1;
@@ -349,7 +346,6 @@ impl Proc {
         self.inner
             .actors
             .write()
-            .unwrap_or_else(|e| e.into_inner())
             .insert(id.clone(), Arc::clone(&mailbox));
         Ok((id, mailbox, extra))
     }
@@ -362,12 +358,7 @@ impl Proc {
     }
 
     fn mailbox(&self, id: &ActorId) -> Option<Arc<Mailbox>> {
-        self.inner
-            .actors
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(id)
-            .cloned()
+        self.inner.actors.read().get(id).cloned()
     }
 
     pub(crate) fn report_supervision_event(&self, event: SupervisionEvent) {
@@ -406,7 +397,10 @@ impl Proc {
         if !channel::any_link_over_budget() {
             return;
         }
-        let congested: Vec<ChannelTx> = lock(&self.inner.links)
+        let congested: Vec<ChannelTx> = self
+            .inner
+            .links
+            .lock()
             .values()
             .filter(|tx| tx.over_budget())
             .cloned()
@@ -417,7 +411,7 @@ impl Proc {
     }
 
     fn link(&self, addr: &ChannelAddr) -> ChannelTx {
-        let mut links = lock(&self.inner.links);
+        let mut links = self.inner.links.lock();
         if let Some(tx) = links.get(addr) {
             if tx.error().is_none() {
                 return tx.clone();

@@ -4,6 +4,7 @@
 
 use hyperactor::actor::{Actor, Binder, Context, Handler};
 use hyperactor::error::RecvError;
+use hyperactor::sync::Mutex;
 use hyperactor::testing::timed;
 use hyperactor::{BoxError, ChannelTransport, PortRef, Proc, SendContext};
 use serde::{Deserialize, Serialize};
@@ -185,7 +186,7 @@ async fn serialized_messages_keep_their_parts_across_procs() {
 
 #[tokio::test]
 async fn a_direct_port_hands_over_messages_in_order_and_bounces_after_close() {
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
 
     for transport in [ChannelTransport::Local, ChannelTransport::Unix] {
         let receiver_proc = Proc::serve(transport, "receiver").await.unwrap();
@@ -198,7 +199,7 @@ async fn a_direct_port_hands_over_messages_in_order_and_bounces_after_close() {
         let (port, handle) = owner.mailbox().open_direct_port::<u64>(Arc::new(
             move |envelope: hyperactor::message::Envelope| {
                 let n: u64 = envelope.payload.decode().unwrap();
-                sink_seen.lock().unwrap().push(n);
+                sink_seen.lock().push(n);
                 if n == 99 {
                     done_tx.send(()).unwrap();
                 }
@@ -210,7 +211,7 @@ async fn a_direct_port_hands_over_messages_in_order_and_bounces_after_close() {
         }
         timed(done_rx.recv()).await.unwrap();
         assert_eq!(
-            *seen.lock().unwrap(),
+            *seen.lock(),
             (0..100).collect::<Vec<u64>>(),
             "{transport:?}"
         );
@@ -218,10 +219,6 @@ async fn a_direct_port_hands_over_messages_in_order_and_bounces_after_close() {
         port.send(&sender, 100).unwrap();
         let returned = timed(sender.next_undeliverable()).await.unwrap();
         assert!(returned.reason.contains("not open"), "{}", returned.reason);
-        assert_eq!(
-            seen.lock().unwrap().len(),
-            100,
-            "nothing delivered after close"
-        );
+        assert_eq!(seen.lock().len(), 100, "nothing delivered after close");
     }
 }

@@ -10,9 +10,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use hyperactor::sync::Mutex;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use hyperactor::channel::ChannelAddr;
@@ -41,7 +42,7 @@ struct Capture(Arc<Mutex<Vec<u8>>>);
 
 impl Write for Capture {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
+        self.0.lock().extend_from_slice(buf);
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -58,7 +59,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Capture {
 
 impl Capture {
     fn lines_with(&self, needle: &str) -> usize {
-        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
+        let text = String::from_utf8_lossy(&self.0.lock()).into_owned();
         text.lines().filter(|l| l.contains(needle)).count()
     }
 }

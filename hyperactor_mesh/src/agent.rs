@@ -48,9 +48,10 @@ pub mod output;
 mod replies;
 mod supervise;
 
+use hyperactor::sync::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -292,11 +293,6 @@ pub(crate) struct Inner {
     spawns_closed: Mutex<Option<String>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Critical sections leave the state consistent at every step: poisoning is ignored.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn agents() -> &'static Mutex<HashMap<ProcId, Weak<Inner>>> {
     static AGENTS: OnceLock<Mutex<HashMap<ProcId, Weak<Inner>>>> = OnceLock::new();
     AGENTS.get_or_init(Default::default)
@@ -334,7 +330,7 @@ impl ProcAgent {
     /// mailbox cannot be created (the proc is stopped, or the name is taken).
     pub fn new(proc: Proc, options: AgentOptions) -> Result<Self, MeshError> {
         let proc_id = proc.proc_id().clone();
-        let mut registered = lock(agents());
+        let mut registered = agents().lock();
         if registered
             .get(&proc_id)
             .is_some_and(|w| w.strong_count() > 0)
@@ -401,7 +397,7 @@ impl ProcAgent {
 
     /// The agent serving `proc` in this process, if any.
     pub fn of(proc: &ProcId) -> Option<Self> {
-        let inner = lock(agents()).get(proc)?.upgrade()?;
+        let inner = agents().lock().get(proc)?.upgrade()?;
         Some(Self { inner })
     }
 
@@ -458,7 +454,7 @@ impl ProcAgent {
         class: &str,
         parts: Vec<Bytes>,
     ) -> Result<crate::actor_mesh::ActorMeshRef, MeshError> {
-        let mut singletons = lock(&self.inner.singletons);
+        let mut singletons = self.inner.singletons.lock();
         if let Some(mesh) = singletons.get(name) {
             return Ok(mesh.clone());
         }
@@ -492,7 +488,7 @@ impl ProcAgent {
     /// Makes `owner` the owner of the singletons this agent spawns at other processes'
     /// request (the process's root client, whose owner hooks then hear of them).
     pub fn set_singleton_owner(&self, owner: ActorId) {
-        *lock(&self.inner.singleton_owner) = Some(owner);
+        *self.inner.singleton_owner.lock() = Some(owner);
     }
 
     /// Asks the agent of `proc` for its singleton `name` (see [`ProcAgent::singleton`]);
@@ -514,7 +510,10 @@ impl ProcAgent {
         parts: Vec<Bytes>,
     ) -> Result<crate::actor_mesh::ActorMeshRef, MeshError> {
         if proc == self.inner.proc.proc_id() {
-            let owner = lock(&self.inner.singleton_owner)
+            let owner = self
+                .inner
+                .singleton_owner
+                .lock()
                 .clone()
                 .unwrap_or_else(|| sender.actor_id().clone());
             return self.singleton(&owner, name, class, parts);
@@ -609,7 +608,7 @@ impl ProcAgent {
         }
         // Watched while it ends, so that one that goes silent is found lost.
         self.inner.monitor_host(host);
-        lock(&self.inner.ending_hosts).insert(host.clone());
+        self.inner.ending_hosts.lock().insert(host.clone());
         let (port, receiver) = self.inner.client.open_once_port::<Result<(), String>>();
         self.inner.send_control(
             host,
@@ -700,20 +699,22 @@ impl ProcAgent {
 
     /// Whether `proc` is known to be gone, and how it ended.
     pub fn death_of(&self, proc: &ProcId) -> Option<ProcDeath> {
-        lock(&self.inner.dead).get(proc).map(|d| d.death.clone())
+        self.inner.dead.lock().get(proc).map(|d| d.death.clone())
     }
 
     /// Records why the local actor `name` stopped (it stopped itself): calls to it
     /// are then answered with that reason.
     pub fn note_stop_reason(&self, name: &str, reason: &str) {
-        if let Some(actor) = lock(&self.inner.local).get_mut(name) {
+        if let Some(actor) = self.inner.local.lock().get_mut(name) {
             actor.stop_reason.get_or_insert_with(|| reason.to_string());
         }
     }
 
     /// The local actor named `name` (spawned by this agent), if it exists.
     pub fn local_actor(&self, name: &str) -> Option<AnyActorHandle> {
-        lock(&self.inner.local)
+        self.inner
+            .local
+            .lock()
             .get(name)
             .and_then(|a| a.handle.clone())
     }
@@ -724,7 +725,10 @@ impl ProcAgent {
     /// a failure unless that process stopped this proc or the mesh itself (a stop it
     /// asked for is not a failure). Idempotent: the first reason is kept.
     pub fn close_spawns(&self, reason: &str) {
-        lock(&self.inner.spawns_closed).get_or_insert_with(|| reason.to_string());
+        self.inner
+            .spawns_closed
+            .lock()
+            .get_or_insert_with(|| reason.to_string());
     }
 
     /// Sends `parts` from `sender` to `dest` (a plain message, not a cast): failures come
@@ -785,7 +789,7 @@ impl Inner {
                 proc: this.proc.proc_id().clone(),
             });
         }
-        lock(&this._ports).extend([cast.1, control.1, reply.1]);
+        this._ports.lock().extend([cast.1, control.1, reply.1]);
         Ok(())
     }
 

@@ -8,21 +8,21 @@
 //! drained under the same lock that issuing takes.
 //!
 //! ```
-//! use std::sync::{Arc, Mutex};
+//! use std::sync::Arc;
 //! use hyperactor_mesh::deferred::Deferred;
 //!
 //! let procs = Deferred::<Vec<u32>>::new();
 //! let log = Arc::new(Mutex::new(Vec::new()));
 //! let l = Arc::clone(&log);
-//! procs.run(move |procs| l.lock().unwrap().push(format!("spawn on {procs:?}")));
+//! procs.run(move |procs| l.lock().push(format!("spawn on {procs:?}")));
 //! let l = Arc::clone(&log);
-//! procs.run(move |procs| l.lock().unwrap().push(format!("cast to {procs:?}")));
-//! assert!(log.lock().unwrap().is_empty());
+//! procs.run(move |procs| l.lock().push(format!("cast to {procs:?}")));
+//! assert!(log.lock().is_empty());
 //! procs.resolve(Ok(vec![1, 2]));
-//! assert_eq!(*log.lock().unwrap(), ["spawn on Ok([1, 2])", "cast to Ok([1, 2])"]);
+//! assert_eq!(*log.lock(), ["spawn on Ok([1, 2])", "cast to Ok([1, 2])"]);
 //! ```
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use hyperactor::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use tokio::sync::Notify;
@@ -61,7 +61,7 @@ impl<T: Send + 'static> Default for Deferred<T> {
 
 impl<T> Deferred<T> {
     fn lock(&self) -> MutexGuard<'_, State<T>> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 }
 
@@ -153,16 +153,13 @@ impl<T: Send + 'static> Deferred<T> {
                 State::Pending(_) => {}
             }
             state = match deadline {
-                None => self.ready.wait(state).unwrap_or_else(|e| e.into_inner()),
+                None => self.ready.wait(state),
                 Some(deadline) => {
                     let now = Instant::now();
                     if deadline <= now {
                         return None;
                     }
-                    self.ready
-                        .wait_timeout(state, deadline - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
+                    self.ready.wait_timeout(state, deadline - now).0
                 }
             };
         }
@@ -202,8 +199,8 @@ mod tests {
         assert!(!d.resolve(Ok(1)), "only the first resolution counts");
         let seen = Arc::new(Mutex::new(None));
         let s = Arc::clone(&seen);
-        d.run(move |v| *s.lock().unwrap() = Some(v.copied().map_err(str::to_string)));
-        assert_eq!(*seen.lock().unwrap(), Some(Err("no procs".to_string())));
+        d.run(move |v| *s.lock() = Some(v.copied().map_err(str::to_string)));
+        assert_eq!(*seen.lock(), Some(Err("no procs".to_string())));
     }
 
     #[tokio::test]

@@ -53,9 +53,10 @@ mod child;
 pub mod proc_handle;
 mod template;
 
+use hyperactor::sync::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use hyperactor::error::RecvError;
@@ -67,7 +68,7 @@ use crate::bootstrap::{BootInfo, BootstrapCommand, ProcCommands, ProcReady};
 use crate::error::HostError;
 use crate::output::OutputOptions;
 pub use capture::{HostEvent, ProcOutput};
-use child::{lock, ChildProc, OutputSetup};
+use child::{ChildProc, OutputSetup};
 pub use proc_handle::{ProcExit, ProcHandle, ProcStatus};
 pub use template::FORK_SERVER_FD_ENV;
 use template::{Template, TemplateKey};
@@ -217,7 +218,7 @@ impl Host {
 
     /// Every proc this host spawned, running or not.
     pub fn procs(&self) -> Vec<ProcHandle> {
-        lock(&self.procs).clone()
+        self.procs.lock().clone()
     }
 
     /// Starts `count` procs named `name`, ranks `0..count`, each running `cmd`, and
@@ -365,7 +366,7 @@ impl Host {
                 ProcHandle::new(proc_id, child)
             })
             .collect();
-        lock(&self.procs).extend(handles.iter().cloned());
+        self.procs.lock().extend(handles.iter().cloned());
         Ok(handles)
     }
 
@@ -580,7 +581,7 @@ fn accept(batch: &Batch, ready: &mut [Option<ProcId>], report: ProcReady, name: 
 impl Drop for Host {
     /// Kills the process group of every proc still running (HOST-3).
     fn drop(&mut self) {
-        for proc in lock(&self.procs).iter() {
+        for proc in self.procs.lock().iter() {
             proc.kill();
         }
     }
@@ -590,7 +591,7 @@ impl std::fmt::Debug for Host {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Host")
             .field("proc", self.proc.proc_id())
-            .field("procs", &lock(&self.procs).len())
+            .field("procs", &self.procs.lock().len())
             .field("ready_timeout", &self.ready_timeout)
             .finish()
     }

@@ -644,9 +644,9 @@ mod tests {
     #[tokio::test]
     async fn a_client_ends_a_worker_and_a_plain_host_refuses() {
         let (ended_tx, ended_rx) = std::sync::mpsc::channel::<String>();
-        let ended_tx = std::sync::Mutex::new(ended_tx);
+        let ended_tx = hyperactor::sync::Mutex::new(ended_tx);
         let on_end: crate::agent::EndHook = std::sync::Arc::new(move |reason: &str| {
-            let _ = ended_tx.lock().unwrap().send(reason.to_string());
+            let _ = ended_tx.lock().send(reason.to_string());
         });
         let worker = loopback_worker(AgentOptions::default().on_end(on_end)).await;
         let host = worker.proc().proc_id().clone();

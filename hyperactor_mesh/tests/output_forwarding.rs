@@ -92,9 +92,9 @@ async fn host_agent_with_sink(
     let agent = ProcAgent::new(proc, AgentOptions::default().host(host)).unwrap();
     let client = agent.proc().client("client").unwrap();
     let (tx, rx) = std_mpsc::channel();
-    let tx = std::sync::Mutex::new(tx);
+    let tx = hyperactor::sync::Mutex::new(tx);
     agent.set_output_sink(Arc::new(move |batch| {
-        let _ = tx.lock().unwrap().send(batch);
+        let _ = tx.lock().send(batch);
     }));
     (agent, client, rx, dir)
 }

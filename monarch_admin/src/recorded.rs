@@ -2,8 +2,9 @@
 //! `summary`, `snapshot`, `events`, `logs` and `series`), for tests, for developing the
 //! page and the terminal UI, and for opening a job after the fact.
 
+use hyperactor::sync::Mutex;
 use std::path::Path;
-use std::sync::Mutex;
+
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -87,7 +88,7 @@ impl RecordedSource {
     /// Appends `event` (its `seq` set to the next one) and sends it to subscribers.
     /// Returns the seq given.
     pub fn publish(&self, mut event: Value) -> u64 {
-        let mut events = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        let mut events = self.events.lock();
         let seq = events.last().and_then(|e| e["seq"].as_u64()).unwrap_or(0) + 1;
         if let Some(object) = event.as_object_mut() {
             object.insert("seq".into(), json!(seq));
@@ -100,10 +101,7 @@ impl RecordedSource {
 
     /// The procs [`Source::kill_proc`] was asked to kill, in order.
     pub fn killed(&self) -> Vec<String> {
-        self.killed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.killed.lock().clone()
     }
 
     fn proc_of_actor(&self, actor: &str) -> Option<String> {
@@ -128,7 +126,7 @@ impl Source for RecordedSource {
     }
 
     fn events_since(&self, since: u64, limit: usize) -> Vec<Value> {
-        let events = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        let events = self.events.lock();
         events
             .iter()
             .filter(|e| e["seq"].as_u64().unwrap_or(0) > since)
@@ -177,10 +175,7 @@ impl Source for RecordedSource {
 
     fn kill_proc(&self, proc: &str) -> BoxFuture<'static, Result<(), String>> {
         let result = if self.proc_record(proc).is_some() {
-            self.killed
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(proc.to_string());
+            self.killed.lock().push(proc.to_string());
             Ok(())
         } else {
             Err(format!(

@@ -2,12 +2,13 @@
 //! while someone watches (an event stream is open, or an API request came in the last
 //! [`WATCH_FOR`]), and keeps [`KEEP`] of points. Nobody watching, it sleeps.
 
+use hyperactor::sync::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::sync::Mutex;
+
 use std::time::Duration;
 use std::time::Instant;
 
@@ -129,13 +130,13 @@ impl Series {
 
     /// The message rate of the newest point (computed from the last two samples).
     pub(crate) fn last_rate(&self) -> Option<f64> {
-        let points = self.points.lock().unwrap_or_else(|e| e.into_inner());
+        let points = self.points.lock();
         points.back().map(|p| p.rate)
     }
 
     /// The points of the last `window` seconds, oldest first.
     pub(crate) fn window(&self, window: f64) -> Vec<Value> {
-        let points = self.points.lock().unwrap_or_else(|e| e.into_inner());
+        let points = self.points.lock();
         let Some(last) = points.back() else {
             return Vec::new();
         };
@@ -148,7 +149,7 @@ impl Series {
     }
 
     fn push(&self, snapshot: &Value) {
-        let mut points = self.points.lock().unwrap_or_else(|e| e.into_inner());
+        let mut points = self.points.lock();
         let point = Point::of(snapshot, crate::unix_now(), points.back());
         if points.len() == KEEP {
             points.pop_front();

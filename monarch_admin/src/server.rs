@@ -1,9 +1,10 @@
 //! [`AdminServer`]: the listener, TLS, and the connection tasks.
 
+use hyperactor::sync::Mutex;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::Mutex;
+
 use std::time::Duration;
 
 use hyper::service::service_fn;
@@ -197,7 +198,7 @@ impl AdminServer {
     /// seconds) for open requests to finish. Idempotent.
     pub async fn shutdown(&self) {
         self.stop.send_replace(true);
-        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        let tasks = std::mem::take(&mut *self.tasks.lock());
         for task in tasks {
             let _ = task.await;
         }

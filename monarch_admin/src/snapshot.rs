@@ -4,8 +4,9 @@
 //! may not show it (a page refreshing on an `actor_failed` event must see the failure),
 //! so a request after an event gets a collection that started after it.
 
+use hyperactor::sync::Mutex;
 use std::sync::Arc;
-use std::sync::Mutex;
+
 use std::time::Duration;
 use std::time::Instant;
 
@@ -62,7 +63,7 @@ impl SnapshotCache {
     pub(crate) async fn get(&self) -> Collected {
         let latest = self.source.latest_event_seq();
         let (generation, future) = {
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut state = self.state.lock();
             if let Some((at, seq, snapshot)) = &state.last {
                 if at.elapsed() <= REUSE_FOR && *seq >= latest {
                     return Ok(Arc::clone(snapshot));
@@ -99,7 +100,7 @@ impl SnapshotCache {
             }
         };
         let result = future.await;
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.state.lock();
         if matches!(&state.in_flight, Some((g, _, _)) if *g == generation) {
             state.in_flight = None;
             if let Ok(snapshot) = &result {

@@ -7,8 +7,9 @@
 //! through `next_spawn`: each comes as a `DrivenActor` whose messages already queue in
 //! order; a Python thread runs its constructor and its messages.
 
+use hyperactor::sync::Mutex;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyperactor::actor::DrivenActor;
@@ -41,7 +42,7 @@ impl ForeignSpawner for PythonSpawner {
     fn spawn(&self, actor: DrivenActor, spawn: ForeignSpawn) -> Result<(), DrivenActor> {
         // Closed: the process is stopping; the agent ends the actor as stopped and
         // tells the mesh's owner.
-        match &*self.tx.lock().unwrap_or_else(|e| e.into_inner()) {
+        match &*self.tx.lock() {
             Some(tx) => tx.send((actor, spawn)).map_err(|e| e.0 .0),
             None => Err(actor),
         }
@@ -400,7 +401,7 @@ impl PyProcAgent {
         let deadline = deadline(timeout)?;
         let spawns = &self.spawns;
         let got = block(py, deadline, |until| {
-            let rx = spawns.lock().unwrap_or_else(|e| e.into_inner());
+            let rx = spawns.lock();
             let wait = until.map(|u| u.saturating_duration_since(std::time::Instant::now()));
             match wait {
                 Some(wait) => match rx.recv_timeout(wait) {
@@ -464,11 +465,7 @@ impl PyProcAgent {
     #[pyo3(signature = (reason = "its process is shutting down"))]
     fn close_spawns(&self, reason: &str) {
         self.agent.close_spawns(reason);
-        self.spawner
-            .tx
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        self.spawner.tx.lock().take();
     }
 
     /// The fan-out of casts sent from this process.

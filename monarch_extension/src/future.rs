@@ -19,9 +19,10 @@
 //!   loop thread. No loop is ever blocked, and any number of loops in any number of
 //!   threads can await one future.
 
+use hyperactor::sync::{Condvar, Mutex};
 use std::ffi::CStr;
 use std::pin::Pin;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyUserWarning, PyValueError};
@@ -98,20 +99,16 @@ struct Shared {
     value: PyOnceLock<Resolved>,
 }
 
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Shared {
     fn is_done(&self) -> bool {
-        matches!(lock(&self.state).phase, Phase::Done(_))
+        matches!(self.state.lock().phase, Phase::Done(_))
     }
 
     /// Spawns the work if nobody has yet.
     fn start(self: &Arc<Self>) -> PyResult<()> {
         let rt = runtime()?;
         let work = {
-            let mut state = lock(&self.state);
+            let mut state = self.state.lock();
             match std::mem::replace(&mut state.phase, Phase::Running) {
                 Phase::Idle(work) => work,
                 other => {
@@ -137,7 +134,7 @@ impl Shared {
 
     fn finish(self: &Arc<Self>, outcome: Outcome) {
         let waiters = {
-            let mut state = lock(&self.state);
+            let mut state = self.state.lock();
             state.phase = Phase::Done(Some(outcome));
             std::mem::take(&mut state.waiters)
         };
@@ -198,7 +195,7 @@ impl Shared {
     /// holding the GIL, since a conversion running Python code may let other threads in.
     fn resolved(&self, py: Python<'_>) -> PyResult<Resolved> {
         let resolved = self.value.get_or_try_init(py, || {
-            let outcome = match &mut lock(&self.state).phase {
+            let outcome = match &mut self.state.lock().phase {
                 Phase::Done(outcome) => outcome.take(),
                 _ => None,
             };
@@ -221,7 +218,7 @@ impl Shared {
         let slice = signal_slice(py);
         loop {
             let done = detach(py, || {
-                let mut state = lock(&self.state);
+                let mut state = self.state.lock();
                 loop {
                     if matches!(state.phase, Phase::Done(_)) {
                         return Some(true);
@@ -234,13 +231,8 @@ impl Shared {
                         (d, s) => d.or(s),
                     };
                     state = match until {
-                        Some(until) => {
-                            self.finished
-                                .wait_timeout(state, until - now)
-                                .unwrap_or_else(|e| e.into_inner())
-                                .0
-                        }
-                        None => self.finished.wait(state).unwrap_or_else(|e| e.into_inner()),
+                        Some(until) => self.finished.wait_timeout(state, until - now).0,
+                        None => self.finished.wait(state),
                     };
                     if slice_end.is_some_and(|s| Instant::now() >= s) {
                         return None; // go check signals
@@ -353,7 +345,7 @@ impl PyFuture {
         let py = event_loop.py();
         let future = event_loop.call_method0("create_future")?;
         let done = {
-            let mut state = lock(&self.shared.state);
+            let mut state = self.shared.state.lock();
             let done = matches!(state.phase, Phase::Done(_));
             if !done {
                 state.waiters.push(Waiter {

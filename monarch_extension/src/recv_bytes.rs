@@ -21,7 +21,7 @@
 //! pool is next used. Recycling `bytes` needs the layout of CPython 3.10 to 3.14 (the
 //! hash stored just before the data); a check at first use turns it off elsewhere.
 
-use std::sync::Mutex;
+use hyperactor::sync::Mutex;
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -63,7 +63,7 @@ static POOL: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 /// A free pooled object of `kind` and `len` bytes, taken (its `since` refreshed), or
 /// `None`. The caller may rewrite its contents.
 fn take_free(py: Python<'_>, kind: Kind, len: usize) -> Option<Bound<'_, PyAny>> {
-    let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut pool = POOL.lock();
     let now = Instant::now();
     // Release free objects idle too long (dropping a `Py` with the GIL held frees now).
     pool.retain(|e| !(is_free(py, e) && now.duration_since(e.since) >= IDLE_DROP));
@@ -78,7 +78,7 @@ fn take_free(py: Python<'_>, kind: Kind, len: usize) -> Option<Bound<'_, PyAny>>
 /// go first (an object still in use stays alive for its other owners; the pool just
 /// forgets it).
 fn remember(obj: &Bound<'_, PyAny>, kind: Kind, len: usize) {
-    let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut pool = POOL.lock();
     pool.push(Entry {
         obj: obj.clone().unbind(),
         kind,

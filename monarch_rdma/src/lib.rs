@@ -9,13 +9,6 @@ pub mod tcp;
 pub use buffer::{Backend, Buffer, Policy};
 pub use region::{Registry, RemoteRegion};
 
-/// Locks `mutex`, going on past a poisoned lock: every structure behind the crate's
-/// mutexes stays consistent between statements, so a panic elsewhere leaves nothing
-/// half-changed to guard against.
-pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Why a registration or a transfer failed. Each message names the owner process and
 /// says what to do.
 #[derive(Debug, thiserror::Error)]

@@ -15,10 +15,11 @@
 //! - REG-2 (ids are never reused): a deregistered id is unknown for ever, so a stale
 //!   [`RemoteRegion`] is refused rather than reaching memory registered later.
 
+use hyperactor::sync::Mutex;
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
@@ -292,7 +293,7 @@ impl Registry {
             table.free.push(entry.slot);
             entry
         };
-        let hooks = crate::lock(&self.hooks).clone();
+        let hooks = self.hooks.lock().clone();
         for hook in hooks {
             hook(&entry.region);
         }
@@ -303,7 +304,7 @@ impl Registry {
     /// Calls `hook` with every registration that ends from now on (once per distinct
     /// hook), after peers can no longer reach it and before its memory is let go.
     pub fn on_deregister(&self, hook: fn(&RemoteRegion)) {
-        let mut hooks = crate::lock(&self.hooks);
+        let mut hooks = self.hooks.lock();
         if !hooks.iter().any(|h| std::ptr::fn_addr_eq(*h, hook)) {
             hooks.push(hook);
         }
@@ -358,8 +359,8 @@ impl Registry {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        crate::lock(&self.table)
+    fn lock(&self) -> hyperactor::sync::MutexGuard<'_, Table> {
+        self.table.lock()
     }
 }
 

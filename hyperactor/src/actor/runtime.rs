@@ -5,11 +5,12 @@
 //! phase shared by graceful stops and failures (children stopped, mailbox closed, queued
 //! messages returned, status published, owner told of a failure).
 
+use crate::sync::Mutex;
 use std::any::Any;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -100,7 +101,7 @@ impl ActorCell {
         if matches!(self.status(), ActorStatus::Stopping) || self.status().is_terminal() {
             return false;
         }
-        let mut children = lock(&self.children);
+        let mut children = self.children.lock();
         children.retain(|c| !c.status().is_terminal());
         children.push(child);
         true
@@ -119,10 +120,10 @@ impl ActorCell {
 
     /// Ends the actor's task at once (and its children's), without running its hooks.
     fn abort(&self, reason: &str) {
-        if let Some(handle) = lock(&self.abort).take() {
+        if let Some(handle) = self.abort.lock().take() {
             handle.abort();
         }
-        for child in lock(&self.children).drain(..) {
+        for child in self.children.lock().drain(..) {
             child.abort(reason);
         }
         self.mailbox.close(reason);
@@ -130,10 +131,6 @@ impl ActorCell {
             self.set_status(ActorStatus::Failed(reason.to_string()));
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl ActorCell {
@@ -185,7 +182,7 @@ impl ActorCell {
     /// This cell and its descendants, depth first.
     pub(crate) fn collect_tree(self: &Arc<Self>, out: &mut Vec<Arc<ActorCell>>) {
         out.push(Arc::clone(self));
-        let children: Vec<_> = lock(&self.children).clone();
+        let children: Vec<_> = self.children.lock().clone();
         for child in children {
             child.collect_tree(out);
         }
@@ -277,7 +274,7 @@ pub(crate) fn spawn_actor<A: Actor>(
     let cell = ActorCell::register(proc, id, mailbox, name, owner)?;
     let cx = Context::<A>::new(Arc::clone(&cell), proc.clone());
     let task = proc.runtime().spawn(run::<A>(cx, params, rx));
-    *lock(&cell.abort) = Some(task.abort_handle());
+    *cell.abort.lock() = Some(task.abort_handle());
     Ok(ActorHandle::new(cell))
 }
 
@@ -301,7 +298,7 @@ async fn run<A: Actor>(cx: Context<A>, params: A::Params, mut rx: mpsc::Unbounde
     let outcome = drive::<A>(&cx, params, &mut rx).await;
     let cell = &cx.cell;
     cell.set_status(ActorStatus::Stopping);
-    let children: Vec<_> = lock(&cell.children).drain(..).collect();
+    let children: Vec<_> = cell.children.lock().drain(..).collect();
     for child in children {
         child.stop_and_wait(CHILD_STOP_TIMEOUT).await;
     }

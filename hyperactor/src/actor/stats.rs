@@ -7,9 +7,10 @@
 //! counters when a monitor wants them. `MONARCH_ACTOR_STATS=0` (read once per process)
 //! turns the per-message recording off, for A/B benchmarks.
 
+use crate::sync::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::id::ActorId;
@@ -122,10 +123,6 @@ pub struct ActorStatsSnapshot {
     pub endpoints: Vec<(String, EndpointStats)>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Default for ActorStats {
     fn default() -> Self {
         Self::with_recording(stats_enabled())
@@ -152,7 +149,7 @@ impl ActorStats {
             return;
         }
         let now = Instant::now();
-        let mut table = lock(&self.table);
+        let mut table = self.table.lock();
         if let Some(current) = table.current.take() {
             self.close(&mut table, current, now);
         }
@@ -175,7 +172,7 @@ impl ActorStats {
         if !self.enabled {
             return;
         }
-        if let Some(current) = lock(&self.table).current.as_mut() {
+        if let Some(current) = self.table.lock().current.as_mut() {
             current.2 = true;
         }
     }
@@ -185,7 +182,7 @@ impl ActorStats {
         if !self.enabled {
             return;
         }
-        let mut table = lock(&self.table);
+        let mut table = self.table.lock();
         if let Some(current) = table.current.take() {
             self.close(&mut table, current, Instant::now());
         }
@@ -220,7 +217,7 @@ impl ActorStats {
         queue: usize,
     ) -> ActorStatsSnapshot {
         let now = Instant::now();
-        let table = lock(&self.table);
+        let table = self.table.lock();
         let current = table.current.and_then(|(i, start, _)| {
             table.endpoints.get(i).map(|(name, _)| CurrentEndpoint {
                 endpoint: name.to_string(),

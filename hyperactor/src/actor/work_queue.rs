@@ -15,8 +15,9 @@
 //!   reading until then ([`crate::backpressure`]), so a slow reader slows its senders
 //!   down instead of growing the queue without bound.
 
+use crate::sync::{Condvar, Mutex, MutexGuard};
 use std::collections::VecDeque;
-use std::sync::{Condvar, Mutex, MutexGuard};
+
 use std::time::Instant;
 
 use tokio::sync::Notify;
@@ -114,7 +115,7 @@ impl<T> WorkQueue<T> {
     fn lock(&self) -> MutexGuard<'_, State<T>> {
         // Every critical section is one push, pop or flag update: a panic cannot leave
         // the state half-changed, so poisoning is ignored.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     /// Appends `item` at no cost; hands it back if the queue is closed (WQ-2).
@@ -194,16 +195,13 @@ impl<T> WorkQueue<T> {
                 return Popped::Closed;
             }
             state = match deadline {
-                None => self.ready.wait(state).unwrap_or_else(|e| e.into_inner()),
+                None => self.ready.wait(state),
                 Some(deadline) => {
                     let now = Instant::now();
                     if deadline <= now {
                         return Popped::Timeout;
                     }
-                    self.ready
-                        .wait_timeout(state, deadline - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
+                    self.ready.wait_timeout(state, deadline - now).0
                 }
             };
         }

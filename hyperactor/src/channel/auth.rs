@@ -61,7 +61,8 @@ pub mod tls;
 
 pub use self::tls::{TlsConfig, TlsError, TlsFiles, TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV};
 
-use std::sync::{Arc, OnceLock, RwLock};
+use crate::sync::RwLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use hmac::{Hmac, Mac};
@@ -173,8 +174,7 @@ pub fn set_cluster_secret(secret: &str) -> Result<(), String> {
              output of `openssl rand -hex 32`) in {CLUSTER_SECRET_ENV}"
         ));
     }
-    *configured().write().unwrap_or_else(|e| e.into_inner()) =
-        Some(TcpAuth::Secret(Arc::new(Secret::new(secret.to_string()))));
+    *configured().write() = Some(TcpAuth::Secret(Arc::new(Secret::new(secret.to_string()))));
     Ok(())
 }
 
@@ -186,7 +186,7 @@ pub fn set_trust_all() {
          anyone who can reach its ports can send it messages and run code in it; set a \
          cluster secret ({CLUSTER_SECRET_ENV}) instead where the network is shared"
     );
-    *configured().write().unwrap_or_else(|e| e.into_inner()) = Some(TcpAuth::TrustAll);
+    *configured().write() = Some(TcpAuth::TrustAll);
 }
 
 /// Uses mutual TLS with the credentials in `files` for the TCP connections this process
@@ -199,21 +199,17 @@ pub fn set_trust_all() {
 /// mode in force is then unchanged.
 pub fn set_tls(files: &TlsFiles) -> Result<(), TlsError> {
     let config = TlsConfig::load(files)?;
-    *configured().write().unwrap_or_else(|e| e.into_inner()) = Some(TcpAuth::Tls(Arc::new(config)));
+    *configured().write() = Some(TcpAuth::Tls(Arc::new(config)));
     Ok(())
 }
 
 /// The mode in force: the one set, else the environment's, else a random secret made
 /// once per process.
 pub fn tcp_auth() -> TcpAuth {
-    if let Some(auth) = configured()
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone()
-    {
+    if let Some(auth) = configured().read().clone() {
         return auth;
     }
-    let mut slot = configured().write().unwrap_or_else(|e| e.into_inner());
+    let mut slot = configured().write();
     if let Some(auth) = slot.clone() {
         return auth;
     }

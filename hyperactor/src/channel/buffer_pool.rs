@@ -25,7 +25,7 @@
 //! drop(part); // back in the pool, unless pooling is off
 //! ```
 
-use std::sync::Mutex;
+use crate::sync::Mutex;
 use std::sync::OnceLock;
 use std::time::Duration;
 use std::time::Instant;
@@ -124,10 +124,10 @@ impl Pool {
 
 static POOL: Mutex<Pool> = Mutex::new(Pool::new());
 
-fn lock() -> std::sync::MutexGuard<'static, Pool> {
+fn lock() -> crate::sync::MutexGuard<'static, Pool> {
     // The pool's state is consistent after every statement; a panic elsewhere
     // while it was held leaves nothing half done.
-    POOL.lock().unwrap_or_else(|e| e.into_inner())
+    POOL.lock()
 }
 
 /// An empty idle buffer with room for `len` bytes and at most twice that, if

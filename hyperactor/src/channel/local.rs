@@ -21,13 +21,13 @@
 //! # }
 //! ```
 
+use crate::sync::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::sync::Mutex;
+
 use std::sync::OnceLock;
-use std::sync::PoisonError;
 
 use tokio::sync::mpsc;
 
@@ -57,7 +57,7 @@ fn registry() -> &'static Registry {
 /// [`ChannelError::AddrInUse`] if `id` is already served.
 pub(crate) fn register(id: u64, queue: Inbox) -> Result<u64, ChannelError> {
     static NEXT: AtomicU64 = AtomicU64::new(1);
-    let mut map = registry().lock().unwrap_or_else(PoisonError::into_inner);
+    let mut map = registry().lock();
     let id = if id == 0 {
         loop {
             let candidate = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -78,10 +78,7 @@ pub(crate) fn register(id: u64, queue: Inbox) -> Result<u64, ChannelError> {
 
 /// Removes `id` from the registry.
 pub(crate) fn unregister(id: u64) {
-    registry()
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .remove(&id);
+    registry().lock().remove(&id);
 }
 
 /// Runs a link to the local endpoint `id`.
@@ -90,11 +87,7 @@ pub(crate) async fn run_link(
     queue: mpsc::UnboundedReceiver<Queued>,
     link: Arc<LinkShared>,
 ) {
-    let target = registry()
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get(&id)
-        .cloned();
+    let target = registry().lock().get(&id).cloned();
     let Some(target) = target else {
         let error = ChannelError::NotServed {
             addr: link.addr.clone(),

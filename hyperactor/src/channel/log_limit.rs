@@ -20,8 +20,7 @@
 //! }
 //! ```
 
-use std::sync::Mutex;
-use std::sync::PoisonError;
+use crate::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -68,7 +67,7 @@ impl LogLimit {
     /// As [`LogLimit::check`], at the time `now` (for tests; the time may
     /// only move forward).
     pub fn check_at(&self, now: Instant) -> Option<u64> {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.state.lock();
         let due = match state.last {
             None => true,
             Some(last) => now.saturating_duration_since(last) >= self.interval,

@@ -302,8 +302,8 @@ pub(crate) async fn serve_tcp(
 
 /// The file descriptors [`serve_inherited_tcp`] adopted: each is adopted once (a
 /// second adoption would close it twice).
-static ADOPTED: std::sync::Mutex<std::collections::BTreeSet<i32>> =
-    std::sync::Mutex::new(std::collections::BTreeSet::new());
+static ADOPTED: crate::sync::Mutex<std::collections::BTreeSet<i32>> =
+    crate::sync::Mutex::new(std::collections::BTreeSet::new());
 
 /// An integer socket option of `fd`.
 fn socket_option(fd: i32, option: libc::c_int) -> io::Result<libc::c_int> {
@@ -334,7 +334,7 @@ fn adopt_listening_tcp(fd: i32) -> Result<std::net::TcpListener, String> {
     if fd < 0 {
         return Err("a file descriptor is a number >= 0".into());
     }
-    let mut adopted = ADOPTED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut adopted = ADOPTED.lock();
     if adopted.contains(&fd) {
         return Err("this process serves on it already (a descriptor serves one endpoint)".into());
     }

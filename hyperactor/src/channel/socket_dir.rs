@@ -34,6 +34,7 @@
 //! assert!(path.as_os_str().len() < 108);
 //! ```
 
+use crate::sync::Mutex;
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
@@ -42,9 +43,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::path::PathBuf;
 use std::sync::LazyLock;
-use std::sync::Mutex;
+
 use std::sync::OnceLock;
-use std::sync::PoisonError;
 
 use super::error::ChannelError;
 
@@ -259,8 +259,8 @@ struct ServedFiles {
 pub(crate) static SERVED: LazyLock<Served> = LazyLock::new(Served::default);
 
 impl Served {
-    fn lock(&self) -> std::sync::MutexGuard<'_, ServedFiles> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> crate::sync::MutexGuard<'_, ServedFiles> {
+        self.0.lock()
     }
 
     /// Records that a socket is served at `path`; returns the token that

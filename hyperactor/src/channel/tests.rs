@@ -3,10 +3,11 @@
 //! Every async test runs under [`within`] (a `tokio::time::timeout`), and
 //! most loop over [`TRANSPORTS`]. Nothing synchronises by sleeping.
 
+use crate::sync::Mutex;
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::Mutex;
+
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -30,7 +31,7 @@ fn recorder() -> (ReturnFn, Arc<Mutex<Vec<u64>>>) {
     let returned = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&returned);
     let on_return: ReturnFn = Arc::new(move |frame: Frame, _err: &ChannelError| {
-        sink.lock().unwrap().push(number(&frame));
+        sink.lock().push(number(&frame));
     });
     (on_return, returned)
 }
@@ -319,13 +320,13 @@ async fn dial_to_unserved_address_fails_and_returns_frames() {
             let err = tx.closed().await;
             assert!(err.to_string().contains(&addr.to_string()), "{err}");
             assert!(tx.error().is_some());
-            assert_eq!(*returned.lock().unwrap(), vec![0, 1, 2], "{addr}");
+            assert_eq!(*returned.lock(), vec![0, 1, 2], "{addr}");
             let failed = tx.send(numbered(3, vec![])).await.unwrap_err();
             assert_eq!(number(&failed.frame), 3);
             assert!(failed.to_string().contains(&addr.to_string()), "{failed}");
             let failed = tx.post(numbered(4, vec![])).unwrap_err();
             assert_eq!(number(&failed.frame), 4);
-            assert_eq!(returned.lock().unwrap().len(), 3);
+            assert_eq!(returned.lock().len(), 3);
         }
     })
     .await;
@@ -361,7 +362,7 @@ async fn dropping_receiver_mid_stream_accounts_for_every_frame() {
             let failed = sender.await.unwrap();
             let err = tx.closed().await;
             assert!(!failed.is_empty(), "{transport}: no send was refused");
-            let returned = returned.lock().unwrap().clone();
+            let returned = returned.lock().clone();
             let all: Vec<u64> = received
                 .iter()
                 .chain(&returned)
@@ -409,7 +410,7 @@ async fn direct_delivery_keeps_each_link_in_order() {
             for i in 0..1000 {
                 assert_eq!(delivered.recv().await, Some(i), "{transport}");
             }
-            assert!(returned.lock().unwrap().is_empty(), "{transport}");
+            assert!(returned.lock().is_empty(), "{transport}");
         }
     })
     .await;
@@ -434,7 +435,7 @@ async fn dropping_a_direct_server_accounts_for_every_frame() {
             while let Ok(n) = delivered.try_recv() {
                 all.push(n);
             }
-            all.extend(returned.lock().unwrap().iter().copied());
+            all.extend(returned.lock().iter().copied());
             let unique: BTreeSet<u64> = all.iter().copied().collect();
             assert_eq!(all.len(), unique.len(), "{transport}: duplicates ({err})");
             assert_eq!(
@@ -463,7 +464,7 @@ async fn idle_sender_notices_receiver_drop() {
                 "{transport}: {err}"
             );
             assert!(
-                returned.lock().unwrap().is_empty(),
+                returned.lock().is_empty(),
                 "{transport}: delivered frame returned"
             );
         }
@@ -486,7 +487,7 @@ async fn dropped_sender_still_delivers_queued_frames() {
             for i in 0..500 {
                 assert_eq!(number(&rx.recv().await.unwrap()), i, "{transport}");
             }
-            assert!(returned.lock().unwrap().is_empty(), "{transport}");
+            assert!(returned.lock().is_empty(), "{transport}");
         }
     })
     .await;
@@ -539,7 +540,7 @@ fn dial_outside_a_runtime_fails_the_link() {
     let tx = dial(&"local:1".parse().unwrap(), on_return);
     assert!(matches!(tx.error(), Some(ChannelError::NoRuntime { .. })));
     assert_eq!(number(&tx.post(numbered(5, vec![])).unwrap_err().frame), 5);
-    assert!(returned.lock().unwrap().is_empty());
+    assert!(returned.lock().is_empty());
 }
 
 /// A direct-delivery endpoint on the listening socket inherited as `fd`.
@@ -571,7 +572,7 @@ async fn an_inherited_listening_socket_is_served_at_its_own_port() {
         let tx = dial(server.addr(), on_return);
         tx.send(numbered(7, Vec::new())).await.unwrap();
         assert_eq!(delivered.recv().await, Some(7));
-        assert!(returned.lock().unwrap().is_empty());
+        assert!(returned.lock().is_empty());
         // The endpoint owns it now: a second adoption would close it twice.
         let err = serve_inherited(fd).await.unwrap_err().to_string();
         assert!(

@@ -67,13 +67,13 @@ async fn vectored_writer_round_trip() {
         .await
         .unwrap();
     assert!(chunks.is_empty());
-    assert_eq!(*out.bytes.lock().unwrap(), encoded(&frames));
+    assert_eq!(*out.bytes.lock(), encoded(&frames));
 }
 
 /// A writer that takes at most 7 bytes per write and would block every other time.
 #[derive(Default)]
 struct Trickle {
-    bytes: std::sync::Mutex<Vec<u8>>,
+    bytes: crate::sync::Mutex<Vec<u8>>,
     calls: std::sync::atomic::AtomicUsize,
 }
 
@@ -85,7 +85,7 @@ impl frame::SharedWrite for Trickle {
         if call.is_multiple_of(2) {
             return Err(std::io::ErrorKind::WouldBlock.into());
         }
-        let mut out = self.bytes.lock().unwrap();
+        let mut out = self.bytes.lock();
         let mut n = 0;
         for buf in bufs {
             let take = buf.len().min(7 - n);

@@ -5,11 +5,12 @@
 //! [`dial_with_auth`]), so these tests run beside the others. Every async test runs
 //! under [`within`]; nothing synchronises by sleeping.
 
+use crate::sync::Mutex;
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -124,7 +125,7 @@ fn recorder() -> (ReturnFn, Arc<Mutex<Vec<u64>>>) {
     let returned = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&returned);
     let on_return: ReturnFn = Arc::new(move |frame: Frame, _err: &ChannelError| {
-        sink.lock().unwrap().push(number(&frame));
+        sink.lock().push(number(&frame));
     });
     (on_return, returned)
 }
@@ -182,7 +183,7 @@ async fn frames_round_trip_over_tls_both_ways() {
             assert!(rx.recv().await.unwrap().is_empty());
             assert!(tx.error().is_none(), "{:?}", tx.error());
         }
-        assert!(returned.lock().unwrap().is_empty());
+        assert!(returned.lock().is_empty());
     })
     .await;
 }
@@ -216,7 +217,7 @@ async fn dropping_a_tls_receiver_mid_stream_accounts_for_every_frame() {
         drop(rx);
         let failed = sender.await.unwrap();
         let err = tx.closed().await;
-        let returned = returned.lock().unwrap().clone();
+        let returned = returned.lock().clone();
         let all: Vec<u64> = received
             .iter()
             .chain(&returned)
@@ -243,7 +244,7 @@ async fn an_idle_tls_sender_notices_the_receiver_drop() {
         drop(rx);
         let err = tx.closed().await;
         assert!(matches!(err, ChannelError::Closed { .. }), "{err}");
-        assert!(returned.lock().unwrap().is_empty());
+        assert!(returned.lock().is_empty());
     })
     .await;
 }
@@ -264,7 +265,7 @@ async fn a_dropped_tls_sender_still_delivers_its_queued_frames() {
         for i in 0..500 {
             assert_eq!(number(&rx.recv().await.unwrap()), i);
         }
-        assert!(returned.lock().unwrap().is_empty());
+        assert!(returned.lock().is_empty());
     })
     .await;
 }
@@ -279,7 +280,7 @@ async fn refused(rx: &ChannelRx, auth: TcpAuth) -> String {
             .unwrap();
     }
     let err = tx.closed().await;
-    assert_eq!(*returned.lock().unwrap(), [100, 101, 102], "{err}");
+    assert_eq!(*returned.lock(), [100, 101, 102], "{err}");
     err.to_string()
 }
 

@@ -23,13 +23,13 @@
 //! # }
 //! ```
 
+use crate::sync::Mutex;
 use std::fmt;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::sync::Mutex;
+
 use std::sync::OnceLock;
-use std::sync::PoisonError;
 
 use tokio::sync::mpsc;
 use tokio::sync::watch;
@@ -94,7 +94,7 @@ impl Budget {
 
     /// Takes `cost` bytes of budget without waiting, going into debt.
     fn force(&self, cost: usize) {
-        let mut debt = self.debt.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut debt = self.debt.lock();
         let taken = self.sem.forget_permits(cost);
         if *debt == 0 && cost > taken {
             LINKS_IN_DEBT.fetch_add(1, Ordering::AcqRel);
@@ -104,7 +104,7 @@ impl Budget {
     }
 
     fn in_debt(&self) -> bool {
-        *self.debt.lock().unwrap_or_else(PoisonError::into_inner) > 0
+        *self.debt.lock() > 0
     }
 
     /// Resolves once the link is out of debt (or the budget is closed).
@@ -120,7 +120,7 @@ impl Budget {
         if cost == 0 {
             return;
         }
-        let mut debt = self.debt.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut debt = self.debt.lock();
         let paid = (*debt).min(cost);
         if paid > 0 && *debt == paid {
             LINKS_IN_DEBT.fetch_sub(1, Ordering::AcqRel);
@@ -132,7 +132,7 @@ impl Budget {
 
     /// Fails all current and future waiters; a failed link owes nothing.
     pub(crate) fn close(&self) {
-        let mut debt = self.debt.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut debt = self.debt.lock();
         if *debt > 0 {
             *debt = 0;
             LINKS_IN_DEBT.fetch_sub(1, Ordering::AcqRel);
@@ -248,12 +248,12 @@ impl fmt::Debug for LinkShared {
 }
 
 impl LinkShared {
-    pub(crate) fn lock_window(&self) -> std::sync::MutexGuard<'_, Window> {
-        self.window.lock().unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn lock_window(&self) -> crate::sync::MutexGuard<'_, Window> {
+        self.window.lock()
     }
 
-    pub(crate) fn lock_direct(&self) -> std::sync::MutexGuard<'_, Direct> {
-        self.direct.lock().unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn lock_direct(&self) -> crate::sync::MutexGuard<'_, Direct> {
+        self.direct.lock()
     }
 
     /// Writes `queued` on the sender's thread (see [`Direct`]); `direct` is locked,

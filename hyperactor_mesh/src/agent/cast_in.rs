@@ -10,7 +10,7 @@ use hyperactor::message::{Envelope, UNDELIVERABLE_PORT};
 use hyperactor::ActorId;
 
 use super::replies::{ReduceState, Reducer, Slot};
-use super::{cast_port, lock, Inner};
+use super::{cast_port, Inner};
 use crate::cast::codec::{CastHeader, CastKind, Entry, ReplyMode, ReplyTo, Route};
 use crate::cast::order::{Arrival, GAP_GRACE};
 use crate::cast::reply::ReplyItem;
@@ -122,7 +122,7 @@ impl Inner {
 
     /// `entries` without those on dead procs, and the (index, reason) of those.
     fn split_dead<'a>(&self, entries: &'a [Entry]) -> (std::borrow::Cow<'a, [Entry]>, Vec<Lost>) {
-        let dead = lock(&self.dead);
+        let dead = self.dead.lock();
         if dead.is_empty() {
             return (std::borrow::Cow::Borrowed(entries), Vec::new());
         }
@@ -154,13 +154,13 @@ impl Inner {
         }
         let reducer = Arc::new(Reducer {
             parent: parent.clone(),
-            state: std::sync::Mutex::new(ReduceState {
+            state: hyperactor::sync::Mutex::new(ReduceState {
                 pending,
                 got: lost,
                 children: kids,
             }),
         });
-        lock(&self.replies).insert(key, Slot::Reducer(reducer));
+        self.replies.lock().insert(key, Slot::Reducer(reducer));
         ReplyTo {
             port: self.reply_port(),
             key,
@@ -172,7 +172,7 @@ impl Inner {
     /// only posts, or starts tasks.
     fn arrive(self: &Arc<Self>, sender: u64, seq: u64, delivery: Delivery) {
         let actor = delivery.actor.clone();
-        let mut incoming = lock(&self.incoming);
+        let mut incoming = self.incoming.lock();
         match incoming.arrive(sender, actor.clone(), seq, delivery) {
             Arrival::Ready(ready) => {
                 for d in ready {
@@ -185,7 +185,7 @@ impl Inner {
                     tokio::spawn(async move {
                         tokio::time::sleep(GAP_GRACE).await;
                         if let Some(inner) = inner.upgrade() {
-                            let mut incoming = lock(&inner.incoming);
+                            let mut incoming = inner.incoming.lock();
                             for d in incoming.release(sender, &actor) {
                                 inner.execute(d);
                             }
@@ -201,7 +201,7 @@ impl Inner {
 
     /// Executes deliveries released by a proc's death (the sequencer lock is taken).
     pub(super) fn release_held(self: &Arc<Self>) {
-        let mut incoming = lock(&self.incoming);
+        let mut incoming = self.incoming.lock();
         for (_, ready) in incoming.peer_died() {
             for d in ready {
                 self.execute(d);

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use hyperactor::{ActorId, ProcId};
 use serde::{Deserialize, Serialize};
 
-use super::{cast_port, lock, Inner, ProcAgent};
+use super::{cast_port, Inner, ProcAgent};
 use crate::cast::codec::{CastHeader, CastKind, Entry, ReplyMode, ReplyTo, ViewExtent};
 use crate::cast::reply::ReplyItem;
 use crate::cast::tree::{chunks, subtree_ends};
@@ -109,7 +109,7 @@ impl Inner {
         let mut lost: Vec<ReplyItem> = Vec::new();
         let mut live: Vec<&CastTarget> = Vec::with_capacity(targets.len());
         {
-            let dead = lock(&self.dead);
+            let dead = self.dead.lock();
             for t in targets {
                 match dead.get(&t.proc) {
                     Some(d) if !dead.is_empty() => lost.push(ReplyItem::unanswered(
@@ -122,7 +122,7 @@ impl Inner {
             }
         }
         let entries: Vec<Entry> = {
-            let mut outgoing = lock(&self.outgoing);
+            let mut outgoing = self.outgoing.lock();
             let numbering = outgoing.actor(actor);
             live.iter()
                 .map(|t| Entry {
@@ -138,7 +138,7 @@ impl Inner {
             .filter(|to| to.port == self.reply_port())
             .map(|to| to.key);
         if let Some(key) = local_key {
-            lock(&self.calls).insert(
+            self.calls.lock().insert(
                 key,
                 CallWatch {
                     targets: live.iter().map(|t| (t.index, t.proc.clone())).collect(),
@@ -161,7 +161,7 @@ impl Inner {
             hops: 1,
             fanout: u16::try_from(fanout).unwrap_or(u16::MAX),
             entries: Vec::new(),
-            dead: lock(&self.dead_recent).iter().cloned().collect(),
+            dead: self.dead_recent.lock().iter().cloned().collect(),
         };
         for range in chunks(entries.len(), fanout) {
             match header.encode_chunk(1, header.reply.as_ref(), &entries[range.clone()]) {
@@ -181,7 +181,7 @@ impl Inner {
     pub(super) fn watch_targets(self: &Arc<Self>, targets: &[CastTarget]) {
         let mut new: Vec<(ProcId, ProcId)> = Vec::new();
         {
-            let mut watched = lock(&self.watched);
+            let mut watched = self.watched.lock();
             for t in targets {
                 if let Some(host) = &t.host {
                     if watched.insert(t.proc.clone()) {
@@ -194,7 +194,7 @@ impl Inner {
             return;
         }
         {
-            let mut hosts = lock(&self.hosts);
+            let mut hosts = self.hosts.lock();
             for (host, proc) in &new {
                 hosts.insert(proc.clone(), host.clone());
             }

@@ -8,15 +8,16 @@
 //! procs it spawned to their owners ([`Control::Output`], see [`super::output`]), ahead
 //! of their death reports.
 
+use hyperactor::sync::Mutex;
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyperactor::message::{Envelope, Serialized};
 use hyperactor::{ActorId, PortId, PortRef, ProcId, SendContext};
 use serde::{Deserialize, Serialize};
 
-use super::{control_port, lock, CastTarget, Inner};
+use super::{control_port, CastTarget, Inner};
 use crate::bootstrap::ProcCommands;
 use crate::cast::codec::MeshInfo;
 use crate::host::{Host, ProcExit, ProcHandle};
@@ -232,7 +233,7 @@ impl HostService {
     /// Stops every proc of the host (their deaths are expected, not failures).
     pub(super) async fn shutdown(&self, timeout: Duration) {
         {
-            let mut state = lock(&self.state);
+            let mut state = self.state.lock();
             let procs: Vec<ProcId> = state.handles.keys().cloned().collect();
             state.expected.extend(procs);
         }
@@ -244,7 +245,7 @@ impl HostService {
     /// Starts the task that forwards the host's output and turns each reaped proc into
     /// death reports (see [`super::output`]).
     pub(super) fn start(self: &Arc<Self>, agent: &Arc<Inner>) {
-        let Some(flushes) = lock(&self.flushes).take() else {
+        let Some(flushes) = self.flushes.lock().take() else {
             return;
         };
         let service = Arc::clone(self);
@@ -258,7 +259,7 @@ impl HostService {
     /// A proc of the host exited (its output was sent before): report its death.
     pub(super) fn on_exit(&self, agent: &Inner, exit: ProcExit) {
         let (death, subscribers, orphans) = {
-            let mut state = lock(&self.state);
+            let mut state = self.state.lock();
             let death = ProcDeath {
                 proc_id: exit.proc_id.clone(),
                 pid: exit.pid,
@@ -354,7 +355,7 @@ impl Inner {
             Control::WatchProcs { procs, subscriber } => {
                 let mut known = Vec::new();
                 {
-                    let mut state = lock(&host.state);
+                    let mut state = host.state.lock();
                     for proc in procs {
                         match state.dead.get(&proc) {
                             Some(death) => known.push(death.clone()),
@@ -385,7 +386,7 @@ impl Inner {
                 reply,
             } => self.host_end(host, reason, timeout_ms, reply, &envelope.header.sender),
             Control::Unreachable { proc, reason } => {
-                let handle = lock(&host.state).handles.get(&proc).cloned();
+                let handle = host.state.lock().handles.get(&proc).cloned();
                 if let Some(handle) = handle {
                     let why = format!("messages to it could not be delivered ({reason})");
                     if handle.kill_lost(why) {
@@ -417,7 +418,9 @@ impl Inner {
         let agent = super::ProcAgent {
             inner: Arc::clone(self),
         };
-        let owner = lock(&self.singleton_owner)
+        let owner = self
+            .singleton_owner
+            .lock()
             .clone()
             .unwrap_or_else(|| self.id.clone());
         let result = agent
@@ -445,7 +448,7 @@ impl Inner {
             let result: Result<Vec<ProcInfo>, String> = match spawned {
                 Ok(handles) => {
                     let host_proc = agent.proc.proc_id().clone();
-                    let mut state = lock(&host.state);
+                    let mut state = host.state.lock();
                     Ok(handles
                         .into_iter()
                         .map(|h| {
@@ -492,7 +495,7 @@ impl Inner {
             return;
         };
         let handles: Vec<ProcHandle> = {
-            let mut state = lock(&host.state);
+            let mut state = host.state.lock();
             let handles: Vec<ProcHandle> = state.handles.values().cloned().collect();
             for h in &handles {
                 state.expected.insert(h.proc_id().clone());
@@ -520,7 +523,7 @@ impl Inner {
         reply: Option<PortId>,
     ) {
         let handles: Vec<ProcHandle> = {
-            let mut state = lock(&host.state);
+            let mut state = host.state.lock();
             procs
                 .iter()
                 .filter_map(|p| {

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use hyperactor::{PortId, ProcId};
 
 use super::control::HostService;
-use super::{lock, Control, Inner};
+use super::{Control, Inner};
 use crate::supervision::{ProcDeath, ProcEnd};
 
 /// Default [`Liveness::interval`].
@@ -71,13 +71,13 @@ impl Inner {
         if host == self.proc.proc_id() {
             return;
         }
-        if !lock(&self.monitored).insert(host.clone()) {
+        if !self.monitored.lock().insert(host.clone()) {
             return;
         }
         // Monitored afresh: a host lost before (or ended) is in use again.
-        lock(&self.lost_hosts).remove(host);
-        lock(&self.ending_hosts).remove(host);
-        lock(&self.host_acks).insert(host.clone(), Instant::now());
+        self.lost_hosts.lock().remove(host);
+        self.ending_hosts.lock().remove(host);
+        self.host_acks.lock().insert(host.clone(), Instant::now());
         tokio::spawn(monitor(Arc::downgrade(self), host.clone()));
     }
 
@@ -103,7 +103,7 @@ impl Inner {
     }
 
     pub(super) fn on_heartbeat_ack(&self, proc: &ProcId) {
-        if let Some(at) = lock(&self.host_acks).get_mut(proc) {
+        if let Some(at) = self.host_acks.lock().get_mut(proc) {
             *at = Instant::now();
         }
     }
@@ -121,13 +121,13 @@ impl Inner {
 
     /// Stops monitoring `host` (its monitor task ends at its next tick).
     pub(super) fn unmonitor_host(&self, host: &ProcId) {
-        lock(&self.monitored).remove(host);
-        lock(&self.host_acks).remove(host);
+        self.monitored.lock().remove(host);
+        self.host_acks.lock().remove(host);
     }
 
     /// Why `host` was given up for lost, if it was (and is not monitored afresh since).
     pub(super) fn lost_reason(&self, host: &ProcId) -> Option<String> {
-        lock(&self.lost_hosts).get(host).cloned()
+        self.lost_hosts.lock().get(host).cloned()
     }
 
     /// Completes, with the reason, once `host` is given up for lost (at once if it is).
@@ -151,15 +151,17 @@ impl Inner {
     /// unless the host is being ended (then its procs are being stopped, not failed).
     fn host_lost(self: &Arc<Self>, host: &ProcId, reason: &str) {
         self.unmonitor_host(host);
-        if lock(&self.ending_hosts).contains(host) {
-            lock(&self.lost_hosts).insert(host.clone(), reason.to_string());
+        if self.ending_hosts.lock().contains(host) {
+            self.lost_hosts
+                .lock()
+                .insert(host.clone(), reason.to_string());
             tracing::info!(agent = %self.id, "host {host}, which was asked to end, is lost ({reason})");
             self.events.send_modify(|n| *n = n.wrapping_add(1));
             return;
         }
         // (proc, pid, owned here): only an owner tells its procs to exit.
         let mut procs: Vec<(ProcId, u32, bool)> = Vec::new();
-        for owned in lock(&self.owned).values() {
+        for owned in self.owned.lock().values() {
             for (target, pid) in &owned.ranks {
                 if target.host.as_ref() == Some(host) {
                     procs.push((target.proc.clone(), pid.unwrap_or(0), true));
@@ -167,7 +169,8 @@ impl Inner {
             }
         }
         procs.extend(
-            lock(&self.hosts)
+            self.hosts
+                .lock()
                 .iter()
                 .filter(|(_, h)| *h == host)
                 .map(|(p, _)| (p.clone(), 0, false)),
@@ -188,7 +191,7 @@ impl Inner {
         crate::monitor::events::record(event);
         let why = format!("its host {host} was lost: {reason}");
         for (proc, pid, owned) in procs {
-            if lock(&self.dead).get(&proc).is_some_and(|d| d.confirmed) {
+            if self.dead.lock().get(&proc).is_some_and(|d| d.confirmed) {
                 continue;
             }
             if owned {
@@ -207,7 +210,9 @@ impl Inner {
             });
         }
         // Recorded last: whoever sees the host lost sees its procs' deaths handled.
-        lock(&self.lost_hosts).insert(host.clone(), reason.to_string());
+        self.lost_hosts
+            .lock()
+            .insert(host.clone(), reason.to_string());
         self.events.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
@@ -228,10 +233,10 @@ async fn monitor(weak: Weak<Inner>, host: ProcId) {
             error = proc.link_failed(&host) => Some(error),
         };
         let Some(inner) = weak.upgrade() else { return };
-        if !lock(&inner.monitored).contains(&host) {
+        if !inner.monitored.lock().contains(&host) {
             return;
         }
-        let last_ack = lock(&inner.host_acks).get(&host).copied();
+        let last_ack = inner.host_acks.lock().get(&host).copied();
         let Some(last_ack) = last_ack else { return };
         if let Some(error) = failed {
             match broken {
@@ -267,7 +272,7 @@ impl HostService {
         if client == host {
             return;
         }
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         if state.handles.contains_key(client) {
             return;
         }
@@ -286,7 +291,7 @@ impl HostService {
                     return;
                 };
                 let doomed = {
-                    let mut state = lock(&service.state);
+                    let mut state = service.state.lock();
                     let expired: Vec<ProcId> = state
                         .leases
                         .iter()

@@ -10,7 +10,7 @@ use hyperactor::actor::{AnyActorHandle, DrivenActor};
 use hyperactor::{Actor, ActorId, ActorStatus, Client};
 use serde::de::DeserializeOwned;
 
-use super::{lock, Control, Inner};
+use super::{Control, Inner};
 use crate::cast::codec::{ActorType, MeshInfo, ReplyTo, SpawnSpec, ViewExtent};
 use crate::cast::reply::ReplyItem;
 use crate::supervision::{FailureCause, MeshFailure};
@@ -156,7 +156,7 @@ impl Inner {
         view: &ViewExtent,
         parts: Vec<Bytes>,
     ) {
-        if lock(&self.local).contains_key(actor) {
+        if self.local.lock().contains_key(actor) {
             tracing::warn!(agent = %self.id, actor, "ignoring a second spawn of the same actor");
             return;
         }
@@ -200,7 +200,7 @@ impl Inner {
         };
         match spawned {
             Ok(handle) => {
-                lock(&self.local).insert(
+                self.local.lock().insert(
                     actor.to_string(),
                     LocalActor {
                         handle: Some(handle),
@@ -234,7 +234,7 @@ impl Inner {
     /// Why this proc takes no new actors, if it is stopping: the agent was told
     /// ([`super::ProcAgent::close_spawns`]), or the proc itself is stopped.
     fn stopping(&self) -> Option<String> {
-        if let Some(why) = lock(&self.spawns_closed).clone() {
+        if let Some(why) = self.spawns_closed.lock().clone() {
             return Some(why);
         }
         self.proc
@@ -256,7 +256,7 @@ impl Inner {
     ) {
         tracing::debug!(agent = %self.id, actor, "refusing a spawn: {why}");
         let actor_id = handle.as_ref().map(|h| h.actor_id().clone());
-        lock(&self.local).insert(
+        self.local.lock().insert(
             actor.to_string(),
             LocalActor {
                 handle,
@@ -289,7 +289,7 @@ impl Inner {
     /// Why calls to local actor `actor` cannot be handled, if they cannot, and whether
     /// that is because it was stopped (not a failure).
     pub(super) fn why_not_running(&self, actor: &str) -> Option<(String, bool)> {
-        let local = lock(&self.local);
+        let local = self.local.lock();
         let Some(a) = local.get(actor) else {
             return Some((
                 format!(
@@ -333,7 +333,7 @@ impl Inner {
         reply: Option<(ReplyTo, u32)>,
     ) {
         let handle = {
-            let mut local = lock(&self.local);
+            let mut local = self.local.lock();
             local.get_mut(actor).and_then(|a| {
                 a.stop_reason.get_or_insert(reason.clone());
                 a.handle.clone()
@@ -361,7 +361,7 @@ impl Inner {
         let Some((to, index)) = reply else {
             return;
         };
-        let handle = lock(&self.local).get(actor).and_then(|a| a.handle.clone());
+        let handle = self.local.lock().get(actor).and_then(|a| a.handle.clone());
         let inner = Arc::clone(self);
         let actor = actor.to_string();
         tokio::spawn(async move {

@@ -9,15 +9,16 @@
 //! only it knows: the meshes it spawned, the failures it heard of, the heartbeat ages of
 //! the hosts it watches.
 
+use hyperactor::sync::Mutex;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hyperactor::{PortId, PortRef, ProcId, SendContext};
 
 use super::control::{Control, HostService};
 use super::supervise::OwnedKind;
-use super::{lock, Inner, ProcAgent};
+use super::{Inner, ProcAgent};
 use crate::monitor::{
     failures, stack, system, unix_now, ActorRecord, ExitRecord, FailureRecord, HostRecord,
     HostReport, MeshRecord, ProcRecord, ProcReport, Snapshot, StackDump,
@@ -115,7 +116,7 @@ impl Inner {
         proc.log_lines_dropped = crate::output::dropped_lines();
         // Copied before the agent's table is locked: no lock is held across the two.
         let actor_stats = self.proc.actor_stats();
-        let local = lock(&self.local);
+        let local = self.local.lock();
         let actors = actor_stats
             .iter()
             .map(|s| {
@@ -149,7 +150,7 @@ impl Inner {
     ) -> HostReport {
         let me = self.proc.proc_id().to_string();
         let (live, dead) = {
-            let state = lock(&host.state);
+            let state = host.state.lock();
             let live: Vec<crate::host::ProcHandle> = state.handles.values().cloned().collect();
             let dead: Vec<ProcDeath> = state.dead.values().cloned().collect();
             (live, dead)
@@ -175,7 +176,7 @@ impl Inner {
                         answer.ok().and_then(Result::ok)
                     }
                     status = handle.wait() => {
-                        let expected = lock(&host.state).expected.contains(&proc);
+                        let expected = host.state.lock().expected.contains(&proc);
                         let death = ProcDeath {
                             proc_id: proc.clone(),
                             pid: handle.pid(),
@@ -273,7 +274,7 @@ impl Inner {
             }
             Control::KillProc { proc, reason } => {
                 if let Some(host) = &self.host {
-                    let handle = lock(&host.state).handles.get(&proc).cloned();
+                    let handle = host.state.lock().handles.get(&proc).cloned();
                     if let Some(handle) = handle {
                         tracing::warn!(agent = %self.id, "killing proc {proc}: {reason}");
                         handle.kill_lost(format!("killed on request: {reason}"));
@@ -311,11 +312,11 @@ impl Inner {
     /// hosts of the procs it talks to, and the hosts it watches.
     fn known_hosts(&self) -> Vec<ProcId> {
         let me = self.proc.proc_id();
-        let mut hosts: HashSet<ProcId> = lock(&self.hosts).values().cloned().collect();
-        hosts.extend(lock(&self.host_acks).keys().cloned());
-        hosts.extend(lock(&self.lost_hosts).keys().cloned());
+        let mut hosts: HashSet<ProcId> = self.hosts.lock().values().cloned().collect();
+        hosts.extend(self.host_acks.lock().keys().cloned());
+        hosts.extend(self.lost_hosts.lock().keys().cloned());
         hosts.extend(self.spawned_by.iter().cloned());
-        for owned in lock(&self.owned).values() {
+        for owned in self.owned.lock().values() {
             hosts.extend(owned.ranks.iter().filter_map(|(t, _)| t.host.clone()));
         }
         hosts.remove(me);
@@ -332,8 +333,8 @@ impl Inner {
         procs: &mut Vec<ProcRecord>,
         actors: &mut Vec<ActorRecord>,
     ) -> Vec<MeshRecord> {
-        let owned = lock(&self.owned);
-        let dead = lock(&self.dead);
+        let owned = self.owned.lock();
+        let dead = self.dead.lock();
         let mut meshes = Vec::new();
         let proc_index: HashMap<String, usize> = procs
             .iter()
@@ -502,7 +503,7 @@ impl ProcAgent {
                 // A host that did not answer the last snapshot (its process is gone or
                 // frozen, and no heartbeat judged it lost yet) gets a short wait, so it
                 // does not slow every snapshot down; one that answers gets its time again.
-                let wait = if lock(silent_hosts()).contains(&host) {
+                let wait = if silent_hosts().lock().contains(&host) {
                     SILENT_HOST_WAIT
                 } else {
                     timeout.min(HOST_ANSWER_DEADLINE)
@@ -515,9 +516,9 @@ impl ProcAgent {
                     .await
                     .and_then(|r| r);
                 if answer.is_ok() {
-                    lock(silent_hosts()).remove(&host);
+                    silent_hosts().lock().remove(&host);
                 } else {
-                    lock(silent_hosts()).insert(host.clone());
+                    silent_hosts().lock().insert(host.clone());
                 }
                 (host, answer)
             }
@@ -540,7 +541,7 @@ impl ProcAgent {
         snapshot.hosts.extend(own_host);
         snapshot.procs.extend(own_procs);
         snapshot.actors.extend(own_actors);
-        let acks = lock(&inner.host_acks).clone();
+        let acks = inner.host_acks.lock().clone();
         for (host, answer) in answers {
             let age = acks.get(&host).map(|at| crate::monitor::ms(at.elapsed()));
             match answer {
@@ -616,8 +617,8 @@ impl ProcAgent {
     ///
     /// If no host of `proc` is known.
     pub fn kill_proc(&self, proc: &ProcId, reason: &str) -> Result<(), String> {
-        let host = lock(&self.inner.hosts).get(proc).cloned().or_else(|| {
-            lock(&self.inner.owned).values().find_map(|m| {
+        let host = self.inner.hosts.lock().get(proc).cloned().or_else(|| {
+            self.inner.owned.lock().values().find_map(|m| {
                 m.ranks
                     .iter()
                     .find(|(t, _)| &t.proc == proc)

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::control::{Control, HostService};
-use super::{lock, Inner, ProcAgent};
+use super::{Inner, ProcAgent};
 use crate::host::{HostEvent, ProcOutput};
 use crate::output::OutputBatch;
 
@@ -151,7 +151,7 @@ impl Inner {
     /// A batch of output arrived (on the delivering task).
     pub(super) fn on_output(&self, batch: OutputBatch) {
         self.keep_output(&batch);
-        let sink = lock(&self.output_sink).clone();
+        let sink = self.output_sink.lock().clone();
         match sink {
             Some(sink) => sink(batch),
             None => batch.write_to_terminal(),
@@ -163,7 +163,7 @@ impl Inner {
     /// Keeps `batch`'s lines in the logs ring (see [`crate::monitor::logs`]), each with
     /// the id of the proc that wrote it when this process spawned it.
     fn keep_output(&self, batch: &OutputBatch) {
-        let procs: Vec<String> = match lock(&self.owned).get(&batch.mesh_id) {
+        let procs: Vec<String> = match self.owned.lock().get(&batch.mesh_id) {
             Some(owned) => owned
                 .ranks
                 .iter()
@@ -198,7 +198,7 @@ impl ProcAgent {
     /// stdout and stderr. The sink runs on the task that delivers each batch: it must
     /// not block.
     pub fn set_output_sink(&self, sink: OutputSink) {
-        *lock(&self.inner.output_sink) = Some(sink);
+        *self.inner.output_sink.lock() = Some(sink);
     }
 
     /// Sends on the output lines this host agent's host has read so far (pending

@@ -10,15 +10,16 @@
 //!   died, and a call from this process is answered for every rank whose message went
 //!   through a dead proc, as soon as the death is known.
 
+use hyperactor::sync::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use bytes::Bytes;
 use hyperactor::ProcId;
 use tokio::sync::Notify;
 
-use super::{lock, Inner, ProcAgent};
+use super::{Inner, ProcAgent};
 use crate::cast::codec::ReplyTo;
 use crate::cast::reply::{decode_reply, encode_reply, ReplyItem};
 use hyperactor::channel::log_limit::LogLimit;
@@ -68,7 +69,7 @@ impl Inner {
 
     /// Hands `items` to the slot of `key` (dropped if nobody waits any more).
     pub(super) fn deliver_items(&self, key: u64, items: Vec<ReplyItem>) {
-        let slot = match lock(&self.replies).get(&key) {
+        let slot = match self.replies.lock().get(&key) {
             Some(Slot::Reducer(r)) => Slot::Reducer(Arc::clone(r)),
             Some(Slot::Sink(s)) => Slot::Sink(Arc::clone(s)),
             None => return,
@@ -80,7 +81,7 @@ impl Inner {
     }
 
     fn reduce(&self, key: u64, reducer: &Reducer, items: Vec<ReplyItem>) {
-        let mut state = lock(&reducer.state);
+        let mut state = reducer.state.lock();
         if state.pending.is_empty() {
             return; // complete already
         }
@@ -96,14 +97,14 @@ impl Inner {
         &self,
         key: u64,
         reducer: &Reducer,
-        mut state: std::sync::MutexGuard<'_, ReduceState>,
+        mut state: hyperactor::sync::MutexGuard<'_, ReduceState>,
     ) {
         if !state.pending.is_empty() {
             return;
         }
         let got = std::mem::take(&mut state.got);
         drop(state);
-        lock(&self.replies).remove(&key);
+        self.replies.lock().remove(&key);
         self.send_items(&reducer.parent, got);
     }
 
@@ -126,7 +127,9 @@ impl Inner {
     /// `proc` died: reducers stop waiting for children on it; calls from this process
     /// are answered for every rank whose message went through it (REP-2).
     pub(super) fn replies_after_death(&self, proc: &ProcId, reason: &str, stopped: bool) {
-        let reducers: Vec<(u64, Arc<Reducer>)> = lock(&self.replies)
+        let reducers: Vec<(u64, Arc<Reducer>)> = self
+            .replies
+            .lock()
             .iter()
             .filter_map(|(key, slot)| match slot {
                 Slot::Reducer(r) => Some((*key, Arc::clone(r))),
@@ -134,7 +137,7 @@ impl Inner {
             })
             .collect();
         for (key, reducer) in reducers {
-            let mut state = lock(&reducer.state);
+            let mut state = reducer.state.lock();
             let lost: Vec<u32> = state
                 .children
                 .iter()
@@ -153,7 +156,9 @@ impl Inner {
             }
             self.finish_if_done(key, &reducer, state);
         }
-        let watched: Vec<(u64, Vec<(u32, bool)>)> = lock(&self.calls)
+        let watched: Vec<(u64, Vec<(u32, bool)>)> = self
+            .calls
+            .lock()
             .iter()
             .map(|(key, watch)| (*key, watch.through(proc)))
             .filter(|(_, hit)| !hit.is_empty())
@@ -185,13 +190,13 @@ impl Inner {
 
     fn register(&self, sink: Arc<dyn ReplySink>) -> u64 {
         let key = self.next_key();
-        lock(&self.replies).insert(key, Slot::Sink(sink));
+        self.replies.lock().insert(key, Slot::Sink(sink));
         key
     }
 
     fn unregister(&self, key: u64) {
-        lock(&self.replies).remove(&key);
-        lock(&self.calls).remove(&key);
+        self.replies.lock().remove(&key);
+        self.calls.lock().remove(&key);
     }
 }
 
@@ -226,25 +231,22 @@ impl Signal {
     /// Blocks on `m` until `done(state)` or the deadline.
     fn wait_blocking<'a, S>(
         &self,
-        mut guard: std::sync::MutexGuard<'a, S>,
+        mut guard: hyperactor::sync::MutexGuard<'a, S>,
         deadline: Option<Instant>,
         done: impl Fn(&S) -> bool,
-    ) -> Option<std::sync::MutexGuard<'a, S>> {
+    ) -> Option<hyperactor::sync::MutexGuard<'a, S>> {
         loop {
             if done(&guard) {
                 return Some(guard);
             }
             guard = match deadline {
-                None => self.ready.wait(guard).unwrap_or_else(|e| e.into_inner()),
+                None => self.ready.wait(guard),
                 Some(deadline) => {
                     let now = Instant::now();
                     if deadline <= now {
                         return None;
                     }
-                    self.ready
-                        .wait_timeout(guard, deadline - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
+                    self.ready.wait_timeout(guard, deadline - now).0
                 }
             };
         }
@@ -274,7 +276,7 @@ struct CallInner {
 
 impl ReplySink for CallInner {
     fn deliver(&self, items: Vec<ReplyItem>) {
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         state.messages += 1;
         for item in items {
             if state.expected.contains(&item.index) && !state.items.contains_key(&item.index) {
@@ -303,7 +305,7 @@ pub struct CallReplies {
 
 impl std::fmt::Debug for CallReplies {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = lock(&self.inner.state);
+        let state = self.inner.state.lock();
         f.debug_struct("CallReplies")
             .field("key", &self.to.key)
             .field("expected", &state.expected.len())
@@ -360,12 +362,12 @@ impl CallReplies {
 
     /// Whether the call is complete.
     pub fn is_done(&self) -> bool {
-        lock(&self.inner.state).done()
+        self.inner.state.lock().done()
     }
 
     /// How many reply messages arrived so far.
     pub fn messages(&self) -> usize {
-        lock(&self.inner.state).messages
+        self.inner.state.lock().messages
     }
 
     fn take(state: &mut CallState) -> Vec<ReplyItem> {
@@ -377,7 +379,7 @@ impl CallReplies {
     /// Blocks until the call is complete or `deadline` passes; then returns the items
     /// by index (all of them, or fewer when one failed). Not for runtime threads.
     pub fn wait_blocking(&self, deadline: Option<Instant>) -> Waited<Vec<ReplyItem>> {
-        let guard = lock(&self.inner.state);
+        let guard = self.inner.state.lock();
         match self
             .inner
             .signal
@@ -399,7 +401,7 @@ impl CallReplies {
             tokio::pin!(notified);
             notified.as_mut().enable();
             {
-                let mut state = lock(&self.inner.state);
+                let mut state = self.inner.state.lock();
                 if state.done() {
                     return Self::take(&mut state);
                 }
@@ -424,7 +426,7 @@ struct QueueInner {
 
 impl ReplySink for QueueInner {
     fn deliver(&self, items: Vec<ReplyItem>) {
-        let mut state = lock(&self.items);
+        let mut state = self.items.lock();
         if state.1 {
             return;
         }
@@ -473,12 +475,12 @@ impl ReplyQueue {
 
     /// The next item if one is queued.
     pub fn try_next(&self) -> Option<ReplyItem> {
-        lock(&self.inner.items).0.pop_front()
+        self.inner.items.lock().0.pop_front()
     }
 
     /// Blocks for the next item until `deadline`. Not for runtime threads.
     pub fn next_blocking(&self, deadline: Option<Instant>) -> Waited<ReplyItem> {
-        let guard = lock(&self.inner.items);
+        let guard = self.inner.items.lock();
         match self
             .inner
             .signal
@@ -516,14 +518,14 @@ impl ReplyQueue {
 
     /// Puts `item` back at the front (a reader that took more than it could use).
     pub fn push_front(&self, item: ReplyItem) {
-        lock(&self.inner.items).0.push_front(item);
+        self.inner.items.lock().0.push_front(item);
         self.inner.signal.wake();
     }
 }
 
 impl Drop for ReplyQueue {
     fn drop(&mut self) {
-        lock(&self.inner.items).1 = true;
+        self.inner.items.lock().1 = true;
         if let Some(agent) = self.agent.upgrade() {
             agent.unregister(self.to.key);
         }

@@ -9,9 +9,7 @@ use std::time::Duration;
 use hyperactor::message::{Envelope, EnvelopeHeader, Serialized, SUPERVISION_PORT};
 use hyperactor::{ActorId, ProcId, SupervisionEvent};
 
-use super::{
-    lock, CallReplies, CastTarget, Control, Inner, ProcAgent, ProcInfo, AGENT_NAME, CAST_PORT,
-};
+use super::{CallReplies, CastTarget, Control, Inner, ProcAgent, ProcInfo, AGENT_NAME, CAST_PORT};
 use crate::cast::codec::{CastHeader, CastKind, MeshInfo, ReplyMode, Route, ViewExtent};
 use crate::cast::reply::ReplyItem;
 use crate::supervision::{FailureCause, MeshFailure, ProcDeath};
@@ -101,7 +99,7 @@ impl ProcAgent {
             &mesh,
             &format!(" spawned on {} procs", ranks.len()),
         );
-        lock(&self.inner.owned).insert(
+        self.inner.owned.lock().insert(
             mesh.id,
             OwnedMesh {
                 mesh,
@@ -140,7 +138,7 @@ impl ProcAgent {
             &mesh,
             &format!(" spawned with {} procs", procs.len()),
         );
-        lock(&self.inner.owned).insert(
+        self.inner.owned.lock().insert(
             mesh.id,
             OwnedMesh {
                 mesh,
@@ -156,7 +154,7 @@ impl ProcAgent {
 
     /// Records that mesh `id` was stopped: its procs' deaths are no longer failures.
     pub fn mark_stopped(&self, id: u64) {
-        if let Some(mesh) = lock(&self.inner.owned).get_mut(&id) {
+        if let Some(mesh) = self.inner.owned.lock().get_mut(&id) {
             if !mesh.stopped {
                 mesh_event("mesh_stopped", "mesh", &mesh.mesh, " stopped");
             }
@@ -174,7 +172,7 @@ impl ProcAgent {
     /// their hosts, actors by their agents), bounded by the agent's stop timeout.
     /// Returns false if no actor of this process owns such a mesh.
     pub async fn stop_owned(&self, id: u64, reason: &str) -> bool {
-        let Some(owner) = lock(&self.inner.owned).get(&id).map(|m| m.owner.clone()) else {
+        let Some(owner) = self.inner.owned.lock().get(&id).map(|m| m.owner.clone()) else {
             return false;
         };
         self.inner
@@ -204,7 +202,7 @@ impl Inner {
 
     /// An actor this agent spawned failed (the runtime's report).
     fn on_actor_failed(&self, event: SupervisionEvent) {
-        let local = lock(&self.local);
+        let local = self.local.lock();
         let Some(actor) = local.get(event.actor_id.name()) else {
             tracing::warn!(agent = %self.id, "a failure of an actor it does not know: {event}");
             return;
@@ -241,7 +239,7 @@ impl Inner {
 
     /// Records `proc` as dead; false if it was already (as confirmed, when `confirmed`).
     fn mark_dead(&self, death: &ProcDeath, confirmed: bool) -> bool {
-        let mut dead = lock(&self.dead);
+        let mut dead = self.dead.lock();
         match dead.get(&death.proc_id) {
             Some(d) if d.confirmed || !confirmed => return false,
             _ => {}
@@ -257,7 +255,7 @@ impl Inner {
             .is_some();
         drop(dead);
         if !known {
-            let mut recent = lock(&self.dead_recent);
+            let mut recent = self.dead_recent.lock();
             if recent.len() == super::DEAD_IN_HEADERS {
                 recent.pop_front();
             }
@@ -270,7 +268,7 @@ impl Inner {
     /// messages, reducers, calls); its host's report, if this agent watches it, is
     /// still what reaches the owners of meshes on it.
     pub(super) fn hearsay_death(self: &Arc<Self>, proc: &ProcId, origin: &ActorId) {
-        if lock(&self.dead).contains_key(proc) {
+        if self.dead.lock().contains_key(proc) {
             return;
         }
         let death = ProcDeath {
@@ -291,7 +289,7 @@ impl Inner {
     /// is then no failure, whoever reports it. (Its host's report says so too, but a
     /// host lost after the stop, before that report arrived, is reported as lost.)
     fn in_stopped_proc_mesh(&self, proc: &ProcId) -> bool {
-        lock(&self.owned).values().any(|m| {
+        self.owned.lock().values().any(|m| {
             m.stopped
                 && matches!(m.kind, OwnedKind::Procs)
                 && m.ranks.iter().any(|(t, _)| &t.proc == proc)
@@ -305,7 +303,7 @@ impl Inner {
         if self.in_stopped_proc_mesh(proc) {
             return true;
         }
-        let owned = lock(&self.owned);
+        let owned = self.owned.lock();
         let Some(m) = owned.get(&mesh) else {
             return false;
         };
@@ -318,8 +316,8 @@ impl Inner {
             .find(|(t, _)| &t.proc == proc)
             .and_then(|(t, _)| t.host.clone());
         drop(owned);
-        let host = host.or_else(|| lock(&self.hosts).get(proc).cloned());
-        host.is_some_and(|h| lock(&self.ending_hosts).contains(&h))
+        let host = host.or_else(|| self.hosts.lock().get(proc).cloned());
+        host.is_some_and(|h| self.ending_hosts.lock().contains(&h))
     }
 
     /// A stopping proc refused to spawn an actor of a mesh `owner` owns (MSUP-3):
@@ -342,10 +340,10 @@ impl Inner {
         if !self.mark_dead(&death, true) {
             return;
         }
-        let host = lock(&self.hosts).get(&proc).map(ToString::to_string);
+        let host = self.hosts.lock().get(&proc).map(ToString::to_string);
         crate::monitor::failures::note_proc_death(&death, host);
         self.handle_death(&proc, &death);
-        lock(&self.handled_deaths).insert(proc);
+        self.handled_deaths.lock().insert(proc);
         self.events.send_modify(|n| *n = n.wrapping_add(1));
     }
 
@@ -358,7 +356,7 @@ impl Inner {
     pub(super) async fn death_handled_wait(&self, proc: &ProcId) {
         let mut events = self.events.subscribe();
         loop {
-            if lock(&self.handled_deaths).contains(proc) {
+            if self.handled_deaths.lock().contains(proc) {
                 return;
             }
             if events.changed().await.is_err() {
@@ -373,7 +371,7 @@ impl Inner {
     pub(super) fn running_owned_procs(&self) -> HashMap<Option<ProcId>, Vec<ProcId>> {
         let me = self.proc.proc_id();
         let mut procs: HashMap<ProcId, Option<ProcId>> = HashMap::new();
-        for owned in lock(&self.owned).values() {
+        for owned in self.owned.lock().values() {
             if owned.stopped || !matches!(owned.kind, OwnedKind::Actors { .. }) {
                 continue;
             }
@@ -384,7 +382,7 @@ impl Inner {
                 }
             }
         }
-        let handled = lock(&self.handled_deaths);
+        let handled = self.handled_deaths.lock();
         let mut by_host: HashMap<Option<ProcId>, Vec<ProcId>> = HashMap::new();
         for (proc, host) in procs {
             if !handled.contains(&proc) && !self.in_stopped_proc_mesh(&proc) {
@@ -406,7 +404,7 @@ impl Inner {
             return;
         }
         let mut failures: Vec<(ActorId, MeshFailure)> = Vec::new();
-        for owned in lock(&self.owned).values() {
+        for owned in self.owned.lock().values() {
             if owned.stopped || !matches!(owned.kind, OwnedKind::Actors { .. }) {
                 continue;
             }
@@ -483,7 +481,7 @@ impl Inner {
             let reason = reason.to_string();
             tokio::spawn(async move {
                 tokio::time::sleep(UNREACHABLE_GRACE).await;
-                if !lock(&inner.dead).contains_key(&proc) {
+                if !inner.dead.lock().contains_key(&proc) {
                     inner.suspect(&proc, &reason);
                 }
                 if let Some((to, items)) = answer {
@@ -516,7 +514,7 @@ impl Inner {
     /// `proc` could not be reached: its host (if known) kills it as lost, so that its
     /// death is reported to everyone who watches it.
     fn suspect(&self, proc: &ProcId, reason: &str) {
-        let host = lock(&self.hosts).get(proc).cloned();
+        let host = self.hosts.lock().get(proc).cloned();
         match host {
             Some(host) => self.send_control(
                 &host,
@@ -544,7 +542,7 @@ impl Inner {
 
     async fn stop_meshes(self: &Arc<Self>, which: impl Fn(&OwnedMesh) -> bool, reason: &str) {
         let meshes: Vec<(MeshInfo, OwnedKind, Vec<CastTarget>, ViewExtent)> = {
-            let mut owned = lock(&self.owned);
+            let mut owned = self.owned.lock();
             owned
                 .values_mut()
                 .filter(|m| which(m) && !m.stopped)

@@ -9,16 +9,17 @@
 //! [`super::PIPE_DRAIN_LIMIT`]), so its last lines come before its exit on the event
 //! stream (LOG-2).
 
+use hyperactor::sync::Mutex;
 use std::fs::File;
 use std::io::Write;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use hyperactor::channel::log_limit::LogLimit;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 
-use crate::host::child::{lock, ChildProc};
+use crate::host::child::ChildProc;
 use crate::host::proc_handle::ProcExit;
 use crate::output::{files, OutputBatch, OutputLine, OutputOptions, OutputStream, MAX_LINE_BYTES};
 
@@ -108,7 +109,7 @@ impl Capture {
     }
 
     fn write_file(&self, bytes: &[u8]) {
-        let mut file = lock(&self.file);
+        let mut file = self.file.lock();
         if let Some(f) = file.as_mut() {
             if let Err(e) = f.write_all(bytes) {
                 if let Some(suppressed) = FILE_TROUBLE.check() {

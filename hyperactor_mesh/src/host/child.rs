@@ -20,13 +20,14 @@
 //!   the leader is reaped, its group is killed once more to take any grandchildren with
 //!   it (the kernel keeps the pgid reserved while members remain).
 
+use hyperactor::sync::Mutex;
 use std::collections::VecDeque;
 use std::io;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use hyperactor::ProcId;
 use std::os::fd::OwnedFd;
@@ -45,10 +46,6 @@ use crate::output::{OutputOptions, OutputStream};
 const STDERR_TAIL_LINES: usize = 20;
 /// The longest stderr line kept, in bytes; longer lines are cut.
 const STDERR_LINE_BYTES: usize = 512;
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Where a child's exit is reported.
 #[derive(Debug)]
@@ -110,7 +107,7 @@ impl ChildProc {
 
     /// Sends `SIGKILL` to the child's process group; false if it had already exited.
     pub(crate) fn kill(&self) -> bool {
-        let state = lock(&self.state);
+        let state = self.state.lock();
         if state.exited {
             return false;
         }
@@ -121,7 +118,7 @@ impl ChildProc {
     /// Kills the child because it cannot be reached (`reason`): its exit is then
     /// reported as [`ProcStatus::Lost`] with that reason. False if it had exited.
     pub(crate) fn kill_lost(&self, reason: String) -> bool {
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         if state.exited {
             return false;
         }
@@ -132,12 +129,13 @@ impl ChildProc {
 
     /// Closes the child's stdin: the graceful stop request (BOOT-2).
     pub(crate) fn close_stdin(&self) {
-        lock(&self.stdin).take();
+        self.stdin.lock().take();
     }
 
     /// The last lines of the child's stderr, as read so far.
     pub(crate) fn stderr_tail(&self) -> String {
-        lock(&self.stderr_tail)
+        self.stderr_tail
+            .lock()
             .iter()
             .map(String::as_str)
             .collect::<Vec<_>>()
@@ -189,7 +187,7 @@ impl ChildProc {
     /// Reports this child's exit to the host's stream from now on. If its exit was
     /// already published, reports it at once.
     pub(crate) fn promote(&self, proc_id: ProcId, events: mpsc::UnboundedSender<HostEvent>) {
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         if state.published {
             remove_socket_file(&proc_id);
             let _ = events.send(HostEvent::Exit(self.exit_event(&proc_id)));
@@ -211,13 +209,13 @@ impl ChildProc {
     /// (bounded) for its output to be read to the end, then publishes the exit (LOG-2).
     async fn finish(&self, status: ProcStatus) {
         {
-            let mut state = lock(&self.state);
+            let mut state = self.state.lock();
             // Take any grandchildren left in the group along (they may hold the pipes).
             kill_group(self.pid);
             state.exited = true;
         }
         self.wait_pipes_closed(super::PIPE_DRAIN_LIMIT).await;
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         state.published = true;
         let status = match state.lost.take() {
             Some(reason) => ProcStatus::Lost { reason },
@@ -242,7 +240,7 @@ impl ChildProc {
         while !line.is_char_boundary(end) {
             end -= 1;
         }
-        let mut tail = lock(&self.stderr_tail);
+        let mut tail = self.stderr_tail.lock();
         if tail.len() == STDERR_TAIL_LINES {
             tail.pop_front();
         }

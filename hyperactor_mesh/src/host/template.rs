@@ -31,12 +31,13 @@
 //!   stdin, stdout and stderr pipes from the host and the same bootstrap variables as a
 //!   child started with `exec`; only the interpreter start is shared.
 
+use hyperactor::sync::Mutex;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -44,7 +45,7 @@ use tokio::process::Command;
 use tokio::sync::oneshot;
 
 use crate::bootstrap::BootstrapCommand;
-use crate::host::child::{lock, set_parent_death_signal, spawn_on_spawner_thread};
+use crate::host::child::{set_parent_death_signal, spawn_on_spawner_thread};
 use crate::host::proc_handle::ProcStatus;
 
 /// The variable holding the template's end of the socket pair (a file descriptor).
@@ -227,7 +228,7 @@ impl Template {
 
     /// Whether the template still takes requests.
     pub(crate) fn is_alive(&self) -> bool {
-        lock(&self.shared.pending).closed.is_none()
+        self.shared.pending.lock().closed.is_none()
     }
 
     /// Forks a child with `env` set and `stdio` as its standard input, output and
@@ -250,7 +251,7 @@ impl Template {
         let (answer_tx, answer_rx) = oneshot::channel();
         let (exit_tx, exit_rx) = oneshot::channel();
         let id = {
-            let mut pending = lock(&self.shared.pending);
+            let mut pending = self.shared.pending.lock();
             if let Some(reason) = &pending.closed {
                 return Err(io::Error::other(format!(
                     "the fork server is gone: {reason}"
@@ -270,7 +271,7 @@ impl Template {
             message.extend_from_slice(v.as_bytes());
         }
         if let Err(e) = self.send(&message, &stdio.map(|fd| fd.as_raw_fd())).await {
-            let mut pending = lock(&self.shared.pending);
+            let mut pending = self.shared.pending.lock();
             pending.spawns.remove(&id);
             pending.exits_by_id.remove(&id);
             return Err(e);
@@ -337,7 +338,7 @@ async fn read_messages(shared: Arc<Shared>, template: u32) {
             Err(e) => break format!("cannot read from the fork server (pid {template}): {e}"),
         }
     };
-    let mut pending = lock(&shared.pending);
+    let mut pending = shared.pending.lock();
     pending.spawns.drain().for_each(|(_, tx)| {
         let _ = tx.send(Err(reason.clone()));
     });
@@ -355,7 +356,7 @@ fn handle_message(shared: &Shared, message: &[u8]) {
     let text = String::from_utf8_lossy(message);
     let (kind, rest) = text.split_at(text.char_indices().nth(1).map_or(text.len(), |(i, _)| i));
     let (first, second) = rest.split_once(' ').unwrap_or((rest, ""));
-    let mut pending = lock(&shared.pending);
+    let mut pending = shared.pending.lock();
     match (kind, first.parse::<u64>()) {
         ("P", Ok(id)) => {
             let Ok(pid) = second.parse::<u32>() else {

@@ -3,8 +3,9 @@
 //! subscribers. Recording takes one short lock and never blocks on subscribers (a slow
 //! subscriber misses events and sees `Lagged`).
 
+use hyperactor::sync::Mutex;
 use std::collections::VecDeque;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
@@ -83,14 +84,10 @@ fn events() -> &'static Events {
     })
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Records `event` (its `seq` and `time` are set here) and returns its sequence number.
 pub fn record(mut event: Event) -> u64 {
     let events = events();
-    let mut ring = lock(&events.ring);
+    let mut ring = events.ring.lock();
     event.seq = ring.next_seq;
     ring.next_seq += 1;
     if event.time == 0.0 {
@@ -108,7 +105,7 @@ pub fn record(mut event: Event) -> u64 {
 
 /// The events with `seq > since`, oldest first, at most `limit`.
 pub fn since(since: u64, limit: usize) -> Vec<Event> {
-    let ring = lock(&events().ring);
+    let ring = events().ring.lock();
     ring.events
         .iter()
         .filter(|e| e.seq > since)
@@ -119,7 +116,7 @@ pub fn since(since: u64, limit: usize) -> Vec<Event> {
 
 /// The sequence number of the latest event (0 if none).
 pub fn latest_seq() -> u64 {
-    lock(&events().ring).next_seq - 1
+    events().ring.lock().next_seq - 1
 }
 
 /// New events as they are recorded.

@@ -2,8 +2,9 @@
 //! as an `actor_failed` event, and kept (bounded) for snapshots: the actors of a dead
 //! proc cannot answer for themselves.
 
+use hyperactor::sync::Mutex;
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use super::events::{self, Event};
 use super::FailureRecord;
@@ -30,10 +31,6 @@ fn failures() -> &'static Mutex<Failures> {
     })
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Starts watching this machine's cgroup OOM kill count (the baseline for
 /// [`class_of`]); cheap, idempotent.
 pub fn init() {
@@ -43,7 +40,7 @@ pub fn init() {
 /// Whether the OOM killer struck in this machine's cgroup since the last look.
 fn oom_since_last() -> bool {
     let now = super::system::oom_kills();
-    let mut f = lock(failures());
+    let mut f = failures().lock();
     let rose = matches!((f.oom_baseline, now), (Some(before), Some(after)) if after > before);
     if now.is_some() {
         f.oom_baseline = now;
@@ -77,7 +74,8 @@ pub fn record_of(failure: &MeshFailure) -> FailureRecord {
     let proc_class = match failure.cause {
         FailureCause::ProcExited { .. }
         | FailureCause::ProcSignaled { .. }
-        | FailureCause::ProcLost { .. } => lock(failures())
+        | FailureCause::ProcLost { .. } => failures()
+            .lock()
             .proc_classes
             .get(&failure.proc_id.to_string())
             .copied(),
@@ -96,12 +94,12 @@ pub fn record_of(failure: &MeshFailure) -> FailureRecord {
 /// and recorded as an `actor_failed` event.
 pub fn note_mesh_failure(failure: &MeshFailure) {
     let key = (failure.mesh.id, failure.rank);
-    if lock(failures()).by_rank.contains_key(&key) {
+    if failures().lock().by_rank.contains_key(&key) {
         return;
     }
     let record = record_of(failure);
     {
-        let mut f = lock(failures());
+        let mut f = failures().lock();
         if f.by_rank.len() >= KEPT {
             f.by_rank.clear();
         }
@@ -121,7 +119,7 @@ pub fn note_mesh_failure(failure: &MeshFailure) {
 
 /// The failure kept for rank `rank` of mesh `mesh`.
 pub fn mesh_failure(mesh: u64, rank: usize) -> Option<FailureRecord> {
-    lock(failures()).by_rank.get(&(mesh, rank)).cloned()
+    failures().lock().by_rank.get(&(mesh, rank)).cloned()
 }
 
 /// Records the death of a proc as a `proc_exited` or `proc_lost` event.
@@ -139,7 +137,7 @@ pub fn note_proc_death(death: &ProcDeath, host: Option<String>) {
             ProcEnd::Signaled { .. } | ProcEnd::Lost { .. } => class_of(&death.end.cause()),
         };
         {
-            let mut f = lock(failures());
+            let mut f = failures().lock();
             if f.proc_classes.len() >= KEPT {
                 f.proc_classes.clear();
             }

@@ -2,8 +2,9 @@
 //! client's agent receives its procs' output, [`crate::output`]), at most
 //! [`LINES_PER_PROC`] lines and [`BYTES_PER_PROC`] bytes per proc, and a query over them.
 
+use hyperactor::sync::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
@@ -56,14 +57,10 @@ fn logs() -> &'static Mutex<Logs> {
     LOGS.get_or_init(Mutex::default)
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Keeps `records` (lines of procs, in arrival order), dropping each proc's oldest
 /// lines past the bounds.
 pub fn record(records: impl IntoIterator<Item = LogRecord>) {
-    let mut logs = lock(logs());
+    let mut logs = logs().lock();
     let mut dropped = 0;
     for record in records {
         let entry = logs.procs.entry(record.proc.clone()).or_default();
@@ -86,7 +83,7 @@ pub fn record(records: impl IntoIterator<Item = LogRecord>) {
 pub fn query(q: &LogQuery) -> Vec<LogRecord> {
     let limit = q.limit.unwrap_or(200);
     let needle = q.text.as_deref().unwrap_or("").to_lowercase();
-    let logs = lock(logs());
+    let logs = logs().lock();
     let matches = |r: &&LogRecord| needle.is_empty() || r.line.to_lowercase().contains(&needle);
     let mut out: Vec<LogRecord> = match &q.proc {
         Some(proc) => logs
@@ -108,7 +105,7 @@ pub fn query(q: &LogQuery) -> Vec<LogRecord> {
 
 /// Lines evicted from the ring so far (older lines pushed out by newer ones).
 pub fn evicted() -> u64 {
-    lock(logs()).dropped
+    logs().lock().dropped
 }
 
 #[cfg(test)]

@@ -7,9 +7,10 @@
 //! not stop it. When `py-spy` is on `PATH`, `py-spy dump --pid` is tried first (with a
 //! timeout); it needs permission to trace this process.
 
+use hyperactor::sync::Mutex;
 use std::io::Read;
 use std::os::fd::{FromRawFd, RawFd};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::StackDump;
@@ -104,7 +105,7 @@ fn faulthandler(timeout: Duration) -> Result<String, String> {
         );
     }
     let pipe = pipe()?;
-    let mut read = pipe.read.lock().unwrap_or_else(|e| e.into_inner());
+    let mut read = pipe.read.lock();
     let mut buf = [0u8; 64 << 10];
     // What an earlier, timed-out dump left behind.
     while matches!(read.read(&mut buf), Ok(n) if n > 0) {}

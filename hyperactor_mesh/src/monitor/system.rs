@@ -3,8 +3,9 @@
 //! `libnvidia-ml.so.1` is present (nothing is needed to build, and a machine without it
 //! reports no GPUs).
 
+use hyperactor::sync::Mutex;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use super::{GpuProcRecord, GpuRecord};
@@ -64,10 +65,7 @@ pub fn proc_stats() -> ProcStats {
     let threads = field(&fields, 20) as u64;
     let rss = field(&fields, 24) as u64 * page_size();
     let now = Instant::now();
-    let mut last = LAST
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+    let mut last = LAST.get_or_init(Mutex::default).lock();
     let cpu_pct = match *last {
         Some((then, before)) => {
             let wall = now.saturating_duration_since(then).as_secs_f64();

@@ -16,11 +16,12 @@
 //! assert!(files::default_dir().ends_with("logs"));
 //! ```
 
+use hyperactor::sync::Mutex;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// How long log files are kept: older ones are removed when a host first writes to
@@ -92,7 +93,7 @@ pub fn create(dir: &Path, mesh: &str, rank: usize, pid: u32) -> io::Result<(Path
 fn prepare(dir: &Path) -> io::Result<()> {
     static READY: OnceLock<Mutex<Vec<PathBuf>>> = OnceLock::new();
     let ready = READY.get_or_init(Mutex::default);
-    let mut ready = ready.lock().unwrap_or_else(|e| e.into_inner());
+    let mut ready = ready.lock();
     if ready.iter().any(|d| d == dir) {
         return Ok(());
     }

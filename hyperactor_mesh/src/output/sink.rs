@@ -30,8 +30,9 @@
 //! }
 //! ```
 
+use hyperactor::sync::{Condvar, Mutex, MutexGuard};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Condvar, Mutex, MutexGuard};
+
 use std::time::{Duration, Instant};
 
 use super::aggregate::Aggregator;
@@ -163,7 +164,7 @@ impl OutputQueue {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     /// Queues the lines of `batch`, as its proc mesh's mode says.
@@ -251,14 +252,9 @@ impl OutputQueue {
                 (d, w) => d.or(w),
             };
             state = match wake {
-                None => self.changed.wait(state).unwrap_or_else(|e| e.into_inner()),
+                None => self.changed.wait(state),
                 Some(wake) if wake <= now => return Next::Timeout,
-                Some(wake) => {
-                    self.changed
-                        .wait_timeout(state, wake - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
-                }
+                Some(wake) => self.changed.wait_timeout(state, wake - now).0,
             };
         }
     }
@@ -277,11 +273,7 @@ impl OutputQueue {
             if now >= deadline {
                 return false;
             }
-            state = self
-                .changed
-                .wait_timeout(state, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            state = self.changed.wait_timeout(state, deadline - now).0;
         }
         true
     }

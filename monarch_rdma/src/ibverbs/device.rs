@@ -131,7 +131,10 @@ pub(super) struct Link {
     /// Sent with every connection request, so the owner replaces this link's old
     /// queue pair.
     pub(super) id: u64,
-    pub(super) conn: Mutex<Option<Conn>>,
+    /// A `std::sync` mutex, not one of `hyperactor::sync`'s: a panic mid-transfer
+    /// poisons it, and [`lock_until`] then empties the slot (the connection's state is
+    /// unknown) instead of handing the connection on.
+    pub(super) conn: std::sync::Mutex<Option<Conn>>,
 }
 
 /// The direction of a transfer.
@@ -219,9 +222,9 @@ pub(super) fn verbs(call: impl Into<String>, detail: impl Into<String>) -> RdmaE
 /// Locks a connection slot, waiting until `deadline` at most. A slot poisoned by a
 /// panic mid-transfer is emptied (its connection's state is unknown).
 pub(super) fn lock_until<T>(
-    mutex: &Mutex<Option<T>>,
+    mutex: &std::sync::Mutex<Option<T>>,
     deadline: Option<Instant>,
-) -> Option<MutexGuard<'_, Option<T>>> {
+) -> Option<std::sync::MutexGuard<'_, Option<T>>> {
     let mut pause = Duration::from_micros(20);
     loop {
         match mutex.try_lock() {
@@ -501,18 +504,19 @@ impl Device {
             "RTR to RTS",
         )?;
         let mine = self.info(conn.qp_num(), psn, theirs.link);
-        let replaced = lock(&self.served).insert(theirs.link, conn);
+        let replaced = self.served.lock().insert(theirs.link, conn);
         drop(replaced);
         Ok(mine.encode())
     }
 
     pub(super) fn link(&self, server: SocketAddr) -> Arc<Link> {
-        lock(&self.links)
+        self.links
+            .lock()
             .entry(server)
             .or_insert_with(|| {
                 Arc::new(Link {
                     id: random_u64(),
-                    conn: Mutex::new(None),
+                    conn: std::sync::Mutex::new(None),
                 })
             })
             .clone()
@@ -522,7 +526,7 @@ impl Device {
     /// records it under `addr`.
     pub(super) fn register(&'static self, addr: u64, len: usize) -> Result<(u32, u32), RdmaError> {
         {
-            let mut cache = lock(&self.mrs);
+            let mut cache = self.mrs.lock();
             let found = cache
                 .covering(addr, len, true)
                 .or_else(|| cache.covering(addr, len, false));
@@ -546,7 +550,7 @@ impl Device {
                 .reg_mr(addr, len, sys::IBV_ACCESS_REMOTE_READ)
                 .map_err(|_| first)?,
         };
-        let mut cache = lock(&self.mrs);
+        let mut cache = self.mrs.lock();
         let keys = (mr.lkey, mr.rkey);
         let id = cache.insert(mr);
         cache.push_handle(addr, id);
@@ -555,7 +559,7 @@ impl Device {
 
     /// Undoes the last [`Device::register`] of `addr`.
     pub(super) fn deregister(&self, addr: u64) -> bool {
-        let popped = lock(&self.mrs).pop_handle(addr);
+        let popped = self.mrs.lock().pop_handle(addr);
         match popped {
             Some(last) => {
                 if let Some(mr) = last {
@@ -611,7 +615,7 @@ impl Device {
         need_write: bool,
     ) -> Result<LocalMr, RdmaError> {
         {
-            let mut cache = lock(&self.mrs);
+            let mut cache = self.mrs.lock();
             if let Some(id) = cache.covering(addr, len, need_write) {
                 if let Some((lkey, _)) = cache.acquire(id) {
                     return Ok(LocalMr {

@@ -76,10 +76,11 @@ mod probe;
 mod qp;
 mod sys;
 
+use hyperactor::sync::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::ffi::{c_int, CStr};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
+use std::sync::{Arc, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use self::device::*;
@@ -89,7 +90,7 @@ pub use self::probe::{probe, probe_with, Probe};
 use self::qp::*;
 use self::sys::{ibv_qp_attr, ibv_wc, Lib, LoadError};
 use crate::region::{random_u64, RemoteRegion};
-use crate::{lock, tcp, RdmaError, Registry};
+use crate::{tcp, RdmaError, Registry};
 
 /// The control-request kind of a connection request (a requester's queue-pair address;
 /// the answer is the owner's).
@@ -177,7 +178,7 @@ pub fn register_for_peer(region: &RemoteRegion) -> Result<u32, RdmaError> {
 /// The registrations [`register_for_peer`] registered with the device, by id.
 fn lock_peer_regions() -> MutexGuard<'static, HashMap<u64, RemoteRegion>> {
     static PEER_REGIONS: OnceLock<Mutex<HashMap<u64, RemoteRegion>>> = OnceLock::new();
-    lock(PEER_REGIONS.get_or_init(Default::default))
+    PEER_REGIONS.get_or_init(Default::default).lock()
 }
 
 fn release_on_deregister(region: &RemoteRegion) {

@@ -107,7 +107,7 @@ impl Drop for LocalMr {
     fn drop(&mut self) {
         match &self.kind {
             LocalKind::Cached(id) => {
-                let last = lock(&self.device.mrs).release(*id);
+                let last = self.device.mrs.lock().release(*id);
                 if let Some(mr) = last {
                     self.device.dereg_mr(&mr);
                 }

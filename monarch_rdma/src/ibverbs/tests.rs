@@ -406,8 +406,8 @@ fn failed_completions_name_the_status_and_what_to_do() {
 
 #[test]
 fn waiting_for_a_busy_connection_honours_the_deadline() {
-    let slot = Arc::new(Mutex::new(Some(1u32)));
-    let held = lock(&slot);
+    let slot = Arc::new(std::sync::Mutex::new(Some(1u32)));
+    let held = slot.lock().unwrap();
     let start = Instant::now();
     let other = Arc::clone(&slot);
     let waited = std::thread::spawn(move || {
@@ -423,7 +423,7 @@ fn waiting_for_a_busy_connection_honours_the_deadline() {
     // A panic while the slot was held empties it: that connection's state is unknown.
     let poisoner = Arc::clone(&slot);
     let _ = std::thread::spawn(move || {
-        let _guard = poisoner.lock();
+        let _guard = poisoner.lock().unwrap();
         panic!("poison the slot");
     })
     .join();

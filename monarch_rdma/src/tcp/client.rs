@@ -10,7 +10,7 @@ pub(super) static POOL: LazyLock<Mutex<HashMap<SocketAddr, Vec<TcpStream>>>> =
 /// An idle connection to `server` from the pool, if one is still open.
 pub(super) fn checkout(server: SocketAddr) -> Option<TcpStream> {
     loop {
-        let stream = lock(&POOL).get_mut(&server)?.pop()?;
+        let stream = POOL.lock().get_mut(&server)?.pop()?;
         if idle_and_open(&stream) {
             return Some(stream);
         }
@@ -19,7 +19,7 @@ pub(super) fn checkout(server: SocketAddr) -> Option<TcpStream> {
 
 /// Returns a connection whose requests all succeeded to the pool (TCP-3).
 pub(super) fn checkin(server: SocketAddr, stream: TcpStream) {
-    let mut pool = lock(&POOL);
+    let mut pool = POOL.lock();
     let idle = pool.entry(server).or_default();
     if idle.len() < POOL_PER_SERVER {
         idle.push(stream);
@@ -340,13 +340,13 @@ impl Call {
         let work = || {
             let mut conn = None;
             while !failed.load(Ordering::Relaxed) {
-                let Some((offset, mut body)) = lock(&queue).next() else {
+                let Some((offset, mut body)) = queue.lock().next() else {
                     break;
                 };
                 let request = Request::for_region(op, remote, offset, body.len());
                 if let Err(e) = self.run(&mut conn, &request, &mut body) {
                     failed.store(true, Ordering::Relaxed);
-                    lock(&first_error).get_or_insert(e);
+                    first_error.lock().get_or_insert(e);
                     return;
                 }
             }
@@ -371,7 +371,7 @@ impl Call {
                 work();
             });
         }
-        match first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        match first_error.into_inner() {
             Some(e) => Err(e),
             None => Ok(()),
         }

@@ -97,17 +97,18 @@
 //! 4 server threads busy). A client transfer runs on the calling thread and, with more
 //! than one piece, on up to `parallelism - 1` scoped threads that end with the call.
 
+use hyperactor::sync::{Mutex, RwLock};
 use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, RwLock};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use crate::region::{Registry, RemoteRegion};
-use crate::{lock, RdmaError};
+use crate::RdmaError;
 
 mod client;
 mod server;

@@ -17,7 +17,7 @@ use super::*;
 /// A failed start may be retried.
 pub fn serve() -> io::Result<SocketAddr> {
     static SERVED: Mutex<Option<SocketAddr>> = Mutex::new(None);
-    let mut served = lock(&SERVED);
+    let mut served = SERVED.lock();
     if let Some(addr) = *served {
         return Ok(addr);
     }
@@ -362,11 +362,7 @@ pub(super) fn serve_control(stream: &TcpStream, request: &Request) -> io::Result
     };
     let mut payload = vec![0u8; len];
     recv_all(stream, &mut payload, Limit::Keep, &mut 0)?;
-    let handler = HANDLERS
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&request.kind)
-        .cloned();
+    let handler = HANDLERS.read().get(&request.kind).cloned();
     let pid = std::process::id();
     let Some(handler) = handler else {
         let message = format!(
@@ -413,8 +409,5 @@ pub fn set_control_handler(kind: u8, handler: Box<ControlHandler>) {
         );
         return;
     }
-    HANDLERS
-        .write()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(kind, Arc::from(handler));
+    HANDLERS.write().insert(kind, Arc::from(handler));
 }

@@ -50,7 +50,7 @@ fn opts(parallelism: usize, chunk_bytes: usize) -> TcpOptions {
 }
 
 fn pooled(server: SocketAddr) -> usize {
-    lock(&POOL).get(&server).map_or(0, Vec::len)
+    POOL.lock().get(&server).map_or(0, Vec::len)
 }
 
 #[test]
