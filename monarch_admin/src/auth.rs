@@ -147,7 +147,7 @@ pub(crate) fn take_token(query: &str) -> (Option<String>, String) {
     let mut rest = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
-            Some(("token", v)) => token = Some(crate::routes::percent_decode(v)),
+            Some(("token", v)) => token = Some(crate::http::percent_decode(v)),
             _ => rest.push(pair),
         }
     }

@@ -25,6 +25,7 @@
 
 mod auth;
 mod config;
+mod http;
 mod live;
 mod metrics;
 mod recorded;
@@ -47,28 +48,7 @@ pub use crate::recorded::RecordedSource;
 pub use crate::server::AdminServer;
 
 /// A log query: what `GET /v1/logs` asks a [`Source`] for.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LogQuery {
-    /// Case-insensitive substring the line must contain.
-    pub q: Option<String>,
-    /// Only records of this proc.
-    pub proc: Option<String>,
-    /// Only records of this actor's proc.
-    pub actor: Option<String>,
-    /// At most this many records, the newest ones.
-    pub limit: usize,
-}
-
-impl LogQuery {
-    /// Whether `line` matches the `q` of this query (case-insensitive substring).
-    pub fn matches_text(&self, line: &str) -> bool {
-        match &self.q {
-            None => true,
-            Some(q) if q.is_empty() => true,
-            Some(q) => line.to_lowercase().contains(&q.to_lowercase()),
-        }
-    }
-}
+pub use hyperactor_mesh::monitor::LogQuery;
 
 /// What the server serves: the job's state, events, logs and actions. The runtime
 /// implements it for a live job; [`RecordedSource`] for a recorded one.
@@ -109,11 +89,4 @@ pub trait Source: Send + Sync + 'static {
     fn recorded_series(&self) -> Option<serde_json::Value> {
         None
     }
-}
-
-/// Seconds since the Unix epoch, as the API writes times.
-pub(crate) fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }

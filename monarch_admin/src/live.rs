@@ -70,14 +70,14 @@ impl LiveSource {
         // A session id only tells two runs apart; the time serves if the OS has no RNG.
         let session = match getrandom::getrandom(&mut bytes) {
             Ok(()) => bytes.iter().map(|b| format!("{b:02x}")).collect(),
-            Err(_) => format!("{:x}", (crate::unix_now() * 1e6) as u64),
+            Err(_) => format!("{:x}", (hyperactor_mesh::monitor::unix_now() * 1e6) as u64),
         };
         LiveSource {
             agent,
             events,
             program: program.into(),
             session,
-            started_at: crate::unix_now(),
+            started_at: hyperactor_mesh::monitor::unix_now(),
         }
     }
 }
@@ -100,21 +100,7 @@ impl Source for LiveSource {
     }
 
     fn logs(&self, q: &LogQuery) -> Vec<Value> {
-        // An actor's id is its proc's id, `/`, and its name and rank.
-        let proc = q.proc.clone().or_else(|| {
-            q.actor
-                .as_deref()
-                .and_then(|a| a.rsplit_once('/'))
-                .map(|(proc, _)| proc.to_string())
-        });
-        monitor::logs::query(&monitor::LogQuery {
-            text: q.q.clone(),
-            proc,
-            limit: Some(q.limit),
-        })
-        .iter()
-        .map(to_value)
-        .collect()
+        monitor::logs::query(q).iter().map(to_value).collect()
     }
 
     fn stack(&self, proc: &str, timeout: Duration) -> BoxFuture<'static, Result<Value, String>> {

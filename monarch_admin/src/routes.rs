@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::combinators::BoxBody;
 use http_body_util::BodyExt;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -21,15 +20,14 @@ use tokio::sync::watch;
 
 use crate::auth;
 use crate::auth::HostCheck;
+use crate::http::percent_decode;
+use crate::http::Body;
 use crate::metrics::render_metrics;
 use crate::series::Series;
 use crate::snapshot::SnapshotCache;
 use crate::static_files;
 use crate::LogQuery;
 use crate::Source;
-
-/// The body of every response.
-pub(crate) type Body = BoxBody<Bytes, Infallible>;
 
 /// How long a stack dump may take.
 const STACK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -49,31 +47,6 @@ pub(crate) struct App {
     pub(crate) series: Arc<Series>,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) started_at: f64,
-}
-
-/// Decodes `%XX` escapes and `+` (a space) of a query component.
-pub(crate) fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 struct Params(Vec<(String, String)>);
@@ -380,7 +353,7 @@ pub(crate) fn summarize(snapshot: &Value, describe: &Value, rate: f64, started_a
         "program": or("program", json!(program)),
         "pid": or("pid", json!(std::process::id())),
         "started_at": or("started_at", json!(started_at)),
-        "now": or("now", json!(crate::unix_now())),
+        "now": or("now", json!(hyperactor_mesh::monitor::unix_now())),
         "health": health,
         "counts": {
             "hosts": hosts.len(), "procs": procs.len(),
@@ -498,7 +471,7 @@ fn logs(app: &App, params: &Params) -> Answer {
     let limit: usize = params.number("limit", 200)?;
     let text = |k: &str| params.get(k).filter(|v| !v.is_empty()).map(String::from);
     let query = LogQuery {
-        q: text("q"),
+        text: text("q"),
         proc: text("proc"),
         actor: text("actor"),
         limit: limit.min(MAX_LIMIT),
@@ -598,16 +571,4 @@ async fn metrics(app: &App) -> Answer {
         "text/plain; version=0.0.4; charset=utf-8",
         text,
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn decodes_queries() {
-        assert_eq!(percent_decode("a%40b%3A1%2F%5B0%5D+x"), "a@b:1/[0] x");
-        assert_eq!(percent_decode("50%"), "50%");
-        assert_eq!(percent_decode("%zz"), "%zz");
-    }
 }

@@ -150,7 +150,11 @@ impl Series {
 
     fn push(&self, snapshot: &Value) {
         let mut points = self.points.lock();
-        let point = Point::of(snapshot, crate::unix_now(), points.back());
+        let point = Point::of(
+            snapshot,
+            hyperactor_mesh::monitor::unix_now(),
+            points.back(),
+        );
         if points.len() == KEEP {
             points.pop_front();
         }

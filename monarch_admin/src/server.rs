@@ -152,7 +152,7 @@ impl AdminServer {
             cache: Arc::clone(&cache),
             series: Arc::clone(&series),
             shutdown: stopped.clone(),
-            started_at: crate::unix_now(),
+            started_at: hyperactor_mesh::monitor::unix_now(),
         });
         let sampler = handle.spawn(Arc::clone(&series).run(cache, stopped.clone()));
         let accept = handle.spawn(accept_loop(listener, acceptor, app, stopped));

@@ -15,7 +15,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use tokio::sync::watch;
 
-use crate::routes::Body;
+use crate::http::Body;
 use crate::series::Series;
 use crate::Source;
 

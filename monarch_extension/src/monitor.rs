@@ -52,7 +52,8 @@ pub fn monitor_logs(q: Option<String>, proc: Option<String>, limit: usize) -> Py
     monitor::logs_json(&LogQuery {
         text: q,
         proc,
-        limit: Some(limit),
+        actor: None,
+        limit,
     })
     .map_err(PyRuntimeError::new_err)
 }

@@ -28,15 +28,52 @@ pub struct LogRecord {
     pub line: String,
 }
 
-/// Which lines [`query`] returns.
-#[derive(Debug, Clone, Default)]
+/// Which lines [`query`] returns: `GET /v1/logs`'s parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogQuery {
-    /// A substring of the line (case-insensitive); empty matches all.
+    /// A substring of the line (case-insensitive); empty or `None` matches all.
     pub text: Option<String>,
     /// Only this proc's lines.
     pub proc: Option<String>,
-    /// At most this many (the newest); 200 when `None`.
-    pub limit: Option<usize>,
+    /// Only the lines of this actor's proc (an actor id: its proc's id, `/`, its name
+    /// and rank).
+    pub actor: Option<String>,
+    /// At most this many, the newest.
+    pub limit: usize,
+}
+
+impl LogQuery {
+    /// The limit of a query that names none.
+    pub const DEFAULT_LIMIT: usize = 200;
+
+    /// Whether `line` holds the query's text (case-insensitive).
+    pub fn matches_text(&self, line: &str) -> bool {
+        match self.text.as_deref() {
+            None | Some("") => true,
+            Some(text) => line.to_lowercase().contains(&text.to_lowercase()),
+        }
+    }
+
+    /// The proc whose lines are asked for: `proc`, else the proc of `actor`.
+    pub fn proc_asked(&self) -> Option<&str> {
+        self.proc.as_deref().or_else(|| {
+            self.actor
+                .as_deref()?
+                .rsplit_once('/')
+                .map(|(proc, _)| proc)
+        })
+    }
+}
+
+impl Default for LogQuery {
+    fn default() -> Self {
+        Self {
+            text: None,
+            proc: None,
+            actor: None,
+            limit: Self::DEFAULT_LIMIT,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -81,11 +118,9 @@ pub fn record(records: impl IntoIterator<Item = LogRecord>) {
 
 /// The lines matching `q`, oldest first (newest last), at most its limit.
 pub fn query(q: &LogQuery) -> Vec<LogRecord> {
-    let limit = q.limit.unwrap_or(200);
-    let needle = q.text.as_deref().unwrap_or("").to_lowercase();
     let logs = logs().lock();
-    let matches = |r: &&LogRecord| needle.is_empty() || r.line.to_lowercase().contains(&needle);
-    let mut out: Vec<LogRecord> = match &q.proc {
+    let matches = |r: &&LogRecord| q.matches_text(&r.line);
+    let mut out: Vec<LogRecord> = match q.proc_asked() {
         Some(proc) => logs
             .procs
             .get(proc)
@@ -98,7 +133,7 @@ pub fn query(q: &LogQuery) -> Vec<LogRecord> {
             .collect(),
     };
     out.sort_by(|a, b| a.time.total_cmp(&b.time));
-    let skip = out.len().saturating_sub(limit);
+    let skip = out.len().saturating_sub(q.limit);
     out.drain(..skip);
     out
 }
@@ -128,7 +163,7 @@ mod tests {
         record([line("logs-test-b", 5.5, "Hello World")]);
         let a = query(&LogQuery {
             proc: Some("logs-test-a".into()),
-            limit: Some(usize::MAX),
+            limit: usize::MAX,
             ..Default::default()
         });
         assert_eq!(a.len(), LINES_PER_PROC);
@@ -141,7 +176,7 @@ mod tests {
         assert_eq!(hits[0].proc, "logs-test-b");
         let last = query(&LogQuery {
             proc: Some("logs-test-a".into()),
-            limit: Some(2),
+            limit: 2,
             ..Default::default()
         });
         let texts: Vec<&str> = last.iter().map(|r| r.line.as_str()).collect();
