@@ -12,6 +12,7 @@
 //! ([`events`]) and log lines ([`logs`]) are recorded when they happen, into bounded
 //! process-global rings.
 
+pub mod error;
 pub mod events;
 pub mod failures;
 pub mod logs;
@@ -25,6 +26,7 @@ use hyperactor::actor::stats::{ActorStatsSnapshot, BUCKET_BOUNDS_US};
 use hyperactor::ActorStatus;
 use serde::{Deserialize, Serialize};
 
+pub use error::{MonitorError, StackError};
 pub use events::Event;
 pub use logs::{LogQuery, LogRecord};
 
@@ -48,20 +50,20 @@ pub fn ms(d: Duration) -> f64 {
 /// # Errors
 ///
 /// If it does not serialize (a map with non-string keys; none of these records).
-pub fn to_json<T: Serialize>(value: &T) -> Result<String, String> {
-    serde_json::to_string(value).map_err(|e| e.to_string())
+pub fn to_json<T: Serialize>(value: &T) -> Result<String, MonitorError> {
+    Ok(serde_json::to_string(value)?)
 }
 
 /// The body of `GET /v1/events`: `{"version", "items", "next"}` with the events of
 /// `seq > since` (oldest first, at most `limit`); `next` is the last one's `seq`.
-pub fn events_json(since: u64, limit: usize) -> Result<String, String> {
+pub fn events_json(since: u64, limit: usize) -> Result<String, MonitorError> {
     let items = events::since(since, limit);
     let next = items.last().map_or(since, |e| e.seq);
     to_json(&serde_json::json!({"version": API_VERSION, "items": items, "next": next}))
 }
 
 /// The body of `GET /v1/logs`: `{"version", "items"}` with the lines matching `q`.
-pub fn logs_json(q: &LogQuery) -> Result<String, String> {
+pub fn logs_json(q: &LogQuery) -> Result<String, MonitorError> {
     let items = logs::query(q);
     to_json(&serde_json::json!({"version": API_VERSION, "items": items}))
 }

@@ -50,11 +50,41 @@ pub use crate::server::AdminServer;
 /// A log query: what `GET /v1/logs` asks a [`Source`] for.
 pub use hyperactor_mesh::monitor::LogQuery;
 
+/// Why a [`Source`] could not answer a request.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The request named something that is not a proc id.
+    #[error("{proc:?} is not a proc id ({reason}); expected an id from GET /v1/procs")]
+    BadProcId {
+        /// What the request named.
+        proc: String,
+        /// Why it does not parse.
+        reason: String,
+    },
+    /// The request named a proc the source does not have.
+    #[error("no proc {proc:?} in {place}; expected an id from GET /v1/procs")]
+    UnknownProc {
+        /// What the request named.
+        proc: String,
+        /// Where it was looked for ("the recording", say).
+        place: String,
+    },
+    /// The runtime's monitoring could not answer.
+    #[error(transparent)]
+    Monitor(#[from] hyperactor_mesh::monitor::MonitorError),
+    /// A source of another kind could not answer: the message says why.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
 /// What the server serves: the job's state, events, logs and actions. The runtime
 /// implements it for a live job; [`RecordedSource`] for a recorded one.
 pub trait Source: Send + Sync + 'static {
     /// The whole snapshot (spec section 1 shape), gathered now.
-    fn snapshot(&self, timeout: Duration) -> BoxFuture<'static, Result<serde_json::Value, String>>;
+    fn snapshot(
+        &self,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<serde_json::Value, SourceError>>;
     /// Events with seq > since (oldest first), at most limit.
     fn events_since(&self, since: u64, limit: usize) -> Vec<serde_json::Value>;
     /// New events as they happen.
@@ -66,9 +96,9 @@ pub trait Source: Send + Sync + 'static {
         &self,
         proc: &str,
         timeout: Duration,
-    ) -> BoxFuture<'static, Result<serde_json::Value, String>>;
+    ) -> BoxFuture<'static, Result<serde_json::Value, SourceError>>;
     /// Kill a proc (actions only).
-    fn kill_proc(&self, proc: &str) -> BoxFuture<'static, Result<(), String>>;
+    fn kill_proc(&self, proc: &str) -> BoxFuture<'static, Result<(), SourceError>>;
 
     /// The program's identity for `GET /v1/summary`: an object with any of `session`,
     /// `program`, `pid`, `started_at` (and, for a recording, `now` and the message

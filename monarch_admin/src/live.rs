@@ -14,7 +14,7 @@ use hyperactor_mesh::monitor;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use crate::{LogQuery, Source};
+use crate::{LogQuery, Source, SourceError};
 
 /// The live job of this process as a [`Source`]: see the `live` module's docs.
 pub struct LiveSource {
@@ -37,9 +37,11 @@ fn to_value<T: serde::Serialize>(value: &T) -> Value {
     )
 }
 
-fn parse_proc(proc: &str) -> Result<hyperactor::ProcId, String> {
-    proc.parse()
-        .map_err(|e| format!("{proc:?} is not a proc id ({e}); expected an id from GET /v1/procs"))
+fn parse_proc(proc: &str) -> Result<hyperactor::ProcId, SourceError> {
+    proc.parse().map_err(|e| SourceError::BadProcId {
+        proc: proc.to_string(),
+        reason: format!("{e}"),
+    })
 }
 
 impl LiveSource {
@@ -83,7 +85,7 @@ impl LiveSource {
 }
 
 impl Source for LiveSource {
-    fn snapshot(&self, timeout: Duration) -> BoxFuture<'static, Result<Value, String>> {
+    fn snapshot(&self, timeout: Duration) -> BoxFuture<'static, Result<Value, SourceError>> {
         let agent = self.agent.clone();
         async move { Ok(to_value(&agent.monitor_snapshot(timeout).await)) }.boxed()
     }
@@ -103,7 +105,11 @@ impl Source for LiveSource {
         monitor::logs::query(q).iter().map(to_value).collect()
     }
 
-    fn stack(&self, proc: &str, timeout: Duration) -> BoxFuture<'static, Result<Value, String>> {
+    fn stack(
+        &self,
+        proc: &str,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<Value, SourceError>> {
         let agent = self.agent.clone();
         let proc = parse_proc(proc);
         async move {
@@ -113,9 +119,9 @@ impl Source for LiveSource {
         .boxed()
     }
 
-    fn kill_proc(&self, proc: &str) -> BoxFuture<'static, Result<(), String>> {
+    fn kill_proc(&self, proc: &str) -> BoxFuture<'static, Result<(), SourceError>> {
         let result = parse_proc(proc)
-            .and_then(|proc| self.agent.kill_proc(&proc, "killed from the dashboard"));
+            .and_then(|proc| Ok(self.agent.kill_proc(&proc, "killed from the dashboard")?));
         futures::future::ready(result).boxed()
     }
 

@@ -16,6 +16,7 @@ use tokio::sync::broadcast;
 use crate::AdminError;
 use crate::LogQuery;
 use crate::Source;
+use crate::SourceError;
 
 /// A recorded job served as if it were live. Events can be added with
 /// [`RecordedSource::publish`]; kill requests are only recorded.
@@ -121,7 +122,7 @@ impl RecordedSource {
 }
 
 impl Source for RecordedSource {
-    fn snapshot(&self, _timeout: Duration) -> BoxFuture<'static, Result<Value, String>> {
+    fn snapshot(&self, _timeout: Duration) -> BoxFuture<'static, Result<Value, SourceError>> {
         futures::future::ready(Ok(self.snapshot.clone())).boxed()
     }
 
@@ -158,7 +159,11 @@ impl Source for RecordedSource {
         matching.into_iter().skip(skip).cloned().collect()
     }
 
-    fn stack(&self, proc: &str, _timeout: Duration) -> BoxFuture<'static, Result<Value, String>> {
+    fn stack(
+        &self,
+        proc: &str,
+        _timeout: Duration,
+    ) -> BoxFuture<'static, Result<Value, SourceError>> {
         let result = match self.proc_record(proc) {
             Some(record) => Ok(json!({
                 "proc": proc,
@@ -166,21 +171,23 @@ impl Source for RecordedSource {
                 "method": "faulthandler",
                 "text": "this job is a recording: it has no live threads to dump\n",
             })),
-            None => Err(format!(
-                "no proc {proc:?} in the recording; expected an id from GET /v1/procs"
-            )),
+            None => Err(SourceError::UnknownProc {
+                proc: proc.to_string(),
+                place: "the recording".to_string(),
+            }),
         };
         futures::future::ready(result).boxed()
     }
 
-    fn kill_proc(&self, proc: &str) -> BoxFuture<'static, Result<(), String>> {
+    fn kill_proc(&self, proc: &str) -> BoxFuture<'static, Result<(), SourceError>> {
         let result = if self.proc_record(proc).is_some() {
             self.killed.lock().push(proc.to_string());
             Ok(())
         } else {
-            Err(format!(
-                "no proc {proc:?} in the recording; expected an id from GET /v1/procs"
-            ))
+            Err(SourceError::UnknownProc {
+                proc: proc.to_string(),
+                place: "the recording".to_string(),
+            })
         };
         futures::future::ready(result).boxed()
     }

@@ -28,6 +28,8 @@ use crate::snapshot::SnapshotCache;
 use crate::static_files;
 use crate::LogQuery;
 use crate::Source;
+use crate::SourceError;
+use hyperactor_mesh::monitor::MonitorError;
 
 /// How long a stack dump may take.
 const STACK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -522,12 +524,23 @@ async fn known_proc<'a>(app: &App, params: &'a Params) -> Result<&'a str, Respon
     Ok(proc)
 }
 
+/// The status of a response that reports `error`.
+fn status_of(error: &SourceError) -> StatusCode {
+    match error {
+        SourceError::BadProcId { .. } => StatusCode::BAD_REQUEST,
+        SourceError::UnknownProc { .. } => StatusCode::NOT_FOUND,
+        SourceError::Monitor(MonitorError::NoAnswer { .. }) => StatusCode::GATEWAY_TIMEOUT,
+        SourceError::Monitor(MonitorError::UnknownHost { .. }) => StatusCode::NOT_FOUND,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
 async fn stack(app: &App, params: &Params) -> Answer {
     let proc = known_proc(app, params).await?;
     match tokio::time::timeout(STACK_TIMEOUT, app.source.stack(proc, STACK_TIMEOUT)).await {
         Ok(Ok(value)) => Ok(json_response(StatusCode::OK, value)),
         Ok(Err(e)) => Err(error(
-            StatusCode::INTERNAL_SERVER_ERROR,
+            status_of(&e),
             &format!("cannot dump the stacks of {proc}: {e}"),
         )),
         Err(_) => Err(error(
@@ -555,10 +568,7 @@ async fn kill_proc(app: &App, params: &Params) -> Response<Body> {
     };
     match app.source.kill_proc(proc).await {
         Ok(()) => json_response(StatusCode::OK, json!({ "ok": true, "proc": proc })),
-        Err(e) => error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            &format!("cannot kill {proc}: {e}"),
-        ),
+        Err(e) => error(status_of(&e), &format!("cannot kill {proc}: {e}")),
     }
 }
 

@@ -82,7 +82,7 @@ impl SnapshotCache {
                         .await
                         {
                             Ok(Ok(value)) => Ok(Arc::new(value)),
-                            Ok(Err(e)) => Err((false, e)),
+                            Ok(Err(e)) => Err((false, e.to_string())),
                             Err(_) => Err((
                                 true,
                                 format!(
@@ -120,6 +120,7 @@ mod tests {
 
     use super::*;
     use crate::LogQuery;
+    use crate::SourceError;
 
     /// Each collection returns the number of collections so far; `seq` is the latest
     /// event.
@@ -130,7 +131,7 @@ mod tests {
     }
 
     impl Source for Counting {
-        fn snapshot(&self, _timeout: Duration) -> BoxFuture<'static, Result<Value, String>> {
+        fn snapshot(&self, _timeout: Duration) -> BoxFuture<'static, Result<Value, SourceError>> {
             let n = self.collections.fetch_add(1, Ordering::SeqCst) + 1;
             async move { Ok(json!({ "n": n })) }.boxed()
         }
@@ -143,10 +144,14 @@ mod tests {
         fn logs(&self, _q: &LogQuery) -> Vec<Value> {
             Vec::new()
         }
-        fn stack(&self, _proc: &str, _t: Duration) -> BoxFuture<'static, Result<Value, String>> {
-            async { Err("no stacks here".to_string()) }.boxed()
+        fn stack(
+            &self,
+            _proc: &str,
+            _t: Duration,
+        ) -> BoxFuture<'static, Result<Value, SourceError>> {
+            async { Err(SourceError::Unavailable("no stacks here".to_string())) }.boxed()
         }
-        fn kill_proc(&self, _proc: &str) -> BoxFuture<'static, Result<(), String>> {
+        fn kill_proc(&self, _proc: &str) -> BoxFuture<'static, Result<(), SourceError>> {
             async { Ok(()) }.boxed()
         }
         fn latest_event_seq(&self) -> u64 {

@@ -15,6 +15,7 @@ use monarch_admin::AdminConfig;
 use monarch_admin::AdminServer;
 use monarch_admin::LogQuery;
 use monarch_admin::Source;
+use monarch_admin::SourceError;
 use serde_json::json;
 use serde_json::Value;
 use tokio::io::AsyncReadExt;
@@ -28,7 +29,7 @@ struct Counting {
 }
 
 impl Source for Counting {
-    fn snapshot(&self, _timeout: Duration) -> BoxFuture<'static, Result<Value, String>> {
+    fn snapshot(&self, _timeout: Duration) -> BoxFuture<'static, Result<Value, SourceError>> {
         let n = self.collections.fetch_add(1, Ordering::SeqCst) + 1;
         async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -51,10 +52,14 @@ impl Source for Counting {
     fn logs(&self, _q: &LogQuery) -> Vec<Value> {
         Vec::new()
     }
-    fn stack(&self, _proc: &str, _timeout: Duration) -> BoxFuture<'static, Result<Value, String>> {
-        futures::future::ready(Err("no stacks here".to_string())).boxed()
+    fn stack(
+        &self,
+        _proc: &str,
+        _timeout: Duration,
+    ) -> BoxFuture<'static, Result<Value, SourceError>> {
+        futures::future::ready(Err(SourceError::Unavailable("no stacks here".to_string()))).boxed()
     }
-    fn kill_proc(&self, _proc: &str) -> BoxFuture<'static, Result<(), String>> {
+    fn kill_proc(&self, _proc: &str) -> BoxFuture<'static, Result<(), SourceError>> {
         futures::future::ready(Ok(())).boxed()
     }
 }

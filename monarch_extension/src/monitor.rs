@@ -13,7 +13,12 @@ use crate::agent::process_agent;
 use crate::runtime::runtime;
 
 fn json<T: serde::Serialize>(value: &T) -> PyResult<String> {
-    monitor::to_json(value).map_err(PyRuntimeError::new_err)
+    monitor::to_json(value).map_err(failed)
+}
+
+/// A monitoring error as Python's `RuntimeError`, with its message.
+fn failed(error: impl std::fmt::Display) -> PyErr {
+    PyRuntimeError::new_err(error.to_string())
 }
 
 fn seconds(timeout_s: f64) -> PyResult<Duration> {
@@ -41,7 +46,7 @@ pub fn monitor_snapshot(py: Python<'_>, timeout_s: f64) -> PyResult<String> {
 #[pyfunction]
 #[pyo3(signature = (since=0, limit=1000))]
 pub fn monitor_events(since: u64, limit: usize) -> PyResult<String> {
-    monitor::events_json(since, limit).map_err(PyRuntimeError::new_err)
+    monitor::events_json(since, limit).map_err(failed)
 }
 
 /// The kept log lines matching `q` (case-insensitive) and `proc`, newest last (JSON
@@ -55,7 +60,7 @@ pub fn monitor_logs(q: Option<String>, proc: Option<String>, limit: usize) -> Py
         actor: None,
         limit,
     })
-    .map_err(PyRuntimeError::new_err)
+    .map_err(failed)
 }
 
 /// The stacks of every thread of `proc` (JSON `{proc, pid, method, text}`).
@@ -67,7 +72,7 @@ pub fn monitor_stack(py: Python<'_>, proc: &str, timeout_s: f64) -> PyResult<Str
     let rt = runtime()?;
     let dump = py
         .detach(|| rt.block_on(agent.stack_dump(&proc, timeout)))
-        .map_err(PyRuntimeError::new_err)?;
+        .map_err(failed)?;
     json(&dump)
 }
 
@@ -79,9 +84,7 @@ pub fn monitor_kill_proc(proc: &str, reason: Option<String>) -> PyResult<()> {
     let agent = process_agent()?;
     let proc = proc_id(proc)?;
     let _guard = runtime()?.enter();
-    agent
-        .kill_proc(&proc, &reason)
-        .map_err(PyRuntimeError::new_err)
+    agent.kill_proc(&proc, &reason).map_err(failed)
 }
 
 /// Records an event (`breakpoint`, say); returns its sequence number.
@@ -107,7 +110,7 @@ pub fn monitor_record_event(
 /// register it on: `(fd, signal)`.
 #[pyfunction]
 pub fn monitor_stack_fd() -> PyResult<(i32, i32)> {
-    let fd = stack::faulthandler_fd().map_err(PyRuntimeError::new_err)?;
+    let fd = stack::faulthandler_fd().map_err(failed)?;
     Ok((fd, stack::STACK_SIGNAL))
 }
 

@@ -21,7 +21,7 @@ use super::supervise::OwnedKind;
 use super::{Inner, ProcAgent};
 use crate::monitor::{
     failures, stack, system, unix_now, ActorRecord, ExitRecord, FailureRecord, HostRecord,
-    HostReport, MeshRecord, ProcRecord, ProcReport, Snapshot, StackDump,
+    HostReport, MeshRecord, MonitorError, ProcRecord, ProcReport, Snapshot, StackDump, StackError,
 };
 use crate::supervision::{ProcDeath, ProcEnd};
 
@@ -252,9 +252,11 @@ impl Inner {
                         Some(host) => Ok(agent
                             .host_report(&host, Duration::from_millis(timeout_ms))
                             .await),
-                        None => Err(format!("{} is not a host agent", agent.id)),
+                        None => Err(MonitorError::NotAHost {
+                            agent: agent.id.to_string(),
+                        }),
                     };
-                    let port = PortRef::<Result<HostReport, String>>::attest(reply);
+                    let port = PortRef::<Result<HostReport, MonitorError>>::attest(reply);
                     if let Err(e) = port.send(&agent.client, result) {
                         tracing::warn!(agent = %agent.id, "cannot answer a monitor request: {e}");
                     }
@@ -266,7 +268,7 @@ impl Inner {
                     let result = agent
                         .dump_own_stack(Duration::from_millis(timeout_ms))
                         .await;
-                    let port = PortRef::<Result<StackDump, String>>::attest(reply);
+                    let port = PortRef::<Result<StackDump, MonitorError>>::attest(reply);
                     if let Err(e) = port.send(&agent.client, result) {
                         tracing::warn!(agent = %agent.id, "cannot answer a stack request: {e}");
                     }
@@ -285,11 +287,12 @@ impl Inner {
         }
     }
 
-    async fn dump_own_stack(&self, timeout: Duration) -> Result<StackDump, String> {
+    async fn dump_own_stack(&self, timeout: Duration) -> Result<StackDump, MonitorError> {
         let proc = self.proc.proc_id().to_string();
         tokio::task::spawn_blocking(move || stack::dump_self(&proc, timeout))
             .await
-            .map_err(|e| format!("the stack dump task failed: {e}"))?
+            .map_err(|e| StackError::Task(e.to_string()))?
+            .map_err(MonitorError::from)
     }
 
     /// Asks `port`'s agent (via `control`) and waits up to `timeout` for a `T`.
@@ -298,13 +301,19 @@ impl Inner {
         proc: &ProcId,
         timeout: Duration,
         control: impl FnOnce(PortId) -> Control,
-    ) -> Result<T, String> {
+    ) -> Result<T, MonitorError> {
         let (port, receiver) = self.client.open_once_port::<T>();
         self.send_control(proc, &control(port.port_id().clone()));
         match tokio::time::timeout(timeout, receiver.recv()).await {
             Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("no answer from {proc} within {timeout:?}")),
+            Ok(Err(e)) => Err(MonitorError::NoReply {
+                target: proc.to_string(),
+                reason: e.to_string(),
+            }),
+            Err(_) => Err(MonitorError::NoAnswer {
+                target: proc.to_string(),
+                timeout,
+            }),
         }
     }
 
@@ -498,7 +507,12 @@ impl ProcAgent {
             let host = host.clone();
             async move {
                 if let Some(why) = inner.lost_reason(&host) {
-                    return (host, Err(format!("lost: {why}")));
+                    return (
+                        host,
+                        Err(MonitorError::HostLost {
+                            reason: why.to_string(),
+                        }),
+                    );
                 }
                 // A host that did not answer the last snapshot (its process is gone or
                 // frozen, and no heartbeat judged it lost yet) gets a short wait, so it
@@ -509,9 +523,11 @@ impl ProcAgent {
                     timeout.min(HOST_ANSWER_DEADLINE)
                 };
                 let answer = inner
-                    .ask::<Result<HostReport, String>>(&host, wait, |reply| Control::MonitorHost {
-                        timeout_ms: millis(proc_timeout),
-                        reply,
+                    .ask::<Result<HostReport, MonitorError>>(&host, wait, |reply| {
+                        Control::MonitorHost {
+                            timeout_ms: millis(proc_timeout),
+                            reply,
+                        }
                     })
                     .await
                     .and_then(|r| r);
@@ -595,12 +611,16 @@ impl ProcAgent {
     /// # Errors
     ///
     /// If the proc does not answer within `timeout`, or cannot dump its stacks.
-    pub async fn stack_dump(&self, proc: &ProcId, timeout: Duration) -> Result<StackDump, String> {
+    pub async fn stack_dump(
+        &self,
+        proc: &ProcId,
+        timeout: Duration,
+    ) -> Result<StackDump, MonitorError> {
         if proc == self.inner.proc.proc_id() {
             return self.inner.dump_own_stack(timeout).await;
         }
         self.inner
-            .ask::<Result<StackDump, String>>(proc, timeout + HOST_SLACK, |reply| {
+            .ask::<Result<StackDump, MonitorError>>(proc, timeout + HOST_SLACK, |reply| {
                 Control::StackDump {
                     timeout_ms: millis(timeout),
                     reply,
@@ -616,7 +636,7 @@ impl ProcAgent {
     /// # Errors
     ///
     /// If no host of `proc` is known.
-    pub fn kill_proc(&self, proc: &ProcId, reason: &str) -> Result<(), String> {
+    pub fn kill_proc(&self, proc: &ProcId, reason: &str) -> Result<(), MonitorError> {
         let host = self.inner.hosts.lock().get(proc).cloned().or_else(|| {
             self.inner.owned.lock().values().find_map(|m| {
                 m.ranks
@@ -626,10 +646,9 @@ impl ProcAgent {
             })
         });
         let Some(host) = host else {
-            return Err(format!(
-                "no host of proc {proc} is known here: only procs of meshes this process \
-                 spawned or talks to can be killed"
-            ));
+            return Err(MonitorError::UnknownHost {
+                proc: proc.to_string(),
+            });
         };
         self.inner.send_control(
             &host,

@@ -13,7 +13,7 @@ use std::os::fd::{FromRawFd, RawFd};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use super::StackDump;
+use super::{StackDump, StackError};
 
 /// The signal `faulthandler` is registered on (not used elsewhere in Monarch).
 pub const STACK_SIGNAL: i32 = libc::SIGUSR2;
@@ -26,15 +26,14 @@ struct Pipe {
     write: RawFd,
 }
 
-fn pipe() -> Result<&'static Pipe, String> {
-    static PIPE: OnceLock<Result<Pipe, String>> = OnceLock::new();
+fn pipe() -> Result<&'static Pipe, StackError> {
+    static PIPE: OnceLock<Result<Pipe, StackError>> = OnceLock::new();
     PIPE.get_or_init(|| {
         let mut fds = [0 as libc::c_int; 2];
         // SAFETY: `fds` has room for the two descriptors.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
-            return Err(format!(
-                "cannot create the stack dump pipe: {}",
-                std::io::Error::last_os_error()
+            return Err(StackError::Pipe(
+                std::io::Error::last_os_error().to_string(),
             ));
         }
         // A larger pipe holds a whole dump; a full pipe drops the rest (non-blocking
@@ -57,7 +56,7 @@ fn pipe() -> Result<&'static Pipe, String> {
 /// # Errors
 ///
 /// If the pipe cannot be created.
-pub fn faulthandler_fd() -> Result<RawFd, String> {
+pub fn faulthandler_fd() -> Result<RawFd, StackError> {
     let fd = pipe()?.write;
     REGISTERED.get_or_init(|| ());
     Ok(fd)
@@ -97,12 +96,9 @@ fn py_spy(pid: u32, timeout: Duration) -> Option<String> {
     }
 }
 
-fn faulthandler(timeout: Duration) -> Result<String, String> {
+fn faulthandler(timeout: Duration) -> Result<String, StackError> {
     if REGISTERED.get().is_none() {
-        return Err(
-            "this process has no Python stack handler (faulthandler was not registered)"
-                .to_string(),
-        );
+        return Err(StackError::NoHandler);
     }
     let pipe = pipe()?;
     let mut read = pipe.read.lock();
@@ -111,10 +107,10 @@ fn faulthandler(timeout: Duration) -> Result<String, String> {
     while matches!(read.read(&mut buf), Ok(n) if n > 0) {}
     // SAFETY: kill on this very process with a signal whose handler Python installed.
     if unsafe { libc::kill(libc::getpid(), STACK_SIGNAL) } != 0 {
-        return Err(format!(
-            "cannot raise signal {STACK_SIGNAL}: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(StackError::Signal {
+            signal: STACK_SIGNAL,
+            reason: std::io::Error::last_os_error().to_string(),
+        });
     }
     let deadline = Instant::now() + timeout;
     let mut text = Vec::new();
@@ -135,7 +131,7 @@ fn faulthandler(timeout: Duration) -> Result<String, String> {
         std::thread::sleep(Duration::from_millis(10));
     }
     if text.is_empty() {
-        return Err(format!("no stack dump came within {timeout:?}"));
+        return Err(StackError::NoDump { timeout });
     }
     Ok(String::from_utf8_lossy(&text).into_owned())
 }
@@ -146,7 +142,7 @@ fn faulthandler(timeout: Duration) -> Result<String, String> {
 /// # Errors
 ///
 /// If neither `py-spy` nor `faulthandler` gives a dump within `timeout`.
-pub fn dump_self(proc: &str, timeout: Duration) -> Result<StackDump, String> {
+pub fn dump_self(proc: &str, timeout: Duration) -> Result<StackDump, StackError> {
     let pid = std::process::id();
     let (method, text) = match py_spy(pid, timeout) {
         Some(text) => ("py-spy", text),
