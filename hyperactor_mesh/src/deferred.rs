@@ -9,6 +9,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
+//! use hyperactor::sync::Mutex;
 //! use hyperactor_mesh::deferred::Deferred;
 //!
 //! let procs = Deferred::<Vec<u32>>::new();
