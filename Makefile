@@ -40,7 +40,7 @@ PY_LINT_PATHS := $(wildcard python tests examples benches tools)
 .DEFAULT_GOAL := help
 
 .PHONY: help install build-dev build-prod format lint lint-rust lint-python stubtest \
-	typecheck test test-deps test-rust test-python slurm-deps browser-deps demo demo-build bench bench-peers bench-multihost bench-rdma bench-tensors bench-ddp docs all \
+	typecheck test test-deps test-rust loom test-python slurm-deps browser-deps demo demo-build bench bench-peers bench-multihost bench-rdma bench-tensors bench-ddp docs all \
 	clean distclean
 
 help: ## Show this list of targets
@@ -128,7 +128,7 @@ typecheck: $(REQ_STAMP) ## mypy: the monarch package, examples/ and the code of 
 stubtest: install ## Check the .pyi stubs against the built extension
 	$(VENV_PYTHON) -m mypy.stubtest monarch._rust_bindings
 
-test: install test-deps test-rust test-python ## Install everything and run the whole test suite
+test: install test-deps test-rust loom test-python ## Install everything and run the whole test suite
 
 # What tests need beyond the venv: Slurm and munge for tests/slurm, installed when this runs
 # as root; elsewhere the script says what is missing and those tests skip with the reason.
@@ -146,6 +146,14 @@ TEST_PYTHON_LIMIT ?= 1500
 
 test-rust: | $(VENV_PYTHON) ## cargo test --workspace (unit, integration and doc tests)
 	timeout -k 30 $(TEST_RUST_LIMIT) $(CARGO) test --workspace
+
+# The loom models (tests named loom_*): hyperactor::sync built over the loom model checker
+# (the crates' `loom` feature, so no dependency is rebuilt), exploring every interleaving
+# of the driven actor's work queue and of Deferred within loom's bounds.
+TEST_LOOM_LIMIT ?= 900
+
+loom: | $(VENV_PYTHON) ## Model-check the runtime's concurrent structures with loom
+	timeout -k 30 $(TEST_LOOM_LIMIT) $(CARGO) test -p hyperactor -p hyperactor_mesh --features loom --lib loom_
 
 # pytest runs in PYTEST_WORKERS processes (pytest-xdist; default: the cores, at most 4):
 # most tests wait on processes they start rather than compute. Each file's tests, and each

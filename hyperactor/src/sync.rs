@@ -12,8 +12,11 @@
 //! holder may read it as it is.
 //!
 //! Every crate takes its blocking locks from here rather than from `std::sync`, so that
-//! the rule is written once and the locks have one place where they can be instrumented
-//! or model-checked. Async code keeps `tokio::sync`.
+//! the rule is written once and the locks can be model-checked: with the `loom` feature
+//! they are the loom model checker's (usable only inside `loom::model`), and the tests
+//! named `loom_*` (`make loom`) explore every interleaving of their threads. A `static`
+//! takes [`StaticMutex`] instead, which stays `std`'s: a static outlives every model.
+//! Async code keeps `tokio::sync`.
 //!
 //! ```
 //! use hyperactor::sync::Mutex;
@@ -25,18 +28,31 @@
 
 use std::fmt;
 use std::sync::PoisonError;
+use std::sync::TryLockError;
 use std::time::Duration;
 
-pub use std::sync::{MutexGuard, RwLockReadGuard, RwLockWriteGuard, WaitTimeoutResult};
+#[cfg(not(feature = "loom"))]
+use std::sync as imp;
+
+#[cfg(feature = "loom")]
+use loom::sync as imp;
+
+pub use imp::{MutexGuard, RwLockReadGuard, RwLockWriteGuard, WaitTimeoutResult};
 
 /// A mutual-exclusion lock whose [`lock`](Mutex::lock) ignores poisoning.
-#[derive(Default)]
-pub struct Mutex<T: ?Sized>(std::sync::Mutex<T>);
+pub struct Mutex<T: ?Sized>(imp::Mutex<T>);
 
 impl<T> Mutex<T> {
     /// A new unlocked mutex holding `value`.
+    #[cfg(not(feature = "loom"))]
     pub const fn new(value: T) -> Self {
-        Self(std::sync::Mutex::new(value))
+        Self(imp::Mutex::new(value))
+    }
+
+    /// A new unlocked mutex holding `value` (loom's: only inside a model).
+    #[cfg(feature = "loom")]
+    pub fn new(value: T) -> Self {
+        Self(imp::Mutex::new(value))
     }
 
     /// The value, consuming the mutex.
@@ -55,14 +71,20 @@ impl<T: ?Sized> Mutex<T> {
     pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
         match self.0.try_lock() {
             Ok(guard) => Some(guard),
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
         }
     }
 
     /// The value, through an exclusive borrow (no locking needed).
     pub fn get_mut(&mut self) -> &mut T {
         self.0.get_mut().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<T: Default> Default for Mutex<T> {
+    fn default() -> Self {
+        Self::new(T::default())
     }
 }
 
@@ -81,15 +103,53 @@ impl<T: ?Sized + fmt::Debug> fmt::Debug for Mutex<T> {
     }
 }
 
+/// The [`Mutex`] of a `static`: always `std::sync`'s, with the same rule on poisoning.
+/// A static outlives every loom model, so it is never one of loom's locks, and its
+/// `new` is `const` in every build.
+pub struct StaticMutex<T: ?Sized>(std::sync::Mutex<T>);
+
+impl<T> StaticMutex<T> {
+    /// A new unlocked mutex holding `value`.
+    pub const fn new(value: T) -> Self {
+        Self(std::sync::Mutex::new(value))
+    }
+}
+
+impl<T: ?Sized> StaticMutex<T> {
+    /// Wait until the lock is free, then hold it until the guard is dropped.
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, T> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<T: ?Sized + fmt::Debug> fmt::Debug for StaticMutex<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.try_lock() {
+            Ok(guard) => f.debug_tuple("StaticMutex").field(&&*guard).finish(),
+            Err(TryLockError::Poisoned(poisoned)) => f
+                .debug_tuple("StaticMutex")
+                .field(&&*poisoned.into_inner())
+                .finish(),
+            Err(TryLockError::WouldBlock) => f.write_str("StaticMutex(<locked>)"),
+        }
+    }
+}
+
 /// A reader-writer lock whose [`read`](RwLock::read) and [`write`](RwLock::write) ignore
 /// poisoning.
-#[derive(Default)]
-pub struct RwLock<T: ?Sized>(std::sync::RwLock<T>);
+pub struct RwLock<T: ?Sized>(imp::RwLock<T>);
 
 impl<T> RwLock<T> {
     /// A new unlocked lock holding `value`.
+    #[cfg(not(feature = "loom"))]
     pub const fn new(value: T) -> Self {
-        Self(std::sync::RwLock::new(value))
+        Self(imp::RwLock::new(value))
+    }
+
+    /// A new unlocked lock holding `value` (loom's: only inside a model).
+    #[cfg(feature = "loom")]
+    pub fn new(value: T) -> Self {
+        Self(imp::RwLock::new(value))
     }
 
     /// The value, consuming the lock.
@@ -115,27 +175,33 @@ impl<T: ?Sized> RwLock<T> {
     }
 }
 
+impl<T: Default> Default for RwLock<T> {
+    fn default() -> Self {
+        Self::new(T::default())
+    }
+}
+
 impl<T: ?Sized + fmt::Debug> fmt::Debug for RwLock<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0.try_read() {
             Ok(guard) => f.debug_tuple("RwLock").field(&&*guard).finish(),
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => f
+            Err(TryLockError::Poisoned(poisoned)) => f
                 .debug_tuple("RwLock")
                 .field(&&*poisoned.into_inner())
                 .finish(),
-            Err(std::sync::TryLockError::WouldBlock) => f.write_str("RwLock(<locked>)"),
+            Err(TryLockError::WouldBlock) => f.write_str("RwLock(<locked>)"),
         }
     }
 }
 
 /// A condition variable for the guards of [`Mutex`], whose waits ignore poisoning.
 #[derive(Debug, Default)]
-pub struct Condvar(std::sync::Condvar);
+pub struct Condvar(imp::Condvar);
 
 impl Condvar {
     /// A new condition variable.
-    pub const fn new() -> Self {
-        Self(std::sync::Condvar::new())
+    pub fn new() -> Self {
+        Self(imp::Condvar::new())
     }
 
     /// Release the lock, wait for a notification (or a spurious wake-up), take it again.
@@ -144,16 +210,22 @@ impl Condvar {
     }
 
     /// Wait while `condition` holds; returns with the lock held and the condition false.
-    pub fn wait_while<'a, T, F>(&self, guard: MutexGuard<'a, T>, condition: F) -> MutexGuard<'a, T>
+    pub fn wait_while<'a, T, F>(
+        &self,
+        mut guard: MutexGuard<'a, T>,
+        mut condition: F,
+    ) -> MutexGuard<'a, T>
     where
         F: FnMut(&mut T) -> bool,
     {
-        self.0
-            .wait_while(guard, condition)
-            .unwrap_or_else(PoisonError::into_inner)
+        while condition(&mut *guard) {
+            guard = self.wait(guard);
+        }
+        guard
     }
 
-    /// [`wait`](Condvar::wait), for at most `timeout`.
+    /// [`wait`](Condvar::wait), for at most `timeout` (under loom, a wait that never
+    /// times out: loom does not model time).
     pub fn wait_timeout<'a, T>(
         &self,
         guard: MutexGuard<'a, T>,
@@ -165,6 +237,7 @@ impl Condvar {
     }
 
     /// [`wait_while`](Condvar::wait_while), for at most `timeout`.
+    #[cfg(not(feature = "loom"))]
     pub fn wait_timeout_while<'a, T, F>(
         &self,
         guard: MutexGuard<'a, T>,
@@ -190,7 +263,7 @@ impl Condvar {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(feature = "loom")))]
 mod tests {
     use std::sync::Arc;
 

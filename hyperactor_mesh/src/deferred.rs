@@ -187,7 +187,7 @@ impl<T: Send + 'static> Deferred<T> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(feature = "loom")))]
 mod tests {
     use std::sync::Arc;
 
@@ -216,5 +216,67 @@ mod tests {
         let got = hyperactor::testing::timed(waiter).await.unwrap();
         assert_eq!(got, Ok(5));
         assert_eq!(d.wait_blocking(None), Some(Ok(5)));
+    }
+}
+
+/// Models of the ordering rule under loom (`make loom`): every interleaving of issuing
+/// operations and resolving, within loom's bounds.
+#[cfg(all(test, feature = "loom"))]
+mod loom_models {
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::*;
+
+    /// Operations issued before, during and after the resolution each run exactly once,
+    /// in the order they were issued, with the value.
+    #[test]
+    fn loom_operations_run_once_in_issue_order_across_the_resolution() {
+        loom::model(|| {
+            let deferred = Arc::new(Deferred::<u8>::new());
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let resolver = {
+                let deferred = Arc::clone(&deferred);
+                thread::spawn(move || assert!(deferred.resolve(Ok(5))))
+            };
+            for name in ["a", "b"] {
+                let log = Arc::clone(&log);
+                deferred.run(move |value| log.lock().push((name, value.ok().copied())));
+            }
+            resolver.join().expect("the resolver");
+            assert_eq!(*log.lock(), [("a", Some(5)), ("b", Some(5))]);
+        });
+    }
+
+    /// A thread blocked in `wait_blocking` wakes on the resolution (a lost wake-up would
+    /// deadlock the model), and only the first resolution counts.
+    #[test]
+    fn loom_a_blocked_waiter_wakes_on_the_first_resolution() {
+        loom::model(|| {
+            let deferred = Arc::new(Deferred::<u8>::new());
+            let resolvers: Vec<_> = [Ok(1), Err("no procs".to_string())]
+                .into_iter()
+                .map(|value| {
+                    let deferred = Arc::clone(&deferred);
+                    thread::spawn(move || deferred.resolve(value))
+                })
+                .collect();
+            let got = deferred.wait_blocking(None).expect("no deadline was given");
+            let won: Vec<bool> = resolvers
+                .into_iter()
+                .map(|r| r.join().expect("a resolver"))
+                .collect();
+            assert_eq!(
+                won.iter().filter(|w| **w).count(),
+                1,
+                "one resolution counts"
+            );
+            let expected = if won[0] {
+                Ok(1)
+            } else {
+                Err("no procs".to_string())
+            };
+            assert_eq!(got, expected);
+        });
     }
 }

@@ -257,7 +257,7 @@ impl<T> WorkQueue<T> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(feature = "loom")))]
 mod tests {
     use std::sync::Arc;
     use std::time::Duration;
@@ -362,5 +362,63 @@ mod tests {
         q.close();
         let got = crate::testing::timed(reader).await.unwrap();
         assert_eq!(got, None, "WQ-3: woken by the close");
+    }
+}
+
+/// Models of WQ-1 to WQ-3 under loom (`make loom`): every interleaving of a writer and a
+/// blocked reader, within loom's bounds.
+#[cfg(all(test, feature = "loom"))]
+mod loom_models {
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::*;
+
+    /// WQ-1, WQ-3: a reader that blocks on the empty queue gets both pushes, in order,
+    /// however the push and the wait interleave (a lost wake-up would deadlock the model).
+    #[test]
+    fn loom_a_blocked_reader_gets_every_push_in_order() {
+        loom::model(|| {
+            let queue = Arc::new(WorkQueue::with_high_water(usize::MAX));
+            let writer = {
+                let queue = Arc::clone(&queue);
+                thread::spawn(move || {
+                    assert!(queue.push(1).is_ok());
+                    assert!(queue.push(2).is_ok());
+                })
+            };
+            let first = queue.pop_blocking(None);
+            let second = queue.pop_blocking(None);
+            writer.join().expect("the writer");
+            assert!(matches!(first, Popped::Item(1)), "{first:?}");
+            assert!(matches!(second, Popped::Item(2)), "{second:?}");
+        });
+    }
+
+    /// WQ-2, WQ-3: closing wakes a blocked reader, which still gets what was queued
+    /// before the close; a push after the close is handed back.
+    #[test]
+    fn loom_close_wakes_the_reader_and_is_final() {
+        loom::model(|| {
+            let queue = Arc::new(WorkQueue::with_high_water(usize::MAX));
+            let closer = {
+                let queue = Arc::clone(&queue);
+                thread::spawn(move || {
+                    assert!(queue.push(7).is_ok());
+                    queue.close();
+                    assert!(matches!(queue.push(8), Err(8)));
+                })
+            };
+            let mut got = Vec::new();
+            loop {
+                match queue.pop_blocking(None) {
+                    Popped::Item(item) => got.push(item),
+                    Popped::Closed => break,
+                    Popped::Timeout => unreachable!("no deadline was given"),
+                }
+            }
+            closer.join().expect("the closer");
+            assert_eq!(got, [7]);
+        });
     }
 }

@@ -25,7 +25,7 @@
 //! drop(part); // back in the pool, unless pooling is off
 //! ```
 
-use crate::sync::Mutex;
+use crate::sync::StaticMutex;
 use std::sync::OnceLock;
 use std::time::Duration;
 use std::time::Instant;
@@ -122,11 +122,9 @@ impl Pool {
     }
 }
 
-static POOL: Mutex<Pool> = Mutex::new(Pool::new());
+static POOL: StaticMutex<Pool> = StaticMutex::new(Pool::new());
 
-fn lock() -> crate::sync::MutexGuard<'static, Pool> {
-    // The pool's state is consistent after every statement; a panic elsewhere
-    // while it was held leaves nothing half done.
+fn lock() -> std::sync::MutexGuard<'static, Pool> {
     POOL.lock()
 }
 

@@ -20,7 +20,7 @@
 //! }
 //! ```
 
-use crate::sync::Mutex;
+use crate::sync::StaticMutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -29,7 +29,7 @@ use tokio::time::Instant;
 #[derive(Debug)]
 pub struct LogLimit {
     interval: Duration,
-    state: Mutex<State>,
+    state: StaticMutex<State>,
 }
 
 #[derive(Debug)]
@@ -45,7 +45,7 @@ impl LogLimit {
     pub const fn new(interval: Duration) -> Self {
         LogLimit {
             interval,
-            state: Mutex::new(State {
+            state: StaticMutex::new(State {
                 last: None,
                 suppressed: 0,
             }),

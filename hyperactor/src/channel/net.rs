@@ -302,8 +302,8 @@ pub(crate) async fn serve_tcp(
 
 /// The file descriptors [`serve_inherited_tcp`] adopted: each is adopted once (a
 /// second adoption would close it twice).
-static ADOPTED: crate::sync::Mutex<std::collections::BTreeSet<i32>> =
-    crate::sync::Mutex::new(std::collections::BTreeSet::new());
+static ADOPTED: crate::sync::StaticMutex<std::collections::BTreeSet<i32>> =
+    crate::sync::StaticMutex::new(std::collections::BTreeSet::new());
 
 /// An integer socket option of `fd`.
 fn socket_option(fd: i32, option: libc::c_int) -> io::Result<libc::c_int> {
