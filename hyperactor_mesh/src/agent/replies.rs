@@ -531,3 +531,76 @@ impl Drop for ReplyQueue {
         }
     }
 }
+
+/// Models of a call's collector under loom (`make loom`): replies delivered by other
+/// threads (connection tasks) while the caller blocks.
+#[cfg(all(test, feature = "loom"))]
+mod loom_models {
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::*;
+
+    fn collector(indices: &[u32], fail_fast: bool) -> Arc<CallInner> {
+        Arc::new(CallInner {
+            state: Mutex::new(CallState {
+                expected: indices.iter().copied().collect(),
+                items: HashMap::new(),
+                failed: false,
+                fail_fast,
+                messages: 0,
+            }),
+            signal: Signal::new(),
+        })
+    }
+
+    fn wait(call: &CallInner) -> Vec<ReplyItem> {
+        let guard = call.state.lock();
+        match call.signal.wait_blocking(guard, None, CallState::done) {
+            Some(mut state) => CallReplies::take(&mut state),
+            None => unreachable!("no deadline was given"),
+        }
+    }
+
+    fn deliver_from_thread(call: &Arc<CallInner>, items: Vec<ReplyItem>) -> thread::JoinHandle<()> {
+        let call = Arc::clone(call);
+        thread::spawn(move || call.deliver(items))
+    }
+
+    /// REP-1 and no lost wake-up: two ranks answer from two threads, one of them twice;
+    /// the caller wakes with exactly one item per rank, the first that arrived.
+    #[test]
+    fn loom_the_caller_wakes_with_one_item_per_rank() {
+        loom::model(|| {
+            let call = collector(&[0, 1], true);
+            let first = deliver_from_thread(&call, vec![ReplyItem::ok(0, vec![Bytes::from("a")])]);
+            let second = deliver_from_thread(
+                &call,
+                vec![
+                    ReplyItem::ok(1, vec![Bytes::from("b")]),
+                    ReplyItem::ok(0, vec![Bytes::from("late")]),
+                ],
+            );
+            let items = wait(&call);
+            first.join().expect("a deliverer");
+            second.join().expect("a deliverer");
+            let indices: Vec<u32> = items.iter().map(|i| i.index).collect();
+            assert_eq!(indices, [0, 1]);
+            assert_eq!(call.state.lock().messages, 2);
+        });
+    }
+
+    /// A rank that cannot answer ends a fail-fast call at once: the caller wakes
+    /// without waiting for the other rank.
+    #[test]
+    fn loom_a_failed_rank_ends_the_wait() {
+        loom::model(|| {
+            let call = collector(&[0, 1], true);
+            let failer = deliver_from_thread(&call, vec![ReplyItem::failed(1, "proc died")]);
+            let items = wait(&call);
+            failer.join().expect("the deliverer");
+            assert_eq!(items.len(), 1);
+            assert!(items[0].is_unanswered());
+        });
+    }
+}
