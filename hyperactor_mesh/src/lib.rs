@@ -6,6 +6,7 @@ pub mod bootstrap;
 pub mod cast;
 pub mod deferred;
 pub mod error;
+pub mod failure_desk;
 pub mod host;
 pub mod host_mesh;
 pub mod monitor;

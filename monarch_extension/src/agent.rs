@@ -383,9 +383,7 @@ impl PyProcAgent {
             .proc()
             .client(name)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        Ok(PyClient {
-            client: Arc::new(client),
-        })
+        Ok(PyClient::new(Arc::new(client)))
     }
 
     /// Makes `client` the owner of singletons other processes ask this agent for.

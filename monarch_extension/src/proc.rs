@@ -9,6 +9,7 @@ use std::sync::Arc;
 use hyperactor::context::SendContext;
 use hyperactor::error::{IdError, ProcError, SpawnError};
 use hyperactor::ChannelTransport;
+use hyperactor_mesh::failure_desk::{FailureDesk, Taken};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -70,9 +71,7 @@ impl PyProc {
     fn client(&self, name: &str) -> PyResult<PyClient> {
         let _guard = runtime()?.enter();
         let client = self.proc.client(name).map_err(spawn_error)?;
-        Ok(PyClient {
-            client: Arc::new(client),
-        })
+        Ok(PyClient::new(Arc::new(client)))
     }
 
     fn __repr__(&self) -> String {
@@ -85,6 +84,24 @@ impl PyProc {
 #[derive(Debug)]
 pub struct PyClient {
     pub(crate) client: Arc<hyperactor::Client>,
+    /// Where its failures wait to be judged, once something takes them.
+    pub(crate) failures: std::sync::OnceLock<Arc<FailureDesk>>,
+}
+
+impl PyClient {
+    pub(crate) fn new(client: Arc<hyperactor::Client>) -> Self {
+        Self {
+            client,
+            failures: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn failure_desk(&self) -> PyResult<&Arc<FailureDesk>> {
+        let _guard = runtime()?.enter();
+        Ok(self
+            .failures
+            .get_or_init(|| FailureDesk::serve(Arc::clone(&self.client))))
+    }
 }
 
 #[pymethods]
@@ -133,6 +150,51 @@ impl PyClient {
         Ok(got
             .flatten()
             .map(crate::supervision::PyMeshFailure::from_event))
+    }
+
+    /// The next failure of a mesh this client owns, marked *in hand* until
+    /// `supervision_judged()`, blocking without the GIL; `None` once the failures are
+    /// drained (`drain_supervision`), when the client closes, or after `timeout` seconds.
+    /// Do not mix with `next_supervision` on one client.
+    #[pyo3(signature = (timeout = None))]
+    fn take_supervision(
+        &self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<crate::supervision::PyMeshFailure>> {
+        let desk = Arc::clone(self.failure_desk()?);
+        let deadline = crate::call::deadline(timeout)?;
+        let got = crate::call::block(py, deadline, |until| match desk.take(until) {
+            Taken::Failure(event) => Some(Some(event)),
+            Taken::Ended => Some(None),
+            Taken::Timeout => None,
+        })?;
+        Ok(got
+            .flatten()
+            .map(crate::supervision::PyMeshFailure::from_event))
+    }
+
+    /// The failure `take_supervision` handed out is judged.
+    fn supervision_judged(&self) -> PyResult<()> {
+        self.failure_desk()?.judged();
+        Ok(())
+    }
+
+    /// Ends `take_supervision` for good, waits (without the GIL) until no failure it
+    /// handed out is still being judged (unless `taker`: the caller is the thread that
+    /// holds it), and returns the failures still waiting, oldest first.
+    #[pyo3(signature = (taker = false))]
+    fn drain_supervision(
+        &self,
+        py: Python<'_>,
+        taker: bool,
+    ) -> PyResult<Vec<crate::supervision::PyMeshFailure>> {
+        let desk = Arc::clone(self.failure_desk()?);
+        let events = crate::runtime::detach(py, || desk.drain(taker));
+        Ok(events
+            .into_iter()
+            .map(crate::supervision::PyMeshFailure::from_event)
+            .collect())
     }
 
     fn __repr__(&self) -> String {

@@ -450,6 +450,17 @@ class Client:
     def next_supervision(self, timeout: float | None = None) -> MeshFailure | None:
         """The next failure of a mesh this client owns, or None."""
 
+    def take_supervision(self, timeout: float | None = None) -> MeshFailure | None:
+        """The next failure of a mesh this client owns, marked in hand until
+        ``supervision_judged()``; None once drained, closed, or after ``timeout``."""
+
+    def supervision_judged(self) -> None:
+        """The failure ``take_supervision`` handed out is judged."""
+
+    def drain_supervision(self, taker: bool = False) -> list[MeshFailure]:
+        """End ``take_supervision``, wait until no failure it handed out is being judged
+        (unless ``taker``), and return the failures still waiting."""
+
     def open_port(self) -> tuple[PortRef, PortReceiver]:
         """Open a streaming port on this client's mailbox, carrying lists of byte parts."""
 

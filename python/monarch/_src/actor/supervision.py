@@ -280,46 +280,46 @@ def _end_process(code: int) -> None:
         os._exit(code)
 
 
-#: Held while a failure is taken from the client's queue and judged: the exit sequence
-#: takes it to drain the queue, so that no failure is in the hands of the supervision
-#: thread, taken but not yet judged, when the exit reads the status. Reentrant: a
-#: failure judged on that thread may run the exit sequence there.
-_consuming = threading.RLock()
-
-#: How long the supervision thread waits for a failure before it lets the exit sequence
-#: take :data:`_consuming` (the most an exit waits for it).
-_POLL = 0.05
+#: The root client's supervision thread, once started: the exit sequence, when it runs
+#: on that thread (a failure it judges ends the program), does not wait for itself.
+_supervision_thread: threading.Thread | None = None
 
 
 def start_root_supervision(state: process.ProcessState) -> None:
-    """The root client's thread that judges the failures reaching it."""
+    """The root client's thread that judges the failures reaching it. It takes them from
+    the client's failure desk, which marks each *in hand* until it is judged, so the exit
+    sequence (:func:`drain_at_exit`) never reads the exit status while a failure is taken
+    but not yet judged. The thread blocks until a failure comes; nothing polls."""
+    global _supervision_thread
 
     def run() -> None:
+        client = state.client
         while not process.is_shut_down():
-            with _consuming:
-                asked = time.monotonic()
-                try:
-                    failure = state.client.next_supervision(_POLL)
-                except BaseException:  # the runtime is going away
-                    return
-                if failure is not None:
-                    _judge(MeshFailure(failure))
-                elif time.monotonic() - asked < _POLL / 2:
-                    return  # nothing, before the wait was over: the queue is closed
+            try:
+                failure = client.take_supervision()
+            except BaseException:  # the runtime is going away
+                return
+            if failure is None:  # drained by the exit sequence, or the client closed
+                return
+            try:
+                _judge(MeshFailure(failure))
+            finally:
+                client.supervision_judged()
 
-    threading.Thread(target=run, name="monarch-supervision", daemon=True).start()
+    thread = threading.Thread(target=run, name="monarch-supervision", daemon=True)
+    _supervision_thread = thread
+    thread.start()
 
 
 def drain_at_exit(state: process.ProcessState) -> None:
     """At interpreter exit: judge the failures that arrived but were not judged yet,
     on this thread (the program is ending anyway; a raising hook sets the exit status
-    to 1). Waits until the supervision thread holds no failure it took."""
-    with _consuming:
-        while True:
-            try:
-                failure = state.client.next_supervision(0.0)
-            except BaseException:
-                return
-            if failure is None:
-                return
-            _judge(MeshFailure(failure))
+    to 1). Waits until the supervision thread holds no failure it took (unless this is
+    that thread, judging a failure that ends the program)."""
+    taker = threading.current_thread() is _supervision_thread
+    try:
+        failures = state.client.drain_supervision(taker)
+    except BaseException:
+        return
+    for failure in failures:
+        _judge(MeshFailure(failure))
