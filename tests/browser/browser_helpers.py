@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,11 +69,45 @@ class Browser:
     is safe to call twice.
     """
 
+    #: How many times a launch is tried: chromium sometimes exits while it starts
+    #: ("session not created: Chrome instance exited"), a fault of the browser's start,
+    #: not of the page under test.
+    LAUNCH_TRIES = 3
+
     def __init__(self, paths: BrowserPaths) -> None:
+        from selenium.common.exceptions import SessionNotCreatedException
+
+        for attempt in range(1, self.LAUNCH_TRIES + 1):
+            try:
+                self._launch(paths)
+                return
+            except BaseException as e:
+                tail = self._log_tail()
+                if os.path.exists(self.log):
+                    os.unlink(self.log)
+                if not isinstance(e, SessionNotCreatedException):
+                    raise
+                if attempt == self.LAUNCH_TRIES:
+                    raise AssertionError(
+                        f"chromium did not start in {self.LAUNCH_TRIES} tries; the last "
+                        f"driver log:\n{tail}"
+                    ) from e
+                print(f"chromium did not start (try {attempt}): {e.msg}", file=sys.stderr)
+
+    def _log_tail(self, lines: int = 40) -> str:
+        try:
+            with open(self.log) as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return "(no driver log)"
+
+    def _launch(self, paths: BrowserPaths) -> None:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
 
         self.profile = tempfile.mkdtemp(prefix="monarch-chromium-")
+        fd, self.log = tempfile.mkstemp(prefix="monarch-chromedriver-", suffix=".log")
+        os.close(fd)
         options = webdriver.ChromeOptions()
         options.binary_location = paths.chromium
         for arg in (
@@ -91,7 +126,9 @@ class Browser:
         ):
             options.add_argument(arg)
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-        self.service = Service(executable_path=paths.chromedriver)
+        self.service = Service(
+            executable_path=paths.chromedriver, service_args=["--verbose"], log_output=self.log
+        )
         try:
             self.driver = webdriver.Chrome(service=self.service, options=options)
         except BaseException:
@@ -116,6 +153,8 @@ class Browser:
         finally:
             self.service.stop()
             shutil.rmtree(self.profile, ignore_errors=True)
+            if os.path.exists(self.log):
+                os.unlink(self.log)
 
     # ---- conveniences used by the tests ------------------------------------------------
 
