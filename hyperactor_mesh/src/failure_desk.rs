@@ -10,7 +10,7 @@
 //! - [`FailureDesk::take`] hands out the next failure and marks it *in hand*, under the
 //!   same lock;
 //! - [`FailureDesk::judged`] clears the mark;
-//! - [`FailureDesk::drain`] stops further takes (a blocked taker returns `None`), waits
+//! - [`FailureDesk::drain`] stops further takes (a blocked taker gets [`Taken::Ended`]), waits
 //!   until no failure is in hand (unless the caller is the taker itself, which may run
 //!   the exit sequence while judging), then returns every failure still waiting.
 //!
@@ -88,8 +88,8 @@ impl<T> FailureDesk<T> {
         self.changed.notify_all();
     }
 
-    /// Nothing more will arrive: a blocked [`take`](Self::take) returns `None` once the
-    /// desk is empty.
+    /// Nothing more will arrive: a blocked [`take`](Self::take) gets [`Taken::Ended`]
+    /// once the desk is empty.
     pub fn close(&self) {
         self.desk.lock().closed = true;
         self.changed.notify_all();
