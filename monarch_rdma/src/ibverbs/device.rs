@@ -200,7 +200,7 @@ unsafe impl Sync for Device {}
 
 /// The process's device, opened on first use.
 pub(super) fn device() -> Result<&'static Device, RdmaError> {
-    static DEVICE: OnceLock<Result<Device, String>> = OnceLock::new();
+    static DEVICE: OnceLock<Result<Device, IbvError>> = OnceLock::new();
     if let Some(reason) = &probe().reason {
         return Err(RdmaError::Unavailable {
             reason: reason.clone(),
@@ -209,7 +209,7 @@ pub(super) fn device() -> Result<&'static Device, RdmaError> {
     DEVICE
         .get_or_init(Device::open)
         .as_ref()
-        .map_err(|detail| verbs("opening the RDMA device", detail.clone()))
+        .map_err(|e| verbs("opening the RDMA device", e.to_string()))
 }
 
 pub(super) fn verbs(call: impl Into<String>, detail: impl Into<String>) -> RdmaError {
@@ -247,8 +247,11 @@ pub(super) fn lock_until<T>(
 }
 
 impl Device {
-    pub(super) fn open() -> Result<Device, String> {
-        let lib = Lib::get().map_err(|e| load_reason(&e))?;
+    pub(super) fn open() -> Result<Device, IbvError> {
+        let lib = Lib::get().map_err(|e| match e {
+            LoadError::Missing(_) => IbvError::LibraryMissing,
+            LoadError::Incomplete(e) => e,
+        })?;
         let wanted = wanted_device();
         let (ctx, name) = with_devices(lib, |list| {
             let chosen = match &wanted {
@@ -256,12 +259,15 @@ impl Device {
                 None => list.first(),
             };
             let Some((device, name)) = chosen else {
-                return Err(REASON_NO_DEVICE.to_string());
+                return Err(IbvError::NoDevice);
             };
             // SAFETY: a device of the live list.
             let ctx = unsafe { (lib.open_device)(*device) };
             if ctx.is_null() {
-                return Err(format!("ibv_open_device({name}): {}", sys::errno()));
+                return Err(IbvError::OpenDevice {
+                    device: name.clone(),
+                    errno: sys::errno_code(),
+                });
             }
             Ok((ctx, name.clone()))
         })?;
@@ -275,12 +281,15 @@ impl Device {
         lib: &'static Lib,
         ctx: *mut sys::ibv_context,
         name: String,
-    ) -> Result<Device, String> {
+    ) -> Result<Device, IbvError> {
         let mut attr = sys::ibv_device_attr::default();
         // SAFETY: an open context and a writable attribute struct of the C layout.
         let rc = unsafe { (lib.query_device)(ctx, &mut attr) };
         if rc != 0 {
-            return Err(format!("ibv_query_device({name}): {}", sys::rc_error(rc)));
+            return Err(IbvError::QueryDevice {
+                device: name,
+                errno: sys::rc_code(rc),
+            });
         }
         let (num, port_attr) = Self::active_port(lib, ctx, &name, attr.phys_port_cnt)?;
         let ethernet = port_attr.link_layer == sys::IBV_LINK_LAYER_ETHERNET;
@@ -288,18 +297,25 @@ impl Device {
             Some(v) => v
                 .trim()
                 .parse::<u8>()
-                .map_err(|_| format!("{GID_INDEX_ENV}={v:?} is not a GID index (0..=255)"))?,
+                .map_err(|_| IbvError::BadGidIndex { value: v.clone() })?,
             None => {
                 let entries = Self::gid_table(lib, ctx, &name, num, port_attr.gid_tbl_len);
                 choose_gid_index(&entries, ethernet)
             }
         };
-        let gid = Self::gid(lib, ctx, num, gid_index)
-            .map_err(|e| format!("ibv_query_gid({name}, port {num}, index {gid_index}): {e}"))?;
+        let gid = Self::gid(lib, ctx, num, gid_index).map_err(|errno| IbvError::QueryGid {
+            device: name.clone(),
+            port: num,
+            index: gid_index,
+            errno,
+        })?;
         // SAFETY: an open context.
         let pd = unsafe { (lib.alloc_pd)(ctx) };
         if pd.is_null() {
-            return Err(format!("ibv_alloc_pd({name}): {}", sys::errno()));
+            return Err(IbvError::AllocPd {
+                device: name,
+                errno: sys::errno_code(),
+            });
         }
         let max_msg = match port_attr.max_msg_sz {
             0 => MAX_PIECE,
@@ -339,7 +355,7 @@ impl Device {
         ctx: *mut sys::ibv_context,
         name: &str,
         ports: u8,
-    ) -> Result<(u8, sys::ibv_port_attr), String> {
+    ) -> Result<(u8, sys::ibv_port_attr), IbvError> {
         let mut states = Vec::new();
         for num in 1..=ports.max(1) {
             let mut attr = sys::ibv_port_attr::default();
@@ -347,19 +363,24 @@ impl Device {
             // as any layout the library writes (see sys).
             let rc = unsafe { (lib.query_port)(ctx, num, &mut attr) };
             if rc != 0 {
-                states.push(format!("port {num}: {}", sys::rc_error(rc)));
+                states.push(PortState::QueryFailed {
+                    port: num,
+                    errno: sys::rc_code(rc),
+                });
                 continue;
             }
             if attr.state == sys::IBV_PORT_ACTIVE {
                 return Ok((num, attr));
             }
-            states.push(format!("port {num}: state {}", attr.state));
+            states.push(PortState::NotActive {
+                port: num,
+                state: attr.state,
+            });
         }
-        Err(format!(
-            "the RDMA device {name} has no active port ({}); check the cable and \
-             `ibv_devinfo`",
-            states.join(", ")
-        ))
+        Err(IbvError::NoActivePort {
+            device: name.to_string(),
+            ports: states,
+        })
     }
 
     /// The port's non-empty GID entries with their sysfs types.
@@ -386,17 +407,18 @@ impl Device {
             .collect()
     }
 
+    /// The GID at `index` of `port`; the errno when the query fails.
     pub(super) fn gid(
         lib: &Lib,
         ctx: *mut sys::ibv_context,
         port: u8,
         index: u8,
-    ) -> std::io::Result<[u8; 16]> {
+    ) -> Result<[u8; 16], c_int> {
         let mut gid = sys::ibv_gid::default();
         // SAFETY: an open context and a writable 16-byte GID.
         let rc = unsafe { (lib.query_gid)(ctx, port, c_int::from(index), &mut gid) };
         if rc != 0 {
-            return Err(sys::rc_error(rc));
+            return Err(sys::rc_code(rc));
         }
         Ok(gid.raw)
     }
@@ -477,10 +499,12 @@ impl Device {
             ..Default::default()
         };
         let reply = tcp::request(server, pid, KIND_IBV_CONNECT, &mine.encode(), &opts)?;
-        let theirs =
-            QpInfo::decode(&reply).map_err(|message| RdmaError::Refused { pid, message })?;
-        check_compatible(&self.port, &theirs)
-            .map_err(|message| RdmaError::Refused { pid, message })?;
+        let refused = |e: IbvError| RdmaError::Refused {
+            pid,
+            message: e.to_string(),
+        };
+        let theirs = QpInfo::decode(&reply).map_err(refused)?;
+        check_compatible(&self.port, &theirs).map_err(refused)?;
         conn.modify(rtr_attr(&self.port, &theirs, self.rd_atomic), "INIT to RTR")?;
         conn.modify(
             rts_attr(psn, self.rd_atomic.min(theirs.rd_atomic)),
@@ -492,9 +516,9 @@ impl Device {
     /// The owner's side of a connection: a queue pair ready for `theirs`; answers
     /// with its address.
     pub(super) fn accept(&self, theirs: &QpInfo) -> Result<Vec<u8>, RdmaError> {
-        check_compatible(&self.port, theirs).map_err(|message| RdmaError::Refused {
+        check_compatible(&self.port, theirs).map_err(|e| RdmaError::Refused {
             pid: std::process::id(),
-            message,
+            message: e.to_string(),
         })?;
         let conn = self.new_conn()?;
         let psn = new_psn();

@@ -71,6 +71,7 @@
 //! [`RemoteRegion`] is not checked on this path.
 
 mod device;
+mod error;
 mod mr;
 mod probe;
 mod qp;
@@ -84,6 +85,7 @@ use std::sync::{Arc, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use self::device::*;
+use self::error::{IbvError, PortState};
 use self::mr::*;
 use self::probe::*;
 pub use self::probe::{probe, probe_with, Probe};
@@ -139,7 +141,7 @@ pub fn serve() {
 }
 
 fn handle_connect(payload: &[u8]) -> Result<Vec<u8>, String> {
-    let theirs = QpInfo::decode(payload)?;
+    let theirs = QpInfo::decode(payload).map_err(|e| e.to_string())?;
     let device = device().map_err(|e| e.to_string())?;
     device.accept(&theirs).map_err(|e| e.to_string())
 }

@@ -85,7 +85,7 @@ pub(super) fn wanted_device() -> Option<String> {
 pub(super) fn load_reason(e: &LoadError) -> String {
     match e {
         LoadError::Missing(_) => REASON_MISSING.to_string(),
-        LoadError::Incomplete(why) => why.clone(),
+        LoadError::Incomplete(why) => why.to_string(),
     }
 }
 

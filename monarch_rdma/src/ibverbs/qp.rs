@@ -53,16 +53,14 @@ impl QpInfo {
         out
     }
 
-    pub(super) fn decode(bytes: &[u8]) -> Result<Self, String> {
+    pub(super) fn decode(bytes: &[u8]) -> Result<Self, IbvError> {
         if bytes.len() != Self::LEN || bytes[0] != Self::VERSION {
-            return Err(format!(
-                "malformed ibverbs connection data ({} bytes, version {}; expected {} \
-                 bytes, version {}): both sides must run the same Monarch version",
-                bytes.len(),
-                bytes.first().copied().unwrap_or(0),
-                Self::LEN,
-                Self::VERSION
-            ));
+            return Err(IbvError::MalformedQpInfo {
+                len: bytes.len(),
+                version: bytes.first().copied().unwrap_or(0),
+                expected_len: Self::LEN,
+                expected_version: Self::VERSION,
+            });
         }
         let mut rest = &bytes[1..];
         let mut take = |n: usize| {
@@ -96,13 +94,12 @@ impl QpInfo {
 }
 
 /// Checks that two ports can talk.
-pub(super) fn check_compatible(local: &Port, remote: &QpInfo) -> Result<(), String> {
+pub(super) fn check_compatible(local: &Port, remote: &QpInfo) -> Result<(), IbvError> {
     if local.link_layer != remote.link_layer {
-        return Err(format!(
-            "the two RDMA ports are on different link layers ({} here, {} there; 1 is \
-             InfiniBand, 2 Ethernet/RoCE): they cannot connect",
-            local.link_layer, remote.link_layer
-        ));
+        return Err(IbvError::LinkLayerMismatch {
+            local: local.link_layer,
+            remote: remote.link_layer,
+        });
     }
     Ok(())
 }

@@ -27,6 +27,8 @@
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::sync::OnceLock;
 
+use super::error::IbvError;
+
 /// The file name the loader opens (the SONAME of rdma-core's libibverbs).
 pub(crate) const LIBRARY: &str = "libibverbs.so.1";
 
@@ -425,7 +427,7 @@ macro_rules! library {
             /// # Safety
             ///
             /// `handle` must come from `dlopen` and never be closed.
-            unsafe fn resolve(handle: *mut c_void) -> Result<Self, String> {
+            unsafe fn resolve(handle: *mut c_void) -> Result<Self, IbvError> {
                 Ok(Self {
                     $($field: {
                         let name = concat!($symbol, "\0");
@@ -433,11 +435,7 @@ macro_rules! library {
                         // NUL-terminated.
                         let address = unsafe { libc::dlsym(handle, name.as_ptr().cast()) };
                         if address.is_null() {
-                            return Err(format!(
-                                "{LIBRARY} has no function {}: it is too old or not \
-                                 rdma-core's libibverbs",
-                                $symbol
-                            ));
+                            return Err(IbvError::MissingSymbol { symbol: $symbol });
                         }
                         // SAFETY: the symbol is the C function declared in verbs.h with
                         // exactly this signature (see the module docs); function and
@@ -488,7 +486,7 @@ pub(crate) enum LoadError {
     /// `dlopen` failed (its message).
     Missing(String),
     /// The library lacks a function.
-    Incomplete(String),
+    Incomplete(IbvError),
 }
 
 impl Lib {
@@ -546,14 +544,24 @@ pub(crate) fn errno() -> std::io::Error {
     std::io::Error::last_os_error()
 }
 
-/// A verbs return code as an I/O error: rdma-core returns errno values, older
-/// libraries sometimes their negatives, and some set errno and return -1.
-pub(crate) fn rc_error(rc: c_int) -> std::io::Error {
+/// `errno`, for calls that return NULL and set it.
+pub(crate) fn errno_code() -> c_int {
+    errno().raw_os_error().unwrap_or(0)
+}
+
+/// A verbs return code as an errno: rdma-core returns errno values, older libraries
+/// sometimes their negatives, and some set errno and return -1.
+pub(crate) fn rc_code(rc: c_int) -> c_int {
     if rc == -1 {
-        let e = errno();
-        if e.raw_os_error().unwrap_or(0) != 0 {
+        let e = errno_code();
+        if e != 0 {
             return e;
         }
     }
-    std::io::Error::from_raw_os_error(rc.saturating_abs())
+    rc.saturating_abs()
+}
+
+/// A verbs return code as an I/O error (see [`rc_code`]).
+pub(crate) fn rc_error(rc: c_int) -> std::io::Error {
+    std::io::Error::from_raw_os_error(rc_code(rc))
 }

@@ -136,10 +136,121 @@ fn a_malformed_connection_request_is_refused_with_a_reason() {
     let err = handle_connect(b"nonsense").unwrap_err();
     assert!(err.contains("malformed"), "{err}");
     let err = QpInfo::decode(&[]).unwrap_err();
-    assert!(err.contains("0 bytes"), "{err}");
+    assert!(err.to_string().contains("0 bytes"), "{err}");
+    assert_eq!(
+        err,
+        IbvError::MalformedQpInfo {
+            len: 0,
+            version: 0,
+            expected_len: QpInfo::LEN,
+            expected_version: 1,
+        }
+    );
     let mut wrong_version = vec![0u8; QpInfo::LEN];
     wrong_version[0] = 99;
     assert!(QpInfo::decode(&wrong_version).is_err());
+}
+
+#[test]
+fn ibverbs_errors_keep_their_messages() {
+    let os = |errno: i32| std::io::Error::from_raw_os_error(errno).to_string();
+    let cases = [
+        (IbvError::LibraryMissing, REASON_MISSING.to_string()),
+        (IbvError::NoDevice, REASON_NO_DEVICE.to_string()),
+        (
+            IbvError::MissingSymbol {
+                symbol: "ibv_reg_mr",
+            },
+            "libibverbs.so.1 has no function ibv_reg_mr: it is too old or not rdma-core's \
+             libibverbs"
+                .to_string(),
+        ),
+        (
+            IbvError::OpenDevice {
+                device: "mlx5_0".into(),
+                errno: libc::ENODEV,
+            },
+            format!("ibv_open_device(mlx5_0): {}", os(libc::ENODEV)),
+        ),
+        (
+            IbvError::QueryDevice {
+                device: "mlx5_0".into(),
+                errno: libc::EINVAL,
+            },
+            format!("ibv_query_device(mlx5_0): {}", os(libc::EINVAL)),
+        ),
+        (
+            IbvError::NoActivePort {
+                device: "mlx5_0".into(),
+                ports: vec![
+                    PortState::QueryFailed {
+                        port: 1,
+                        errno: libc::EIO,
+                    },
+                    PortState::NotActive { port: 2, state: 1 },
+                ],
+            },
+            format!(
+                "the RDMA device mlx5_0 has no active port (port 1: {}, port 2: state 1); \
+                 check the cable and `ibv_devinfo`",
+                os(libc::EIO)
+            ),
+        ),
+        (
+            IbvError::BadGidIndex { value: "x".into() },
+            "MONARCH_RDMA_IBVERBS_GID_INDEX=\"x\" is not a GID index (0..=255)".to_string(),
+        ),
+        (
+            IbvError::QueryGid {
+                device: "mlx5_0".into(),
+                port: 1,
+                index: 3,
+                errno: libc::EINVAL,
+            },
+            format!(
+                "ibv_query_gid(mlx5_0, port 1, index 3): {}",
+                os(libc::EINVAL)
+            ),
+        ),
+        (
+            IbvError::AllocPd {
+                device: "mlx5_0".into(),
+                errno: libc::ENOMEM,
+            },
+            format!("ibv_alloc_pd(mlx5_0): {}", os(libc::ENOMEM)),
+        ),
+        (
+            IbvError::MalformedQpInfo {
+                len: 8,
+                version: 110,
+                expected_len: 39,
+                expected_version: 1,
+            },
+            "malformed ibverbs connection data (8 bytes, version 110; expected 39 bytes, \
+             version 1): both sides must run the same Monarch version"
+                .to_string(),
+        ),
+        (
+            IbvError::LinkLayerMismatch {
+                local: 2,
+                remote: 1,
+            },
+            "the two RDMA ports are on different link layers (2 here, 1 there; 1 is \
+             InfiniBand, 2 Ethernet/RoCE): they cannot connect"
+                .to_string(),
+        ),
+    ];
+    for (error, text) in cases {
+        assert_eq!(error.to_string(), text);
+    }
+    // The device's error is cached, so it is cloneable; the transfer paths turn it
+    // into RdmaError::Verbs with the same text.
+    let cached = IbvError::NoDevice;
+    let text = verbs("opening the RDMA device", cached.clone().to_string()).to_string();
+    assert_eq!(
+        text,
+        format!("the ibverbs call opening the RDMA device failed: {REASON_NO_DEVICE}")
+    );
 }
 
 #[test]
@@ -251,7 +362,14 @@ fn queue_pair_transitions_carry_the_peer_address() {
 
     assert!(check_compatible(&local, &peer(IBV_LINK_LAYER_ETHERNET, 0, 5)).is_ok());
     let err = check_compatible(&local, &peer(1, 3, 5)).unwrap_err();
-    assert!(err.contains("different link layers"), "{err}");
+    assert!(err.to_string().contains("different link layers"), "{err}");
+    assert_eq!(
+        err,
+        IbvError::LinkLayerMismatch {
+            local: IBV_LINK_LAYER_ETHERNET,
+            remote: 1
+        }
+    );
 }
 
 #[test]
