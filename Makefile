@@ -201,20 +201,31 @@ DEMO_BUILD = $(MATURIN_CARGO_ENV) $(CARGO) build --release -p monarch_extension 
 demo-build: build-prod ## Build the Rust demos with the extension's release build (compiles the demos only)
 	$(DEMO_BUILD)
 
-# torch is installed beside the extension's release build, as in `install`.
+# torch is installed beside the extension's release build, as in `install`. Then the two
+# quick Python demos run on an idle machine (ping_pong prints its latency); the others run
+# two at a time beside the Rust demos' build (each keeps about one core busy, mostly
+# starting interpreters), each demo's output printed whole when it ends; the Rust demos
+# last.
+DEMO_PY_PARALLEL := ddp_spmd parameter_server distributed_tensors ddp_tensors web_crawler \
+	reinforcement_learning
+DEMO_PY_JOBS := $(addprefix demo-py-,$(DEMO_PY_PARALLEL))
+.PHONY: demo-parallel $(DEMO_PY_JOBS)
 demo: $(BUILD_STAMP) ## Install what the demos need (not the test tools), run them: Rust ping-pong and native mesh, Python tour, DDP, RDMA, tensors, DDP on tensors, crawler, RL
 	$(MAKE) --no-print-directory -j2 build-prod $(DEMO_STAMP)
-	$(DEMO_BUILD)
-	$(DEMO_BINS)/ping_pong
-	$(DEMO_BINS)/mesh_demo
 	$(VENV_PYTHON) examples/ping_pong.py
 	$(VENV_PYTHON) examples/getting_started.py
-	$(VENV_PYTHON) examples/ddp_spmd.py
-	$(VENV_PYTHON) examples/parameter_server.py
-	$(VENV_PYTHON) examples/distributed_tensors.py
-	$(VENV_PYTHON) examples/ddp_tensors.py
-	$(VENV_PYTHON) examples/web_crawler.py
-	$(VENV_PYTHON) examples/reinforcement_learning.py
+	$(MAKE) --no-print-directory -j2 --output-sync=target demo-parallel
+	$(DEMO_BINS)/ping_pong
+	$(DEMO_BINS)/mesh_demo
+
+demo-parallel: demo-build-only $(DEMO_PY_JOBS)
+
+$(DEMO_PY_JOBS): demo-py-%:
+	$(VENV_PYTHON) examples/$*.py
+
+.PHONY: demo-build-only
+demo-build-only:
+	$(DEMO_BUILD)
 
 # `make bench` compares this project with upstream Monarch (PyPI `torchmonarch`) and Ray,
 # each installed once into a venv of its own under $(BENCH_DIR) (ignored by git). The
