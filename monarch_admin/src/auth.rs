@@ -65,6 +65,40 @@ pub(crate) fn authorized(headers: &HeaderMap, token: &str) -> bool {
         .any(|t| constant_time_eq(t.as_bytes(), token.as_bytes()))
 }
 
+/// Why [`HostCheck::check`] refused a request (answered with a 403 and this message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum AuthRejected {
+    /// The request has no (readable) `Host` header.
+    #[error(
+        "the request has no Host header; expected an HTTP/1.1 request with Host set to the \
+         server's address; use the URL the program printed"
+    )]
+    NoHost,
+    /// `Host` names a host the server does not answer to.
+    #[error(
+        "Host {host:?} is not allowed (a guard against DNS rebinding); expected one of \
+         {allowed:?}; open the URL the program printed, or add the name to allowed_hosts"
+    )]
+    Host {
+        /// The request's `Host`.
+        host: String,
+        /// The hosts allowed.
+        allowed: Vec<String>,
+    },
+    /// `Origin` is not this server's.
+    #[error(
+        "Origin {origin:?} is not allowed (cross-site requests are refused); expected \
+         http(s):// followed by one of {allowed:?}; use the dashboard served by this \
+         server, or add its host to allowed_hosts"
+    )]
+    Origin {
+        /// The request's `Origin`.
+        origin: String,
+        /// The hosts allowed.
+        allowed: Vec<String>,
+    },
+}
+
 /// The host names a request may address: checked against `Host` and `Origin`.
 #[derive(Debug, Clone)]
 pub(crate) struct HostCheck {
@@ -98,25 +132,17 @@ impl HostCheck {
         self.allowed.contains(&host)
     }
 
-    /// `Err(message)` (for a 403) unless `Host` and any `Origin` name an allowed host.
-    pub(crate) fn check(&self, headers: &HeaderMap) -> Result<(), String> {
+    /// An [`AuthRejected`] (for a 403) unless `Host` and any `Origin` name an allowed
+    /// host.
+    pub(crate) fn check(&self, headers: &HeaderMap) -> Result<(), AuthRejected> {
         let host = headers.get(HOST).and_then(|h| h.to_str().ok());
         match host {
-            None => {
-                return Err(
-                    "the request has no Host header; expected an HTTP/1.1 request \
-                            with Host set to the server's address; use the URL the \
-                            program printed"
-                        .into(),
-                )
-            }
+            None => return Err(AuthRejected::NoHost),
             Some(h) if !self.allows(h) => {
-                return Err(format!(
-                    "Host {h:?} is not allowed (a guard against DNS rebinding); expected \
-                     one of {:?}; open the URL the program printed, or add the name to \
-                     allowed_hosts",
-                    self.allowed
-                ))
+                return Err(AuthRejected::Host {
+                    host: h.to_string(),
+                    allowed: self.allowed.clone(),
+                })
             }
             Some(_) => {}
         }
@@ -128,12 +154,10 @@ impl HostCheck {
             match name {
                 Some(n) if self.allows(n.trim_end_matches('/')) => {}
                 _ => {
-                    return Err(format!(
-                        "Origin {origin:?} is not allowed (cross-site requests are \
-                         refused); expected http(s):// followed by one of {:?}; use the \
-                         dashboard served by this server, or add its host to allowed_hosts",
-                        self.allowed
-                    ))
+                    return Err(AuthRejected::Origin {
+                        origin: origin.to_string(),
+                        allowed: self.allowed.clone(),
+                    })
                 }
             }
         }
@@ -173,6 +197,46 @@ mod tests {
         assert!(constant_time_eq(b"abc", b"abc"));
         assert!(!constant_time_eq(b"abc", b"abd"));
         assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+
+    #[test]
+    fn host_check_rejections_keep_their_messages() {
+        use hyper::header::HeaderValue;
+        let check = HostCheck::new(([127, 0, 0, 1], 8080).into(), &[]);
+        let allowed = r#"["127.0.0.1:8080", "localhost:8080", "[::1]:8080", "127.0.0.1:8080"]"#;
+        let mut headers = HeaderMap::new();
+        let err = check.check(&headers).unwrap_err();
+        assert_eq!(err, AuthRejected::NoHost);
+        assert_eq!(
+            err.to_string(),
+            "the request has no Host header; expected an HTTP/1.1 request with Host set to \
+             the server's address; use the URL the program printed"
+        );
+        headers.insert(HOST, HeaderValue::from_static("evil.example"));
+        let err = check.check(&headers).unwrap_err();
+        assert!(matches!(&err, AuthRejected::Host { host, .. } if host == "evil.example"));
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "Host \"evil.example\" is not allowed (a guard against DNS rebinding); \
+                 expected one of {allowed}; open the URL the program printed, or add the \
+                 name to allowed_hosts"
+            )
+        );
+        headers.insert(HOST, HeaderValue::from_static("localhost:8080"));
+        assert_eq!(check.check(&headers), Ok(()));
+        headers.insert(ORIGIN, HeaderValue::from_static("http://evil.example"));
+        let err = check.check(&headers).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "Origin \"http://evil.example\" is not allowed (cross-site requests are \
+                 refused); expected http(s):// followed by one of {allowed}; use the \
+                 dashboard served by this server, or add its host to allowed_hosts"
+            )
+        );
+        headers.insert(ORIGIN, HeaderValue::from_static("http://localhost:8080/"));
+        assert_eq!(check.check(&headers), Ok(()));
     }
 
     #[test]

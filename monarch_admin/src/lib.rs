@@ -44,6 +44,7 @@ pub use crate::config::AdminConfig;
 pub use crate::config::AdminError;
 pub use crate::live::LiveSource;
 pub use crate::metrics::render_metrics;
+pub use crate::recorded::RecordError;
 pub use crate::recorded::RecordedSource;
 pub use crate::server::AdminServer;
 

@@ -18,6 +18,25 @@ use crate::LogQuery;
 use crate::Source;
 use crate::SourceError;
 
+/// Why a JSON value is not a recording ([`RecordedSource::from_value`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    /// A top-level key is missing.
+    #[error("the key {key:?} is missing")]
+    MissingKey {
+        /// The key (`summary`, `snapshot`, `events`, `logs` or `series`).
+        key: &'static str,
+    },
+    /// A top-level key holds the wrong kind of value.
+    #[error("{key:?} is not {expected}")]
+    WrongType {
+        /// The key.
+        key: &'static str,
+        /// What it must hold: `an object` or `an array`.
+        expected: &'static str,
+    },
+}
+
 /// A recorded job served as if it were live. Events can be added with
 /// [`RecordedSource::publish`]; kill requests are only recorded.
 #[derive(Debug)]
@@ -46,26 +65,26 @@ impl RecordedSource {
             std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
         let value: Value =
             serde_json::from_str(&text).map_err(|e| bad(format!("it is not valid JSON: {e}")))?;
-        RecordedSource::from_value(value).map_err(bad)
+        RecordedSource::from_value(value).map_err(|e| bad(e.to_string()))
     }
 
     /// A recording from its JSON value.
     ///
     /// # Errors
     ///
-    /// A message naming the missing or malformed key.
-    pub fn from_value(mut value: Value) -> Result<RecordedSource, String> {
-        let mut take = |key: &str, object: bool| -> Result<Value, String> {
+    /// A [`RecordError`] naming the missing or malformed key.
+    pub fn from_value(mut value: Value) -> Result<RecordedSource, RecordError> {
+        let mut take = |key: &'static str, object: bool| -> Result<Value, RecordError> {
             let v = value
                 .get_mut(key)
                 .map(Value::take)
-                .ok_or_else(|| format!("the key {key:?} is missing"))?;
+                .ok_or(RecordError::MissingKey { key })?;
             let ok = if object { v.is_object() } else { v.is_array() };
             if !ok {
-                return Err(format!(
-                    "{key:?} is not {}",
-                    if object { "an object" } else { "an array" }
-                ));
+                return Err(RecordError::WrongType {
+                    key,
+                    expected: if object { "an object" } else { "an array" },
+                });
             }
             Ok(v)
         };

@@ -184,8 +184,8 @@ async fn route(app: &Arc<App>, request: Request<Incoming>) -> Response<Body> {
     let headers = request.headers();
     let page = static_files::lookup(&path).is_some_and(|(ty, _)| ty.starts_with("text/html"));
 
-    if let Err(message) = app.hosts.check(headers) {
-        return error(StatusCode::FORBIDDEN, &message);
+    if let Err(rejected) = app.hosts.check(headers) {
+        return error(StatusCode::FORBIDDEN, &rejected.to_string());
     }
     // Browsers ask for an icon on their own; the page has none (a data: URL would break
     // the Content-Security-Policy), so the answer is an empty one, not an error.

@@ -436,5 +436,9 @@ fn bad_recording_names_the_problem() {
     assert!(err.to_string().contains("/nonexistent.json"));
     let err =
         monarch_admin::RecordedSource::from_value(serde_json::json!({"summary": {}})).unwrap_err();
-    assert!(err.contains("snapshot"), "{err}");
+    assert!(err.to_string().contains("snapshot"), "{err}");
+    assert_eq!(
+        err,
+        monarch_admin::RecordError::MissingKey { key: "snapshot" }
+    );
 }
