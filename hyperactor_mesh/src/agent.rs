@@ -70,7 +70,7 @@ pub use replies::{CallReplies, ReplyQueue, ReplySink, Waited};
 
 use crate::cast::codec::MeshInfo;
 use crate::cast::order::{Outgoing, Sequencer};
-use crate::error::MeshError;
+use crate::error::{EndHostError, MeshError, ProbeError, RemoteError};
 use crate::host::Host;
 use crate::supervision::ProcDeath;
 
@@ -496,7 +496,9 @@ impl ProcAgent {
     ///
     /// # Errors
     ///
-    /// [`MeshError::Host`] naming `proc` if the request cannot be sent or answered.
+    /// [`MeshError::Host`] naming `proc` if the request cannot be sent or answered;
+    /// [`MeshError::Remote`] naming `proc` with its agent's error (of kind
+    /// [`crate::error::RemoteErrorKind::Singleton`]) if it could not make the singleton.
     ///
     /// # Cancel safety
     ///
@@ -520,7 +522,7 @@ impl ProcAgent {
         }
         let (port, receiver) = sender
             .mailbox()
-            .open_once_port::<Result<crate::actor_mesh::ActorMeshRef, String>>();
+            .open_once_port::<Result<crate::actor_mesh::ActorMeshRef, RemoteError>>();
         self.inner.send_control(
             proc,
             &Control::Singleton {
@@ -530,15 +532,17 @@ impl ProcAgent {
                 reply: port.port_id().clone(),
             },
         );
-        let host_error = |reason: String| MeshError::Host {
-            host: proc.clone(),
-            reason,
-        };
         receiver
             .recv()
             .await
-            .map_err(|e| host_error(e.to_string()))?
-            .map_err(host_error)
+            .map_err(|e| MeshError::Host {
+                host: proc.clone(),
+                reason: e.to_string(),
+            })?
+            .map_err(|error| MeshError::Remote {
+                host: proc.clone(),
+                error,
+            })
     }
 
     /// Stops every proc this host agent spawned (each gets `timeout`, then is killed);
@@ -560,13 +564,18 @@ impl ProcAgent {
     }
 
     /// Sends one heartbeat to the agent of `proc` and waits for its answer: `Ok` once
-    /// it answered, or why it cannot be reached (its connection failed: refused,
-    /// authentication failed, ...) or `timeout` passed.
+    /// it answered.
+    ///
+    /// # Errors
+    ///
+    /// [`ProbeError::Unreachable`] if its connection failed (refused, authentication
+    /// failed, ...), [`ProbeError::Timeout`] if `timeout` passed,
+    /// [`ProbeError::NoReply`] if this process stopped waiting.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe.
-    pub async fn probe(&self, proc: &ProcId, timeout: Duration) -> Result<(), String> {
+    pub async fn probe(&self, proc: &ProcId, timeout: Duration) -> Result<(), ProbeError> {
         let (port, receiver) = self.inner.client.open_once_port::<Control>();
         self.inner.send_control(
             proc,
@@ -576,9 +585,18 @@ impl ProcAgent {
         );
         let failed = self.remote_link_failed(proc);
         tokio::select! {
-            answer = receiver.recv() => answer.map(|_| ()).map_err(|e| e.to_string()),
-            error = failed => Err(error.to_string()),
-            () = tokio::time::sleep(timeout) => Err(format!("no answer within {timeout:?}")),
+            answer = receiver.recv() => answer.map(|_| ()).map_err(|source| ProbeError::NoReply {
+                proc: proc.clone(),
+                source,
+            }),
+            source = failed => Err(ProbeError::Unreachable {
+                proc: proc.clone(),
+                source,
+            }),
+            () = tokio::time::sleep(timeout) => Err(ProbeError::Timeout {
+                proc: proc.clone(),
+                timeout,
+            }),
         }
     }
 
@@ -591,8 +609,8 @@ impl ProcAgent {
     ///
     /// # Errors
     ///
-    /// Why the host did not confirm its end (unreachable, lost, no answer in time), or
-    /// its refusal (it is not a worker).
+    /// Why the host did not confirm its end ([`EndHostError`]: unreachable, lost, no
+    /// answer in time), or its refusal ([`EndHostError::Refused`]: it is not a worker).
     ///
     /// # Cancel safety
     ///
@@ -602,14 +620,20 @@ impl ProcAgent {
         host: &ProcId,
         reason: &str,
         timeout: Duration,
-    ) -> Result<(), String> {
+    ) -> Result<(), EndHostError> {
         if let Some(why) = self.inner.lost_reason(host) {
-            return Err(format!("it was lost already ({why})"));
+            return Err(EndHostError::AlreadyLost {
+                host: host.clone(),
+                reason: why,
+            });
         }
         // Watched while it ends, so that one that goes silent is found lost.
         self.inner.monitor_host(host);
         self.inner.ending_hosts.lock().insert(host.clone());
-        let (port, receiver) = self.inner.client.open_once_port::<Result<(), String>>();
+        let (port, receiver) = self
+            .inner
+            .client
+            .open_once_port::<Result<(), RemoteError>>();
         self.inner.send_control(
             host,
             &Control::EndHost {
@@ -621,10 +645,29 @@ impl ProcAgent {
         let failed = self.remote_link_failed(host);
         let limit = timeout + END_HOST_SLACK;
         let result = tokio::select! {
-            answer = receiver.recv() => answer.map_err(|e| e.to_string()).and_then(|r| r),
-            error = failed => Err(format!("it cannot be reached: {error}")),
-            why = self.inner.host_lost_wait(host) => Err(format!("it was lost ({why})")),
-            () = tokio::time::sleep(limit) => Err(format!("no answer within {limit:?}")),
+            answer = receiver.recv() => match answer {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(source)) => Err(EndHostError::Refused {
+                    host: host.clone(),
+                    source,
+                }),
+                Err(source) => Err(EndHostError::NoReply {
+                    host: host.clone(),
+                    source,
+                }),
+            },
+            source = failed => Err(EndHostError::Unreachable {
+                host: host.clone(),
+                source,
+            }),
+            why = self.inner.host_lost_wait(host) => Err(EndHostError::Lost {
+                host: host.clone(),
+                reason: why,
+            }),
+            () = tokio::time::sleep(limit) => Err(EndHostError::Timeout {
+                host: host.clone(),
+                timeout: limit,
+            }),
         };
         self.inner.unmonitor_host(host);
         result

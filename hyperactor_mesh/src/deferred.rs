@@ -7,12 +7,15 @@
 //! operations of one caller keep their order (what ORD-1 needs), because the queue is
 //! drained under the same lock that issuing takes.
 //!
+//! A failed resolution hands every operation and waiter the error, of the type `E`
+//! the user of the value chooses (each waiter gets a clone).
+//!
 //! ```
 //! use std::sync::Arc;
 //! use hyperactor::sync::Mutex;
 //! use hyperactor_mesh::deferred::Deferred;
 //!
-//! let procs = Deferred::<Vec<u32>>::new();
+//! let procs = Deferred::<Vec<u32>, std::io::ErrorKind>::new();
 //! let log = Arc::new(Mutex::new(Vec::new()));
 //! let l = Arc::clone(&log);
 //! procs.run(move |procs| l.lock().push(format!("spawn on {procs:?}")));
@@ -28,22 +31,23 @@ use std::time::Instant;
 
 use tokio::sync::Notify;
 
-type Op<T> = Box<dyn FnOnce(Result<&T, &str>) + Send>;
+type Op<T, E> = Box<dyn FnOnce(Result<&T, &E>) + Send>;
 
-enum State<T> {
-    Pending(Vec<Op<T>>),
+enum State<T, E> {
+    Pending(Vec<Op<T, E>>),
     Ready(T),
-    Failed(String),
+    Failed(E),
 }
 
-/// See the [module docs](self).
-pub struct Deferred<T> {
-    state: Mutex<State<T>>,
+/// A value of type `T` that will exist later, or fail with an `E`: see the
+/// [module docs](self).
+pub struct Deferred<T, E> {
+    state: Mutex<State<T, E>>,
     ready: Condvar,
     notify: Notify,
 }
 
-impl<T> std::fmt::Debug for Deferred<T> {
+impl<T, E: std::fmt::Display> std::fmt::Debug for Deferred<T, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match &*self.lock() {
             State::Pending(ops) => format!("pending ({} operations waiting)", ops.len()),
@@ -54,19 +58,19 @@ impl<T> std::fmt::Debug for Deferred<T> {
     }
 }
 
-impl<T: Send + 'static> Default for Deferred<T> {
+impl<T: Send + 'static, E: Send + 'static> Default for Deferred<T, E> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<T> Deferred<T> {
-    fn lock(&self) -> MutexGuard<'_, State<T>> {
+impl<T, E> Deferred<T, E> {
+    fn lock(&self) -> MutexGuard<'_, State<T, E>> {
         self.state.lock()
     }
 }
 
-impl<T: Send + 'static> Deferred<T> {
+impl<T: Send + 'static, E: Send + 'static> Deferred<T, E> {
     /// A value not resolved yet.
     pub fn new() -> Self {
         Self {
@@ -88,7 +92,7 @@ impl<T: Send + 'static> Deferred<T> {
     /// Runs `op` with the value (or the resolution's error) now if it is resolved, else
     /// once it is, after the operations issued before it. `op` runs under this value's
     /// lock: it must not wait, nor use this `Deferred`.
-    pub fn run(&self, op: impl FnOnce(Result<&T, &str>) + Send + 'static) {
+    pub fn run(&self, op: impl FnOnce(Result<&T, &E>) + Send + 'static) {
         let mut state = self.lock();
         match &mut *state {
             State::Pending(ops) => ops.push(Box::new(op)),
@@ -99,7 +103,7 @@ impl<T: Send + 'static> Deferred<T> {
 
     /// Resolves the value (or fails it) and runs the waiting operations in order. Only
     /// the first resolution counts; returns false for later ones.
-    pub fn resolve(&self, value: Result<T, String>) -> bool {
+    pub fn resolve(&self, value: Result<T, E>) -> bool {
         let mut state = self.lock();
         let State::Pending(ops) = &mut *state else {
             return false;
@@ -129,9 +133,10 @@ impl<T: Send + 'static> Deferred<T> {
     }
 
     /// A clone of the value if resolved: `None` while pending.
-    pub fn get(&self) -> Option<Result<T, String>>
+    pub fn get(&self) -> Option<Result<T, E>>
     where
         T: Clone,
+        E: Clone,
     {
         match &*self.lock() {
             State::Pending(_) => None,
@@ -142,9 +147,10 @@ impl<T: Send + 'static> Deferred<T> {
 
     /// Blocks the calling thread until resolved or `deadline`; `None` on timeout. Not
     /// for runtime threads.
-    pub fn wait_blocking(&self, deadline: Option<Instant>) -> Option<Result<T, String>>
+    pub fn wait_blocking(&self, deadline: Option<Instant>) -> Option<Result<T, E>>
     where
         T: Clone,
+        E: Clone,
     {
         let mut state = self.lock();
         loop {
@@ -171,9 +177,10 @@ impl<T: Send + 'static> Deferred<T> {
     /// # Cancel safety
     ///
     /// Cancel safe.
-    pub async fn wait(&self) -> Result<T, String>
+    pub async fn wait(&self) -> Result<T, E>
     where
         T: Clone,
+        E: Clone,
     {
         loop {
             let notified = self.notify.notified();
@@ -195,18 +202,19 @@ mod tests {
 
     #[test]
     fn operations_after_resolution_run_at_once_and_failures_reach_them() {
-        let d = Deferred::<u8>::new();
-        assert!(d.resolve(Err("no procs".into())));
+        let d = Deferred::<u8, &'static str>::new();
+        assert!(d.resolve(Err("no procs")));
         assert!(!d.resolve(Ok(1)), "only the first resolution counts");
         let seen = Arc::new(Mutex::new(None));
         let s = Arc::clone(&seen);
-        d.run(move |v| *s.lock() = Some(v.copied().map_err(str::to_string)));
-        assert_eq!(*seen.lock(), Some(Err("no procs".to_string())));
+        d.run(move |v| *s.lock() = Some(v.copied().map_err(|e| *e)));
+        assert_eq!(*seen.lock(), Some(Err("no procs")));
+        assert_eq!(format!("{d:?}"), "Deferred(failed: no procs)");
     }
 
     #[tokio::test]
     async fn waiters_wake_on_resolution() {
-        let d = Arc::new(Deferred::<u8>::new());
+        let d = Arc::new(Deferred::<u8, &'static str>::new());
         let waiter = tokio::spawn({
             let d = Arc::clone(&d);
             async move { d.wait().await }
@@ -233,7 +241,7 @@ mod loom_models {
     #[test]
     fn loom_operations_run_once_in_issue_order_across_the_resolution() {
         loom::model(|| {
-            let deferred = Arc::new(Deferred::<u8>::new());
+            let deferred = Arc::new(Deferred::<u8, &'static str>::new());
             let log = Arc::new(Mutex::new(Vec::new()));
             let resolver = {
                 let deferred = Arc::clone(&deferred);
@@ -253,8 +261,8 @@ mod loom_models {
     #[test]
     fn loom_a_blocked_waiter_wakes_on_the_first_resolution() {
         loom::model(|| {
-            let deferred = Arc::new(Deferred::<u8>::new());
-            let resolvers: Vec<_> = [Ok(1), Err("no procs".to_string())]
+            let deferred = Arc::new(Deferred::<u8, &'static str>::new());
+            let resolvers: Vec<_> = [Ok(1), Err("no procs")]
                 .into_iter()
                 .map(|value| {
                     let deferred = Arc::clone(&deferred);
@@ -271,11 +279,7 @@ mod loom_models {
                 1,
                 "one resolution counts"
             );
-            let expected = if won[0] {
-                Ok(1)
-            } else {
-                Err("no procs".to_string())
-            };
+            let expected = if won[0] { Ok(1) } else { Err("no procs") };
             assert_eq!(got, expected);
         });
     }

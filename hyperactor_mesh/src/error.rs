@@ -7,6 +7,10 @@
 //! - [`HostError`]: the host agent could not start, watch or stop its procs
 //!   ([`crate::host::Host`]).
 //!
+//! Then the errors of mesh operations ([`MeshError`], [`CodecError`]), of the requests
+//! one agent makes of another ([`ProbeError`], [`EndHostError`]), and [`RemoteError`],
+//! the error an agent sends back in its answer to a control request.
+//!
 //! Display strings are lowercase, have no trailing period, and name the host and the
 //! proc (name and rank) involved, so that a message read in a log is enough to find the
 //! process at fault. Both enums are `#[non_exhaustive]`.
@@ -15,8 +19,10 @@ use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use hyperactor::error::{IdError, ProcError, SpawnError};
+use hyperactor::channel::ChannelError;
+use hyperactor::error::{IdError, ProcError, RecvError, SpawnError};
 use hyperactor::ProcId;
+use serde::{Deserialize, Serialize};
 
 /// A child process could not start its proc or report to its host.
 #[derive(Debug, thiserror::Error)]
@@ -334,12 +340,145 @@ pub enum MeshError {
         /// Why.
         reason: String,
     },
+    /// The agent of `host` answered a request with an error.
+    #[error("host {host}: {error}")]
+    Remote {
+        /// The proc whose agent answered.
+        host: hyperactor::ProcId,
+        /// Its answer.
+        #[source]
+        error: RemoteError,
+    },
     /// The wait ended before the answer came.
     #[error("{what}: no answer within {timeout:?}")]
     Timeout {
         /// What was waited for.
         what: String,
         /// The limit.
+        timeout: std::time::Duration,
+    },
+}
+
+/// What an agent failed to do for another, in the answer to a control request
+/// ([`RemoteError::kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum RemoteErrorKind {
+    /// A host agent could not spawn the procs asked for
+    /// ([`crate::agent::Control::SpawnProcs`]); the message is the [`HostError`].
+    SpawnProcs,
+    /// An agent could not make the singleton asked for
+    /// ([`crate::agent::Control::Singleton`]); the message is the [`MeshError`].
+    Singleton,
+    /// A host agent refused to end ([`crate::agent::Control::EndHost`]): it is not a
+    /// worker (it runs inside its client's process).
+    NotAWorker,
+}
+
+/// The error an agent sends back in its answer to a control request: what failed and
+/// the error's text as the answering agent wrote it (the error itself stays in that
+/// process). Its `Display` is that text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[error("{message}")]
+pub struct RemoteError {
+    /// What failed.
+    pub kind: RemoteErrorKind,
+    /// The error, as the answering agent displayed it.
+    pub message: String,
+}
+
+impl RemoteError {
+    /// The answer for `error`, a failure of `kind`.
+    pub fn new(kind: RemoteErrorKind, error: impl std::fmt::Display) -> Self {
+        Self {
+            kind,
+            message: error.to_string(),
+        }
+    }
+}
+
+/// A heartbeat sent to the agent of `proc` got no answer
+/// ([`crate::agent::ProcAgent::probe`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProbeError {
+    /// The port waiting for the answer closed (this process's client stopped).
+    #[error("{source}")]
+    NoReply {
+        /// The proc probed.
+        proc: ProcId,
+        /// Why the port closed.
+        source: RecvError,
+    },
+    /// The link to the proc failed: refused, authentication failed, ...
+    #[error("{source}")]
+    Unreachable {
+        /// The proc probed.
+        proc: ProcId,
+        /// The link's error.
+        source: ChannelError,
+    },
+    /// No answer came in time.
+    #[error("no answer within {timeout:?}")]
+    Timeout {
+        /// The proc probed.
+        proc: ProcId,
+        /// The limit.
+        timeout: std::time::Duration,
+    },
+}
+
+/// A worker host did not confirm that it ends ([`crate::agent::ProcAgent::end_host`]).
+/// The texts do not repeat the host; callers prefix it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EndHostError {
+    /// The host was found lost before the request: it was not asked.
+    #[error("it was lost already ({reason})")]
+    AlreadyLost {
+        /// The host's proc.
+        host: ProcId,
+        /// Why it was found lost.
+        reason: String,
+    },
+    /// The port waiting for the answer closed (this process's client stopped).
+    #[error("{source}")]
+    NoReply {
+        /// The host's proc.
+        host: ProcId,
+        /// Why the port closed.
+        source: RecvError,
+    },
+    /// The host refused: it is not a worker ([`RemoteErrorKind::NotAWorker`]).
+    #[error("{source}")]
+    Refused {
+        /// The host's proc.
+        host: ProcId,
+        /// Its answer.
+        source: RemoteError,
+    },
+    /// The link to the host failed.
+    #[error("it cannot be reached: {source}")]
+    Unreachable {
+        /// The host's proc.
+        host: ProcId,
+        /// The link's error.
+        source: ChannelError,
+    },
+    /// The host was found lost (it stopped answering heartbeats) while it ended.
+    #[error("it was lost ({reason})")]
+    Lost {
+        /// The host's proc.
+        host: ProcId,
+        /// Why it was found lost.
+        reason: String,
+    },
+    /// No answer came in time.
+    #[error("no answer within {timeout:?}")]
+    Timeout {
+        /// The host's proc.
+        host: ProcId,
+        /// The limit (the request's timeout plus a little slack).
         timeout: std::time::Duration,
     },
 }

@@ -37,7 +37,7 @@ use crate::actor_mesh::agent_of;
 use crate::agent::{Control, ProcAgent, ProcInfo, SpawnProcsRequest};
 use crate::bootstrap::{BootstrapCommand, ProcCommands};
 use crate::cast::codec::MeshInfo;
-use crate::error::MeshError;
+use crate::error::{EndHostError, MeshError, RemoteError};
 use crate::output::{OutputConfig, OutputOptions};
 use crate::proc_mesh::ProcMesh;
 use crate::shape::Extent;
@@ -107,7 +107,7 @@ impl HostMesh {
     /// stops all its procs (each gets `timeout`) and exits. Waits for all hosts at once,
     /// never longer than `timeout` plus a little slack, not at all for a host known
     /// lost, and for a silent one only until it is found lost; returns, per host in
-    /// order, whether it confirmed.
+    /// order, whether it confirmed (or why not: [`EndHostError`]).
     ///
     /// # Errors
     ///
@@ -121,7 +121,7 @@ impl HostMesh {
         cx: &impl SendContext,
         reason: &str,
         timeout: Duration,
-    ) -> Result<Vec<(ProcId, Result<(), String>)>, MeshError> {
+    ) -> Result<Vec<(ProcId, Result<(), EndHostError>)>, MeshError> {
         let agent = agent_of(cx)?;
         let ends = self.hosts.iter().map(|host| {
             let agent = agent.clone();
@@ -245,7 +245,7 @@ impl HostMesh {
                 .unwrap_or_else(|| commands.clone());
             let (port, receiver) = cx
                 .mailbox()
-                .open_once_port::<Result<Vec<ProcInfo>, String>>();
+                .open_once_port::<Result<Vec<ProcInfo>, RemoteError>>();
             let request = SpawnProcsRequest {
                 name: name.to_string(),
                 count,
@@ -270,11 +270,11 @@ impl HostMesh {
                 tokio::select! {
                     answer = tokio::time::timeout(limit, receiver.recv()) => match answer {
                         Ok(Ok(Ok(procs))) => Ok(procs),
-                        Ok(Ok(Err(reason))) => Err(reason),
-                        Ok(Err(e)) => Err(format!("the host's answer was lost: {e}")),
-                        Err(_) => Err(format!("no answer within {limit:?}")),
+                        Ok(Ok(Err(refused))) => Err(HostSpawnError::Refused(refused)),
+                        Ok(Err(e)) => Err(HostSpawnError::AnswerLost(e)),
+                        Err(_) => Err(HostSpawnError::Timeout { limit }),
                     },
-                    error = link => Err(format!("it cannot be reached: {error}")),
+                    error = link => Err(HostSpawnError::Unreachable(error)),
                 }
             }
         });
@@ -312,6 +312,27 @@ impl HostMesh {
             reason: e.to_string(),
         })
     }
+}
+
+/// Why one host did not spawn its procs of a [`HostMesh::spawn_commands`]; its text
+/// becomes the reason of the [`MeshError::SpawnProcs`], after the host.
+#[derive(Debug, thiserror::Error)]
+enum HostSpawnError {
+    /// The host's agent answered with an error.
+    #[error(transparent)]
+    Refused(RemoteError),
+    /// The port waiting for the answer closed.
+    #[error("the host's answer was lost: {0}")]
+    AnswerLost(hyperactor::error::RecvError),
+    /// No answer came in time.
+    #[error("no answer within {limit:?}")]
+    Timeout {
+        /// The limit.
+        limit: Duration,
+    },
+    /// The link to the host failed.
+    #[error("it cannot be reached: {0}")]
+    Unreachable(hyperactor::channel::ChannelError),
 }
 
 fn send_control(agent: &ProcAgent, host: &ProcId, control: &Control) {

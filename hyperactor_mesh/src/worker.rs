@@ -513,7 +513,8 @@ mod tests {
         )
         .await
         .unwrap()
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("refused") || err.contains("connect"), "{err}");
     }
 
@@ -598,7 +599,8 @@ mod tests {
         let err = client
             .end_host(&host, "test over", Duration::from_secs(30))
             .await
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("lost already"), "{err}");
         assert!(
             start.elapsed() < Duration::from_secs(2),
@@ -629,7 +631,8 @@ mod tests {
         )
         .await
         .expect("end_host waited on a silent host")
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "waited {:?} on a silent host: {err}",
@@ -671,7 +674,8 @@ mod tests {
         )
         .await
         .unwrap()
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             err.contains("is not a worker") && err.contains(&plain_host.to_string()),
             "{err}"

@@ -198,14 +198,14 @@ impl PyActorMesh {
     /// issued before it on a starting mesh.
     fn with_mesh(&self, op: impl FnOnce(Result<&ActorMeshRef, &str>) + Send + 'static) {
         let inner = Arc::clone(&self.inner);
-        let run = move |_: Result<&hyperactor_mesh::ProcMesh, &str>| match inner.mesh.get() {
+        let run = move |_: Result<&hyperactor_mesh::ProcMesh, &String>| match inner.mesh.get() {
             Some(Ok(mesh)) => op(Ok(mesh)),
             Some(Err(e)) => op(Err(e)),
             None => op(Err("it was never spawned")),
         };
         match &self.inner.base {
             Some(base) => base.deferred().run(run),
-            None => run(Err("")),
+            None => run(Err(&String::new())),
         }
     }
 

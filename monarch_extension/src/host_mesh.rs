@@ -55,7 +55,7 @@ impl Attach {
                         loop {
                             let left =
                                 deadline.saturating_duration_since(tokio::time::Instant::now());
-                            match agent.probe(&host, left).await {
+                            match agent.probe(&host, left).await.map_err(|e| e.to_string()) {
                                 Ok(()) => return Ok(()),
                                 // Refused or not there yet: the worker may be starting.
                                 Err(reason)

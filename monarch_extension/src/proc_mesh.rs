@@ -27,7 +27,7 @@ use crate::shape::PyShape;
 #[derive(Debug)]
 pub struct ProcMeshInner {
     name: String,
-    deferred: Deferred<ProcMesh>,
+    deferred: Deferred<ProcMesh, String>,
 }
 
 impl ProcMeshInner {
@@ -40,7 +40,7 @@ impl ProcMeshInner {
     }
 
     /// The mesh, when ready.
-    pub fn deferred(&self) -> &Deferred<ProcMesh> {
+    pub fn deferred(&self) -> &Deferred<ProcMesh, String> {
         &self.deferred
     }
 

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::{control_port, CastTarget, Inner};
 use crate::bootstrap::ProcCommands;
 use crate::cast::codec::MeshInfo;
+use crate::error::{RemoteError, RemoteErrorKind};
 use crate::host::{Host, ProcExit, ProcHandle};
 use crate::output::{OutputBatch, OutputOptions};
 use crate::supervision::{MeshFailure, ProcDeath, ProcEnd};
@@ -55,7 +56,8 @@ pub enum Control {
     },
     /// Asks an agent for its singleton `name` ([`super::ProcAgent::singleton`]), made
     /// from `parts` if it does not exist yet; the answer, a
-    /// `Result<ActorMeshRef, String>`, goes to `reply`.
+    /// `Result<ActorMeshRef, RemoteError>` (of kind [`RemoteErrorKind::Singleton`]),
+    /// goes to `reply`.
     Singleton {
         /// The singleton's name.
         name: String,
@@ -93,9 +95,10 @@ pub enum Control {
     },
     /// Asks a worker's host agent to stop every proc of its host (each gets
     /// `timeout_ms`, then is killed) and then end its worker (see
-    /// [`super::AgentOptions::on_end`]). The answer, a `Result<(), String>`, goes to
-    /// `reply` once the procs are reaped, before the worker ends; a host that is not a
-    /// worker answers with an error and keeps running.
+    /// [`super::AgentOptions::on_end`]). The answer, a `Result<(), RemoteError>`, goes
+    /// to `reply` once the procs are reaped, before the worker ends; a host that is not
+    /// a worker answers with an error ([`RemoteErrorKind::NotAWorker`]) and keeps
+    /// running.
     EndHost {
         /// Why.
         reason: String,
@@ -112,7 +115,8 @@ pub enum Control {
         /// Where the report goes.
         reply: PortId,
     },
-    /// Asks a host agent for a `Result<`[`crate::monitor::HostReport`]`, String>`,
+    /// Asks a host agent for a
+    /// `Result<`[`crate::monitor::HostReport`]`, `[`crate::monitor::MonitorError`]`>`,
     /// giving each of its procs `timeout_ms` to answer.
     MonitorHost {
         /// How long each proc gets.
@@ -121,7 +125,8 @@ pub enum Control {
         reply: PortId,
     },
     /// Asks an agent for the stacks of its process's threads: a
-    /// `Result<`[`crate::monitor::StackDump`]`, String>` sent to `reply`.
+    /// `Result<`[`crate::monitor::StackDump`]`, `[`crate::monitor::MonitorError`]`>`
+    /// sent to `reply`.
     StackDump {
         /// How long the dump may take.
         timeout_ms: u64,
@@ -149,7 +154,8 @@ pub enum Control {
 }
 
 /// A request to spawn `count` procs named `name` running `commands`, owned by `owner`.
-/// The host sends a `Result<Vec<ProcInfo>, String>` to `reply`.
+/// The host sends a `Result<Vec<ProcInfo>, RemoteError>` to `reply` (of kind
+/// [`RemoteErrorKind::SpawnProcs`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpawnProcsRequest {
     /// The procs' name.
@@ -425,8 +431,8 @@ impl Inner {
             .unwrap_or_else(|| self.id.clone());
         let result = agent
             .singleton(&owner, name, class, parts)
-            .map_err(|e| e.to_string());
-        let reply = PortRef::<Result<crate::actor_mesh::ActorMeshRef, String>>::attest(reply);
+            .map_err(|e| RemoteError::new(RemoteErrorKind::Singleton, e));
+        let reply = PortRef::<Result<crate::actor_mesh::ActorMeshRef, RemoteError>>::attest(reply);
         if let Err(e) = reply.send(&self.client, result) {
             tracing::error!(agent = %self.id, "cannot answer a singleton request: {e}");
         }
@@ -445,7 +451,7 @@ impl Inner {
                     request.output.clone(),
                 )
                 .await;
-            let result: Result<Vec<ProcInfo>, String> = match spawned {
+            let result: Result<Vec<ProcInfo>, RemoteError> = match spawned {
                 Ok(handles) => {
                     let host_proc = agent.proc.proc_id().clone();
                     let mut state = host.state.lock();
@@ -466,9 +472,9 @@ impl Inner {
                         })
                         .collect())
                 }
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(RemoteError::new(RemoteErrorKind::SpawnProcs, e)),
             };
-            let reply = PortRef::<Result<Vec<ProcInfo>, String>>::attest(request.reply);
+            let reply = PortRef::<Result<Vec<ProcInfo>, RemoteError>>::attest(request.reply);
             if let Err(e) = reply.send(&agent.client, result) {
                 tracing::error!(agent = %agent.id, "cannot answer a spawn request: {e}");
             }
@@ -483,13 +489,16 @@ impl Inner {
         reply: PortId,
         from: &hyperactor::ActorId,
     ) {
-        let answer = PortRef::<Result<(), String>>::attest(reply);
+        let answer = PortRef::<Result<(), RemoteError>>::attest(reply);
         let Some(on_end) = self.on_end.clone() else {
             tracing::warn!(agent = %self.id, "ignoring a request from {from} to end this host: it is not a worker");
-            let refusal = format!(
-                "host {} is not a worker (it runs inside its client's process) and cannot be \
-                 ended; stop its procs instead",
-                self.proc.proc_id()
+            let refusal = RemoteError::new(
+                RemoteErrorKind::NotAWorker,
+                format!(
+                    "host {} is not a worker (it runs inside its client's process) and cannot \
+                     be ended; stop its procs instead",
+                    self.proc.proc_id()
+                ),
             );
             let _ = answer.send(&self.client, Err(refusal));
             return;

@@ -15,7 +15,38 @@ use crate::cast::codec::{ActorType, MeshInfo, ReplyTo, SpawnSpec, ViewExtent};
 use crate::cast::reply::ReplyItem;
 use crate::supervision::{FailureCause, MeshFailure};
 
-type SpawnFn = fn(&Client, &str, &[Bytes]) -> Result<AnyActorHandle, String>;
+type SpawnFn = fn(&Client, &str, &[Bytes]) -> Result<AnyActorHandle, LocalSpawnError>;
+
+/// Why an agent could not create an actor a spawn cast asked for: reported to the
+/// mesh's owner as [`FailureCause::SpawnFailed`], whose reason is this error's text.
+#[derive(Debug, thiserror::Error)]
+enum LocalSpawnError {
+    /// The cast's parameters do not decode as the registered type's params.
+    #[error("its parameters do not decode as {type_name}: {source}")]
+    Params {
+        /// The actor type.
+        type_name: String,
+        /// The decoding error.
+        source: bincode::Error,
+    },
+    /// The actor type is not registered with this agent.
+    #[error(
+        "actor type {type_name} is not registered with this proc's agent (known: \
+         {known:?}); register it with AgentOptions::register in the proc's main"
+    )]
+    NotRegistered {
+        /// The type asked for.
+        type_name: String,
+        /// The registered types, sorted.
+        known: Vec<String>,
+    },
+    /// A foreign actor was asked of an agent without a foreign spawner.
+    #[error("this proc cannot host foreign actors (it has no foreign spawner)")]
+    NoForeignSpawner,
+    /// The proc could not create the actor.
+    #[error(transparent)]
+    Spawn(#[from] hyperactor::error::SpawnError),
+}
 
 /// The Rust actor types an agent can spawn when asked by another process: a spawn cast
 /// names the type ([`Registry::type_name`]) and carries its bincode params.
@@ -41,22 +72,22 @@ impl std::fmt::Debug for Registry {
     }
 }
 
-fn spawn_native<A>(client: &Client, name: &str, parts: &[Bytes]) -> Result<AnyActorHandle, String>
+fn spawn_native<A>(
+    client: &Client,
+    name: &str,
+    parts: &[Bytes],
+) -> Result<AnyActorHandle, LocalSpawnError>
 where
     A: Actor,
     A::Params: DeserializeOwned,
 {
     let bytes = parts.first().map(|b| &b[..]).unwrap_or_default();
-    let params: A::Params = bincode::deserialize(bytes).map_err(|e| {
-        format!(
-            "its parameters do not decode as {}: {e}",
-            Registry::type_name::<A>()
-        )
-    })?;
-    client
-        .spawn::<A>(name, params)
-        .map(|handle| handle.erase())
-        .map_err(|e| e.to_string())
+    let params: A::Params =
+        bincode::deserialize(bytes).map_err(|source| LocalSpawnError::Params {
+            type_name: Registry::type_name::<A>(),
+            source,
+        })?;
+    Ok(client.spawn::<A>(name, params)?.erase())
 }
 
 impl Registry {
@@ -87,16 +118,16 @@ impl Registry {
         type_name: &str,
         name: &str,
         parts: &[Bytes],
-    ) -> Result<AnyActorHandle, String> {
+    ) -> Result<AnyActorHandle, LocalSpawnError> {
         match self.types.get(type_name) {
             Some(spawn) => spawn(client, name, parts),
             None => {
                 let mut known: Vec<_> = self.types.keys().cloned().collect();
                 known.sort();
-                Err(format!(
-                    "actor type {type_name} is not registered with this proc's agent (known: \
-                     {known:?}); register it with AgentOptions::register in the proc's main"
-                ))
+                Err(LocalSpawnError::NotRegistered {
+                    type_name: type_name.to_string(),
+                    known,
+                })
             }
         }
     }
@@ -168,9 +199,7 @@ impl Inner {
                 self.registry.spawn(&self.client, type_name, actor, &parts)
             }
             ActorType::Foreign => match &self.foreign {
-                None => Err(
-                    "this proc cannot host foreign actors (it has no foreign spawner)".to_string(),
-                ),
+                None => Err(LocalSpawnError::NoForeignSpawner),
                 Some(spawner) => match self.client.spawn_driven(actor) {
                     Ok(driven) => {
                         let handle = driven.erase();
@@ -194,7 +223,7 @@ impl Inner {
                             }
                         }
                     }
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(LocalSpawnError::Spawn(e)),
                 },
             },
         };
@@ -222,7 +251,9 @@ impl Inner {
                         actor_id: None,
                         proc_id: self.proc.proc_id().clone(),
                         pid: Some(std::process::id()),
-                        cause: FailureCause::SpawnFailed { reason },
+                        cause: FailureCause::SpawnFailed {
+                            reason: reason.to_string(),
+                        },
                         caused_by: None,
                     };
                     self.report_to_owner(&spec.owner, &failure);

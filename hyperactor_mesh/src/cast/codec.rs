@@ -238,7 +238,7 @@ impl CastHeader {
     ///
     /// [`CodecError::Header`] if the part is not a cast header.
     pub fn decode(part: &[u8]) -> Result<Self, CodecError> {
-        decode_bounded(part).map_err(CodecError::Header)
+        decode_bounded(part).map_err(|e| CodecError::Header(e.to_string()))
     }
 }
 
@@ -273,7 +273,7 @@ impl Route {
     ///
     /// [`CodecError::Route`] if the bytes are not a route.
     pub fn decode(part: &[u8]) -> Result<Self, CodecError> {
-        decode_bounded(part).map_err(CodecError::Route)
+        decode_bounded(part).map_err(|e| CodecError::Route(e.to_string()))
     }
 }
 
@@ -281,13 +281,12 @@ use bincode::Options as _;
 
 /// Decodes a bincode value from `part`, never allocating more than the part holds (a
 /// length field claiming more is an error).
-fn decode_bounded<T: serde::de::DeserializeOwned>(part: &[u8]) -> Result<T, String> {
+fn decode_bounded<T: serde::de::DeserializeOwned>(part: &[u8]) -> Result<T, bincode::Error> {
     bincode::DefaultOptions::new()
         .with_fixint_encoding()
         .allow_trailing_bytes()
         .with_limit(part.len() as u64)
         .deserialize(part)
-        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -87,12 +87,30 @@ fn is_startup_variable(key: &str) -> bool {
     key.starts_with("PYTHON") || key.starts_with("LD_")
 }
 
+/// Why the fork server did not fork the child of a request (the `io::Error` that
+/// [`Template::spawn`] returns wraps it).
+#[derive(Debug, Clone, thiserror::Error)]
+enum ForkError {
+    /// The template exited, or its socket failed, before it answered.
+    #[error("{reason}")]
+    Gone {
+        /// What happened to it, naming its pid.
+        reason: String,
+    },
+    /// The template answered that its fork failed.
+    #[error("the fork server cannot fork: {reason}")]
+    Fork {
+        /// The template's reason.
+        reason: String,
+    },
+}
+
 /// What the reader task shares with the spawning side.
 #[derive(Debug, Default)]
 struct Pending {
     next_id: u64,
     /// Spawn requests not answered yet.
-    spawns: HashMap<u64, oneshot::Sender<Result<u32, String>>>,
+    spawns: HashMap<u64, oneshot::Sender<Result<u32, ForkError>>>,
     /// Exit notifications by the id of their request, until the template names the pid.
     exits_by_id: HashMap<u64, oneshot::Sender<ProcStatus>>,
     /// Exit notifications of forked, unreported children.
@@ -340,7 +358,9 @@ async fn read_messages(shared: Arc<Shared>, template: u32) {
     };
     let mut pending = shared.pending.lock();
     pending.spawns.drain().for_each(|(_, tx)| {
-        let _ = tx.send(Err(reason.clone()));
+        let _ = tx.send(Err(ForkError::Gone {
+            reason: reason.clone(),
+        }));
     });
     pending.exits_by_id.clear();
     for (_, tx) in pending.exits.drain() {
@@ -373,7 +393,9 @@ fn handle_message(shared: &Shared, message: &[u8]) {
         ("F", Ok(id)) => {
             pending.exits_by_id.remove(&id);
             if let Some(answer) = pending.spawns.remove(&id) {
-                let _ = answer.send(Err(format!("the fork server cannot fork: {second}")));
+                let _ = answer.send(Err(ForkError::Fork {
+                    reason: second.to_string(),
+                }));
             }
         }
         ("X", Ok(pid)) => {
