@@ -543,7 +543,8 @@ impl PyProcAgent {
 /// Uses `secret` to authenticate this process's TCP connections from now on.
 #[pyfunction]
 pub fn set_cluster_secret(secret: &str) -> PyResult<()> {
-    hyperactor::channel::auth::set_cluster_secret(secret).map_err(PyValueError::new_err)
+    hyperactor::channel::auth::set_cluster_secret(secret)
+        .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 /// Accepts and makes TCP connections without authentication from now on (logs a

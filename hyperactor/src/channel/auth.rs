@@ -157,6 +157,90 @@ impl Secret {
     }
 }
 
+/// Why a cluster secret cannot be used ([`set_cluster_secret`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterSecretError {
+    /// The secret is the empty string.
+    #[error(
+        "the cluster secret is empty; give a non-empty string (for example the \
+         output of `openssl rand -hex 32`) in {env}",
+        env = CLUSTER_SECRET_ENV
+    )]
+    Empty,
+}
+
+/// Why the server side of a handshake rejected a TCP connection (the cluster secret
+/// and trust-all handshakes, and the mutual TLS one). The messages speak of the peer ("it ..."): the
+/// server logs them after the peer's address.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthError {
+    /// The cluster-secret handshake was asked to run in mutual TLS mode, which
+    /// `tls::accept` runs (a bug of the caller).
+    #[error("mutual TLS is accepted by tls::accept")]
+    TlsNotHere,
+    /// Writing this process's part of the handshake failed.
+    #[error("writing the handshake failed: {0}")]
+    Write(#[source] std::io::Error),
+    /// The peer ended the connection (or reading failed) before its whole answer.
+    #[error(
+        "it did not complete the handshake ({source}); it may use another \
+         authentication mode than {expected}"
+    )]
+    Incomplete {
+        /// Why reading failed.
+        #[source]
+        source: std::io::Error,
+        /// This process's authentication mode, in words.
+        expected: &'static str,
+    },
+    /// The peer's first bytes are not a monarch handshake.
+    #[error("it is not a monarch peer (its first bytes are not a handshake)")]
+    NotMonarch,
+    /// The peer uses another authentication mode than this process.
+    #[error("it uses {peer} but this process requires {expected}")]
+    ModeMismatch {
+        /// The peer's mode, in words.
+        peer: &'static str,
+        /// This process's mode, in words.
+        expected: &'static str,
+    },
+    /// The peer's answer was not made with this process's cluster secret.
+    #[error("it does not know the cluster secret")]
+    WrongSecret,
+    /// The peer did not complete the handshake in time.
+    #[error("it did not complete the handshake within {after:?}")]
+    Timeout {
+        /// How long the server waited ([`HANDSHAKE_TIMEOUT`]).
+        after: Duration,
+    },
+    /// Mutual TLS: the peer's certificate is missing, not signed by this process's CA,
+    /// or not valid.
+    #[error("its certificate is not signed by this process's CA, or not valid ({0})")]
+    UntrustedCertificate(#[source] rustls::Error),
+    /// Mutual TLS: the peer refused this process's certificate (its alert).
+    #[error("it refused this process's certificate ({0})")]
+    CertificateRefused(#[source] rustls::Error),
+    /// Mutual TLS: the TLS handshake failed for another reason (for example the peer
+    /// sent something that is not TLS).
+    #[error("the TLS handshake failed: {0}")]
+    Tls(#[source] rustls::Error),
+    /// Mutual TLS: the peer ended the connection (or reading failed) during the TLS
+    /// handshake.
+    #[error(
+        "it did not complete the TLS handshake ({0}); it may use another \
+         authentication mode than mutual TLS"
+    )]
+    TlsIncomplete(#[source] std::io::Error),
+    /// Mutual TLS: the peer did not complete the TLS handshake in time.
+    #[error("it did not complete the TLS handshake within {after:?}")]
+    TlsTimeout {
+        /// How long the server waited ([`HANDSHAKE_TIMEOUT`]).
+        after: Duration,
+    },
+}
+
 fn configured() -> &'static RwLock<Option<TcpAuth>> {
     static AUTH: OnceLock<RwLock<Option<TcpAuth>>> = OnceLock::new();
     AUTH.get_or_init(|| RwLock::new(None))
@@ -166,13 +250,11 @@ fn configured() -> &'static RwLock<Option<TcpAuth>> {
 ///
 /// # Errors
 ///
-/// An error message if `secret` is empty.
-pub fn set_cluster_secret(secret: &str) -> Result<(), String> {
+/// [`ClusterSecretError::Empty`] if `secret` is empty; the mode in force is then
+/// unchanged.
+pub fn set_cluster_secret(secret: &str) -> Result<(), ClusterSecretError> {
     if secret.is_empty() {
-        return Err(format!(
-            "the cluster secret is empty; give a non-empty string (for example the \
-             output of `openssl rand -hex 32`) in {CLUSTER_SECRET_ENV}"
-        ));
+        return Err(ClusterSecretError::Empty);
     }
     *configured().write() = Some(TcpAuth::Secret(Arc::new(Secret::new(secret.to_string()))));
     Ok(())
@@ -371,40 +453,39 @@ fn mode_name(mode: u8) -> &'static str {
 ///
 /// # Errors
 ///
-/// Why the peer was rejected, in words (the caller logs it and closes).
+/// An [`AuthError`] saying why the peer was rejected (the caller logs it and closes).
 pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     auth: &TcpAuth,
-) -> Result<(), String> {
+) -> Result<(), AuthError> {
     let secret = match auth {
         TcpAuth::Secret(secret) => Some(secret),
         TcpAuth::TrustAll => None,
-        TcpAuth::Tls(_) => return Err("mutual TLS is accepted by tls::accept".into()),
+        TcpAuth::Tls(_) => return Err(AuthError::TlsNotHere),
     };
     let run = async {
         let nonce_s: [u8; NONCE] = random_bytes();
         stream
             .write_all(&hello(mode_of(auth), &nonce_s))
             .await
-            .map_err(|e| format!("writing the handshake failed: {e}"))?;
+            .map_err(AuthError::Write)?;
         let mut answer = [0u8; HELLO + MAC];
-        stream.read_exact(&mut answer).await.map_err(|e| {
-            format!(
-                "it did not complete the handshake ({e}); it may use another \
-                 authentication mode than {}",
-                mode_name(mode_of(auth))
-            )
-        })?;
+        stream
+            .read_exact(&mut answer)
+            .await
+            .map_err(|source| AuthError::Incomplete {
+                source,
+                expected: mode_name(mode_of(auth)),
+            })?;
         if &answer[..8] != MAGIC {
-            return Err("it is not a monarch peer (its first bytes are not a handshake)".into());
+            return Err(AuthError::NotMonarch);
         }
         let mode = answer[8];
         if mode != mode_of(auth) {
-            return Err(format!(
-                "it uses {} but this process requires {}",
-                mode_name(mode),
-                mode_name(mode_of(auth))
-            ));
+            return Err(AuthError::ModeMismatch {
+                peer: mode_name(mode),
+                expected: mode_name(mode_of(auth)),
+            });
         }
         let nonce_c = &answer[9..HELLO];
         let tag = &answer[HELLO..];
@@ -414,23 +495,20 @@ pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                     // Answer zeros so the client reports a failed authentication, not a
                     // dropped connection.
                     let _ = stream.write_all(&[0u8; MAC]).await;
-                    return Err("it does not know the cluster secret".into());
+                    return Err(AuthError::WrongSecret);
                 }
                 secret.mac(b"monarch-server", nonce_c, &nonce_s)
             }
             None => [0u8; MAC],
         };
-        stream
-            .write_all(&reply)
-            .await
-            .map_err(|e| format!("writing the handshake failed: {e}"))
+        stream.write_all(&reply).await.map_err(AuthError::Write)
     };
     tokio::time::timeout(HANDSHAKE_TIMEOUT, run)
         .await
         .unwrap_or_else(|_| {
-            Err(format!(
-                "it did not complete the handshake within {HANDSHAKE_TIMEOUT:?}"
-            ))
+            Err(AuthError::Timeout {
+                after: HANDSHAKE_TIMEOUT,
+            })
         })
 }
 
@@ -511,7 +589,10 @@ mod tests {
         TcpAuth::Secret(Arc::new(Secret::new(text.into())))
     }
 
-    async fn pair(server: TcpAuth, client: TcpAuth) -> (Result<(), String>, std::io::Result<()>) {
+    async fn pair(
+        server: TcpAuth,
+        client: TcpAuth,
+    ) -> (Result<(), AuthError>, std::io::Result<()>) {
         let (mut a, mut b) = tokio::io::duplex(1024);
         let s = tokio::spawn(async move { accept(&mut a, &server).await });
         let c = connect(&mut b, &client).await;
@@ -522,14 +603,16 @@ mod tests {
     #[tokio::test]
     async fn same_secret_authenticates_both_ways() {
         let (s, c) = pair(secret("k1"), secret("k1")).await;
-        assert_eq!(s, Ok(()));
+        assert!(s.is_ok(), "{s:?}");
         assert!(c.is_ok(), "{c:?}");
     }
 
     #[tokio::test]
     async fn a_different_secret_is_rejected_by_both_sides() {
         let (s, c) = pair(secret("k1"), secret("k2")).await;
-        assert!(s.unwrap_err().contains("does not know the cluster secret"));
+        let err = s.unwrap_err();
+        assert!(matches!(err, AuthError::WrongSecret), "{err:?}");
+        assert_eq!(err.to_string(), "it does not know the cluster secret");
         let err = c.unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied);
         assert!(err.to_string().contains("cluster secret"), "{err}");
@@ -538,7 +621,14 @@ mod tests {
     #[tokio::test]
     async fn mixed_modes_are_rejected_with_a_reason() {
         let (s, c) = pair(secret("k1"), TcpAuth::TrustAll).await;
-        assert!(s.is_err());
+        let err = s.unwrap_err();
+        // The client sees the mismatch in the server's first message and hangs up.
+        assert!(matches!(err, AuthError::Incomplete { .. }), "{err:?}");
+        assert!(
+            err.to_string()
+                .ends_with("; it may use another authentication mode than a cluster secret"),
+            "{err}"
+        );
         assert!(c
             .unwrap_err()
             .to_string()
@@ -559,7 +649,19 @@ mod tests {
         pickle.resize(128, b'.');
         b.write_all(&pickle).await.unwrap();
         let err = server.await.unwrap().unwrap_err();
-        assert!(err.contains("not a monarch peer"), "{err}");
+        assert!(matches!(err, AuthError::NotMonarch), "{err:?}");
+        assert!(err.to_string().contains("not a monarch peer"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_cluster_secret_is_refused_naming_the_variable() {
+        let err = set_cluster_secret("").unwrap_err();
+        assert_eq!(err, ClusterSecretError::Empty);
+        assert_eq!(
+            err.to_string(),
+            "the cluster secret is empty; give a non-empty string (for example the output \
+             of `openssl rand -hex 32`) in MONARCH_CLUSTER_SECRET"
+        );
     }
 
     #[test]

@@ -132,7 +132,8 @@ pub enum ChannelError {
         /// The descriptor.
         fd: i32,
         /// What is wrong with it.
-        problem: String,
+        #[source]
+        problem: InheritedFdError,
     },
     /// `dial` was called outside a Tokio runtime, so no link task could run.
     #[error("cannot dial {addr}: not called from within a tokio runtime")]
@@ -166,6 +167,75 @@ impl ChannelError {
     pub(crate) fn closed(addr: &ChannelAddr) -> Self {
         ChannelError::Closed { addr: addr.clone() }
     }
+}
+
+/// What is wrong with a file descriptor a process was asked to serve on (see
+/// [`Listen::InheritedFd`](crate::channel::Listen::InheritedFd)): it must be an open,
+/// listening TCP socket that this process does not serve on already.
+/// [`ChannelError::InheritedFd`] carries it, with the descriptor and how to pass one.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum InheritedFdError {
+    /// The number is negative.
+    #[error("a file descriptor is a number >= 0")]
+    Negative,
+    /// This process serves on the descriptor already.
+    #[error("this process serves on it already (a descriptor serves one endpoint)")]
+    AlreadyServed,
+    /// The descriptor is not open in this process.
+    #[error(
+        "it is not open in this process ({source}); the parent must pass it (for example \
+         subprocess.Popen(..., pass_fds=({fd},)))"
+    )]
+    NotOpen {
+        /// The descriptor.
+        fd: i32,
+        /// Why `fcntl` failed.
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// The descriptor is not a socket.
+    #[error("it is not a socket")]
+    NotASocket,
+    /// The socket's type cannot be read.
+    #[error("cannot read its socket type: {0}")]
+    SocketType(#[source] Arc<io::Error>),
+    /// The socket is not a stream socket (for example UDP).
+    #[error("it is not a stream (TCP) socket (socket type {kind})")]
+    NotAStream {
+        /// The socket type (`SO_TYPE`).
+        kind: i32,
+    },
+    /// The socket's address cannot be read.
+    #[error("cannot read its address: {0}")]
+    Address(#[source] Arc<io::Error>),
+    /// The socket is a Unix socket, not a TCP one.
+    #[error("it is not a TCP socket (a Unix socket)")]
+    UnixSocket,
+    /// The socket is of another address family than IPv4 or IPv6.
+    #[error("it is not a TCP socket (address family {family})")]
+    AddressFamily {
+        /// The address family (`ss_family`).
+        family: i32,
+    },
+    /// Whether the socket listens cannot be read.
+    #[error("cannot tell whether it listens: {0}")]
+    Listening(#[source] Arc<io::Error>),
+    /// The TCP socket does not listen.
+    #[error(
+        "it is a TCP socket that is not listening; call listen() on it before \
+         passing it (socket.create_server does)"
+    )]
+    NotListening,
+    /// The descriptor cannot be marked close-on-exec.
+    #[error("cannot mark it close-on-exec: {0}")]
+    CloseOnExec(#[source] Arc<io::Error>),
+    /// The socket cannot be made non-blocking.
+    #[error("cannot make it non-blocking: {0}")]
+    NonBlocking(#[source] Arc<io::Error>),
+    /// The socket cannot be registered with the Tokio runtime.
+    #[error("cannot register it with the runtime: {0}")]
+    Register(#[source] Arc<io::Error>),
 }
 
 /// A frame that could not be sent, handed back with the reason.

@@ -126,25 +126,53 @@ pub fn set_max_frame_len(len: u64) -> Result<(), u64> {
     }
 }
 
+/// Why a value of [`MAX_FRAME_LEN_ENV`] does not set [`max_frame_len`]: it must
+/// be a positive number of bytes in plain decimal digits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum FrameLenError {
+    /// The value is not valid unicode.
+    #[error("{value:?} is not valid unicode")]
+    NotUnicode {
+        /// The value.
+        value: std::ffi::OsString,
+    },
+    /// The value is not made of decimal digits only (or is empty).
+    #[error("{text:?} is not a number of bytes")]
+    NotANumber {
+        /// The value.
+        text: String,
+    },
+    /// The value is zero.
+    #[error("0 would refuse every frame")]
+    Zero,
+    /// The value is larger than `u64::MAX`.
+    #[error("{text:?} does not fit in 64 bits")]
+    TooLarge {
+        /// The value.
+        text: String,
+    },
+}
+
 /// The maximum frame length that `value` (of [`MAX_FRAME_LEN_ENV`]) sets:
 /// [`MAX_FRAME_LEN`] if unset.
 ///
 /// # Errors
-/// What is wrong with a value that is not a positive integer.
-pub(crate) fn parse_max_frame_len(value: Option<&std::ffi::OsStr>) -> Result<u64, String> {
+/// A [`FrameLenError`] saying what is wrong with a value that is not a positive
+/// integer.
+pub(crate) fn parse_max_frame_len(value: Option<&std::ffi::OsStr>) -> Result<u64, FrameLenError> {
     let Some(value) = value else {
         return Ok(MAX_FRAME_LEN);
     };
-    let text = value
-        .to_str()
-        .ok_or_else(|| format!("{value:?} is not valid unicode"))?;
+    let text = value.to_str().ok_or_else(|| FrameLenError::NotUnicode {
+        value: value.to_os_string(),
+    })?;
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("{text:?} is not a number of bytes"));
+        return Err(FrameLenError::NotANumber { text: text.into() });
     }
     match text.parse::<u64>() {
-        Ok(0) => Err("0 would refuse every frame".to_string()),
+        Ok(0) => Err(FrameLenError::Zero),
         Ok(max) => Ok(max),
-        Err(_) => Err(format!("{text:?} does not fit in 64 bits")),
+        Err(_) => Err(FrameLenError::TooLarge { text: text.into() }),
     }
 }
 

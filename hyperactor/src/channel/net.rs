@@ -59,6 +59,7 @@ use super::ack::AckState;
 use super::ack::Delivery;
 use super::addr::ChannelAddr;
 use super::error::ChannelError;
+use super::error::InheritedFdError;
 use super::frame;
 use super::frame::Frame;
 use super::frame::FrameError;
@@ -230,6 +231,8 @@ pub(crate) trait Listener: Send + 'static {
     type Accepted: Send + 'static;
     /// The admitted connection type, that frames are read from.
     type Stream: Stream;
+    /// Why [`admit`](Listener::admit) refused a connection (logged, with the address).
+    type Rejected: std::fmt::Display + Send + 'static;
     /// Accepts the next connection. Cancel safe.
     fn next_conn(&mut self) -> impl Future<Output = io::Result<Self::Accepted>> + Send;
     /// Admits an accepted connection before any frame is read from it (TCP: the
@@ -237,19 +240,21 @@ pub(crate) trait Listener: Send + 'static {
     fn admit(
         &self,
         conn: Self::Accepted,
-    ) -> impl Future<Output = Result<Self::Stream, String>> + Send + 'static;
+    ) -> impl Future<Output = Result<Self::Stream, Self::Rejected>> + Send + 'static;
 }
 
 impl Listener for UnixListener {
     type Accepted = UnixStream;
     type Stream = UnixStream;
+    /// A Unix connection needs no handshake (see [`socket_dir`]): none is refused.
+    type Rejected = std::convert::Infallible;
     async fn next_conn(&mut self) -> io::Result<UnixStream> {
         Ok(self.accept().await?.0)
     }
     fn admit(
         &self,
         stream: UnixStream,
-    ) -> impl Future<Output = Result<UnixStream, String>> + Send + 'static {
+    ) -> impl Future<Output = Result<UnixStream, std::convert::Infallible>> + Send + 'static {
         std::future::ready(Ok(stream))
     }
 }
@@ -329,35 +334,33 @@ fn socket_option(fd: i32, option: libc::c_int) -> io::Result<libc::c_int> {
 
 /// Takes ownership of `fd` once it is checked to be an open, listening TCP socket that
 /// was not adopted before: non-blocking and closed on exec from now on.
-fn adopt_listening_tcp(fd: i32) -> Result<std::net::TcpListener, String> {
+fn adopt_listening_tcp(fd: i32) -> Result<std::net::TcpListener, InheritedFdError> {
     use std::os::fd::FromRawFd;
+    let os_error = || Arc::new(io::Error::last_os_error());
     if fd < 0 {
-        return Err("a file descriptor is a number >= 0".into());
+        return Err(InheritedFdError::Negative);
     }
     let mut adopted = ADOPTED.lock();
     if adopted.contains(&fd) {
-        return Err("this process serves on it already (a descriptor serves one endpoint)".into());
+        return Err(InheritedFdError::AlreadyServed);
     }
     // SAFETY: F_GETFD only reads the descriptor's flags; it fails if `fd` is not open.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
     if flags < 0 {
-        return Err(format!(
-            "it is not open in this process ({}); the parent must pass it (for example \
-             subprocess.Popen(..., pass_fds=({fd},)))",
-            io::Error::last_os_error()
-        ));
+        return Err(InheritedFdError::NotOpen {
+            fd,
+            source: os_error(),
+        });
     }
     let kind = socket_option(fd, libc::SO_TYPE).map_err(|e| {
         if e.raw_os_error() == Some(libc::ENOTSOCK) {
-            "it is not a socket".to_string()
+            InheritedFdError::NotASocket
         } else {
-            format!("cannot read its socket type: {e}")
+            InheritedFdError::SocketType(Arc::new(e))
         }
     })?;
     if kind != libc::SOCK_STREAM {
-        return Err(format!(
-            "it is not a stream (TCP) socket (socket type {kind})"
-        ));
+        return Err(InheritedFdError::NotAStream { kind });
     }
     // SAFETY: an all-zero sockaddr_storage is a valid value.
     let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
@@ -365,36 +368,24 @@ fn adopt_listening_tcp(fd: i32) -> Result<std::net::TcpListener, String> {
     // SAFETY: `storage` is valid for writes of `len` bytes, the largest socket address.
     let rc = unsafe { libc::getsockname(fd, std::ptr::addr_of_mut!(storage).cast(), &mut len) };
     if rc != 0 {
-        return Err(format!(
-            "cannot read its address: {}",
-            io::Error::last_os_error()
-        ));
+        return Err(InheritedFdError::Address(os_error()));
     }
     let family = i32::from(storage.ss_family);
+    if family == libc::AF_UNIX {
+        return Err(InheritedFdError::UnixSocket);
+    }
     if family != libc::AF_INET && family != libc::AF_INET6 {
-        let what = if family == libc::AF_UNIX {
-            "a Unix socket".to_string()
-        } else {
-            format!("address family {family}")
-        };
-        return Err(format!("it is not a TCP socket ({what})"));
+        return Err(InheritedFdError::AddressFamily { family });
     }
     let listening = socket_option(fd, libc::SO_ACCEPTCONN)
-        .map_err(|e| format!("cannot tell whether it listens: {e}"))?;
+        .map_err(|e| InheritedFdError::Listening(Arc::new(e)))?;
     if listening == 0 {
-        return Err(
-            "it is a TCP socket that is not listening; call listen() on it before \
-             passing it (socket.create_server does)"
-                .into(),
-        );
+        return Err(InheritedFdError::NotListening);
     }
     if flags & libc::FD_CLOEXEC == 0 {
         // SAFETY: F_SETFD only sets the descriptor's flags.
         if unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) } != 0 {
-            return Err(format!(
-                "cannot mark it close-on-exec: {}",
-                io::Error::last_os_error()
-            ));
+            return Err(InheritedFdError::CloseOnExec(os_error()));
         }
     }
     // SAFETY: `fd` is open and a listening TCP socket; from now on the listener alone
@@ -403,7 +394,7 @@ fn adopt_listening_tcp(fd: i32) -> Result<std::net::TcpListener, String> {
     adopted.insert(fd);
     listener
         .set_nonblocking(true)
-        .map_err(|e| format!("cannot make it non-blocking: {e}"))?;
+        .map_err(|e| InheritedFdError::NonBlocking(Arc::new(e)))?;
     Ok(listener)
 }
 
@@ -418,13 +409,13 @@ pub(crate) fn serve_inherited_tcp(
     frames: Inbox,
     auth: Option<super::auth::TcpAuth>,
 ) -> Result<(ChannelAddr, NetGuard), ChannelError> {
-    let problem = |problem: String| ChannelError::InheritedFd { fd, problem };
+    let problem = |problem: InheritedFdError| ChannelError::InheritedFd { fd, problem };
     let listener = adopt_listening_tcp(fd).map_err(problem)?;
     let bound = listener
         .local_addr()
-        .map_err(|e| problem(format!("cannot read its address: {e}")))?;
+        .map_err(|e| problem(InheritedFdError::Address(Arc::new(e))))?;
     let listener = TcpListener::from_std(listener)
-        .map_err(|e| problem(format!("cannot register it with the runtime: {e}")))?;
+        .map_err(|e| problem(InheritedFdError::Register(Arc::new(e))))?;
     let bound = ChannelAddr::Tcp(bound);
     let listener = tcp::TcpServe::new(listener, auth);
     let accept = tokio::spawn(accept_loop(listener, frames, bound.clone()));

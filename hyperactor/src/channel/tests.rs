@@ -609,6 +609,18 @@ async fn an_inherited_descriptor_that_is_not_a_listening_tcp_socket_is_refused_n
                 "{problem}: {err}"
             );
         }
+        // The reason is typed, for callers that match on it.
+        let err = serve_inherited(stream.as_raw_fd()).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ChannelError::InheritedFd {
+                    problem: InheritedFdError::NotListening,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
         // Refused descriptors stay open, owned by the caller.
         // SAFETY: F_GETFD only reads the descriptor's flags.
         assert!(unsafe { libc::fcntl(stream.as_raw_fd(), libc::F_GETFD) } >= 0);

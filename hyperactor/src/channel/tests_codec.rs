@@ -188,9 +188,18 @@ fn max_frame_len_env_values() {
         "18446744073709551616",
     ] {
         let err = parse(bad).unwrap_err();
-        assert!(!err.is_empty(), "{bad:?}");
+        assert!(!err.to_string().is_empty(), "{bad:?}");
     }
-    assert!(parse("0").unwrap_err().contains("every frame"));
+    assert_eq!(parse("0"), Err(frame::FrameLenError::Zero));
+    assert!(parse("0").unwrap_err().to_string().contains("every frame"));
+    assert_eq!(
+        parse("18446744073709551616").unwrap_err().to_string(),
+        "\"18446744073709551616\" does not fit in 64 bits"
+    );
+    assert_eq!(
+        parse("1GiB").unwrap_err().to_string(),
+        "\"1GiB\" is not a number of bytes"
+    );
     // The process-wide value: this test binary does not set the variable.
     if std::env::var_os(MAX_FRAME_LEN_ENV).is_none() {
         assert_eq!(max_frame_len(), MAX_FRAME_LEN);

@@ -111,7 +111,12 @@ impl Node {
             unreachable!()
         };
         let (a, b) = tokio::io::duplex(64 << 10);
-        let accepting = tokio::spawn(async move { auth::tls::accept(a, &server).await.err() });
+        let accepting = tokio::spawn(async move {
+            auth::tls::accept(a, &server)
+                .await
+                .err()
+                .map(|e| e.to_string())
+        });
         (b, accepting)
     }
 }

@@ -56,7 +56,7 @@ use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::{hello, hello_mismatch, TcpAuth, HANDSHAKE_TIMEOUT, HELLO, MODE_TLS, NONCE};
+use super::{hello, hello_mismatch, AuthError, TcpAuth, HANDSHAKE_TIMEOUT, HELLO, MODE_TLS, NONCE};
 
 /// The variable holding the path of the CA certificate(s) PEM file.
 pub const TLS_CA_ENV: &str = "MONARCH_TLS_CA";
@@ -300,22 +300,47 @@ impl TlsConfig {
     }
 }
 
+/// Why a node's own certificate chain is not accepted under its CA
+/// ([`check_own_chain`]); [`TlsConfig::load`] puts it in a [`TlsError::Config`] that
+/// names the files.
+#[derive(Debug, Clone, thiserror::Error)]
+enum OwnChainError {
+    /// A CA certificate cannot be used as a trust anchor.
+    #[error("{0}")]
+    Ca(#[source] rustls::Error),
+    /// The chain is empty.
+    #[error("there is no certificate")]
+    NoCertificate,
+    /// The node's certificate cannot be parsed.
+    #[error("{0}")]
+    Parse(#[source] rustls::Error),
+    /// The certificate is not accepted for a TLS server.
+    #[error("as a server: {0}")]
+    AsServer(#[source] rustls::Error),
+    /// No client verifier can be made with the CA.
+    #[error("{0}")]
+    Verifier(#[source] rustls::server::VerifierBuilderError),
+    /// The certificate is not accepted for a TLS client.
+    #[error("as a client: {0}")]
+    AsClient(#[source] rustls::Error),
+}
+
 /// Checks a node's certificate chain as its peers will, as a server and as a client.
 fn check_own_chain(
     ca: &[CertificateDer<'static>],
     chain: &[CertificateDer<'static>],
-) -> Result<(), String> {
+) -> Result<(), OwnChainError> {
     let mut roots = RootCertStore::empty();
     for cert in ca {
-        roots.add(cert.clone()).map_err(|e| e.to_string())?;
+        roots.add(cert.clone()).map_err(OwnChainError::Ca)?;
     }
     let roots = Arc::new(roots);
     let provider = provider();
     let Some((end_entity, intermediates)) = chain.split_first() else {
-        return Err("there is no certificate".into());
+        return Err(OwnChainError::NoCertificate);
     };
     let now = UnixTime::now();
-    let parsed = ParsedCertificate::try_from(end_entity).map_err(|e| e.to_string())?;
+    let parsed = ParsedCertificate::try_from(end_entity).map_err(OwnChainError::Parse)?;
     rustls::client::verify_server_cert_signed_by_trust_anchor(
         &parsed,
         &roots,
@@ -323,12 +348,12 @@ fn check_own_chain(
         now,
         provider.signature_verification_algorithms.all,
     )
-    .map_err(|e| format!("as a server: {e}"))?;
+    .map_err(OwnChainError::AsServer)?;
     WebPkiClientVerifier::builder_with_provider(roots, provider)
         .build()
-        .map_err(|e| e.to_string())?
+        .map_err(OwnChainError::Verifier)?
         .verify_client_cert(end_entity, intermediates, now)
-        .map_err(|e| format!("as a client: {e}"))?;
+        .map_err(OwnChainError::AsClient)?;
     Ok(())
 }
 
@@ -402,21 +427,14 @@ fn rustls_error(err: &io::Error) -> Option<&rustls::Error> {
 }
 
 /// Why the server side of a TLS handshake failed, for its log line.
-fn server_reason(err: &io::Error) -> String {
-    match rustls_error(err) {
+fn server_reason(err: io::Error) -> AuthError {
+    match rustls_error(&err) {
         Some(
             e @ (rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented),
-        ) => {
-            format!("its certificate is not signed by this process's CA, or not valid ({e})")
-        }
-        Some(e @ rustls::Error::AlertReceived(_)) => {
-            format!("it refused this process's certificate ({e})")
-        }
-        Some(e) => format!("the TLS handshake failed: {e}"),
-        None => format!(
-            "it did not complete the TLS handshake ({err}); it may use another \
-             authentication mode than mutual TLS"
-        ),
+        ) => AuthError::UntrustedCertificate(e.clone()),
+        Some(e @ rustls::Error::AlertReceived(_)) => AuthError::CertificateRefused(e.clone()),
+        Some(e) => AuthError::Tls(e.clone()),
+        None => AuthError::TlsIncomplete(err),
     }
 }
 
@@ -445,38 +463,32 @@ fn client_reason(err: &io::Error) -> String {
 ///
 /// # Errors
 ///
-/// Why the peer was rejected, in words (the caller logs it and closes); nothing was
-/// read from the peer but its handshake.
+/// An [`AuthError`] saying why the peer was rejected (the caller logs it and closes);
+/// nothing was read from the peer but its handshake.
 pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     tls: &TlsConfig,
-) -> Result<tokio_rustls::server::TlsStream<S>, String> {
+) -> Result<tokio_rustls::server::TlsStream<S>, AuthError> {
     let run = async {
         stream
             .write_all(&hello(MODE_TLS, &[0u8; NONCE]))
             .await
-            .map_err(|e| format!("writing the handshake failed: {e}"))?;
+            .map_err(AuthError::Write)?;
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(&tls.server));
-        let mut stream = acceptor
-            .accept(stream)
-            .await
-            .map_err(|e| server_reason(&e))?;
+        let mut stream = acceptor.accept(stream).await.map_err(server_reason)?;
         stream
             .write_all(&[ACCEPTED])
             .await
-            .map_err(|e| format!("writing the handshake failed: {e}"))?;
-        stream
-            .flush()
-            .await
-            .map_err(|e| format!("writing the handshake failed: {e}"))?;
+            .map_err(AuthError::Write)?;
+        stream.flush().await.map_err(AuthError::Write)?;
         Ok(stream)
     };
     tokio::time::timeout(HANDSHAKE_TIMEOUT, run)
         .await
         .unwrap_or_else(|_| {
-            Err(format!(
-                "it did not complete the TLS handshake within {HANDSHAKE_TIMEOUT:?}"
-            ))
+            Err(AuthError::TlsTimeout {
+                after: HANDSHAKE_TIMEOUT,
+            })
         })
 }
 

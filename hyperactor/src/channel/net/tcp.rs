@@ -24,7 +24,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use super::super::auth;
-use super::super::auth::TcpAuth;
+use super::super::auth::{AuthError, TcpAuth};
 use super::super::tx::{LinkShared, Queued};
 use super::tls;
 use super::{run_link, Listener, Socket, Stream};
@@ -47,9 +47,26 @@ impl TcpServe {
     }
 }
 
+/// A TCP connection that [`TcpServe`] refused: who connected, and why the handshake
+/// rejected it.
+#[derive(Debug, thiserror::Error)]
+#[error("rejected a TCP connection from {}: {reason}", peer_name(.peer.as_ref()))]
+pub(crate) struct TcpRejected {
+    /// The peer's address, if it could be read.
+    peer: Option<std::net::SocketAddr>,
+    /// Why the handshake rejected it.
+    #[source]
+    reason: AuthError,
+}
+
+fn peer_name(peer: Option<&std::net::SocketAddr>) -> String {
+    peer.map_or_else(|| "an unknown peer".to_string(), |a| a.to_string())
+}
+
 impl Listener for TcpServe {
     type Accepted = TcpStream;
     type Stream = TcpConn;
+    type Rejected = TcpRejected;
     async fn next_conn(&mut self) -> io::Result<TcpStream> {
         let (stream, _) = self.listener.accept().await?;
         stream.set_nodelay(true)?;
@@ -58,13 +75,11 @@ impl Listener for TcpServe {
     fn admit(
         &self,
         mut stream: TcpStream,
-    ) -> impl Future<Output = Result<TcpConn, String>> + Send + 'static {
+    ) -> impl Future<Output = Result<TcpConn, TcpRejected>> + Send + 'static {
         let auth = self.auth.clone().unwrap_or_else(auth::tcp_auth);
         async move {
-            let peer = stream
-                .peer_addr()
-                .map_or_else(|_| "an unknown peer".to_string(), |a| a.to_string());
-            let rejected = |reason| format!("rejected a TCP connection from {peer}: {reason}");
+            let peer = stream.peer_addr().ok();
+            let rejected = |reason| TcpRejected { peer, reason };
             match auth {
                 TcpAuth::Tls(config) => auth::tls::accept(stream, &config)
                     .await
