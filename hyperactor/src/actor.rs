@@ -62,7 +62,7 @@
 mod driven;
 mod runtime;
 pub mod stats;
-mod work_queue;
+pub(crate) mod work_queue;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -80,7 +80,7 @@ use crate::id::ActorId;
 use crate::mailbox::Mailbox;
 use crate::message::{handler_port, Envelope, Message, Undeliverable};
 use crate::port::PortRef;
-use crate::proc::Proc;
+use crate::router::Proc;
 use crate::supervision::{ActorStatus, SupervisionEvent};
 
 pub use driven::{DrivenActor, DrivenWork, Next};

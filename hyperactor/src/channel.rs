@@ -55,6 +55,7 @@
 
 mod ack;
 mod addr;
+pub(crate) mod backpressure;
 pub mod auth;
 pub mod buffer_pool;
 mod error;

@@ -20,7 +20,7 @@ use crate::context::SendContext;
 use crate::error::SpawnError;
 use crate::mailbox::Mailbox;
 use crate::message::{Envelope, Undeliverable, SUPERVISION_PORT, UNDELIVERABLE_PORT};
-use crate::proc::Proc;
+use crate::router::Proc;
 use crate::supervision::SupervisionEvent;
 
 /// A mailbox without an actor: see the [module docs](self).
@@ -127,5 +127,19 @@ impl SendContext for Client {
 impl Drop for Client {
     fn drop(&mut self) {
         self.mailbox.close("its client was dropped");
+    }
+}
+
+/// Clients are made by the proc, on top of the actor layer.
+impl Proc {
+    /// A client of this proc, with an actor id of its own named `name`.
+    ///
+    /// # Errors
+    ///
+    /// [`SpawnError::Name`] for an invalid name; [`SpawnError::ProcStopped`] if the proc
+    /// is stopped.
+    pub fn client(&self, name: &str) -> Result<Client, SpawnError> {
+        let (_, mailbox, ()) = self.register(name, |id| (Mailbox::without_work_queue(id), ()))?;
+        Ok(Client::new(self.clone(), mailbox))
     }
 }

@@ -42,7 +42,7 @@ use crate::message::{
     Envelope, EnvelopeHeader, Message, Serialized, Undeliverable, UNDELIVERABLE_PORT,
 };
 use crate::port::{OncePortReceiver, OncePortRef, PortReceiver, PortRef};
-use crate::proc::Proc;
+use crate::router::Proc;
 
 /// The capability to send messages and open ports, as a given actor.
 pub trait SendContext: Send + Sync {

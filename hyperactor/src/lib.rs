@@ -1,7 +1,6 @@
 #![doc = include_str!("../README.md")]
 
 pub mod actor;
-mod backpressure;
 pub mod channel;
 pub mod client;
 pub mod context;
@@ -11,6 +10,7 @@ pub mod mailbox;
 pub mod message;
 pub mod port;
 pub mod proc;
+mod router;
 pub mod supervision;
 pub mod sync;
 #[cfg(any(test, feature = "testing"))]

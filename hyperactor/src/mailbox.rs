@@ -27,10 +27,10 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::actor::WorkQueue;
+use crate::actor::work_queue::{WorkQueue, MESSAGE_COST_OVERHEAD};
+use crate::channel::backpressure::Congested;
 use crate::id::{ActorId, PortId};
-use crate::message::{Envelope, Message, Undeliverable, HANDLER_PORT_BIT};
-use crate::port::{OncePortReceiver, OncePortRef, PortReceiver, PortRef};
+use crate::message::{Envelope, Undeliverable, HANDLER_PORT_BIT};
 
 /// An item of an actor's work queue.
 // Messages are the common case; boxing them to shrink the rare `Stop` would cost an
@@ -58,13 +58,11 @@ impl WorkSink {
             WorkSink::Task(tx) => tx.send(work).map_err(|e| e.0),
             WorkSink::Driven(queue) => {
                 let cost = match &work {
-                    Work::Message(envelope) => {
-                        envelope.payload.len() + crate::actor::MESSAGE_COST_OVERHEAD
-                    }
+                    Work::Message(envelope) => envelope.payload.len() + MESSAGE_COST_OVERHEAD,
                     Work::Stop => 0,
                 };
                 if queue.push_costed(work, cost)? {
-                    crate::backpressure::defer(Arc::clone(queue));
+                    crate::channel::backpressure::defer(Arc::clone(queue) as Arc<dyn Congested>);
                 }
                 Ok(())
             }
@@ -85,7 +83,7 @@ impl WorkSink {
 pub type DirectSink = Arc<dyn Fn(Envelope) + Send + Sync>;
 
 /// Where an opened port's messages go.
-enum PortSink {
+pub(crate) enum PortSink {
     Stream(mpsc::UnboundedSender<Envelope>),
     Once(oneshot::Sender<Envelope>),
     Direct(DirectSink),
@@ -164,51 +162,6 @@ impl Mailbox {
         &self.actor_id
     }
 
-    /// Opens a streaming port: every message sent to the returned reference arrives, in
-    /// order, at the returned receiver. Dropping the receiver closes the port.
-    pub fn open_port<M: Message>(self: &Arc<Self>) -> (PortRef<M>, PortReceiver<M>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let port = self.insert(None, PortSink::Stream(tx));
-        (
-            PortRef::attest(port.clone()),
-            PortReceiver::new(port, rx, Arc::clone(self)),
-        )
-    }
-
-    /// Opens a once port: exactly one message sent to the returned reference arrives at
-    /// the returned receiver (MB-2); later ones are returned to their senders.
-    pub fn open_once_port<M: Message>(self: &Arc<Self>) -> (OncePortRef<M>, OncePortReceiver<M>) {
-        let (tx, rx) = oneshot::channel();
-        let port = self.insert(None, PortSink::Once(tx));
-        (
-            OncePortRef::attest(port.clone()),
-            OncePortReceiver::new(port, rx, Arc::clone(self)),
-        )
-    }
-
-    /// Opens a port whose messages are handed to `sink` as they are delivered, on the
-    /// delivering task (for a remote sender, the task reading its connection), with no
-    /// queue in between. `sink` must be quick and must not block; it runs without the
-    /// mailbox locked, so it may send to this mailbox, and it may run on several
-    /// delivering tasks at once (one per sending link). Messages from one sender reach
-    /// it in send order (ORD-1).
-    ///
-    /// Dropping the returned [`DirectPort`] closes the port; messages sent to it later
-    /// go back to their senders (DEL-1).
-    pub fn open_direct_port<M: Message>(
-        self: &Arc<Self>,
-        sink: DirectSink,
-    ) -> (PortRef<M>, DirectPort) {
-        let port = self.insert(None, PortSink::Direct(sink));
-        (
-            PortRef::attest(port.clone()),
-            DirectPort {
-                port,
-                mailbox: Arc::clone(self),
-            },
-        )
-    }
-
     /// Binds a streaming receiver at a fixed port number (used by clients for the
     /// runtime's reserved ports).
     pub(crate) fn bind_port(self: &Arc<Self>, index: u64) -> mpsc::UnboundedReceiver<Envelope> {
@@ -217,7 +170,7 @@ impl Mailbox {
         rx
     }
 
-    fn insert(&self, index: Option<u64>, sink: PortSink) -> PortId {
+    pub(crate) fn insert(&self, index: Option<u64>, sink: PortSink) -> PortId {
         let mut state = self.lock();
         let index = index.unwrap_or_else(|| {
             let n = state.next_port;
@@ -350,8 +303,8 @@ impl Mailbox {
 #[must_use = "dropping the handle closes the port"]
 #[derive(Debug)]
 pub struct DirectPort {
-    port: PortId,
-    mailbox: Arc<Mailbox>,
+    pub(crate) port: PortId,
+    pub(crate) mailbox: Arc<Mailbox>,
 }
 
 impl DirectPort {

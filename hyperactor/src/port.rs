@@ -36,7 +36,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::context::SendContext;
 use crate::error::{MessageError, RecvError};
 use crate::id::PortId;
-use crate::mailbox::Mailbox;
+use crate::mailbox::{DirectPort, DirectSink, Mailbox, PortSink};
 use crate::message::{Envelope, Message, Serialized};
 
 /// A typed, serializable reference to a streaming (or handler) port.
@@ -357,4 +357,52 @@ fn decode<M: Message>(port: &PortId, envelope: &Envelope) -> Result<M, RecvError
             port: port.clone(),
             source,
         })
+}
+
+/// Opening ports: the port types are built on the mailbox, which does not name them.
+impl Mailbox {
+    /// Opens a streaming port: every message sent to the returned reference arrives, in
+    /// order, at the returned receiver. Dropping the receiver closes the port.
+    pub fn open_port<M: Message>(self: &Arc<Self>) -> (PortRef<M>, PortReceiver<M>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let port = self.insert(None, PortSink::Stream(tx));
+        (
+            PortRef::attest(port.clone()),
+            PortReceiver::new(port, rx, Arc::clone(self)),
+        )
+    }
+
+    /// Opens a once port: exactly one message sent to the returned reference arrives at
+    /// the returned receiver (MB-2); later ones are returned to their senders.
+    pub fn open_once_port<M: Message>(self: &Arc<Self>) -> (OncePortRef<M>, OncePortReceiver<M>) {
+        let (tx, rx) = oneshot::channel();
+        let port = self.insert(None, PortSink::Once(tx));
+        (
+            OncePortRef::attest(port.clone()),
+            OncePortReceiver::new(port, rx, Arc::clone(self)),
+        )
+    }
+
+    /// Opens a port whose messages are handed to `sink` as they are delivered, on the
+    /// delivering task (for a remote sender, the task reading its connection), with no
+    /// queue in between. `sink` must be quick and must not block; it runs without the
+    /// mailbox locked, so it may send to this mailbox, and it may run on several
+    /// delivering tasks at once (one per sending link). Messages from one sender reach
+    /// it in send order (ORD-1).
+    ///
+    /// Dropping the returned [`DirectPort`] closes the port; messages sent to it later
+    /// go back to their senders (DEL-1).
+    pub fn open_direct_port<M: Message>(
+        self: &Arc<Self>,
+        sink: DirectSink,
+    ) -> (PortRef<M>, DirectPort) {
+        let port = self.insert(None, PortSink::Direct(sink));
+        (
+            PortRef::attest(port.clone()),
+            DirectPort {
+                port,
+                mailbox: Arc::clone(self),
+            },
+        )
+    }
 }

@@ -51,7 +51,7 @@ use super::ActorCell;
 use crate::id::ActorId;
 use crate::mailbox::Work;
 use crate::message::Envelope;
-use crate::proc::Proc;
+use crate::router::Proc;
 use crate::supervision::{ActorStatus, SupervisionEvent};
 
 /// What a driver takes from its actor's queue.

@@ -9,6 +9,7 @@ use crate::sync::Mutex;
 use std::any::Any;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,12 +17,13 @@ use std::time::Duration;
 use futures::FutureExt;
 use tokio::sync::{mpsc, watch};
 
+use super::stats::ActorStatsSnapshot;
 use super::{Actor, ActorHandle, Binder, Context};
 use crate::error::{BoxError, SpawnError};
 use crate::id::ActorId;
 use crate::mailbox::{Mailbox, Work};
 use crate::message::{Envelope, Serialized, Undeliverable, SUPERVISION_PORT, UNDELIVERABLE_PORT};
-use crate::proc::Proc;
+use crate::router::{Proc, Root};
 use crate::supervision::{ActorStatus, SupervisionEvent};
 
 /// How long an owner waits for each child to stop before aborting it.
@@ -168,7 +170,7 @@ impl ActorCell {
                     });
                 }
             }
-            Owner::Mailbox(_) | Owner::Proc => proc.add_root(Arc::clone(&cell)),
+            Owner::Mailbox(_) | Owner::Proc => proc.add_root(Arc::clone(&cell) as Arc<dyn Root>),
         }
         Ok(cell)
     }
@@ -180,14 +182,6 @@ impl ActorCell {
     }
 
     /// This cell and its descendants, depth first.
-    pub(crate) fn collect_tree(self: &Arc<Self>, out: &mut Vec<Arc<ActorCell>>) {
-        out.push(Arc::clone(self));
-        let children: Vec<_> = self.children.lock().clone();
-        for child in children {
-            child.collect_tree(out);
-        }
-    }
-
     pub(crate) fn set_processing(&self, processing: bool) {
         self.processing.store(processing, Ordering::Relaxed);
     }
@@ -251,6 +245,27 @@ impl ActorCell {
             _ => "stopped".to_string(),
         };
         bounce_leftovers(proc, &self.id, &ended, leftovers);
+    }
+}
+
+/// The proc stops its root actors and reads their counters through this hook.
+impl Root for ActorCell {
+    fn is_terminal(&self) -> bool {
+        self.status().is_terminal()
+    }
+
+    fn stop_and_wait(&self, timeout: Duration) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            ActorCell::stop_and_wait(self, timeout).await;
+        })
+    }
+
+    fn collect_stats(&self, out: &mut Vec<ActorStatsSnapshot>) {
+        out.push(self.stats_snapshot());
+        let children: Vec<_> = self.children.lock().clone();
+        for child in children {
+            child.collect_stats(out);
+        }
     }
 }
 

@@ -12,7 +12,7 @@
 //!   against the queue's *high water* mark ([`queue_high_water`]); a push that leaves
 //!   the queue over it says so, and [`WorkQueue::room`] waits until the queue is back
 //!   under half of it (or closed). The connection that delivered such a push stops
-//!   reading until then ([`crate::backpressure`]), so a slow reader slows its senders
+//!   reading until then ([`crate::channel::backpressure`]), so a slow reader slows its senders
 //!   down instead of growing the queue without bound.
 
 use crate::sync::{Condvar, Mutex, MutexGuard};
@@ -257,6 +257,16 @@ impl<T> WorkQueue<T> {
     }
 }
 
+/// The transport waits on a congested queue through this hook (see
+/// [`crate::channel::backpressure`]).
+impl<T: Send + 'static> crate::channel::backpressure::Congested for WorkQueue<T> {
+    fn wait_for_room(
+        self: std::sync::Arc<Self>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(async move { self.room().await })
+    }
+}
+
 #[cfg(all(test, not(feature = "loom")))]
 mod tests {
     use std::sync::Arc;
@@ -352,7 +362,12 @@ mod tests {
         });
         tokio::task::yield_now().await;
         q.push(3).unwrap();
-        let got = crate::testing::timed(reader).await.unwrap();
+        // The queue sits below the test helpers of `crate::testing`: a plain timeout.
+        let wait = std::time::Duration::from_secs(30);
+        let got = tokio::time::timeout(wait, reader)
+            .await
+            .expect("woken")
+            .unwrap();
         assert_eq!(got, Some(3), "WQ-3: woken by the push");
         let reader = tokio::spawn({
             let q = Arc::clone(&q);
@@ -360,7 +375,10 @@ mod tests {
         });
         tokio::task::yield_now().await;
         q.close();
-        let got = crate::testing::timed(reader).await.unwrap();
+        let got = tokio::time::timeout(wait, reader)
+            .await
+            .expect("woken")
+            .unwrap();
         assert_eq!(got, None, "WQ-3: woken by the close");
     }
 }

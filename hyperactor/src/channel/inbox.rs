@@ -70,11 +70,11 @@ impl Inbox {
                 }
                 // Forget marks left by deliveries of other tasks that never waited (local
                 // sends): only this delivery's count.
-                drop(crate::backpressure::take());
+                drop(super::backpressure::take());
                 (direct.deliver)(delivery.deliver());
                 // A queue the delivery filled over its mark: read nothing more from
                 // this connection until it has room (or the inbox closes).
-                if let Some(room) = crate::backpressure::take() {
+                if let Some(room) = super::backpressure::take() {
                     let mut closed = direct.closed.subscribe();
                     tokio::select! {
                         () = room => {}
