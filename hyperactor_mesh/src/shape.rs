@@ -16,6 +16,11 @@
 //! A [`SplitSpec`] says how [`Shape::split`] replaces dimensions by several, and
 //! [`ShapeError`] is what every fallible operation returns.
 //!
+//! The files of this module import each other (five in one loop, the one loop of more
+//! than four files the crate keeps on purpose): a [`ShapeError`] carries the extent or
+//! slice it is about, so that the message can show it, and every shape type returns
+//! shape errors.
+//!
 //! Invariants, checked by every constructor and by deserialization (these types travel
 //! inside messages, so a value read off the wire is validated like one built locally):
 //!
