@@ -21,8 +21,8 @@ use hyperactor::SendContext;
 use hyperactor_mesh::agent::{CallReplies, CastTarget, ProcAgent, ReplyQueue};
 use hyperactor_mesh::cast::codec::{CastKind, ReplyMode, ReplyTo, ViewExtent};
 use hyperactor_mesh::cast::reply::ReplyItem;
-use hyperactor_mesh::shape::Shape;
-use hyperactor_mesh::ActorMeshRef;
+use hyperactor_mesh::shape::{Shape, ShapeError};
+use hyperactor_mesh::{ActorMeshRef, MeshError};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -31,7 +31,7 @@ use crate::actor::py_message_port;
 use crate::call::{block, deadline, PyCallReplies, PyPortHandle, PyReplyQueue};
 use crate::cast_mode::PyCastMode;
 use crate::port::extract_parts;
-use crate::proc_mesh::ProcMeshInner;
+use crate::proc_mesh::{ProcMeshInner, ProcsStartError};
 use crate::runtime::runtime;
 use crate::sender::Sender;
 use crate::shape::PyShape;
@@ -45,7 +45,43 @@ pub struct ActorMeshInner {
     id: u64,
     name: String,
     class: String,
-    mesh: OnceLock<Result<ActorMeshRef, String>>,
+    mesh: OnceLock<Result<ActorMeshRef, ActorMeshError>>,
+}
+
+/// Why an actor mesh handle has no mesh to use: its spawn failed, or never happened.
+/// Every operation on the handle gets it, so it is `Clone`.
+#[derive(Debug, Clone)]
+pub enum ActorMeshError {
+    /// The procs it was to be spawned on failed to start.
+    ProcsFailed(ProcsStartError),
+    /// The view of the proc mesh it was spawned on, or its own view, does not fit.
+    View(ShapeError),
+    /// The spawn itself failed.
+    Spawn(Arc<MeshError>),
+    /// Its proc mesh is ready but the spawn did not happen.
+    NeverSpawned,
+}
+
+impl std::fmt::Display for ActorMeshError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ProcsFailed(e) => write!(f, "its procs failed to start: {e}"),
+            Self::View(e) => e.fmt(f),
+            Self::Spawn(e) => e.fmt(f),
+            Self::NeverSpawned => f.write_str("it was never spawned"),
+        }
+    }
+}
+
+impl std::error::Error for ActorMeshError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::ProcsFailed(e) => Some(e),
+            Self::View(e) => Some(e),
+            Self::Spawn(e) => Some(e.as_ref()),
+            Self::NeverSpawned => None,
+        }
+    }
 }
 
 impl ActorMeshInner {
@@ -61,7 +97,7 @@ impl ActorMeshInner {
     }
 
     /// The spawn's outcome (once).
-    pub fn set(&self, result: Result<ActorMeshRef, String>) {
+    pub fn set(&self, result: Result<ActorMeshRef, ActorMeshError>) {
         let _ = self.mesh.set(result);
     }
 }
@@ -111,8 +147,8 @@ fn rt_err(e: impl std::fmt::Display) -> PyErr {
 impl PyActorMesh {
     /// Casts a control message (`kind`: stop, probe) to the view once the mesh exists,
     /// with replies reduced over the tree into the returned call (`all`: every rank's
-    /// reply is awaited even after a failure). If the mesh never came to be, the call
-    /// is answered with `missing(why)` instead.
+    /// reply is awaited even after a failure). If the mesh never came to be (or the
+    /// view does not fit it), the call is answered with `missing(why)` instead.
     fn control_cast(
         &self,
         py: Python<'_>,
@@ -120,7 +156,7 @@ impl PyActorMesh {
         count: u32,
         all: bool,
         kind: CastKind,
-        missing: impl FnOnce(String) -> Vec<ReplyItem> + Send + 'static,
+        missing: impl FnOnce(ActorMeshError) -> Vec<ReplyItem> + Send + 'static,
     ) -> PyResult<Py<PyCallReplies>> {
         let sender = Sender::extract(sender)?;
         let agent = crate::agent::process_agent()?.clone();
@@ -135,8 +171,8 @@ impl PyActorMesh {
         let _guard = runtime()?.enter();
         self.with_mesh(move |mesh| {
             let mesh = match mesh
-                .map_err(str::to_string)
-                .and_then(|m| view_self.viewed(m))
+                .map_err(ActorMeshError::clone)
+                .and_then(|m| view_self.viewed(m).map_err(ActorMeshError::View))
             {
                 Ok(mesh) => mesh,
                 Err(why) => return shared.answer(missing(why)),
@@ -171,10 +207,10 @@ impl PyActorMesh {
         Self::new(Arc::new(inner), None)
     }
 
-    fn viewed(&self, mesh: &ActorMeshRef) -> Result<ActorMeshRef, String> {
+    fn viewed(&self, mesh: &ActorMeshRef) -> Result<ActorMeshRef, ShapeError> {
         match &self.view {
             None => Ok(mesh.clone()),
-            Some(shape) => mesh.view(shape.clone()).map_err(|e| e.to_string()),
+            Some(shape) => mesh.view(shape.clone()),
         }
     }
 
@@ -183,7 +219,7 @@ impl PyActorMesh {
         &self,
         agent: &ProcAgent,
         mesh: &ActorMeshRef,
-    ) -> Result<Arc<(Vec<CastTarget>, ViewExtent)>, String> {
+    ) -> Result<Arc<(Vec<CastTarget>, ViewExtent)>, ShapeError> {
         if let Some(t) = self.targets.get() {
             return Ok(Arc::clone(t));
         }
@@ -196,16 +232,16 @@ impl PyActorMesh {
 
     /// Runs `op` with the mesh (or the reason it does not exist), after the operations
     /// issued before it on a starting mesh.
-    fn with_mesh(&self, op: impl FnOnce(Result<&ActorMeshRef, &str>) + Send + 'static) {
+    fn with_mesh(&self, op: impl FnOnce(Result<&ActorMeshRef, &ActorMeshError>) + Send + 'static) {
         let inner = Arc::clone(&self.inner);
-        let run = move |_: Result<&hyperactor_mesh::ProcMesh, &String>| match inner.mesh.get() {
+        let run = move || match inner.mesh.get() {
             Some(Ok(mesh)) => op(Ok(mesh)),
             Some(Err(e)) => op(Err(e)),
-            None => op(Err("it was never spawned")),
+            None => op(Err(&ActorMeshError::NeverSpawned)),
         };
         match &self.inner.base {
-            Some(base) => base.deferred().run(run),
-            None => run(Err(&String::new())),
+            Some(base) => base.deferred().run(move |_| run()),
+            None => run(),
         }
     }
 
@@ -337,7 +373,7 @@ impl PyActorMesh {
                 .unwrap_or_else(|| view_self.targets(&agent, mesh))
             {
                 Ok(t) => t,
-                Err(why) => return reply.fail(0..n.max(1), &why),
+                Err(why) => return reply.fail(0..n.max(1), &why.to_string()),
             };
             let (all, extent) = (&targets.0, &targets.1);
             let chosen: Vec<CastTarget>;

@@ -7,13 +7,14 @@ use std::sync::Arc;
 
 use hyperactor_mesh::agent::ProcAgent;
 use hyperactor_mesh::bootstrap::{BootstrapCommand, ProcCommands};
+use hyperactor_mesh::error::ProbeError;
 use hyperactor_mesh::shape::Extent;
 use hyperactor_mesh::HostMesh;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::proc_mesh::{ProcMeshInner, PyProcMesh};
+use crate::proc_mesh::{ProcMeshInner, ProcsStartError, PyProcMesh};
 use crate::runtime::runtime;
 use crate::sender::Sender;
 use crate::shape::PyExtent;
@@ -35,18 +36,75 @@ struct Attach {
     names: Vec<String>,
     /// How long to keep trying each host.
     timeout: std::time::Duration,
-    done: tokio::sync::OnceCell<Result<(), String>>,
+    done: tokio::sync::OnceCell<Result<(), AttachError>>,
+}
+
+/// Why the first contact with attached workers failed. Every later wait (and every
+/// operation on procs spawned on them) gets it again, so it is `Clone`.
+#[derive(Debug, Clone)]
+pub enum AttachError {
+    /// This process has no mesh agent.
+    NoAgent {
+        /// The error's text (as raised to Python).
+        message: String,
+    },
+    /// A worker did not answer a heartbeat in time.
+    Unreachable {
+        /// The worker's address, as the user gave it.
+        name: String,
+        /// The host's rank in the mesh.
+        rank: usize,
+        /// The host's proc.
+        host: hyperactor::ProcId,
+        /// How long it was tried.
+        timeout: std::time::Duration,
+        /// The last probe's failure.
+        reason: Arc<ProbeError>,
+    },
+}
+
+impl std::fmt::Display for AttachError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoAgent { message } => f.write_str(message),
+            Self::Unreachable {
+                name,
+                rank,
+                host,
+                timeout,
+                reason,
+            } => write!(
+                f,
+                "cannot reach worker {name} (host rank {rank}, {host}) within {timeout:?}: \
+                 {reason}; check that the worker runs, that its address is reachable from \
+                 this machine (and this machine's from it), and that both use the same \
+                 credentials (certificates of the same CA, the same cluster secret, or \
+                 ca=\"trust_all_connections\" on both)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for AttachError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::NoAgent { .. } => None,
+            Self::Unreachable { reason, .. } => Some(reason.as_ref()),
+        }
+    }
 }
 
 impl Attach {
     /// Waits until every host answered a heartbeat (retrying hosts that refuse
     /// connections, which may still be starting, until the timeout); each is then
     /// monitored. Runs once; later calls get the same outcome.
-    async fn wait(&self, hosts: &[hyperactor::ProcId]) -> Result<(), String> {
+    async fn wait(&self, hosts: &[hyperactor::ProcId]) -> Result<(), AttachError> {
         self.done
             .get_or_init(|| async {
                 let agent = crate::agent::process_agent()
-                    .map_err(|e| e.to_string())?
+                    .map_err(|e| AttachError::NoAgent {
+                        message: e.to_string(),
+                    })?
                     .clone();
                 let deadline = tokio::time::Instant::now() + self.timeout;
                 let reach = |host: hyperactor::ProcId| {
@@ -55,11 +113,13 @@ impl Attach {
                         loop {
                             let left =
                                 deadline.saturating_duration_since(tokio::time::Instant::now());
-                            match agent.probe(&host, left).await.map_err(|e| e.to_string()) {
+                            match agent.probe(&host, left).await {
                                 Ok(()) => return Ok(()),
                                 // Refused or not there yet: the worker may be starting.
+                                // The link's errors are not typed finely enough to tell
+                                // a failed authentication apart: its text says so.
                                 Err(reason)
-                                    if !reason.contains("authentication")
+                                    if !reason.to_string().contains("authentication")
                                         && tokio::time::Instant::now() + ATTACH_RETRY
                                             < deadline =>
                                 {
@@ -79,15 +139,13 @@ impl Attach {
                         .cloned()
                         .unwrap_or_else(|| host.to_string());
                     if let Err(reason) = answer {
-                        return Err(format!(
-                            "cannot reach worker {name} (host rank {rank}, {host}) within \
-                             {:?}: {reason}; check that the worker runs, that its address is \
-                             reachable from this machine (and this machine's from it), and \
-                             that both use the same credentials (certificates of the \
-                             same CA, the same cluster secret, or \
-                             ca=\"trust_all_connections\" on both)",
-                            self.timeout
-                        ));
+                        return Err(AttachError::Unreachable {
+                            name,
+                            rank,
+                            host: host.clone(),
+                            timeout: self.timeout,
+                            reason: Arc::new(reason),
+                        });
                     }
                     agent.monitor_host(host);
                 }
@@ -189,7 +247,7 @@ impl PyHostMesh {
         runtime()?.spawn(async move {
             if let Some(attach) = attach {
                 if let Err(e) = attach.wait(hosts.hosts()).await {
-                    pending.deferred().resolve(Err(e));
+                    pending.deferred().resolve(Err(ProcsStartError::Attach(e)));
                     return;
                 }
             }
@@ -200,7 +258,7 @@ impl PyHostMesh {
             let result = hosts
                 .spawn_commands(&sender, &name, &per_host, &commands, output)
                 .await
-                .map_err(|e| e.to_string());
+                .map_err(|e| ProcsStartError::Spawn(Arc::new(e)));
             pending.deferred().resolve(result);
         });
         Ok(PyProcMesh::new(inner, None))
@@ -301,7 +359,10 @@ impl PyHostMesh {
         let hosts = self.mesh.hosts().to_vec();
         crate::future::PyFuture::from_work("HostMesh.initialized", async move {
             if let Some(attach) = attach {
-                attach.wait(&hosts).await.map_err(PyRuntimeError::new_err)?;
+                attach
+                    .wait(&hosts)
+                    .await
+                    .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
             }
             let convert: crate::future::Convert =
                 Box::new(|py| Ok(true.into_pyobject(py)?.to_owned().into_any().unbind()));

@@ -9,13 +9,13 @@ use bytes::Bytes;
 use hyperactor_mesh::agent::ProcAgent;
 use hyperactor_mesh::cast::codec::{ActorType, MeshInfo};
 use hyperactor_mesh::deferred::Deferred;
-use hyperactor_mesh::shape::{Extent, Shape};
-use hyperactor_mesh::ProcMesh;
+use hyperactor_mesh::shape::{Extent, Shape, ShapeError};
+use hyperactor_mesh::{MeshError, ProcMesh};
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::actor_mesh::{ActorMeshInner, PyActorMesh};
+use crate::actor_mesh::{ActorMeshError, ActorMeshInner, PyActorMesh};
 use crate::call::{block, deadline};
 use crate::future::{Convert, PyFuture};
 use crate::port::extract_parts;
@@ -23,11 +23,39 @@ use crate::runtime::runtime;
 use crate::sender::Sender;
 use crate::shape::PyShape;
 
+/// Why the procs of a proc mesh could not start. Every operation waiting on them gets
+/// it, so it is `Clone`.
+#[derive(Debug, Clone)]
+pub enum ProcsStartError {
+    /// The attached workers they were to run on could not be reached.
+    Attach(crate::host_mesh::AttachError),
+    /// The spawn failed.
+    Spawn(Arc<MeshError>),
+}
+
+impl std::fmt::Display for ProcsStartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Attach(e) => e.fmt(f),
+            Self::Spawn(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for ProcsStartError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Attach(e) => Some(e),
+            Self::Spawn(e) => Some(e.as_ref()),
+        }
+    }
+}
+
 /// What every view of one proc mesh shares: the mesh, once its procs are ready.
 #[derive(Debug)]
 pub struct ProcMeshInner {
     name: String,
-    deferred: Deferred<ProcMesh, String>,
+    deferred: Deferred<ProcMesh, ProcsStartError>,
 }
 
 impl ProcMeshInner {
@@ -40,7 +68,7 @@ impl ProcMeshInner {
     }
 
     /// The mesh, when ready.
-    pub fn deferred(&self) -> &Deferred<ProcMesh, String> {
+    pub fn deferred(&self) -> &Deferred<ProcMesh, ProcsStartError> {
         &self.deferred
     }
 
@@ -90,10 +118,10 @@ impl PyProcMesh {
     }
 
     /// The mesh seen through this handle's view.
-    pub(crate) fn viewed(&self, mesh: &ProcMesh) -> Result<ProcMesh, String> {
+    pub(crate) fn viewed(&self, mesh: &ProcMesh) -> Result<ProcMesh, ShapeError> {
         match &self.view {
             None => Ok(mesh.clone()),
-            Some(shape) => mesh.view(shape.clone()).map_err(|e| e.to_string()),
+            Some(shape) => mesh.view(shape.clone()),
         }
     }
 
@@ -219,9 +247,9 @@ impl PyProcMesh {
         let _guard = runtime()?.enter();
         self.inner.deferred.run(move |mesh| {
             let result = mesh
-                .map_err(|e| format!("its procs failed to start: {e}"))
+                .map_err(|e| ActorMeshError::ProcsFailed(e.clone()))
                 .and_then(|m| {
-                    let viewed = this.viewed(m)?;
+                    let viewed = this.viewed(m).map_err(ActorMeshError::View)?;
                     use hyperactor::SendContext;
                     viewed
                         .spawn_as(
@@ -233,7 +261,7 @@ impl PyProcMesh {
                             ActorType::Foreign,
                             parts,
                         )
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| ActorMeshError::Spawn(Arc::new(e)))
                 });
             spawned.set(result);
         });
@@ -260,7 +288,7 @@ impl PyProcMesh {
     /// Whether the procs failed to start, and why (`None` while starting or when ready).
     fn error(&self) -> Option<String> {
         match self.inner.deferred.get() {
-            Some(Err(e)) => Some(e),
+            Some(Err(e)) => Some(e.to_string()),
             _ => None,
         }
     }

@@ -6,7 +6,7 @@
 //! holding the GIL (see [`crate::future`]).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -27,28 +27,75 @@ pyo3::create_exception!(
      from a thread of your own."
 );
 
-static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+/// Why Monarch's tokio runtime could not start. Kept for the life of the process (the
+/// failure is sticky), so it is `Clone`.
+#[derive(Debug, Clone)]
+pub enum RuntimeStartError {
+    /// [`WORKER_THREADS_ENV`] is set to something other than a positive integer
+    /// (raised as `ValueError`).
+    WorkerThreads {
+        /// The variable's value.
+        value: String,
+    },
+    /// Tokio could not build the runtime (raised as `RuntimeError`).
+    Build {
+        /// Tokio's error.
+        source: Arc<std::io::Error>,
+    },
+}
 
-fn worker_threads() -> Result<usize, String> {
+impl std::fmt::Display for RuntimeStartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::WorkerThreads { value } => write!(
+                f,
+                "{WORKER_THREADS_ENV}={value:?} is not a positive integer; unset it (default \
+                 {DEFAULT_WORKER_THREADS}) or set it to the number of tokio worker threads"
+            ),
+            Self::Build { source } => write!(f, "cannot start Monarch's tokio runtime: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for RuntimeStartError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::WorkerThreads { .. } => None,
+            Self::Build { source } => Some(source.as_ref()),
+        }
+    }
+}
+
+impl From<&RuntimeStartError> for PyErr {
+    fn from(error: &RuntimeStartError) -> Self {
+        match error {
+            RuntimeStartError::WorkerThreads { .. } => PyValueError::new_err(error.to_string()),
+            RuntimeStartError::Build { .. } => PyRuntimeError::new_err(error.to_string()),
+        }
+    }
+}
+
+static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, RuntimeStartError>> = OnceLock::new();
+
+fn worker_threads() -> Result<usize, RuntimeStartError> {
     match std::env::var(WORKER_THREADS_ENV) {
         Err(_) => Ok(DEFAULT_WORKER_THREADS),
         Ok(value) => match value.trim().parse::<usize>() {
             Ok(n) if n > 0 => Ok(n),
-            _ => Err(format!(
-                "{WORKER_THREADS_ENV}={value:?} is not a positive integer; unset it (default \
-                 {DEFAULT_WORKER_THREADS}) or set it to the number of tokio worker threads"
-            )),
+            _ => Err(RuntimeStartError::WorkerThreads { value }),
         },
     }
 }
 
-fn build() -> Result<tokio::runtime::Runtime, String> {
+fn build() -> Result<tokio::runtime::Runtime, RuntimeStartError> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(worker_threads()?)
         .thread_name("monarch-tokio")
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start Monarch's tokio runtime: {e}"))
+        .map_err(|e| RuntimeStartError::Build {
+            source: Arc::new(e),
+        })
 }
 
 /// The runtime, started on first call.
@@ -58,11 +105,7 @@ fn build() -> Result<tokio::runtime::Runtime, String> {
 /// `ValueError` if `MONARCH_TOKIO_WORKER_THREADS` is not a positive integer,
 /// `RuntimeError` if the runtime cannot be built. Either error is sticky.
 pub fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
-    match RUNTIME.get_or_init(build) {
-        Ok(rt) => Ok(rt),
-        Err(msg) if msg.starts_with(WORKER_THREADS_ENV) => Err(PyValueError::new_err(msg.clone())),
-        Err(msg) => Err(PyRuntimeError::new_err(msg.clone())),
-    }
+    RUNTIME.get_or_init(build).as_ref().map_err(PyErr::from)
 }
 
 /// Fails with [`WouldBlockRuntime`] when the calling thread belongs to a tokio runtime,
