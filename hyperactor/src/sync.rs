@@ -29,7 +29,7 @@
 use std::fmt;
 use std::sync::PoisonError;
 use std::sync::TryLockError;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[cfg(not(feature = "loom"))]
 use std::sync as imp;
@@ -250,6 +250,27 @@ impl Condvar {
         self.0
             .wait_timeout_while(guard, timeout, condition)
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// [`wait`](Condvar::wait) until `deadline` (`None`: no deadline). `Err` hands the
+    /// guard back untouched when the deadline had already passed, so a wait loop reads
+    /// `guard = match cv.wait_until(guard, deadline) { Ok(g) => g, Err(_) => return .. }`
+    /// and re-checks its condition after each wake-up (which may be spurious).
+    pub fn wait_until<'a, T>(
+        &self,
+        guard: MutexGuard<'a, T>,
+        deadline: Option<Instant>,
+    ) -> Result<MutexGuard<'a, T>, MutexGuard<'a, T>> {
+        match deadline {
+            None => Ok(self.wait(guard)),
+            Some(deadline) => {
+                let now = Instant::now();
+                if deadline <= now {
+                    return Err(guard);
+                }
+                Ok(self.wait_timeout(guard, deadline - now).0)
+            }
+        }
     }
 
     /// Wake one waiter.

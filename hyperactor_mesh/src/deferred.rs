@@ -159,15 +159,9 @@ impl<T: Send + 'static, E: Send + 'static> Deferred<T, E> {
                 State::Failed(error) => return Some(Err(error.clone())),
                 State::Pending(_) => {}
             }
-            state = match deadline {
-                None => self.ready.wait(state),
-                Some(deadline) => {
-                    let now = Instant::now();
-                    if deadline <= now {
-                        return None;
-                    }
-                    self.ready.wait_timeout(state, deadline - now).0
-                }
+            state = match self.ready.wait_until(state, deadline) {
+                Ok(state) => state,
+                Err(_) => return None,
             };
         }
     }

@@ -111,15 +111,9 @@ impl<T> FailureDesk<T> {
             if desk.closed {
                 return Taken::Ended;
             }
-            desk = match deadline {
-                None => self.changed.wait(desk),
-                Some(deadline) => {
-                    let now = Instant::now();
-                    if deadline <= now {
-                        return Taken::Timeout;
-                    }
-                    self.changed.wait_timeout(desk, deadline - now).0
-                }
+            desk = match self.changed.wait_until(desk, deadline) {
+                Ok(desk) => desk,
+                Err(_) => return Taken::Timeout,
             };
         }
     }

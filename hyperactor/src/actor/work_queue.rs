@@ -194,15 +194,9 @@ impl<T> WorkQueue<T> {
             if state.closed {
                 return Popped::Closed;
             }
-            state = match deadline {
-                None => self.ready.wait(state),
-                Some(deadline) => {
-                    let now = Instant::now();
-                    if deadline <= now {
-                        return Popped::Timeout;
-                    }
-                    self.ready.wait_timeout(state, deadline - now).0
-                }
+            state = match self.ready.wait_until(state, deadline) {
+                Ok(state) => state,
+                Err(_) => return Popped::Timeout,
             };
         }
     }

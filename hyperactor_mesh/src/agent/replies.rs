@@ -239,15 +239,9 @@ impl Signal {
             if done(&guard) {
                 return Some(guard);
             }
-            guard = match deadline {
-                None => self.ready.wait(guard),
-                Some(deadline) => {
-                    let now = Instant::now();
-                    if deadline <= now {
-                        return None;
-                    }
-                    self.ready.wait_timeout(guard, deadline - now).0
-                }
+            guard = match self.ready.wait_until(guard, deadline) {
+                Ok(guard) => guard,
+                Err(_) => return None,
             };
         }
     }
