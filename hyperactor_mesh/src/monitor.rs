@@ -17,6 +17,7 @@ pub mod events;
 pub mod failures;
 pub mod logs;
 pub mod stack;
+mod status;
 pub mod system;
 
 use std::collections::BTreeMap;
@@ -29,6 +30,7 @@ use serde::{Deserialize, Serialize};
 pub use error::{MonitorError, StackError};
 pub use events::Event;
 pub use logs::{LogQuery, LogRecord};
+pub use status::{ActorState, HostStatus, MeshStatus, ProcStatus};
 
 /// The version of the JSON API these records follow.
 pub const API_VERSION: u32 = 1;
@@ -141,7 +143,7 @@ pub struct HostRecord {
     /// The machine's name.
     pub hostname: String,
     /// `alive` or `lost`.
-    pub status: String,
+    pub status: HostStatus,
     /// How long ago its agent last answered a heartbeat of this process, if watched.
     pub heartbeat_age_ms: Option<f64>,
     /// Load averages over 1, 5 and 15 minutes.
@@ -160,12 +162,12 @@ pub struct HostRecord {
 
 impl HostRecord {
     /// A host known only by its id and address (it did not answer), in `status`.
-    pub fn bare(id: String, addr: String, status: &str) -> Self {
+    pub fn bare(id: String, addr: String, status: HostStatus) -> Self {
         HostRecord {
             id,
             addr,
             hostname: String::new(),
-            status: status.to_string(),
+            status,
             heartbeat_age_ms: None,
             load: [0.0; 3],
             cpus: 0,
@@ -198,7 +200,7 @@ pub struct ProcRecord {
     /// Its pid.
     pub pid: Option<u32>,
     /// `running`, `stopped`, `exited`, `failed` or `lost`.
-    pub status: String,
+    pub status: ProcStatus,
     /// How it ended, once it did.
     pub exit: Option<ExitRecord>,
     /// Resident memory, bytes.
@@ -225,12 +227,12 @@ pub struct ProcRecord {
 
 impl ProcRecord {
     /// A record with nothing measured.
-    pub fn bare(id: String, status: &str) -> Self {
+    pub fn bare(id: String, status: ProcStatus) -> Self {
         Self {
             id,
             host: None,
             pid: None,
-            status: status.to_string(),
+            status,
             exit: None,
             rss: 0,
             cpu_s: 0.0,
@@ -263,7 +265,7 @@ pub struct MeshRecord {
     /// The proc mesh it lives on (actor meshes).
     pub proc_mesh: Option<String>,
     /// `running`, `stopped` or `failed`.
-    pub status: String,
+    pub status: MeshStatus,
     /// A mesh of the runtime's own.
     pub system: bool,
     /// When it was spawned (Unix seconds).
@@ -323,7 +325,7 @@ pub struct ActorRecord {
     /// Its coordinates in its mesh.
     pub point: BTreeMap<String, usize>,
     /// `initializing`, `idle`, `processing`, `stopping`, `stopped` or `failed`.
-    pub status: String,
+    pub status: ActorState,
     /// One of the runtime's own actors.
     pub system: bool,
     /// Messages handled.
@@ -342,20 +344,30 @@ pub struct ActorRecord {
     pub failure: Option<FailureRecord>,
 }
 
-/// The name of a status in the API.
-pub fn status_name(status: &ActorStatus) -> &'static str {
-    match status {
-        ActorStatus::Created | ActorStatus::Initializing => "initializing",
-        ActorStatus::Idle => "idle",
-        ActorStatus::Processing => "processing",
-        ActorStatus::Stopping => "stopping",
-        ActorStatus::Stopped => "stopped",
-        ActorStatus::Failed(_) => "failed",
-        _ => "idle",
-    }
-}
-
 impl ActorRecord {
+    /// A record with nothing counted: an actor known by its id, its proc's id and its
+    /// state (its name empty, in no mesh).
+    pub fn bare(id: String, proc: String, status: ActorState) -> Self {
+        Self {
+            id,
+            proc,
+            mesh: None,
+            name: String::new(),
+            class: None,
+            rank: None,
+            point: BTreeMap::new(),
+            status,
+            system: false,
+            handled: 0,
+            errors: 0,
+            busy_ms: 0.0,
+            queue: 0,
+            current: None,
+            endpoints: BTreeMap::new(),
+            failure: None,
+        }
+    }
+
     /// The record of an actor's counters (no mesh: see the fields to fill in).
     pub fn from_stats(s: &ActorStatsSnapshot) -> Self {
         let failure = match &s.status {
@@ -374,7 +386,7 @@ impl ActorRecord {
             class: None,
             rank: None,
             point: BTreeMap::new(),
-            status: status_name(&s.status).to_string(),
+            status: ActorState::from(&s.status),
             system: false,
             handled: s.handled,
             errors: s.errors,
@@ -444,7 +456,7 @@ mod tests {
     #[test]
     fn snapshot_json_shape() -> Result<(), Box<dyn std::error::Error>> {
         let mut snap = Snapshot::empty();
-        let mut proc = ProcRecord::bare("p@unix:@x".into(), "failed");
+        let mut proc = ProcRecord::bare("p@unix:@x".into(), ProcStatus::Failed);
         proc.exit = Some(ExitRecord {
             code: None,
             signal: Some(9),
@@ -458,7 +470,7 @@ mod tests {
             class: Some("Trainer".into()),
             extent: BTreeMap::from([("gpus".to_string(), 2)]),
             proc_mesh: Some("procs".into()),
-            status: "running".into(),
+            status: MeshStatus::Running,
             system: false,
             created: 1.0,
         });
@@ -470,6 +482,8 @@ mod tests {
         assert!(json["procs"][0]["mesh"].is_null());
         assert_eq!(json["meshes"][0]["class"], "Trainer");
         assert_eq!(json["meshes"][0]["extent"]["gpus"], 2);
+        assert_eq!(json["procs"][0]["status"], "failed");
+        assert_eq!(json["meshes"][0]["status"], "running");
         let keys: Vec<&str> = json
             .as_object()
             .map(|o| o.keys().map(String::as_str).collect())

@@ -20,8 +20,9 @@ use super::control::{Control, HostService};
 use super::supervise::OwnedKind;
 use super::{Inner, ProcAgent};
 use crate::monitor::{
-    failures, stack, system, unix_now, ActorRecord, ExitRecord, FailureRecord, HostRecord,
-    HostReport, MeshRecord, MonitorError, ProcRecord, ProcReport, Snapshot, StackDump, StackError,
+    failures, stack, system, unix_now, ActorRecord, ActorState, ExitRecord, FailureRecord,
+    HostRecord, HostReport, HostStatus, MeshRecord, MeshStatus, MonitorError, ProcRecord,
+    ProcReport, ProcStatus, Snapshot, StackDump, StackError,
 };
 use crate::supervision::{ProcDeath, ProcEnd};
 
@@ -52,12 +53,12 @@ fn point_of(labels: &[String], sizes: &[usize], rank: usize) -> BTreeMap<String,
 }
 
 /// The status and exit of a proc that ended as `death` says.
-fn ended(death: &ProcDeath) -> (&'static str, ExitRecord) {
+fn ended(death: &ProcDeath) -> (ProcStatus, ExitRecord) {
     let status = match (&death.end, death.expected) {
-        (_, true) => "stopped",
-        (ProcEnd::Lost { .. }, false) => "lost",
-        (ProcEnd::Exited { code: 0 }, false) => "exited",
-        (_, false) => "failed",
+        (_, true) => ProcStatus::Stopped,
+        (ProcEnd::Lost { .. }, false) => ProcStatus::Lost,
+        (ProcEnd::Exited { code: 0 }, false) => ProcStatus::Exited,
+        (_, false) => ProcStatus::Failed,
     };
     let (code, signal) = match death.end {
         ProcEnd::Exited { code } => (Some(code), None),
@@ -101,7 +102,7 @@ impl Inner {
     pub(super) fn proc_report(&self) -> ProcReport {
         let stats = system::proc_stats();
         let (sent, received) = hyperactor::channel::link_bytes();
-        let mut proc = ProcRecord::bare(self.proc.proc_id().to_string(), "running");
+        let mut proc = ProcRecord::bare(self.proc.proc_id().to_string(), ProcStatus::Running);
         proc.host = match (&self.host, &self.spawned_by) {
             (Some(_), _) => Some(self.proc.proc_id().to_string()),
             (None, host) => host.as_ref().map(ToString::to_string),
@@ -195,7 +196,7 @@ impl Inner {
                         report
                     }
                     None => {
-                        let mut record = ProcRecord::bare(proc.to_string(), "running");
+                        let mut record = ProcRecord::bare(proc.to_string(), ProcStatus::Running);
                         record.host = Some(me);
                         record.pid = Some(handle.pid());
                         ProcReport {
@@ -220,7 +221,7 @@ impl Inner {
             id: me.clone(),
             addr: self.proc.proc_id().addr().to_string(),
             hostname: stats.hostname,
-            status: "alive".to_string(),
+            status: HostStatus::Alive,
             heartbeat_age_ms: None,
             load: stats.load,
             cpus: stats.cpus,
@@ -384,7 +385,7 @@ impl Inner {
                                         d,
                                         target.host.as_ref().map(ToString::to_string),
                                     ),
-                                    None => ProcRecord::bare(id.clone(), "running"),
+                                    None => ProcRecord::bare(id.clone(), ProcStatus::Running),
                                 };
                                 record.pid = record.pid.or(*pid);
                                 record.host = target.host.as_ref().map(ToString::to_string);
@@ -416,37 +417,29 @@ impl Inner {
                             }
                             None => {
                                 let (status, failure) = match (death, heard) {
-                                    (_, Some(f)) => ("failed", Some(f)),
-                                    (Some(d), None) if d.expected => ("stopped", None),
+                                    (_, Some(f)) => (ActorState::Failed, Some(f)),
+                                    (Some(d), None) if d.expected => (ActorState::Stopped, None),
                                     (Some(d), None) => (
-                                        "failed",
+                                        ActorState::Failed,
                                         Some(FailureRecord {
                                             reason: d.to_string(),
                                             class: "infrastructure".to_string(),
                                             cause: vec![d.to_string()],
                                         }),
                                     ),
-                                    (None, None) if m.stopped => ("stopped", None),
+                                    (None, None) if m.stopped => (ActorState::Stopped, None),
                                     // Its proc did not answer (yet): nothing known.
                                     (None, None) => continue,
                                 };
                                 extra_actors.push(ActorRecord {
-                                    id,
-                                    proc: target.proc.to_string(),
                                     mesh: Some(m.mesh.id.to_string()),
                                     name: m.mesh.name.clone(),
                                     class: Some(m.mesh.class.clone()),
                                     rank: Some(rank),
                                     point,
-                                    status: status.to_string(),
                                     system: is_system_class(&m.mesh.class),
-                                    handled: 0,
-                                    errors: 0,
-                                    busy_ms: 0.0,
-                                    queue: 0,
-                                    current: None,
-                                    endpoints: BTreeMap::new(),
                                     failure,
+                                    ..ActorRecord::bare(id, target.proc.to_string(), status)
                                 });
                             }
                         }
@@ -464,9 +457,9 @@ impl Inner {
                 ),
             };
             let status = match (m.stopped, failed) {
-                (true, _) => "stopped",
-                (false, true) => "failed",
-                (false, false) => "running",
+                (true, _) => MeshStatus::Stopped,
+                (false, true) => MeshStatus::Failed,
+                (false, false) => MeshStatus::Running,
             };
             meshes.push(MeshRecord {
                 id: m.mesh.id.to_string(),
@@ -476,7 +469,7 @@ impl Inner {
                 class,
                 extent: labels.iter().cloned().zip(sizes.iter().copied()).collect(),
                 proc_mesh,
-                status: status.to_string(),
+                status,
                 created: m.created,
             });
         }
@@ -573,7 +566,11 @@ impl ProcAgent {
                     let mut record = HostRecord::bare(
                         host.to_string(),
                         host.addr().to_string(),
-                        if lost { "lost" } else { "alive" },
+                        if lost {
+                            HostStatus::Lost
+                        } else {
+                            HostStatus::Alive
+                        },
                     );
                     record.heartbeat_age_ms = age;
                     snapshot.hosts.push(record);
