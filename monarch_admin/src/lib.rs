@@ -7,8 +7,11 @@
 //! names).
 //!
 //! The server's only input is a [`Source`], so it runs against a live job
-//! ([`LiveSource`], over the mesh layer) or a recorded one ([`RecordedSource`]). It runs on the caller's tokio runtime, so it answers while the
-//! Python interpreter is busy.
+//! ([`LiveSource`], over the mesh layer) or a recorded one ([`RecordedSource`]). A source
+//! answers with the typed records of [`hyperactor_mesh::monitor`] ([`Snapshot`],
+//! [`Event`], [`LogRecord`], [`StackDump`]); they become JSON only where a response body
+//! or an event-stream message is written. It runs on the caller's tokio runtime, so it
+//! answers while the Python interpreter is busy.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), monarch_admin::AdminError> {
@@ -46,10 +49,33 @@ pub use crate::live::LiveSource;
 pub use crate::metrics::render_metrics;
 pub use crate::recorded::RecordError;
 pub use crate::recorded::RecordedSource;
+pub use crate::series::SeriesPoint;
 pub use crate::server::AdminServer;
 
 /// A log query: what `GET /v1/logs` asks a [`Source`] for.
 pub use hyperactor_mesh::monitor::LogQuery;
+/// The records a [`Source`] answers with (the API's shapes, version 1).
+pub use hyperactor_mesh::monitor::{Event, LogRecord, Snapshot, StackDump};
+
+/// The program's identity, as a [`Source`] knows it ([`Source::describe`]): what
+/// `GET /v1/summary` shows besides the counts. The server fills in what is `None` from
+/// its own process (the program's name, pid, start time and the time now, and the
+/// message rate it samples).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobInfo {
+    /// The run's session id.
+    pub session: Option<String>,
+    /// The program's name (the script's).
+    pub program: Option<String>,
+    /// The program's pid.
+    pub pid: Option<u32>,
+    /// When the program started (Unix seconds).
+    pub started_at: Option<f64>,
+    /// The time now (a recording's own "now", Unix seconds).
+    pub now: Option<f64>,
+    /// Messages handled per second (a recording's own rate).
+    pub rate: Option<f64>,
+}
 
 /// Why a [`Source`] could not answer a request.
 #[derive(Debug, thiserror::Error)]
@@ -82,31 +108,27 @@ pub enum SourceError {
 /// implements it for a live job; [`RecordedSource`] for a recorded one.
 pub trait Source: Send + Sync + 'static {
     /// The whole snapshot (spec section 1 shape), gathered now.
-    fn snapshot(
-        &self,
-        timeout: Duration,
-    ) -> BoxFuture<'static, Result<serde_json::Value, SourceError>>;
+    fn snapshot(&self, timeout: Duration) -> BoxFuture<'static, Result<Snapshot, SourceError>>;
     /// Events with seq > since (oldest first), at most limit.
-    fn events_since(&self, since: u64, limit: usize) -> Vec<serde_json::Value>;
+    fn events_since(&self, since: u64, limit: usize) -> Vec<Event>;
     /// New events as they happen.
-    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<serde_json::Value>;
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event>;
     /// Log records matching the query (newest last).
-    fn logs(&self, q: &LogQuery) -> Vec<serde_json::Value>;
+    fn logs(&self, q: &LogQuery) -> Vec<LogRecord>;
     /// A stack dump of one proc: `{proc, pid, method, text}`.
     fn stack(
         &self,
         proc: &str,
         timeout: Duration,
-    ) -> BoxFuture<'static, Result<serde_json::Value, SourceError>>;
+    ) -> BoxFuture<'static, Result<StackDump, SourceError>>;
     /// Kill a proc (actions only).
     fn kill_proc(&self, proc: &str) -> BoxFuture<'static, Result<(), SourceError>>;
 
-    /// The program's identity for `GET /v1/summary`: an object with any of `session`,
-    /// `program`, `pid`, `started_at` (and, for a recording, `now` and the message
-    /// `rate`). The server fills
-    /// what is missing from its own process.
-    fn describe(&self) -> serde_json::Value {
-        serde_json::Value::Object(Default::default())
+    /// The program's identity for `GET /v1/summary`: any of `session`, `program`,
+    /// `pid`, `started_at` (and, for a recording, `now` and the message `rate`). The
+    /// server fills what is missing from its own process.
+    fn describe(&self) -> JobInfo {
+        JobInfo::default()
     }
 
     /// The seq of the latest event (0 when none): a snapshot collected before it is not
@@ -115,9 +137,9 @@ pub trait Source: Send + Sync + 'static {
         0
     }
 
-    /// A fixed series (`{step_s, points}`) to serve instead of sampling, for a
+    /// A fixed series (its points, oldest first) to serve instead of sampling, for a
     /// recording; `None` (the default) lets the server sample snapshots itself.
-    fn recorded_series(&self) -> Option<serde_json::Value> {
+    fn recorded_series(&self) -> Option<Vec<SeriesPoint>> {
         None
     }
 }

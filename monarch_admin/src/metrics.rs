@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use serde_json::Value;
+use hyperactor_mesh::monitor::{ActorRecord, GpuRecord, HostRecord, ProcRecord, ProcStatus};
+
+use crate::{Event, Snapshot};
 
 /// The event kinds always reported by `monarch_events_total`, even at 0.
 const EVENT_KINDS: [&str; 7] = [
@@ -53,19 +55,15 @@ fn number(value: f64) -> String {
     out
 }
 
-/// A JSON value as a label value: strings as they are, numbers printed, null empty.
-fn label_text(value: &Value) -> String {
-    match value {
-        Value::Null => String::new(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
+/// An optional field as a label value: printed, or empty when there is none.
+fn label_text<T: ToString>(value: Option<&T>) -> String {
+    value.map_or_else(String::new, ToString::to_string)
 }
 
 /// A family computed per record: name, type, help, and the value of one record.
-type Family = (&'static str, &'static str, &'static str, fn(&Value) -> f64);
+type Family<R> = (&'static str, &'static str, &'static str, fn(&R) -> f64);
 /// A gauge family: name, help, and the value of one record.
-type Gauge = (&'static str, &'static str, fn(&Value) -> f64);
+type Gauge<R> = (&'static str, &'static str, fn(&R) -> f64);
 /// Endpoint histograms by (mesh, class, endpoint): buckets, sum in seconds, count.
 type Histograms<'a> = BTreeMap<(&'a str, &'a str, &'a str), (Vec<u64>, f64, u64)>;
 
@@ -100,70 +98,60 @@ impl Writer {
     }
 }
 
-fn f(value: &Value) -> f64 {
-    value.as_f64().unwrap_or(0.0)
-}
-
-fn items<'a>(snapshot: &'a Value, key: &str) -> &'a [Value] {
-    snapshot[key].as_array().map_or(&[], |v| v.as_slice())
-}
-
-/// Renders `snapshot` (spec section 1 shape) and `events` (event records, for the
-/// per-kind counts) as Prometheus text format 0.0.4. Every family has HELP and TYPE.
-pub fn render_metrics(snapshot: &Value, events: &[Value]) -> String {
+/// Renders `snapshot` and `events` (for the per-kind counts) as Prometheus text
+/// format 0.0.4 (spec section 3). Every family has HELP and TYPE.
+pub fn render_metrics(snapshot: &Snapshot, events: &[Event]) -> String {
     let mut w = Writer {
         out: String::with_capacity(64 * 1024),
     };
-    let actors = items(snapshot, "actors");
-    let procs = items(snapshot, "procs");
-    let hosts = items(snapshot, "hosts");
-    let mesh_names: BTreeMap<String, String> = items(snapshot, "meshes")
+    let actors = &snapshot.actors;
+    let procs = &snapshot.procs;
+    let hosts = &snapshot.hosts;
+    let mesh_names: BTreeMap<&str, &str> = snapshot
+        .meshes
         .iter()
-        .map(|m| (label_text(&m["id"]), label_text(&m["name"])))
+        .map(|m| (m.id.as_str(), m.name.as_str()))
         .collect();
     let actor_labels: Vec<[String; 4]> = actors
         .iter()
         .map(|a| {
-            let mesh = match &a["mesh"] {
-                Value::Null => label_text(&a["name"]),
-                id => {
-                    let id = label_text(id);
-                    mesh_names.get(&id).cloned().unwrap_or(id)
-                }
+            let mesh = match a.mesh.as_deref() {
+                None => a.name.clone(),
+                Some(id) => mesh_names.get(id).copied().unwrap_or(id).to_string(),
             };
             [
                 mesh,
-                label_text(&a["class"]),
-                label_text(&a["rank"]),
-                label_text(&a["id"]),
+                label_text(a.class.as_ref()),
+                label_text(a.rank.as_ref()),
+                a.id.clone(),
             ]
         })
         .collect();
 
-    let per_actor: [Family; 4] = [
+    let per_actor: [Family<ActorRecord>; 4] = [
         (
             "monarch_actor_messages_total",
             "counter",
             "Messages handled by the actor.",
-            |a| f(&a["handled"]),
+            |a| a.handled as f64,
         ),
         (
             "monarch_actor_errors_total",
             "counter",
             "Messages whose handler failed.",
-            |a| f(&a["errors"]),
+            |a| a.errors as f64,
         ),
         (
             "monarch_actor_busy_seconds_total",
             "counter",
             "Time spent in handlers, in seconds.",
-            |a| f(&a["busy_ms"]) / 1000.0,
+            |a| a.busy_ms / 1000.0,
         ),
         (
             "monarch_actor_queue_depth",
             "gauge",
             "Messages waiting in the actor's queue.",
-            |a| f(&a["queue"]),
+            |a| a.queue as f64,
         ),
     ];
     for (name, kind, help, value) in per_actor {
@@ -180,26 +168,22 @@ pub fn render_metrics(snapshot: &Value, events: &[Value]) -> String {
     }
 
     // Endpoint histograms, summed over ranks per (mesh, class, endpoint).
-    let bounds: Vec<f64> = items(snapshot, "bucket_bounds_us")
+    let bounds: Vec<f64> = snapshot
+        .bucket_bounds_us
         .iter()
-        .map(|b| f(b) / 1e6)
+        .map(|&b| b as f64 / 1e6)
         .collect();
     let mut histograms: Histograms = BTreeMap::new();
     for (actor, l) in actors.iter().zip(&actor_labels) {
-        let Some(endpoints) = actor["endpoints"].as_object() else {
-            continue;
-        };
-        for (endpoint, stats) in endpoints {
+        for (endpoint, stats) in &actor.endpoints {
             let entry = histograms
                 .entry((l[0].as_str(), l[1].as_str(), endpoint.as_str()))
                 .or_insert_with(|| (vec![0; bounds.len() + 1], 0.0, 0));
-            if let Some(buckets) = stats["buckets"].as_array() {
-                for (slot, count) in entry.0.iter_mut().zip(buckets) {
-                    *slot += count.as_u64().unwrap_or(0);
-                }
+            for (slot, count) in entry.0.iter_mut().zip(&stats.buckets) {
+                *slot += count;
             }
-            entry.1 += f(&stats["total_ms"]) / 1000.0;
-            entry.2 += stats["count"].as_u64().unwrap_or(0);
+            entry.1 += stats.total_ms / 1000.0;
+            entry.2 += stats.count;
         }
     }
     let name = "monarch_endpoint_duration_seconds";
@@ -253,55 +237,55 @@ pub fn render_metrics(snapshot: &Value, events: &[Value]) -> String {
         .iter()
         .map(|p| {
             [
-                label_text(&p["id"]),
-                label_text(&p["host"]),
-                label_text(&p["mesh"]),
-                label_text(&p["rank"]),
+                p.id.clone(),
+                label_text(p.host.as_ref()),
+                label_text(p.mesh.as_ref()),
+                label_text(p.rank.as_ref()),
             ]
         })
         .collect();
-    let per_proc: [Family; 7] = [
+    let per_proc: [Family<ProcRecord>; 7] = [
         (
             "monarch_proc_up",
             "gauge",
             "1 while the proc runs, else 0.",
-            |p| f64::from(u8::from(p["status"] == "running")),
+            |p| f64::from(u8::from(p.status == ProcStatus::Running)),
         ),
         (
             "monarch_proc_resident_memory_bytes",
             "gauge",
             "Resident memory of the proc's process.",
-            |p| f(&p["rss"]),
+            |p| p.rss as f64,
         ),
         (
             "monarch_proc_cpu_seconds_total",
             "counter",
             "CPU time of the proc's process, in seconds.",
-            |p| f(&p["cpu_s"]),
+            |p| p.cpu_s,
         ),
         (
             "monarch_proc_threads",
             "gauge",
             "Threads of the proc's process.",
-            |p| f(&p["threads"]),
+            |p| p.threads as f64,
         ),
         (
             "monarch_proc_link_sent_bytes_total",
             "counter",
             "Bytes the proc sent over its links.",
-            |p| f(&p["link_sent"]),
+            |p| p.link_sent as f64,
         ),
         (
             "monarch_proc_link_received_bytes_total",
             "counter",
             "Bytes the proc received over its links.",
-            |p| f(&p["link_received"]),
+            |p| p.link_received as f64,
         ),
         (
             "monarch_proc_log_lines_dropped_total",
             "counter",
             "Log lines of the proc dropped on the way to the client.",
-            |p| f(&p["log_lines_dropped"]),
+            |p| p.log_lines_dropped as f64,
         ),
     ];
     for (name, kind, help, value) in per_proc {
@@ -317,55 +301,51 @@ pub fn render_metrics(snapshot: &Value, events: &[Value]) -> String {
         }
     }
 
-    let per_host: [Gauge; 3] = [
+    let per_host: [Gauge<HostRecord>; 3] = [
         ("monarch_host_load1", "Load average over one minute.", |h| {
-            f(&h["load"][0])
+            h.load[0]
         }),
         (
             "monarch_host_memory_available_bytes",
             "Memory available on the host.",
-            |h| f(&h["mem_available"]),
+            |h| h.mem_available as f64,
         ),
         (
             "monarch_host_heartbeat_age_seconds",
             "Seconds since the host's last heartbeat.",
-            |h| f(&h["heartbeat_age_ms"]) / 1000.0,
+            |h| h.heartbeat_age_ms.unwrap_or(0.0) / 1000.0,
         ),
     ];
     for (name, help, value) in per_host {
         w.family(name, "gauge", help);
         for host in hosts {
-            w.sample(name, &[("host", &label_text(&host["id"]))], value(host));
+            w.sample(name, &[("host", &host.id)], value(host));
         }
     }
 
-    let per_gpu: [Gauge; 2] = [
+    let per_gpu: [Gauge<GpuRecord>; 2] = [
         ("monarch_gpu_memory_used_bytes", "GPU memory in use.", |g| {
-            f(&g["mem_used"])
+            g.mem_used as f64
         }),
         (
             "monarch_gpu_utilization_ratio",
             "GPU utilization, 0 to 1.",
-            |g| f(&g["util_pct"]) / 100.0,
+            |g| g.util_pct / 100.0,
         ),
     ];
     for (name, help, value) in per_gpu {
         w.family(name, "gauge", help);
         for host in hosts {
-            let host_id = label_text(&host["id"]);
-            for gpu in host["gpus"].as_array().map_or(&[][..], |g| g.as_slice()) {
-                let labels = [
-                    ("host", host_id.as_str()),
-                    ("gpu", &label_text(&gpu["index"])),
-                ];
+            for gpu in &host.gpus {
+                let labels = [("host", host.id.as_str()), ("gpu", &gpu.index.to_string())];
                 w.sample(name, &labels, value(gpu));
             }
         }
     }
 
-    let mut kinds: BTreeMap<String, u64> = EVENT_KINDS.iter().map(|k| (k.to_string(), 0)).collect();
+    let mut kinds: BTreeMap<&str, u64> = EVENT_KINDS.iter().map(|&k| (k, 0)).collect();
     for event in events {
-        *kinds.entry(label_text(&event["kind"])).or_insert(0) += 1;
+        *kinds.entry(event.kind.as_str()).or_insert(0) += 1;
     }
     w.family(
         "monarch_events_total",

@@ -26,10 +26,12 @@ use crate::metrics::render_metrics;
 use crate::series::Series;
 use crate::snapshot::SnapshotCache;
 use crate::static_files;
+use crate::JobInfo;
 use crate::LogQuery;
+use crate::Snapshot;
 use crate::Source;
 use crate::SourceError;
-use hyperactor_mesh::monitor::MonitorError;
+use hyperactor_mesh::monitor::{ActorRecord, ActorState, HostStatus, MonitorError, ProcStatus};
 
 /// How long a stack dump may take.
 const STACK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -152,6 +154,25 @@ pub(crate) fn error(status: StatusCode, message: &str) -> Response<Body> {
     json_response(status, json!({ "error": message }))
 }
 
+/// `record` as a JSON value (the one place typed records become JSON), or a 500 saying
+/// it does not serialize (none of the API's records fails to).
+fn to_json<T: serde::Serialize>(record: &T) -> Result<Value, Response<Body>> {
+    serde_json::to_value(record).map_err(|e| {
+        error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!(
+                "cannot write a monitoring record as JSON: {e}; expected every record to \
+                 serialize; report this as a bug"
+            ),
+        )
+    })
+}
+
+/// A JSON response of `record` (with `"version": 1`), or a 500 if it does not serialize.
+fn record_response<T: serde::Serialize>(record: &T) -> Answer {
+    Ok(json_response(StatusCode::OK, to_json(record)?))
+}
+
 const UNAUTHORIZED: &str = "this request carries no valid access token; expected the \
     monarch_admin cookie or an `Authorization: Bearer TOKEN` header; open the dashboard URL \
     with ?token=... that the program printed when it started (it is also in \
@@ -255,12 +276,10 @@ async fn route(app: &Arc<App>, request: Request<Incoming>) -> Response<Body> {
     }
     let result = match path.as_str() {
         "/v1/summary" => summary(app).await,
-        "/v1/snapshot" => snapshot(app)
-            .await
-            .map(|s| json_response(StatusCode::OK, (*s).clone())),
-        "/v1/hosts" => list(app, "hosts").await,
-        "/v1/procs" => list(app, "procs").await,
-        "/v1/meshes" => list(app, "meshes").await,
+        "/v1/snapshot" => snapshot(app).await.and_then(|s| record_response(&*s)),
+        "/v1/hosts" => list(app, |s| to_json(&s.hosts)).await,
+        "/v1/procs" => list(app, |s| to_json(&s.procs)).await,
+        "/v1/meshes" => list(app, |s| to_json(&s.meshes)).await,
         "/v1/actors" => actors(app, &params).await,
         "/v1/actor" => actor(app, &params).await,
         "/v1/events" => events(app, &params),
@@ -294,7 +313,7 @@ fn not_allowed(method: &Method, path: &str, allowed: &'static str) -> Response<B
 
 type Answer = Result<Response<Body>, Response<Body>>;
 
-async fn snapshot(app: &App) -> Result<Arc<Value>, Response<Body>> {
+async fn snapshot(app: &App) -> Result<Arc<Snapshot>, Response<Body>> {
     app.cache.get().await.map_err(|(timed_out, message)| {
         let status = if timed_out {
             StatusCode::GATEWAY_TIMEOUT
@@ -311,24 +330,25 @@ async fn snapshot(app: &App) -> Result<Arc<Value>, Response<Body>> {
     })
 }
 
-fn items<'a>(snapshot: &'a Value, key: &str) -> &'a [Value] {
-    snapshot[key].as_array().map_or(&[], |v| v.as_slice())
-}
-
 /// The summary of a snapshot (spec section 1): counts, health and message totals.
-pub(crate) fn summarize(snapshot: &Value, describe: &Value, rate: f64, started_at: f64) -> Value {
-    let hosts = items(snapshot, "hosts");
-    let procs = items(snapshot, "procs");
-    let meshes = items(snapshot, "meshes");
-    let actors = items(snapshot, "actors");
-    let system = |v: &Value| v["system"].as_bool().unwrap_or(false);
-    let failed_actors = actors.iter().filter(|a| a["status"] == "failed").count();
+pub(crate) fn summarize(
+    snapshot: &Snapshot,
+    describe: &JobInfo,
+    rate: f64,
+    started_at: f64,
+) -> Value {
+    let (hosts, procs) = (&snapshot.hosts, &snapshot.procs);
+    let (meshes, actors) = (&snapshot.meshes, &snapshot.actors);
+    let failed_actors = actors
+        .iter()
+        .filter(|a| a.status == ActorState::Failed)
+        .count();
     let failed_procs = procs
         .iter()
-        .filter(|p| p["status"] == "failed" || p["status"] == "lost")
+        .filter(|p| matches!(p.status, ProcStatus::Failed | ProcStatus::Lost))
         .count();
-    let alive = procs.iter().any(|p| p["status"] == "running");
-    let hosts_lost = hosts.iter().any(|h| h["status"] == "lost");
+    let alive = procs.iter().any(|p| p.status == ProcStatus::Running);
+    let hosts_lost = hosts.iter().any(|h| h.status == HostStatus::Lost);
     let health = if failed_procs > 0 && !alive {
         "failed"
     } else if failed_procs > 0 || failed_actors > 0 || hosts_lost {
@@ -336,30 +356,25 @@ pub(crate) fn summarize(snapshot: &Value, describe: &Value, rate: f64, started_a
     } else {
         "ok"
     };
-    let user_actors: Vec<&Value> = actors.iter().filter(|a| !system(a)).collect();
-    let handled: u64 = user_actors
-        .iter()
-        .map(|a| a["handled"].as_u64().unwrap_or(0))
-        .sum();
-    let errors: u64 = user_actors
-        .iter()
-        .map(|a| a["errors"].as_u64().unwrap_or(0))
-        .sum();
-    let program = std::env::args()
-        .next()
-        .map(|a| a.rsplit('/').next().unwrap_or("").to_string())
-        .unwrap_or_default();
-    let or = |key: &str, default: Value| describe.get(key).cloned().unwrap_or(default);
+    let user_actors: Vec<&ActorRecord> = actors.iter().filter(|a| !a.system).collect();
+    let handled: u64 = user_actors.iter().map(|a| a.handled).sum();
+    let errors: u64 = user_actors.iter().map(|a| a.errors).sum();
+    let program = describe.program.clone().unwrap_or_else(|| {
+        std::env::args()
+            .next()
+            .map(|a| a.rsplit('/').next().unwrap_or("").to_string())
+            .unwrap_or_default()
+    });
     json!({
-        "session": or("session", json!("")),
-        "program": or("program", json!(program)),
-        "pid": or("pid", json!(std::process::id())),
-        "started_at": or("started_at", json!(started_at)),
-        "now": or("now", json!(hyperactor_mesh::monitor::unix_now())),
+        "session": describe.session.clone().unwrap_or_default(),
+        "program": program,
+        "pid": describe.pid.unwrap_or_else(std::process::id),
+        "started_at": describe.started_at.unwrap_or(started_at),
+        "now": describe.now.unwrap_or_else(hyperactor_mesh::monitor::unix_now),
         "health": health,
         "counts": {
             "hosts": hosts.len(), "procs": procs.len(),
-            "meshes": meshes.iter().filter(|m| !system(m)).count(),
+            "meshes": meshes.iter().filter(|m| !m.system).count(),
             "actors": user_actors.len(), "failed_actors": failed_actors,
             "failed_procs": failed_procs,
         },
@@ -370,23 +385,22 @@ pub(crate) fn summarize(snapshot: &Value, describe: &Value, rate: f64, started_a
 async fn summary(app: &App) -> Answer {
     let snapshot = snapshot(app).await?;
     let describe = app.source.describe();
-    let recorded_rate = describe.get("rate").and_then(Value::as_f64);
-    let rate = recorded_rate.or_else(|| match app.source.recorded_series() {
-        Some(series) => series["points"]
-            .as_array()
-            .and_then(|p| p.last())
-            .and_then(|p| p["rate"].as_f64()),
-        None => app.series.last_rate(),
-    });
+    let rate = describe
+        .rate
+        .or_else(|| match app.source.recorded_series() {
+            Some(points) => points.last().map(|p| p.rate),
+            None => app.series.last_rate(),
+        });
     let value = summarize(&snapshot, &describe, rate.unwrap_or(0.0), app.started_at);
     Ok(json_response(StatusCode::OK, value))
 }
 
-async fn list(app: &App, key: &str) -> Answer {
+/// `{"items": ...}` with one list of the snapshot, as `items` writes it.
+async fn list(app: &App, items: impl FnOnce(&Snapshot) -> Result<Value, Response<Body>>) -> Answer {
     let snapshot = snapshot(app).await?;
     Ok(json_response(
         StatusCode::OK,
-        json!({ "items": items(&snapshot, key) }),
+        json!({ "items": items(&snapshot)? }),
     ))
 }
 
@@ -398,23 +412,24 @@ async fn actors(app: &App, params: &Params) -> Answer {
     let mesh = params.get("mesh").filter(|m| !m.is_empty());
     let status = params.get("status").filter(|s| !s.is_empty());
     let snapshot = snapshot(app).await?;
-    let matching: Vec<&Value> = items(&snapshot, "actors")
+    let matching: Vec<&ActorRecord> = snapshot
+        .actors
         .iter()
-        .filter(|a| system || !a["system"].as_bool().unwrap_or(false))
-        .filter(|a| mesh.is_none_or(|m| a["mesh"] == m || a["name"] == m))
-        .filter(|a| status.is_none_or(|s| a["status"] == s))
+        .filter(|a| system || !a.system)
+        .filter(|a| mesh.is_none_or(|m| a.mesh.as_deref() == Some(m) || a.name == m))
+        .filter(|a| status.is_none_or(|s| a.status == s))
         .collect();
-    let page: Vec<&Value> = matching.iter().skip(offset).take(limit).copied().collect();
+    let page: Vec<&ActorRecord> = matching.iter().skip(offset).take(limit).copied().collect();
     Ok(json_response(
         StatusCode::OK,
-        json!({ "total": matching.len(), "offset": offset, "items": page }),
+        json!({ "total": matching.len(), "offset": offset, "items": to_json(&page)? }),
     ))
 }
 
 async fn actor(app: &App, params: &Params) -> Answer {
     let id = params.required("id", "an actor id from GET /v1/actors")?;
     let snapshot = snapshot(app).await?;
-    let Some(actor) = items(&snapshot, "actors").iter().find(|a| a["id"] == id) else {
+    let Some(actor) = snapshot.actors.iter().find(|a| a.id == id) else {
         return Err(error(
             StatusCode::NOT_FOUND,
             &format!(
@@ -424,13 +439,13 @@ async fn actor(app: &App, params: &Params) -> Answer {
         ));
     };
     let logs = app.source.logs(&LogQuery {
-        proc: actor["proc"].as_str().map(String::from),
+        proc: Some(actor.proc.clone()),
         limit: ACTOR_LOG_LINES,
         ..LogQuery::default()
     });
     Ok(json_response(
         StatusCode::OK,
-        json!({ "actor": actor, "logs": logs }),
+        json!({ "actor": to_json(actor)?, "logs": to_json(&logs)? }),
     ))
 }
 
@@ -438,13 +453,10 @@ fn events(app: &App, params: &Params) -> Answer {
     let since: u64 = params.number("since", 0)?;
     let limit: usize = params.number("limit", 500)?;
     let items = app.source.events_since(since, limit.min(MAX_LIMIT));
-    let next = items
-        .last()
-        .and_then(|e| e["seq"].as_u64())
-        .unwrap_or(since);
+    let next = items.last().map_or(since, |e| e.seq);
     Ok(json_response(
         StatusCode::OK,
-        json!({ "items": items, "next": next }),
+        json!({ "items": to_json(&items)?, "next": next }),
     ))
 }
 
@@ -480,7 +492,7 @@ fn logs(app: &App, params: &Params) -> Answer {
     };
     Ok(json_response(
         StatusCode::OK,
-        json!({ "items": app.source.logs(&query) }),
+        json!({ "items": to_json(&app.source.logs(&query))? }),
     ))
 }
 
@@ -492,28 +504,24 @@ fn series(app: &App, params: &Params) -> Answer {
         900.0
     };
     let points = match app.source.recorded_series() {
-        Some(series) => {
-            let points = items(&series, "points");
-            let last = points.last().and_then(|p| p["t"].as_f64()).unwrap_or(0.0);
+        Some(mut points) => {
+            let last = points.last().map_or(0.0, |p| p.t);
+            points.retain(|p| p.t > last - window);
             points
-                .iter()
-                .filter(|p| p["t"].as_f64().unwrap_or(0.0) > last - window)
-                .cloned()
-                .collect()
         }
         None => app.series.window(window),
     };
     let step = crate::series::STEP.as_secs_f64();
     Ok(json_response(
         StatusCode::OK,
-        json!({ "step_s": step, "points": points }),
+        json!({ "step_s": step, "points": to_json(&points)? }),
     ))
 }
 
 async fn known_proc<'a>(app: &App, params: &'a Params) -> Result<&'a str, Response<Body>> {
     let proc = params.required("proc", "a proc id from GET /v1/procs")?;
     let snapshot = snapshot(app).await?;
-    if !items(&snapshot, "procs").iter().any(|p| p["id"] == proc) {
+    if !snapshot.procs.iter().any(|p| p.id == proc) {
         return Err(error(
             StatusCode::NOT_FOUND,
             &format!(
@@ -538,7 +546,7 @@ fn status_of(error: &SourceError) -> StatusCode {
 async fn stack(app: &App, params: &Params) -> Answer {
     let proc = known_proc(app, params).await?;
     match tokio::time::timeout(STACK_TIMEOUT, app.source.stack(proc, STACK_TIMEOUT)).await {
-        Ok(Ok(value)) => Ok(json_response(StatusCode::OK, value)),
+        Ok(Ok(dump)) => record_response(&dump),
         Ok(Err(e)) => Err(error(
             status_of(&e),
             &format!("cannot dump the stacks of {proc}: {e}"),

@@ -12,12 +12,14 @@ use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
 
-use serde_json::json;
-use serde_json::Value;
+use hyperactor_mesh::monitor::{ActorState, ProcStatus};
+use serde::Deserialize;
+use serde::Serialize;
 use tokio::sync::watch;
 use tokio::sync::Notify;
 
 use crate::snapshot::SnapshotCache;
+use crate::Snapshot;
 
 /// Seconds between samples.
 pub(crate) const STEP: Duration = Duration::from_secs(1);
@@ -26,40 +28,48 @@ pub(crate) const WATCH_FOR: Duration = Duration::from_secs(30);
 /// How many points are kept (15 minutes).
 pub(crate) const KEEP: usize = 900;
 
-/// One sample.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Point {
-    pub(crate) t: f64,
-    pub(crate) handled: u64,
-    pub(crate) errors: u64,
-    pub(crate) rate: f64,
-    pub(crate) rss: u64,
-    pub(crate) cpu_pct: f64,
-    pub(crate) procs_alive: u64,
-    pub(crate) actors_failed: u64,
+/// One sample of `GET /v1/series`: the job's totals at one time.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SeriesPoint {
+    /// When it was taken (Unix seconds).
+    pub t: f64,
+    /// Messages handled by all actors.
+    pub handled: u64,
+    /// Of which failed.
+    pub errors: u64,
+    /// Messages handled per second since the previous point.
+    pub rate: f64,
+    /// Resident memory of all procs, bytes.
+    pub rss: u64,
+    /// CPU use of all procs, percent of one CPU.
+    pub cpu_pct: f64,
+    /// Procs running.
+    pub procs_alive: u64,
+    /// Actors failed.
+    pub actors_failed: u64,
 }
 
-impl Point {
+impl SeriesPoint {
     /// The totals of `snapshot`, with the rate against `previous`.
-    pub(crate) fn of(snapshot: &Value, t: f64, previous: Option<&Point>) -> Point {
-        let items = |key: &str| snapshot[key].as_array().cloned().unwrap_or_default();
-        let actors = items("actors");
-        let procs = items("procs");
-        let u = |v: &Value| v.as_u64().unwrap_or(0);
-        let handled: u64 = actors.iter().map(|a| u(&a["handled"])).sum();
-        let errors = actors.iter().map(|a| u(&a["errors"])).sum();
-        let rss = procs.iter().map(|p| u(&p["rss"])).sum();
-        let cpu_pct = procs
+    pub(crate) fn of(snapshot: &Snapshot, t: f64, previous: Option<&SeriesPoint>) -> SeriesPoint {
+        let (actors, procs) = (&snapshot.actors, &snapshot.procs);
+        let handled: u64 = actors.iter().map(|a| a.handled).sum();
+        let errors = actors.iter().map(|a| a.errors).sum();
+        let rss = procs.iter().map(|p| p.rss).sum();
+        let cpu_pct = procs.iter().map(|p| p.cpu_pct).sum();
+        let procs_alive = procs
             .iter()
-            .map(|p| p["cpu_pct"].as_f64().unwrap_or(0.0))
-            .sum();
-        let procs_alive = procs.iter().filter(|p| p["status"] == "running").count() as u64;
-        let actors_failed = actors.iter().filter(|a| a["status"] == "failed").count() as u64;
+            .filter(|p| p.status == ProcStatus::Running)
+            .count() as u64;
+        let actors_failed = actors
+            .iter()
+            .filter(|a| a.status == ActorState::Failed)
+            .count() as u64;
         let rate = match previous {
             Some(p) if t > p.t => handled.saturating_sub(p.handled) as f64 / (t - p.t),
             _ => 0.0,
         };
-        Point {
+        SeriesPoint {
             t,
             handled,
             errors,
@@ -70,20 +80,12 @@ impl Point {
             actors_failed,
         }
     }
-
-    pub(crate) fn to_json(self) -> Value {
-        json!({
-            "t": self.t, "handled": self.handled, "errors": self.errors, "rate": self.rate,
-            "rss": self.rss, "cpu_pct": self.cpu_pct, "procs_alive": self.procs_alive,
-            "actors_failed": self.actors_failed,
-        })
-    }
 }
 
 /// The sampled points and what decides whether to sample.
 #[derive(Debug)]
 pub(crate) struct Series {
-    points: Mutex<VecDeque<Point>>,
+    points: Mutex<VecDeque<SeriesPoint>>,
     streams: AtomicUsize,
     /// Milliseconds since `epoch` of the last API request, plus one (0: never).
     last_request_ms: AtomicU64,
@@ -135,22 +137,18 @@ impl Series {
     }
 
     /// The points of the last `window` seconds, oldest first.
-    pub(crate) fn window(&self, window: f64) -> Vec<Value> {
+    pub(crate) fn window(&self, window: f64) -> Vec<SeriesPoint> {
         let points = self.points.lock();
         let Some(last) = points.back() else {
             return Vec::new();
         };
         let since = last.t - window;
-        points
-            .iter()
-            .filter(|p| p.t > since)
-            .map(|p| p.to_json())
-            .collect()
+        points.iter().filter(|p| p.t > since).copied().collect()
     }
 
-    fn push(&self, snapshot: &Value) {
+    fn push(&self, snapshot: &Snapshot) {
         let mut points = self.points.lock();
-        let point = Point::of(
+        let point = SeriesPoint::of(
             snapshot,
             hyperactor_mesh::monitor::unix_now(),
             points.back(),
@@ -201,25 +199,59 @@ impl Drop for StreamGuard {
 
 #[cfg(test)]
 mod tests {
+    use hyperactor_mesh::monitor::{ActorRecord, ProcRecord};
+
     use super::*;
 
     #[test]
     fn point_sums_and_rates() {
-        let snap = json!({
-            "actors": [{"handled": 10, "errors": 1, "status": "idle"},
-                       {"handled": 5, "errors": 0, "status": "failed"}],
-            "procs": [{"rss": 100, "cpu_pct": 1.5, "status": "running"},
-                      {"rss": 50, "cpu_pct": 0.5, "status": "failed"}],
-        });
-        let first = Point::of(&snap, 10.0, None);
+        let mut snap = Snapshot::empty();
+        for (handled, errors, status) in [(10, 1, ActorState::Idle), (5, 0, ActorState::Failed)] {
+            let mut actor = ActorRecord::bare("a".into(), "p".into(), status);
+            (actor.handled, actor.errors) = (handled, errors);
+            snap.actors.push(actor);
+        }
+        for (rss, cpu_pct, status) in [
+            (100, 1.5, ProcStatus::Running),
+            (50, 0.5, ProcStatus::Failed),
+        ] {
+            let mut proc = ProcRecord::bare("p".into(), status);
+            (proc.rss, proc.cpu_pct) = (rss, cpu_pct);
+            snap.procs.push(proc);
+        }
+        let first = SeriesPoint::of(&snap, 10.0, None);
         assert_eq!((first.handled, first.errors, first.rss), (15, 1, 150));
         assert_eq!((first.procs_alive, first.actors_failed), (1, 1));
         assert_eq!(first.cpu_pct, 2.0);
-        let before = Point {
+        let before = SeriesPoint {
             handled: 5,
             t: 8.0,
             ..first
         };
-        assert_eq!(Point::of(&snap, 10.0, Some(&before)).rate, 5.0);
+        assert_eq!(SeriesPoint::of(&snap, 10.0, Some(&before)).rate, 5.0);
+    }
+
+    #[test]
+    fn a_point_has_the_api_keys() -> Result<(), serde_json::Error> {
+        let point = SeriesPoint::of(&Snapshot::empty(), 1.0, None);
+        let json = serde_json::to_value(point)?;
+        let keys: Vec<&str> = json
+            .as_object()
+            .map(|o| o.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        assert_eq!(
+            keys,
+            [
+                "actors_failed",
+                "cpu_pct",
+                "errors",
+                "handled",
+                "procs_alive",
+                "rate",
+                "rss",
+                "t"
+            ]
+        );
+        Ok(())
     }
 }

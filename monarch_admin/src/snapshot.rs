@@ -14,6 +14,7 @@ use futures::future::BoxFuture;
 use futures::future::FutureExt;
 use futures::future::Shared;
 
+use crate::Snapshot;
 use crate::Source;
 
 /// How long a collected snapshot is served again.
@@ -23,7 +24,7 @@ pub(crate) const REUSE_FOR: Duration = Duration::from_millis(250);
 pub(crate) const COLLECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A snapshot, or why there is none (`timed_out`, message).
-pub(crate) type Collected = Result<Arc<serde_json::Value>, (bool, String)>;
+pub(crate) type Collected = Result<Arc<Snapshot>, (bool, String)>;
 
 type InFlight = Shared<BoxFuture<'static, Collected>>;
 
@@ -31,7 +32,7 @@ type InFlight = Shared<BoxFuture<'static, Collected>>;
 struct State {
     /// The last snapshot: when it was collected, the latest event seq when its
     /// collection started, and the snapshot.
-    last: Option<(Instant, u64, Arc<serde_json::Value>)>,
+    last: Option<(Instant, u64, Arc<Snapshot>)>,
     /// The running collection: its generation, the latest event seq when it started.
     in_flight: Option<(u64, u64, InFlight)>,
     generation: u64,
@@ -115,15 +116,17 @@ impl SnapshotCache {
 mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
-    use serde_json::{json, Value};
     use tokio::sync::broadcast;
 
     use super::*;
+    use crate::Event;
     use crate::LogQuery;
+    use crate::LogRecord;
     use crate::SourceError;
+    use crate::StackDump;
 
-    /// Each collection returns the number of collections so far; `seq` is the latest
-    /// event.
+    /// Each collection returns the number of collections so far (as its
+    /// `collected_ms`); `seq` is the latest event.
     #[derive(Default)]
     struct Counting {
         collections: AtomicU64,
@@ -131,24 +134,33 @@ mod tests {
     }
 
     impl Source for Counting {
-        fn snapshot(&self, _timeout: Duration) -> BoxFuture<'static, Result<Value, SourceError>> {
+        fn snapshot(
+            &self,
+            _timeout: Duration,
+        ) -> BoxFuture<'static, Result<Snapshot, SourceError>> {
             let n = self.collections.fetch_add(1, Ordering::SeqCst) + 1;
-            async move { Ok(json!({ "n": n })) }.boxed()
+            async move {
+                Ok(Snapshot {
+                    collected_ms: n as f64,
+                    ..Snapshot::empty()
+                })
+            }
+            .boxed()
         }
-        fn events_since(&self, _since: u64, _limit: usize) -> Vec<Value> {
+        fn events_since(&self, _since: u64, _limit: usize) -> Vec<Event> {
             Vec::new()
         }
-        fn subscribe(&self) -> broadcast::Receiver<Value> {
+        fn subscribe(&self) -> broadcast::Receiver<Event> {
             broadcast::channel(1).1
         }
-        fn logs(&self, _q: &LogQuery) -> Vec<Value> {
+        fn logs(&self, _q: &LogQuery) -> Vec<LogRecord> {
             Vec::new()
         }
         fn stack(
             &self,
             _proc: &str,
             _t: Duration,
-        ) -> BoxFuture<'static, Result<Value, SourceError>> {
+        ) -> BoxFuture<'static, Result<StackDump, SourceError>> {
             async { Err(SourceError::Unavailable("no stacks here".to_string())) }.boxed()
         }
         fn kill_proc(&self, _proc: &str) -> BoxFuture<'static, Result<(), SourceError>> {
@@ -161,7 +173,7 @@ mod tests {
 
     fn n(collected: Collected) -> u64 {
         match collected {
-            Ok(v) => v["n"].as_u64().unwrap_or(0),
+            Ok(v) => v.collected_ms as u64,
             Err((_, e)) => panic!("no snapshot: {e}"),
         }
     }

@@ -10,13 +10,13 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use http_body_util::StreamBody;
 use hyper::body::Frame;
-use serde_json::Value;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use tokio::sync::watch;
 
 use crate::http::Body;
 use crate::series::Series;
+use crate::Event;
 use crate::Source;
 
 /// How often an idle stream sends a comment (keeps proxies and the client's timeout
@@ -26,11 +26,15 @@ pub(crate) const KEEPALIVE: Duration = Duration::from_secs(15);
 /// The most backlog events sent on connect or after falling behind.
 const BACKLOG: usize = 10_000;
 
-fn frame(event: &Value) -> Option<(u64, Bytes)> {
-    let seq = event["seq"].as_u64()?;
+/// The SSE frame of `event`: its JSON (through a `Value`, so its keys are sorted as in
+/// every other response) on one `data:` line, with its seq as the id. An event that
+/// does not serialize (none of the API's records) is left out.
+fn frame(event: &Event) -> Option<(u64, Bytes)> {
+    let seq = event.seq;
+    let data = serde_json::to_value(event).ok()?;
     Some((
         seq,
-        Bytes::from(format!("id: {seq}\nevent: monarch\ndata: {event}\n\n")),
+        Bytes::from(format!("id: {seq}\nevent: monarch\ndata: {data}\n\n")),
     ))
 }
 
@@ -51,7 +55,7 @@ pub(crate) fn stream(
         // Subscribe before reading the backlog so nothing falls between the two.
         let mut live = source.subscribe();
         let mut last = last_id;
-        let send_after = |last: &mut u64, events: Vec<Value>| {
+        let send_after = |last: &mut u64, events: Vec<Event>| {
             let mut out = Vec::new();
             for event in events {
                 if let Some((seq, bytes)) = frame(&event) {

@@ -11,13 +11,17 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::future::FutureExt;
+use hyperactor_mesh::monitor::{ActorRecord, ActorState, ProcRecord, ProcStatus};
 use monarch_admin::AdminConfig;
 use monarch_admin::AdminServer;
+use monarch_admin::Event;
 use monarch_admin::LogQuery;
+use monarch_admin::LogRecord;
+use monarch_admin::Snapshot;
 use monarch_admin::Source;
 use monarch_admin::SourceError;
+use monarch_admin::StackDump;
 use serde_json::json;
-use serde_json::Value;
 use tokio::io::AsyncReadExt;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::broadcast;
@@ -25,38 +29,43 @@ use tokio::sync::broadcast;
 /// A source whose snapshot takes 50 ms and counts one more handled message each time.
 struct Counting {
     collections: AtomicUsize,
-    events: broadcast::Sender<Value>,
+    events: broadcast::Sender<Event>,
 }
 
 impl Source for Counting {
-    fn snapshot(&self, _timeout: Duration) -> BoxFuture<'static, Result<Value, SourceError>> {
+    fn snapshot(&self, _timeout: Duration) -> BoxFuture<'static, Result<Snapshot, SourceError>> {
         let n = self.collections.fetch_add(1, Ordering::SeqCst) + 1;
         async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            Ok(json!({
-                "version": 1, "time": 0.0, "collected_ms": 50.0, "bucket_bounds_us": [],
-                "hosts": [], "meshes": [],
-                "procs": [{"id": "p", "status": "running", "rss": 10, "cpu_pct": 1.0}],
-                "actors": [{"id": "a", "proc": "p", "system": false, "status": "idle",
-                            "handled": n * 10, "errors": 0}],
-            }))
+            let mut proc = ProcRecord::bare("p".into(), ProcStatus::Running);
+            (proc.rss, proc.cpu_pct) = (10, 1.0);
+            let mut actor = ActorRecord::bare("a".into(), "p".into(), ActorState::Idle);
+            actor.handled = n as u64 * 10;
+            Ok(Snapshot {
+                time: 0.0,
+                collected_ms: 50.0,
+                bucket_bounds_us: Vec::new(),
+                procs: vec![proc],
+                actors: vec![actor],
+                ..Snapshot::empty()
+            })
         }
         .boxed()
     }
-    fn events_since(&self, _since: u64, _limit: usize) -> Vec<Value> {
+    fn events_since(&self, _since: u64, _limit: usize) -> Vec<Event> {
         Vec::new()
     }
-    fn subscribe(&self) -> broadcast::Receiver<Value> {
+    fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.events.subscribe()
     }
-    fn logs(&self, _q: &LogQuery) -> Vec<Value> {
+    fn logs(&self, _q: &LogQuery) -> Vec<LogRecord> {
         Vec::new()
     }
     fn stack(
         &self,
         _proc: &str,
         _timeout: Duration,
-    ) -> BoxFuture<'static, Result<Value, SourceError>> {
+    ) -> BoxFuture<'static, Result<StackDump, SourceError>> {
         futures::future::ready(Err(SourceError::Unavailable("no stacks here".to_string()))).boxed()
     }
     fn kill_proc(&self, _proc: &str) -> BoxFuture<'static, Result<(), SourceError>> {

@@ -9,9 +9,16 @@ use std::time::Instant;
 
 use common::get;
 use common::start;
+use std::collections::BTreeMap;
+
+use hyperactor_mesh::monitor::{
+    ActorRecord, ActorState, EndpointRecord, GpuRecord, HostRecord, HostStatus, MeshRecord,
+    MeshStatus, ProcRecord, ProcStatus,
+};
 use monarch_admin::AdminConfig;
 use monarch_admin::AdminServer;
-use serde_json::json;
+use monarch_admin::Event;
+use monarch_admin::Snapshot;
 use serde_json::Value;
 use tokio::io::AsyncReadExt;
 use tokio::io::AsyncWriteExt;
@@ -61,7 +68,9 @@ async fn sse_sends_backlog_then_new_events_and_resumes() {
     read_until(&mut stream, &mut text, "id: 4\n").await;
     assert!(text.contains("content-type: text/event-stream"), "{text}");
     assert!(text.contains("event: monarch\n"));
-    let seq = source.publish(json!({"time": 1.0, "kind": "breakpoint", "message": "hit"}));
+    let mut hit = Event::new("breakpoint", "hit");
+    hit.time = 1.0;
+    let seq = source.publish(hit);
     assert_eq!(seq, 5);
     read_until(&mut stream, &mut text, "id: 5\n").await;
     let seqs: Vec<u64> = events(&text)
@@ -238,25 +247,81 @@ async fn metrics_parse_and_have_the_families() {
 }
 
 /// A snapshot with `n` actors over `n / 8` procs, each with two endpoints.
-fn big_snapshot(n: usize) -> Value {
+fn big_snapshot(n: usize) -> Snapshot {
     let bounds: Vec<u64> = (0..25).map(|i| 1u64 << i).collect();
     let buckets: Vec<u64> = (0..26).map(|i| i as u64).collect();
-    let actors: Vec<Value> = (0..n)
-        .map(|i| json!({
-            "id": format!("proc-{}@tcp:10.0.0.1:26600/trainer\"s\\[{i}]", i / 8), "proc": format!("proc-{}", i / 8),
-            "mesh": "2", "name": "trainers", "class": "Trainer", "rank": i, "system": false, "status": "idle",
-            "handled": i * 10, "errors": 0, "busy_ms": 1.5, "queue": 0,
-            "endpoints": {"step": {"count": 325, "errors": 0, "total_ms": 10.0, "buckets": buckets},
-                          "eval": {"count": 325, "errors": 0, "total_ms": 10.0, "buckets": buckets}},
-        }))
+    let endpoint = EndpointRecord {
+        count: 325,
+        errors: 0,
+        total_ms: 10.0,
+        buckets,
+    };
+    let actors: Vec<ActorRecord> = (0..n)
+        .map(|i| ActorRecord {
+            mesh: Some("2".into()),
+            name: "trainers".into(),
+            class: Some("Trainer".into()),
+            rank: Some(i),
+            handled: i as u64 * 10,
+            busy_ms: 1.5,
+            endpoints: BTreeMap::from([
+                ("step".to_string(), endpoint.clone()),
+                ("eval".to_string(), endpoint.clone()),
+            ]),
+            ..ActorRecord::bare(
+                format!("proc-{}@tcp:10.0.0.1:26600/trainer\"s\\[{i}]", i / 8),
+                format!("proc-{}", i / 8),
+                ActorState::Idle,
+            )
+        })
         .collect();
-    let procs: Vec<Value> = (0..n / 8)
-        .map(|i| json!({"id": format!("proc-{i}"), "host": "host-0", "pid": i, "status": "running", "rss": 1, "cpu_s": 1.0,
-                        "threads": 1, "link_sent": 1, "link_received": 1, "log_lines_dropped": 0, "mesh": "p", "rank": i}))
+    let procs: Vec<ProcRecord> = (0..n / 8)
+        .map(|i| ProcRecord {
+            host: Some("host-0".into()),
+            pid: Some(i as u32),
+            rss: 1,
+            cpu_s: 1.0,
+            threads: 1,
+            link_sent: 1,
+            link_received: 1,
+            mesh: Some("p".into()),
+            rank: Some(i),
+            ..ProcRecord::bare(format!("proc-{i}"), ProcStatus::Running)
+        })
         .collect();
-    json!({"bucket_bounds_us": bounds, "actors": actors, "procs": procs, "meshes": [{"id": "2", "name": "trainers"}],
-           "hosts": [{"id": "host-0", "load": [1.0], "mem_available": 1, "heartbeat_age_ms": 1.0,
-                      "gpus": [{"index": 0, "mem_used": 1, "util_pct": 50.0}]}]})
+    let mesh = MeshRecord {
+        id: "2".into(),
+        name: "trainers".into(),
+        kind: "actor".into(),
+        class: None,
+        extent: BTreeMap::new(),
+        proc_mesh: None,
+        status: MeshStatus::Running,
+        system: false,
+        created: 0.0,
+    };
+    let host = HostRecord {
+        load: [1.0, 0.0, 0.0],
+        mem_available: 1,
+        heartbeat_age_ms: Some(1.0),
+        gpus: vec![GpuRecord {
+            index: 0,
+            name: String::new(),
+            mem_total: 0,
+            mem_used: 1,
+            util_pct: 50.0,
+            procs: Vec::new(),
+        }],
+        ..HostRecord::bare("host-0".into(), String::new(), HostStatus::Alive)
+    };
+    Snapshot {
+        bucket_bounds_us: bounds,
+        actors,
+        procs,
+        meshes: vec![mesh],
+        hosts: vec![host],
+        ..Snapshot::empty()
+    }
 }
 
 /// 1,000 actors render into valid exposition text with every actor in it. How fast is
@@ -265,8 +330,11 @@ fn big_snapshot(n: usize) -> Value {
 #[test]
 fn metrics_render_1000_actors() {
     let snapshot = big_snapshot(1000);
-    let events: Vec<Value> = (0..100)
-        .map(|i| json!({"seq": i, "kind": "mesh_spawned"}))
+    let events: Vec<Event> = (0..100)
+        .map(|i| Event {
+            seq: i,
+            ..Event::new("mesh_spawned", "")
+        })
         .collect();
     let text = monarch_admin::render_metrics(&snapshot, &events);
     check_exposition(&text);
