@@ -33,14 +33,6 @@ rust_imports = _load_tool()
 ALLOWED_LOOPS: dict[str, list[tuple[frozenset[str], str]]] = {
     "hyperactor_mesh": [
         (
-            frozenset(
-                "actor_mesh agent agent/cast_out agent/control agent/local agent/output "
-                "agent/replies proc_mesh supervision".split()
-            ),
-            "the mesh agent is one object whose parts share its state; it is being taken "
-            "apart into components that own theirs",
-        ),
-        (
             frozenset("shape/error shape/extent shape/point shape/slice shape/view".split()),
             "a shape error carries the extent or slice it is about, and every shape type "
             "returns shape errors (see the shape module's docs)",

@@ -38,6 +38,7 @@
 //! # }
 //! ```
 
+mod address;
 mod cast_in;
 mod cast_out;
 mod control;
@@ -58,9 +59,11 @@ use bytes::Bytes;
 use hyperactor::actor::AnyActorHandle;
 use hyperactor::mailbox::DirectPort;
 use hyperactor::message::{Envelope, EnvelopeHeader, Serialized, UNDELIVERABLE_PORT};
-use hyperactor::{Actor, ActorId, ChannelTransport, Client, PortId, Proc, ProcId, SendContext};
+use hyperactor::{Actor, ActorId, Client, PortId, Proc, ProcId, SendContext};
 use serde::de::DeserializeOwned;
 
+pub use address::{agent_id, cast_port, control_port, reply_port, AGENT_NAME};
+use address::{CAST_PORT, CONTROL_PORT, REPLY_PORT};
 pub use cast_out::{CastOutcome, CastTarget};
 pub use control::{Control, ProcInfo, SpawnProcsRequest};
 pub use liveness::Liveness;
@@ -68,19 +71,10 @@ pub use local::{ForeignSpawn, ForeignSpawner, Registry};
 pub use output::OutputSink;
 pub use replies::{CallReplies, ReplyQueue, ReplySink, Waited};
 
-use crate::cast::codec::MeshInfo;
 use crate::cast::order::{Outgoing, Sequencer};
 use crate::error::{EndHostError, MeshError, ProbeError, RemoteError};
 use crate::host::Host;
 use crate::supervision::ProcDeath;
-
-/// The name of every agent's mailbox (index 0).
-pub const AGENT_NAME: &str = "mesh";
-
-/// The port numbers of an agent's three ports (opened in this order).
-const CAST_PORT: u64 = 1;
-const CONTROL_PORT: u64 = 2;
-const REPLY_PORT: u64 = 3;
 
 /// How long a stopping actor gets before it is aborted, unless set in [`AgentOptions`].
 pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -91,29 +85,6 @@ pub const DEFAULT_FANOUT: usize = 16;
 /// How much longer than the procs' stop timeout [`ProcAgent::end_host`] waits for the
 /// worker's answer.
 const END_HOST_SLACK: Duration = Duration::from_secs(2);
-
-/// The id of the agent of `proc`.
-// invariant: AGENT_NAME is a valid actor name, so `actor_id` cannot fail.
-#[allow(clippy::expect_used)]
-pub fn agent_id(proc: &ProcId) -> ActorId {
-    proc.actor_id(AGENT_NAME, 0)
-        .expect("invariant: AGENT_NAME is a valid actor name")
-}
-
-/// The cast port of the agent of `proc`.
-pub fn cast_port(proc: &ProcId) -> PortId {
-    agent_id(proc).port_id(CAST_PORT)
-}
-
-/// The control port of the agent of `proc`.
-pub fn control_port(proc: &ProcId) -> PortId {
-    agent_id(proc).port_id(CONTROL_PORT)
-}
-
-/// The reply port of the agent of `proc`.
-pub fn reply_port(proc: &ProcId) -> PortId {
-    agent_id(proc).port_id(REPLY_PORT)
-}
 
 /// How an agent is set up.
 #[derive(Default)]
@@ -222,6 +193,28 @@ impl std::fmt::Debug for ProcAgent {
     }
 }
 
+/// The agent's hook into its proc's singleton registry. The registry makes the mesh
+/// handles a singleton is (a one-proc `ProcMesh`, the `ActorMeshRef` it answers with),
+/// which sit on the layer above the agent: it lives there (`crate::singleton`, which
+/// also defines [`ProcAgent::singleton`] and its kin) and fills this hook when it starts
+/// an agent ([`ProcAgent::new`]), so the agent never names the mesh handles.
+pub(crate) trait SingletonService: Send + Sync + 'static {
+    /// A [`Control::Singleton`] request arrived at `agent` (on the delivering task):
+    /// answers `reply` with singleton `name` (made of type `class` from `parts` if it
+    /// does not exist yet), or why it could not be made.
+    fn on_request(
+        &self,
+        agent: &ProcAgent,
+        name: &str,
+        class: &str,
+        parts: Vec<Bytes>,
+        reply: PortId,
+    );
+
+    /// The registry itself, for the methods of its module.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
 /// A proc known to be gone.
 #[derive(Debug, Clone)]
 pub(crate) struct Dead {
@@ -282,10 +275,8 @@ pub(crate) struct Inner {
     foreign: Option<Arc<dyn ForeignSpawner>>,
     host: Option<Arc<control::HostService>>,
     spawned_by: Option<ProcId>,
-    /// Named singletons spawned on this proc (see [`ProcAgent::singleton`]).
-    singletons: Mutex<HashMap<String, crate::actor_mesh::ActorMeshRef>>,
-    /// Who owns the singletons spawned at another process's request.
-    singleton_owner: Mutex<Option<ActorId>>,
+    /// The singletons of this proc (see [`SingletonService`]).
+    singletons: Arc<dyn SingletonService>,
     /// Where the output of the procs spawned from this process goes.
     output_sink: Mutex<Option<OutputSink>>,
     /// Why this agent refuses new actors, once its proc is stopping
@@ -299,36 +290,17 @@ fn agents() -> &'static Mutex<HashMap<ProcId, Weak<Inner>>> {
 }
 
 impl ProcAgent {
-    /// Serves a new proc named `name` (uid prefix) on `transport` and starts its agent.
+    /// Starts the agent of `proc` with `singletons`, its singleton registry (see
+    /// [`SingletonService`]): what [`ProcAgent::new`] does, from the layer above.
     ///
     /// # Errors
     ///
-    /// [`MeshError::SpawnProcs`] if the proc cannot be served; as [`ProcAgent::new`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: nothing stays served.
-    pub async fn serve(
-        transport: ChannelTransport,
-        name: &str,
+    /// As [`ProcAgent::new`].
+    pub(crate) fn start(
+        proc: Proc,
         options: AgentOptions,
+        singletons: Arc<dyn SingletonService>,
     ) -> Result<Self, MeshError> {
-        let proc = Proc::serve(transport, name)
-            .await
-            .map_err(|e| MeshError::SpawnProcs {
-                name: name.to_string(),
-                reason: e.to_string(),
-            })?;
-        Self::new(proc, options)
-    }
-
-    /// Starts the agent of `proc`. Must be called from within a tokio runtime.
-    ///
-    /// # Errors
-    ///
-    /// [`MeshError::AgentExists`] if `proc` has an agent; [`MeshError::Agent`] if its
-    /// mailbox cannot be created (the proc is stopped, or the name is taken).
-    pub fn new(proc: Proc, options: AgentOptions) -> Result<Self, MeshError> {
         let proc_id = proc.proc_id().clone();
         let mut registered = agents().lock();
         if registered
@@ -379,8 +351,7 @@ impl ProcAgent {
             foreign: options.foreign,
             host,
             spawned_by: options.spawned_by,
-            singletons: Mutex::default(),
-            singleton_owner: Mutex::default(),
+            singletons,
             output_sink: Mutex::default(),
             spawns_closed: Mutex::default(),
         });
@@ -441,108 +412,14 @@ impl ProcAgent {
         }
     }
 
-    /// The singleton actor `name` of this proc: spawned (a foreign actor made from
-    /// `parts`, owned by `owner`) the first time it is asked for, the same mesh later.
-    ///
-    /// # Errors
-    ///
-    /// As [`crate::proc_mesh::ProcMesh::spawn_as`].
-    pub fn singleton(
-        &self,
-        owner: &ActorId,
-        name: &str,
-        class: &str,
-        parts: Vec<Bytes>,
-    ) -> Result<crate::actor_mesh::ActorMeshRef, MeshError> {
-        let mut singletons = self.inner.singletons.lock();
-        if let Some(mesh) = singletons.get(name) {
-            return Ok(mesh.clone());
-        }
-        let info = MeshInfo {
-            id: random_id(),
-            name: format!("{name}-procs"),
-            class: "proc".into(),
-        };
-        let own = crate::proc_mesh::ProcMesh::new(
-            info,
-            &crate::shape::Extent::unity(),
-            vec![self.self_info()],
-        )
-        .map_err(|e| MeshError::SpawnProcs {
-            name: name.to_string(),
-            reason: e.to_string(),
-        })?;
-        let mesh = own.spawn_as(
-            self,
-            owner,
-            random_id(),
-            name,
-            class.to_string(),
-            crate::cast::codec::ActorType::Foreign,
-            parts,
-        )?;
-        singletons.insert(name.to_string(), mesh.clone());
-        Ok(mesh)
+    /// The singleton registry this agent was started with.
+    pub(crate) fn singletons(&self) -> &dyn SingletonService {
+        &*self.inner.singletons
     }
 
-    /// Makes `owner` the owner of the singletons this agent spawns at other processes'
-    /// request (the process's root client, whose owner hooks then hear of them).
-    pub fn set_singleton_owner(&self, owner: ActorId) {
-        *self.inner.singleton_owner.lock() = Some(owner);
-    }
-
-    /// Asks the agent of `proc` for its singleton `name` (see [`ProcAgent::singleton`]);
-    /// `sender` (a mailbox of this process) receives the answer.
-    ///
-    /// # Errors
-    ///
-    /// [`MeshError::Host`] naming `proc` if the request cannot be sent or answered;
-    /// [`MeshError::Remote`] naming `proc` with its agent's error (of kind
-    /// [`crate::error::RemoteErrorKind::Singleton`]) if it could not make the singleton.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe.
-    pub async fn remote_singleton(
-        &self,
-        sender: &impl SendContext,
-        proc: &ProcId,
-        name: &str,
-        class: &str,
-        parts: Vec<Bytes>,
-    ) -> Result<crate::actor_mesh::ActorMeshRef, MeshError> {
-        if proc == self.inner.proc.proc_id() {
-            let owner = self
-                .inner
-                .singleton_owner
-                .lock()
-                .clone()
-                .unwrap_or_else(|| sender.actor_id().clone());
-            return self.singleton(&owner, name, class, parts);
-        }
-        let (port, receiver) = sender
-            .mailbox()
-            .open_once_port::<Result<crate::actor_mesh::ActorMeshRef, RemoteError>>();
-        self.inner.send_control(
-            proc,
-            &Control::Singleton {
-                name: name.to_string(),
-                class: class.to_string(),
-                parts,
-                reply: port.port_id().clone(),
-            },
-        );
-        receiver
-            .recv()
-            .await
-            .map_err(|e| MeshError::Host {
-                host: proc.clone(),
-                reason: e.to_string(),
-            })?
-            .map_err(|error| MeshError::Remote {
-                host: proc.clone(),
-                error,
-            })
+    /// Sends `control` to the agent of `proc` (from this agent).
+    pub(crate) fn send_control(&self, proc: &ProcId, control: &Control) {
+        self.inner.send_control(proc, control);
     }
 
     /// Stops every proc this host agent spawned (each gets `timeout`, then is killed);

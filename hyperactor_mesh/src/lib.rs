@@ -13,6 +13,7 @@ pub mod monitor;
 pub mod output;
 pub mod proc_mesh;
 pub mod shape;
+mod singleton;
 pub mod supervision;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -343,7 +343,15 @@ impl Inner {
                 class,
                 parts,
                 reply,
-            } => return self.on_singleton(&name, &class, parts, reply),
+            } => {
+                // The registry sits above the agent: reached through its hook.
+                let agent = super::ProcAgent {
+                    inner: Arc::clone(self),
+                };
+                return self
+                    .singletons
+                    .on_request(&agent, &name, &class, parts, reply);
+            }
             other => other,
         };
         let Some(host) = self.host.clone() else {
@@ -411,30 +419,6 @@ impl Inner {
             | Control::StackDump { .. }
             | Control::KillProc { .. }
             | Control::SpawnRefused { .. } => {}
-        }
-    }
-
-    fn on_singleton(
-        self: &Arc<Self>,
-        name: &str,
-        class: &str,
-        parts: Vec<bytes::Bytes>,
-        reply: PortId,
-    ) {
-        let agent = super::ProcAgent {
-            inner: Arc::clone(self),
-        };
-        let owner = self
-            .singleton_owner
-            .lock()
-            .clone()
-            .unwrap_or_else(|| self.id.clone());
-        let result = agent
-            .singleton(&owner, name, class, parts)
-            .map_err(|e| RemoteError::new(RemoteErrorKind::Singleton, e));
-        let reply = PortRef::<Result<crate::actor_mesh::ActorMeshRef, RemoteError>>::attest(reply);
-        if let Err(e) = reply.send(&self.client, result) {
-            tracing::error!(agent = %self.id, "cannot answer a singleton request: {e}");
         }
     }
 
