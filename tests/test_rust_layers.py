@@ -38,13 +38,6 @@ ALLOWED_LOOPS: dict[str, list[tuple[frozenset[str], str]]] = {
             "returns shape errors (see the shape module's docs)",
         ),
     ],
-    "monarch_extension": [
-        (
-            frozenset("actor call future port proc runtime sender".split()),
-            "the bindings of one call path (a client, its ports, the futures they return "
-            "and the runtime they block on); not yet split",
-        ),
-    ],
 }
 
 #: hyperactor's layers, bottom to top; `channel/...` modules are all on the first.

@@ -27,7 +27,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use crate::call::{block, deadline, PyPortHandle};
+use crate::call::PyPortHandle;
+use crate::runtime::{block, deadline};
 use crate::delivery_kind::PyDeliveryKind;
 use crate::future::{Convert, PyFuture};
 use crate::port::extract_parts;

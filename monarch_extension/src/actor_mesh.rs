@@ -28,7 +28,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::actor::py_message_port;
-use crate::call::{block, deadline, PyCallReplies, PyPortHandle, PyReplyQueue};
+use crate::call::{PyCallReplies, PyPortHandle, PyReplyQueue};
+use crate::runtime::{block, deadline};
 use crate::cast_mode::PyCastMode;
 use crate::port::extract_parts;
 use crate::proc_mesh::{ProcMeshInner, ProcsStartError};

@@ -25,7 +25,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use crate::actor::PyDrivenActor;
-use crate::call::{block, deadline};
+use crate::runtime::{block, deadline};
 use crate::host_mesh::PyHostMesh;
 use crate::proc::PyClient;
 use crate::proc_mesh::PyProcMesh;

@@ -7,7 +7,6 @@
 //! out-of-band buffers, or the reason a rank cannot answer).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hyperactor::message::Serialized;
@@ -19,10 +18,10 @@ use pyo3::exceptions::{PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use crate::future::{signal_slice, Convert, PyFuture};
+use crate::future::{Convert, PyFuture};
 use crate::port::extract_parts;
 use crate::reply::{item_to_py, status_of, PyReplyItem};
-use crate::runtime::{detach, runtime};
+use crate::runtime::{block, deadline, runtime};
 use crate::sender::Sender;
 
 fn items_to_py(py: Python<'_>, items: &[ReplyItem]) -> PyResult<Py<PyAny>> {
@@ -31,42 +30,6 @@ fn items_to_py(py: Python<'_>, items: &[ReplyItem]) -> PyResult<Py<PyAny>> {
         list.append(item_to_py(py, item)?)?;
     }
     Ok(list.into_any().unbind())
-}
-
-/// A deadline `timeout` seconds from now (`None`: none).
-pub(crate) fn deadline(timeout: Option<f64>) -> PyResult<Option<Instant>> {
-    match timeout {
-        None => Ok(None),
-        Some(t) if t.is_finite() && t >= 0.0 => {
-            Ok(Instant::now().checked_add(Duration::try_from_secs_f64(t).unwrap_or(Duration::MAX)))
-        }
-        Some(t) => Err(PyValueError::new_err(format!(
-            "timeout must be a finite number of seconds >= 0, or None; got {t}"
-        ))),
-    }
-}
-
-/// Blocks (without the GIL, in slices on the main thread so signals run) on `wait` until
-/// it returns `Some` or `deadline` passes (`None`).
-pub(crate) fn block<T: Send>(
-    py: Python<'_>,
-    deadline: Option<Instant>,
-    wait: impl Fn(Option<Instant>) -> Option<T> + Send + Sync,
-) -> PyResult<Option<T>> {
-    let slice = signal_slice(py);
-    loop {
-        let until = match (deadline, slice.map(|s| Instant::now() + s)) {
-            (Some(d), Some(s)) => Some(d.min(s)),
-            (d, s) => d.or(s),
-        };
-        if let Some(got) = detach(py, || wait(until)) {
-            return Ok(Some(got));
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Ok(None);
-        }
-        py.check_signals()?;
-    }
 }
 
 /// The replies of one call; see the [module docs](self).

@@ -10,7 +10,7 @@
 //! Waiting never holds the GIL:
 //!
 //! - `get` waits on a condition variable inside [`Python::detach`]; on Python's main
-//!   thread in slices of [`SIGNAL_CHECK_INTERVAL`], so that Ctrl-C still interrupts it
+//!   thread in slices of [`SIGNAL_CHECK_INTERVAL`](crate::runtime::SIGNAL_CHECK_INTERVAL), so that Ctrl-C still interrupts it
 //!   (other threads never run signal handlers: they sleep until woken). Timing out does
 //!   not cancel the work.
 //! - `await` creates an `asyncio.Future` on the awaiting loop and registers it. When the
@@ -30,40 +30,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyCFunction, PyDict, PyTuple};
 
-use crate::runtime::{attach_from_rust, check_may_block, detach, runtime};
-
-/// How often a blocked `get` on Python's main thread takes the GIL back to run signal
-/// handlers (Ctrl-C).
-pub const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(100);
-
-thread_local! {
-    /// Whether this thread is Python's main thread (decided on first use).
-    static ON_MAIN_THREAD: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
-}
-
-/// How long a blocking wait on this thread may last before it takes the GIL back to run
-/// signal handlers: [`SIGNAL_CHECK_INTERVAL`] on Python's main thread, `None` (no limit)
-/// on any other, where Python never runs them. An actor's thread waiting for its next
-/// message then sleeps until it comes, instead of waking ten times a second: with many
-/// idle procs on few cores those wake-ups add up.
-pub fn signal_slice(py: Python<'_>) -> Option<Duration> {
-    let on_main = ON_MAIN_THREAD.with(|cell| {
-        if let Some(known) = cell.get() {
-            return known;
-        }
-        let known = is_main_thread(py).unwrap_or(true);
-        cell.set(Some(known));
-        known
-    });
-    on_main.then_some(SIGNAL_CHECK_INTERVAL)
-}
-
-fn is_main_thread(py: Python<'_>) -> PyResult<bool> {
-    let threading = py.import("threading")?;
-    let main = threading.call_method0("main_thread")?;
-    let current = threading.call_method0("current_thread")?;
-    Ok(main.is(&current))
-}
+use crate::runtime::{attach_from_rust, check_may_block, detach, runtime, signal_slice};
 
 /// Turns the work's Rust output into a Python object; runs with the GIL, once.
 pub type Convert = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;

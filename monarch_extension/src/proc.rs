@@ -130,10 +130,10 @@ impl PyClient {
         py: Python<'_>,
         timeout: Option<f64>,
     ) -> PyResult<Option<crate::supervision::PyMeshFailure>> {
-        let deadline = crate::call::deadline(timeout)?;
+        let deadline = crate::runtime::deadline(timeout)?;
         let client = Arc::clone(&self.client);
         let rt = runtime()?;
-        let got = crate::call::block(py, deadline, |until| {
+        let got = crate::runtime::block(py, deadline, |until| {
             let wait = async {
                 match until {
                     None => Some(client.next_supervision_event().await),
@@ -163,8 +163,8 @@ impl PyClient {
         timeout: Option<f64>,
     ) -> PyResult<Option<crate::supervision::PyMeshFailure>> {
         let desk = Arc::clone(self.failure_desk()?);
-        let deadline = crate::call::deadline(timeout)?;
-        let got = crate::call::block(py, deadline, |until| match desk.take(until) {
+        let deadline = crate::runtime::deadline(timeout)?;
+        let got = crate::runtime::block(py, deadline, |until| match desk.take(until) {
             Taken::Failure(event) => Some(Some(event)),
             Taken::Ended => Some(None),
             Taken::Timeout => None,

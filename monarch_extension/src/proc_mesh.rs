@@ -16,7 +16,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::actor_mesh::{ActorMeshError, ActorMeshInner, PyActorMesh};
-use crate::call::{block, deadline};
+use crate::runtime::{block, deadline};
 use crate::future::{Convert, PyFuture};
 use crate::port::extract_parts;
 use crate::runtime::runtime;

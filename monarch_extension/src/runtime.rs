@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -151,7 +151,7 @@ pub fn pace(py: Python<'_>, proc: &hyperactor::Proc) -> PyResult<()> {
         return Ok(());
     }
     let rt = runtime()?;
-    crate::call::block(py, None, |until| {
+    block(py, None, |until| {
         let proc = proc.clone();
         rt.block_on(async move {
             match until {
@@ -232,4 +232,76 @@ pub fn _prepare_exit(py: Python<'_>) {
             std::thread::sleep(Duration::from_millis(1));
         }
     });
+}
+
+// Blocking a Python thread on Rust work: in slices on the main thread, so that its
+// signal handlers (Ctrl-C) run.
+
+/// How often a blocked `get` on Python's main thread takes the GIL back to run signal
+/// handlers (Ctrl-C).
+pub const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+
+thread_local! {
+    /// Whether this thread is Python's main thread (decided on first use).
+    static ON_MAIN_THREAD: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// How long a blocking wait on this thread may last before it takes the GIL back to run
+/// signal handlers: [`SIGNAL_CHECK_INTERVAL`] on Python's main thread, `None` (no limit)
+/// on any other, where Python never runs them. An actor's thread waiting for its next
+/// message then sleeps until it comes, instead of waking ten times a second: with many
+/// idle procs on few cores those wake-ups add up.
+pub fn signal_slice(py: Python<'_>) -> Option<Duration> {
+    let on_main = ON_MAIN_THREAD.with(|cell| {
+        if let Some(known) = cell.get() {
+            return known;
+        }
+        let known = is_main_thread(py).unwrap_or(true);
+        cell.set(Some(known));
+        known
+    });
+    on_main.then_some(SIGNAL_CHECK_INTERVAL)
+}
+
+fn is_main_thread(py: Python<'_>) -> PyResult<bool> {
+    let threading = py.import("threading")?;
+    let main = threading.call_method0("main_thread")?;
+    let current = threading.call_method0("current_thread")?;
+    Ok(main.is(&current))
+}
+
+/// A deadline `timeout` seconds from now (`None`: none).
+pub(crate) fn deadline(timeout: Option<f64>) -> PyResult<Option<Instant>> {
+    match timeout {
+        None => Ok(None),
+        Some(t) if t.is_finite() && t >= 0.0 => {
+            Ok(Instant::now().checked_add(Duration::try_from_secs_f64(t).unwrap_or(Duration::MAX)))
+        }
+        Some(t) => Err(PyValueError::new_err(format!(
+            "timeout must be a finite number of seconds >= 0, or None; got {t}"
+        ))),
+    }
+}
+
+/// Blocks (without the GIL, in slices on the main thread so signals run) on `wait` until
+/// it returns `Some` or `deadline` passes (`None`).
+pub(crate) fn block<T: Send>(
+    py: Python<'_>,
+    deadline: Option<Instant>,
+    wait: impl Fn(Option<Instant>) -> Option<T> + Send + Sync,
+) -> PyResult<Option<T>> {
+    let slice = signal_slice(py);
+    loop {
+        let until = match (deadline, slice.map(|s| Instant::now() + s)) {
+            (Some(d), Some(s)) => Some(d.min(s)),
+            (d, s) => d.or(s),
+        };
+        if let Some(got) = detach(py, || wait(until)) {
+            return Ok(Some(got));
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(None);
+        }
+        py.check_signals()?;
+    }
 }
