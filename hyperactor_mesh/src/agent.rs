@@ -44,14 +44,15 @@ mod cast_out;
 mod control;
 pub mod liveness;
 mod local;
+pub(crate) mod lock;
 mod monitor;
 pub mod output;
 mod replies;
 mod supervise;
 
 use hyperactor::sync::Mutex;
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
@@ -71,7 +72,6 @@ pub use local::{ForeignSpawn, ForeignSpawner, Registry};
 pub use output::OutputSink;
 pub use replies::{CallReplies, ReplyQueue, ReplySink, Waited};
 
-use crate::cast::order::{Outgoing, Sequencer};
 use crate::error::{EndHostError, MeshError, ProbeError, RemoteError};
 use crate::host::Host;
 use crate::supervision::ProcDeath;
@@ -215,18 +215,15 @@ pub(crate) trait SingletonService: Send + Sync + 'static {
     fn as_any(&self) -> &dyn std::any::Any;
 }
 
-/// A proc known to be gone.
-#[derive(Debug, Clone)]
-pub(crate) struct Dead {
-    pub(crate) death: ProcDeath,
-    /// Reported by its host (not only named dead in a cast header).
-    pub(crate) confirmed: bool,
-}
-
-/// How many recently dead procs a cast header names.
-const DEAD_IN_HEADERS: usize = 32;
-
-/// The state of one agent.
+/// The state of one agent: what never changes once it started, and its components.
+///
+/// Each component owns its state behind one lock of its own, taken only by its methods
+/// ([`lock`] checks their order in debug builds): local actors ([`local::LocalActors`]),
+/// casts in ([`cast_in::CastsIn`]) and out ([`cast_out::CastsOut`]), the reply router
+/// ([`replies::Router`]), proc deaths and supervision ([`supervise::Supervisor`]), host
+/// liveness ([`liveness::HostLiveness`]) and output ([`output::OutputForward`]). The
+/// host's side, if any, is [`control::HostService`]; the singletons are the layer
+/// above's ([`SingletonService`]).
 pub(crate) struct Inner {
     proc: Proc,
     client: Client,
@@ -235,53 +232,23 @@ pub(crate) struct Inner {
     sender_id: u64,
     fanout: AtomicUsize,
     stop_timeout: Duration,
-    _ports: Mutex<Vec<DirectPort>>,
-    /// Actors spawned here, by actor name.
-    local: Mutex<HashMap<String, local::LocalActor>>,
-    incoming: Mutex<Sequencer<cast_in::Delivery>>,
-    outgoing: Mutex<Outgoing>,
-    replies: Mutex<HashMap<u64, replies::Slot>>,
-    next_key: AtomicU64,
-    /// Procs known to be gone: from their host (confirmed), or from a cast header
-    /// (hearsay: it unblocks what waits for them, but the host's report is still awaited
-    /// for the owners of meshes on them).
-    dead: Mutex<HashMap<ProcId, Dead>>,
-    /// The most recent of them, which casts sent from here tell their receivers.
-    dead_recent: Mutex<std::collections::VecDeque<ProcId>>,
-    /// Calls from this process still waiting: what they were cast to.
-    calls: Mutex<HashMap<u64, cast_out::CallWatch>>,
-    /// Meshes owned by actors of this process, by mesh id.
-    owned: Mutex<HashMap<u64, supervise::OwnedMesh>>,
-    /// Procs this agent watches at their hosts, and each proc's host.
-    watched: Mutex<HashSet<ProcId>>,
-    hosts: Mutex<HashMap<ProcId, ProcId>>,
-    liveness: Liveness,
+    /// The agent's three ports, kept open while it lives.
+    ports: OnceLock<[DirectPort; 3]>,
+    local: local::LocalActors,
+    incoming: cast_in::CastsIn,
+    casts_out: cast_out::CastsOut,
+    replies: replies::Router,
+    supervisor: supervise::Supervisor,
+    liveness: liveness::HostLiveness,
+    output: output::OutputForward,
     /// What ending this worker does; `None` if this agent is not a worker's.
     on_end: Option<EndHook>,
-    /// Hosts this agent monitors, and when each last answered a heartbeat.
-    monitored: Mutex<HashSet<ProcId>>,
-    host_acks: Mutex<HashMap<ProcId, std::time::Instant>>,
-    /// Hosts given up for lost, and why, until they are monitored afresh (see
-    /// [`liveness`]): stopping and ending never wait on them.
-    lost_hosts: Mutex<HashMap<ProcId, String>>,
-    /// Hosts asked to end ([`ProcAgent::end_host`]), until monitored afresh: their loss
-    /// fails none of their procs.
-    ending_hosts: Mutex<HashSet<ProcId>>,
-    /// Procs whose death this agent has handled (its reports to the owners sent).
-    handled_deaths: Mutex<HashSet<ProcId>>,
-    /// Bumped after each host loss and each handled death, for those who wait on them.
-    events: tokio::sync::watch::Sender<u64>,
     registry: Registry,
     foreign: Option<Arc<dyn ForeignSpawner>>,
     host: Option<Arc<control::HostService>>,
     spawned_by: Option<ProcId>,
     /// The singletons of this proc (see [`SingletonService`]).
     singletons: Arc<dyn SingletonService>,
-    /// Where the output of the procs spawned from this process goes.
-    output_sink: Mutex<Option<OutputSink>>,
-    /// Why this agent refuses new actors, once its proc is stopping
-    /// ([`ProcAgent::close_spawns`]).
-    spawns_closed: Mutex<Option<String>>,
 }
 
 fn agents() -> &'static Mutex<HashMap<ProcId, Weak<Inner>>> {
@@ -327,39 +294,26 @@ impl ProcAgent {
             sender_id: random_id(),
             fanout: AtomicUsize::new(DEFAULT_FANOUT),
             stop_timeout: options.stop_timeout.unwrap_or(DEFAULT_STOP_TIMEOUT),
-            _ports: Mutex::new(Vec::new()),
-            local: Mutex::default(),
-            incoming: Mutex::default(),
-            outgoing: Mutex::default(),
-            replies: Mutex::default(),
-            next_key: AtomicU64::new(1),
-            dead: Mutex::default(),
-            dead_recent: Mutex::default(),
-            calls: Mutex::default(),
-            owned: Mutex::default(),
-            watched: Mutex::default(),
-            hosts: Mutex::default(),
-            liveness: options.liveness,
+            ports: OnceLock::new(),
+            local: local::LocalActors::default(),
+            incoming: cast_in::CastsIn::default(),
+            casts_out: cast_out::CastsOut::default(),
+            replies: replies::Router::default(),
+            supervisor: supervise::Supervisor::default(),
+            liveness: liveness::HostLiveness::new(options.liveness),
+            output: output::OutputForward::default(),
             on_end: options.on_end,
-            monitored: Mutex::default(),
-            host_acks: Mutex::default(),
-            lost_hosts: Mutex::default(),
-            ending_hosts: Mutex::default(),
-            handled_deaths: Mutex::default(),
-            events: tokio::sync::watch::Sender::new(0),
             registry: options.registry,
             foreign: options.foreign,
             host,
             spawned_by: options.spawned_by,
             singletons,
-            output_sink: Mutex::default(),
-            spawns_closed: Mutex::default(),
         });
         Inner::open_ports(&inner)?;
         supervise::start_tasks(&inner);
         if let Some(host) = &inner.host {
             host.start(&inner);
-            host.start_leases(inner.liveness.lease);
+            host.start_leases(inner.liveness.config().lease);
         }
         registered.retain(|_, w| w.strong_count() > 0);
         registered.insert(proc_id, Arc::downgrade(&inner));
@@ -506,7 +460,7 @@ impl ProcAgent {
         }
         // Watched while it ends, so that one that goes silent is found lost.
         self.inner.monitor_host(host);
-        self.inner.ending_hosts.lock().insert(host.clone());
+        self.inner.liveness.mark_ending(host);
         let (port, receiver) = self
             .inner
             .client
@@ -619,24 +573,18 @@ impl ProcAgent {
 
     /// Whether `proc` is known to be gone, and how it ended.
     pub fn death_of(&self, proc: &ProcId) -> Option<ProcDeath> {
-        self.inner.dead.lock().get(proc).map(|d| d.death.clone())
+        self.inner.supervisor.death_of(proc)
     }
 
     /// Records why the local actor `name` stopped (it stopped itself): calls to it
     /// are then answered with that reason.
     pub fn note_stop_reason(&self, name: &str, reason: &str) {
-        if let Some(actor) = self.inner.local.lock().get_mut(name) {
-            actor.stop_reason.get_or_insert_with(|| reason.to_string());
-        }
+        self.inner.local.note_stop_reason(name, reason);
     }
 
     /// The local actor named `name` (spawned by this agent), if it exists.
     pub fn local_actor(&self, name: &str) -> Option<AnyActorHandle> {
-        self.inner
-            .local
-            .lock()
-            .get(name)
-            .and_then(|a| a.handle.clone())
+        self.inner.local.handle(name)
     }
 
     /// This proc is stopping (`reason`, e.g. its host asked it to): from now on the
@@ -645,10 +593,7 @@ impl ProcAgent {
     /// a failure unless that process stopped this proc or the mesh itself (a stop it
     /// asked for is not a failure). Idempotent: the first reason is kept.
     pub fn close_spawns(&self, reason: &str) {
-        self.inner
-            .spawns_closed
-            .lock()
-            .get_or_insert_with(|| reason.to_string());
+        self.inner.local.close(reason);
     }
 
     /// Sends `parts` from `sender` to `dest` (a plain message, not a cast): failures come
@@ -709,7 +654,7 @@ impl Inner {
                 proc: this.proc.proc_id().clone(),
             });
         }
-        this._ports.lock().extend([cast.1, control.1, reply.1]);
+        let _ = this.ports.set([cast.1, control.1, reply.1]);
         Ok(())
     }
 
@@ -724,10 +669,6 @@ impl Inner {
             },
             payload: Serialized::from_parts(parts),
         });
-    }
-
-    fn next_key(&self) -> u64 {
-        self.next_key.fetch_add(1, Ordering::Relaxed)
     }
 
     fn reply_port(&self) -> PortId {

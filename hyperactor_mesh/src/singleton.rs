@@ -11,19 +11,20 @@
 //! that hook: the agent itself never names the mesh handles.
 //!
 //! Lock order: a registry's `meshes` lock is held while a singleton is spawned (so that
-//! two requests for one name spawn it once), which takes the agent's own locks; nothing
-//! of the agent calls into a registry while it holds a lock of its own (see
-//! docs/architecture.md, "Lock order").
+//! two requests for one name spawn it once), which takes the agent's own locks: it has
+//! the lowest rank ([`crate::agent::lock::Rank::Singletons`]); nothing of the agent calls
+//! into a registry while it holds a lock of its own (see docs/architecture.md, "Lock
+//! order").
 
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use hyperactor::sync::Mutex;
 use hyperactor::{ActorId, ChannelTransport, PortId, PortRef, Proc, ProcId, SendContext};
 
 use crate::actor_mesh::ActorMeshRef;
+use crate::agent::lock::{Rank, Ranked};
 use crate::agent::{random_id, AgentOptions, Control, ProcAgent, SingletonService};
 use crate::cast::codec::{ActorType, MeshInfo};
 use crate::error::{MeshError, RemoteError, RemoteErrorKind};
@@ -32,12 +33,21 @@ use crate::shape::Extent;
 
 /// The singletons of one agent's proc, and who owns those spawned at another process's
 /// request.
-#[derive(Default)]
 pub(crate) struct Singletons {
-    /// Named singletons spawned on this proc. Held while one is spawned.
-    meshes: Mutex<HashMap<String, ActorMeshRef>>,
+    /// Named singletons spawned on this proc. Held while one is spawned (the lowest
+    /// rank: the spawn takes the agent's locks).
+    meshes: Ranked<HashMap<String, ActorMeshRef>>,
     /// Who owns the singletons spawned at another process's request.
-    owner: Mutex<Option<ActorId>>,
+    owner: Ranked<Option<ActorId>>,
+}
+
+impl Default for Singletons {
+    fn default() -> Self {
+        Self {
+            meshes: Ranked::new(Rank::Singletons),
+            owner: Ranked::new(Rank::Component),
+        }
+    }
 }
 
 impl Singletons {

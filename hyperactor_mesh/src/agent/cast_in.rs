@@ -9,10 +9,11 @@ use bytes::Bytes;
 use hyperactor::message::{Envelope, UNDELIVERABLE_PORT};
 use hyperactor::ActorId;
 
+use super::lock::{Rank, Ranked};
 use super::replies::{ReduceState, Reducer, Slot};
 use super::{cast_port, Inner};
 use crate::cast::codec::{CastHeader, CastKind, Entry, ReplyMode, ReplyTo, Route};
-use crate::cast::order::{Arrival, GAP_GRACE};
+use crate::cast::order::{Arrival, Sequencer, GAP_GRACE};
 use crate::cast::reply::ReplyItem;
 use crate::cast::tree::chunks;
 use hyperactor::channel::log_limit::LogLimit;
@@ -30,6 +31,75 @@ static MALFORMED: LogLimit = LogLimit::per_second();
 
 /// A receiver on a dead proc: its index, why, and whether its proc was stopped.
 type Lost = (u32, String, bool);
+
+/// The casts that arrived, put back in each sender's order (ORD-1): the casts-in
+/// component. Its sequencer's lock is the one component lock held while other code
+/// runs: the casts it releases execute under it, so that nothing overtakes them, and
+/// executing takes other component locks (its rank is below theirs: see
+/// [`super::lock`]). Executing only posts, takes component locks and starts tasks.
+pub(super) struct CastsIn {
+    sequencer: Ranked<Sequencer<Delivery>>,
+}
+
+impl Default for CastsIn {
+    fn default() -> Self {
+        Self {
+            sequencer: Ranked::new(Rank::Sequencer),
+        }
+    }
+}
+
+/// What became of an arriving cast.
+enum Arrived {
+    /// It was executed, with any it unblocked.
+    Executed,
+    /// It waits for an earlier one; if `arm_timer`, the caller arms the gap timer.
+    Held { arm_timer: bool },
+    /// It was executed before.
+    Repeat,
+}
+
+impl CastsIn {
+    /// Sequences `delivery` (message `seq` of `sender` to `actor`) and runs `execute` on
+    /// what is ready, in order, under the sequencer's lock.
+    fn arrive(
+        &self,
+        sender: u64,
+        actor: String,
+        seq: u64,
+        delivery: Delivery,
+        mut execute: impl FnMut(Delivery),
+    ) -> Arrived {
+        let mut sequencer = self.sequencer.lock();
+        match sequencer.arrive(sender, actor, seq, delivery) {
+            Arrival::Ready(ready) => {
+                ready.into_iter().for_each(&mut execute);
+                Arrived::Executed
+            }
+            Arrival::Held { arm_timer } => Arrived::Held { arm_timer },
+            Arrival::Repeat => Arrived::Repeat,
+        }
+    }
+
+    /// Runs `execute` on the casts of `sender` to `actor` held past their gap's grace
+    /// period, in order, under the sequencer's lock.
+    fn release(&self, sender: u64, actor: &String, execute: impl FnMut(Delivery)) {
+        let mut sequencer = self.sequencer.lock();
+        sequencer
+            .release(sender, actor)
+            .into_iter()
+            .for_each(execute);
+    }
+
+    /// A proc died: runs `execute` on the casts that no longer wait for a gap, in
+    /// order, under the sequencer's lock.
+    fn peer_died(&self, mut execute: impl FnMut(Delivery)) {
+        let mut sequencer = self.sequencer.lock();
+        for (_, ready) in sequencer.peer_died() {
+            ready.into_iter().for_each(&mut execute);
+        }
+    }
+}
 
 impl Inner {
     /// A frame arrived on the cast port (on the delivering task).
@@ -122,14 +192,17 @@ impl Inner {
 
     /// `entries` without those on dead procs, and the (index, reason) of those.
     fn split_dead<'a>(&self, entries: &'a [Entry]) -> (std::borrow::Cow<'a, [Entry]>, Vec<Lost>) {
-        let dead = self.dead.lock();
-        if dead.is_empty() {
+        let deaths = self
+            .supervisor
+            .deaths_among(entries.iter().map(|e| &e.proc));
+        if deaths.is_empty() {
             return (std::borrow::Cow::Borrowed(entries), Vec::new());
         }
+        let mut deaths = deaths.into_iter().peekable();
         let (mut live, mut lost) = (Vec::with_capacity(entries.len()), Vec::new());
-        for e in entries {
-            match dead.get(&e.proc) {
-                Some(d) => lost.push((e.index, d.death.to_string(), d.death.expected)),
+        for (at, e) in entries.iter().enumerate() {
+            match deaths.next_if(|(dead, _)| *dead == at) {
+                Some((_, death)) => lost.push((e.index, death.to_string(), death.expected)),
                 None => live.push(e.clone()),
             }
         }
@@ -143,7 +216,7 @@ impl Inner {
         children: &[&[Entry]],
         lost: Vec<ReplyItem>,
     ) -> ReplyTo {
-        let key = self.next_key();
+        let key = self.replies.next_key();
         let mut pending: HashSet<u32> = HashSet::new();
         pending.insert(mine);
         let mut kids = Vec::with_capacity(children.len());
@@ -160,7 +233,7 @@ impl Inner {
                 children: kids,
             }),
         });
-        self.replies.lock().insert(key, Slot::Reducer(reducer));
+        self.replies.insert(key, Slot::Reducer(reducer));
         ReplyTo {
             port: self.reply_port(),
             key,
@@ -172,28 +245,23 @@ impl Inner {
     /// only posts, or starts tasks.
     fn arrive(self: &Arc<Self>, sender: u64, seq: u64, delivery: Delivery) {
         let actor = delivery.actor.clone();
-        let mut incoming = self.incoming.lock();
-        match incoming.arrive(sender, actor.clone(), seq, delivery) {
-            Arrival::Ready(ready) => {
-                for d in ready {
-                    self.execute(d);
-                }
-            }
-            Arrival::Held { arm_timer } => {
+        match self
+            .incoming
+            .arrive(sender, actor.clone(), seq, delivery, |d| self.execute(d))
+        {
+            Arrived::Executed => {}
+            Arrived::Held { arm_timer } => {
                 if arm_timer {
                     let inner = Arc::downgrade(self);
                     tokio::spawn(async move {
                         tokio::time::sleep(GAP_GRACE).await;
                         if let Some(inner) = inner.upgrade() {
-                            let mut incoming = inner.incoming.lock();
-                            for d in incoming.release(sender, &actor) {
-                                inner.execute(d);
-                            }
+                            inner.incoming.release(sender, &actor, |d| inner.execute(d));
                         }
                     });
                 }
             }
-            Arrival::Repeat => {
+            Arrived::Repeat => {
                 tracing::warn!(agent = %self.id, actor, seq, "dropping a repeated cast")
             }
         }
@@ -201,12 +269,7 @@ impl Inner {
 
     /// Executes deliveries released by a proc's death (the sequencer lock is taken).
     pub(super) fn release_held(self: &Arc<Self>) {
-        let mut incoming = self.incoming.lock();
-        for (_, ready) in incoming.peer_died() {
-            for d in ready {
-                self.execute(d);
-            }
-        }
+        self.incoming.peer_died(|d| self.execute(d));
     }
 
     /// Executes one delivery on this proc.

@@ -2,14 +2,17 @@
 //! receivers on dead procs (reporting them), cut the rest into chunks and post one
 //! frame per chunk head; remember what a call waits for, so a death fails it at once.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use hyperactor::{ActorId, ProcId};
 use serde::{Deserialize, Serialize};
 
+use super::lock::{Rank, Ranked};
 use super::{cast_port, Inner, ProcAgent};
 use crate::cast::codec::{CastHeader, CastKind, Entry, ReplyMode, ReplyTo, ViewExtent};
+use crate::cast::order::Outgoing;
 use crate::cast::reply::ReplyItem;
 use crate::cast::tree::{chunks, subtree_ends};
 
@@ -63,6 +66,63 @@ impl CallWatch {
     }
 }
 
+/// The casts sent from this process: the numbering of each sender's messages per
+/// receiver (ORD-1), and the calls still waiting, by reply key: the casts-out
+/// component. It owns its state behind one lock, which only its methods take; none
+/// calls anything else while holding it (see [`super::lock`]).
+pub(super) struct CastsOut {
+    state: Ranked<CastsOutState>,
+}
+
+#[derive(Default)]
+struct CastsOutState {
+    outgoing: Outgoing,
+    /// Calls from this process still waiting: what they were cast to.
+    calls: HashMap<u64, CallWatch>,
+}
+
+impl Default for CastsOut {
+    fn default() -> Self {
+        Self {
+            state: Ranked::new(Rank::Component),
+        }
+    }
+}
+
+impl CastsOut {
+    /// The next sequence numbers of messages to actor `actor` on each of `procs`.
+    fn number<'a>(&self, actor: &str, procs: impl IntoIterator<Item = &'a ProcId>) -> Vec<u64> {
+        let mut state = self.state.lock();
+        let numbering = state.outgoing.actor(actor);
+        procs
+            .into_iter()
+            .map(|p| crate::cast::order::next_in(numbering, p))
+            .collect()
+    }
+
+    /// Remembers what the call with reply key `key` was cast to.
+    fn watch_call(&self, key: u64, watch: CallWatch) {
+        self.state.lock().calls.insert(key, watch);
+    }
+
+    /// The calls with a message that went through `proc`, with the indices it carried
+    /// (see [`CallWatch::through`]).
+    pub(super) fn calls_through(&self, proc: &ProcId) -> Vec<(u64, Vec<(u32, bool)>)> {
+        self.state
+            .lock()
+            .calls
+            .iter()
+            .map(|(key, watch)| (*key, watch.through(proc)))
+            .filter(|(_, hit)| !hit.is_empty())
+            .collect()
+    }
+
+    /// The call with reply key `key` waits no more.
+    pub(super) fn forget_call(&self, key: u64) {
+        self.state.lock().calls.remove(&key);
+    }
+}
+
 impl ProcAgent {
     /// Asks the hosts of `targets` (once per proc) to report their procs' deaths to this
     /// agent, so that calls waiting on a dead proc fail at once. A mesh's owner watches
@@ -108,37 +168,38 @@ impl Inner {
         let fanout = self.fanout.load(std::sync::atomic::Ordering::Relaxed);
         let mut lost: Vec<ReplyItem> = Vec::new();
         let mut live: Vec<&CastTarget> = Vec::with_capacity(targets.len());
-        {
-            let dead = self.dead.lock();
-            for t in targets {
-                match dead.get(&t.proc) {
-                    Some(d) if !dead.is_empty() => lost.push(ReplyItem::unanswered(
-                        t.index,
-                        &d.death.to_string(),
-                        d.death.expected,
-                    )),
-                    _ => live.push(t),
-                }
+        let mut deaths = self
+            .supervisor
+            .deaths_among(targets.iter().map(|t| &t.proc))
+            .into_iter()
+            .peekable();
+        for (at, t) in targets.iter().enumerate() {
+            match deaths.next_if(|(dead, _)| *dead == at) {
+                Some((_, death)) => lost.push(ReplyItem::unanswered(
+                    t.index,
+                    &death.to_string(),
+                    death.expected,
+                )),
+                None => live.push(t),
             }
         }
-        let entries: Vec<Entry> = {
-            let mut outgoing = self.outgoing.lock();
-            let numbering = outgoing.actor(actor);
-            live.iter()
-                .map(|t| Entry {
-                    index: t.index,
-                    seq: crate::cast::order::next_in(numbering, &t.proc),
-                    proc: t.proc.clone(),
-                })
-                .collect()
-        };
+        let seqs = self.casts_out.number(actor, live.iter().map(|t| &t.proc));
+        let entries: Vec<Entry> = live
+            .iter()
+            .zip(seqs)
+            .map(|(t, seq)| Entry {
+                index: t.index,
+                seq,
+                proc: t.proc.clone(),
+            })
+            .collect();
         let reply = if mode == ReplyMode::None { None } else { reply };
         let local_key = reply
             .as_ref()
             .filter(|to| to.port == self.reply_port())
             .map(|to| to.key);
         if let Some(key) = local_key {
-            self.calls.lock().insert(
+            self.casts_out.watch_call(
                 key,
                 CallWatch {
                     targets: live.iter().map(|t| (t.index, t.proc.clone())).collect(),
@@ -161,7 +222,7 @@ impl Inner {
             hops: 1,
             fanout: u16::try_from(fanout).unwrap_or(u16::MAX),
             entries: Vec::new(),
-            dead: self.dead_recent.lock().iter().cloned().collect(),
+            dead: self.supervisor.recent_dead(),
         };
         for range in chunks(entries.len(), fanout) {
             match header.encode_chunk(1, header.reply.as_ref(), &entries[range.clone()]) {
@@ -179,25 +240,9 @@ impl Inner {
 
     /// Asks the hosts of `targets` (once per proc) to report their procs' deaths here.
     pub(super) fn watch_targets(self: &Arc<Self>, targets: &[CastTarget]) {
-        let mut new: Vec<(ProcId, ProcId)> = Vec::new();
-        {
-            let mut watched = self.watched.lock();
-            for t in targets {
-                if let Some(host) = &t.host {
-                    if watched.insert(t.proc.clone()) {
-                        new.push((host.clone(), t.proc.clone()));
-                    }
-                }
-            }
-        }
+        let mut new = self.supervisor.watch_new(targets);
         if new.is_empty() {
             return;
-        }
-        {
-            let mut hosts = self.hosts.lock();
-            for (host, proc) in &new {
-                hosts.insert(proc.clone(), host.clone());
-            }
         }
         new.sort();
         let mut at = 0;

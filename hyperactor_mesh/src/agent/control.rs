@@ -8,7 +8,6 @@
 //! procs it spawned to their owners ([`Control::Output`], see [`super::output`]), ahead
 //! of their death reports.
 
-use hyperactor::sync::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +16,7 @@ use hyperactor::message::{Envelope, Serialized};
 use hyperactor::{ActorId, PortId, PortRef, ProcId, SendContext};
 use serde::{Deserialize, Serialize};
 
+use super::lock::{Rank, Ranked};
 use super::{control_port, CastTarget, Inner};
 use crate::bootstrap::ProcCommands;
 use crate::cast::codec::MeshInfo;
@@ -215,10 +215,10 @@ pub(super) struct HostState {
 /// The host side of an agent that has a [`Host`].
 pub(super) struct HostService {
     host: Host,
-    pub(super) state: Mutex<HostState>,
+    pub(super) state: Ranked<HostState>,
     /// Requests to flush the output of the host's procs (see [`super::output`]).
     pub(super) flush_requests: tokio::sync::mpsc::UnboundedSender<tokio::sync::oneshot::Sender<()>>,
-    flushes: Mutex<Option<super::output::FlushRequests>>,
+    flushes: Ranked<Option<super::output::FlushRequests>>,
 }
 
 impl HostService {
@@ -226,9 +226,9 @@ impl HostService {
         let (flush_requests, flushes) = tokio::sync::mpsc::unbounded_channel();
         Self {
             host,
-            state: Mutex::default(),
+            state: Ranked::new(Rank::Component),
             flush_requests,
-            flushes: Mutex::new(Some(flushes)),
+            flushes: Ranked::holding(Rank::Component, Some(flushes)),
         }
     }
 

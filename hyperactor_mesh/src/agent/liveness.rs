@@ -28,12 +28,14 @@
 //! (LIVE-2): a client that dies or is cut off leaves no orphans behind, and the host
 //! serves the next client.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use hyperactor::{PortId, ProcId};
 
 use super::control::HostService;
+use super::lock::{Rank, Ranked};
 use super::{Control, Inner};
 use crate::supervision::{ProcDeath, ProcEnd};
 
@@ -65,19 +67,139 @@ impl Default for Liveness {
     }
 }
 
+/// The hosts an agent monitors, and those it gave up for lost or asked to end: the host
+/// liveness component. It owns its state behind one lock, which only its methods take;
+/// none calls anything else while holding it (see [`super::lock`]).
+pub(super) struct HostLiveness {
+    config: Liveness,
+    state: Ranked<HostsState>,
+    /// Bumped after each host loss, for those who wait on one.
+    lost_events: tokio::sync::watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct HostsState {
+    /// Hosts this agent monitors, and when each last answered a heartbeat.
+    monitored: HashMap<ProcId, Instant>,
+    /// Hosts given up for lost, and why, until they are monitored afresh (see the
+    /// [module docs](self)): stopping and ending never wait on them.
+    lost: HashMap<ProcId, String>,
+    /// Hosts asked to end ([`super::ProcAgent::end_host`]), until monitored afresh:
+    /// their loss fails none of their procs.
+    ending: HashSet<ProcId>,
+}
+
+impl HostLiveness {
+    pub(super) fn new(config: Liveness) -> Self {
+        Self {
+            config,
+            state: Ranked::new(Rank::Component),
+            lost_events: tokio::sync::watch::Sender::new(0),
+        }
+    }
+
+    /// The timing of heartbeats and leases.
+    pub(super) fn config(&self) -> Liveness {
+        self.config
+    }
+
+    /// Starts monitoring `host`; false if it is monitored already. Monitored afresh, a
+    /// host lost before (or ended) is in use again.
+    fn start_monitoring(&self, host: &ProcId) -> bool {
+        let mut state = self.state.lock();
+        if state.monitored.contains_key(host) {
+            return false;
+        }
+        state.lost.remove(host);
+        state.ending.remove(host);
+        state.monitored.insert(host.clone(), Instant::now());
+        true
+    }
+
+    /// Stops monitoring `host`.
+    fn stop_monitoring(&self, host: &ProcId) {
+        self.state.lock().monitored.remove(host);
+    }
+
+    /// `host` answered a heartbeat (if it is monitored).
+    fn acked(&self, host: &ProcId) {
+        if let Some(at) = self.state.lock().monitored.get_mut(host) {
+            *at = Instant::now();
+        }
+    }
+
+    /// When `host` last answered, if it is monitored.
+    fn last_ack(&self, host: &ProcId) -> Option<Instant> {
+        self.state.lock().monitored.get(host).copied()
+    }
+
+    /// When each monitored host last answered.
+    pub(super) fn acks(&self) -> HashMap<ProcId, Instant> {
+        self.state.lock().monitored.clone()
+    }
+
+    /// The hosts monitored or given up for lost.
+    pub(super) fn known_hosts(&self) -> Vec<ProcId> {
+        let state = self.state.lock();
+        state
+            .monitored
+            .keys()
+            .chain(state.lost.keys())
+            .cloned()
+            .collect()
+    }
+
+    /// Why `host` was given up for lost, if it was (and is not monitored afresh since).
+    pub(super) fn lost_reason(&self, host: &ProcId) -> Option<String> {
+        self.state.lock().lost.get(host).cloned()
+    }
+
+    /// `host` is asked to end: its loss fails none of its procs.
+    pub(super) fn mark_ending(&self, host: &ProcId) {
+        self.state.lock().ending.insert(host.clone());
+    }
+
+    /// Whether `host` was asked to end.
+    pub(super) fn is_ending(&self, host: &ProcId) -> bool {
+        self.state.lock().ending.contains(host)
+    }
+
+    /// Records `host` as lost (`reason`) and wakes those who wait for it.
+    fn record_lost(&self, host: &ProcId, reason: &str) {
+        self.state
+            .lock()
+            .lost
+            .insert(host.clone(), reason.to_string());
+        self.lost_events.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Completes, with the reason, once `host` is given up for lost (at once if it is).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub(super) async fn lost_wait(&self, host: &ProcId) -> String {
+        let mut events = self.lost_events.subscribe();
+        loop {
+            if let Some(why) = self.lost_reason(host) {
+                return why;
+            }
+            if events.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+}
+
 impl Inner {
     /// Starts monitoring `host` (once; never this agent's own proc).
     pub(super) fn monitor_host(self: &Arc<Self>, host: &ProcId) {
         if host == self.proc.proc_id() {
             return;
         }
-        if !self.monitored.lock().insert(host.clone()) {
+        if !self.liveness.start_monitoring(host) {
             return;
         }
-        // Monitored afresh: a host lost before (or ended) is in use again.
-        self.lost_hosts.lock().remove(host);
-        self.ending_hosts.lock().remove(host);
-        self.host_acks.lock().insert(host.clone(), Instant::now());
         tokio::spawn(monitor(Arc::downgrade(self), host.clone()));
     }
 
@@ -103,9 +225,7 @@ impl Inner {
     }
 
     pub(super) fn on_heartbeat_ack(&self, proc: &ProcId) {
-        if let Some(at) = self.host_acks.lock().get_mut(proc) {
-            *at = Instant::now();
-        }
+        self.liveness.acked(proc);
     }
 
     pub(super) fn on_abandon(&self, reason: &str, from: &hyperactor::ActorId) {
@@ -121,13 +241,12 @@ impl Inner {
 
     /// Stops monitoring `host` (its monitor task ends at its next tick).
     pub(super) fn unmonitor_host(&self, host: &ProcId) {
-        self.monitored.lock().remove(host);
-        self.host_acks.lock().remove(host);
+        self.liveness.stop_monitoring(host);
     }
 
     /// Why `host` was given up for lost, if it was (and is not monitored afresh since).
     pub(super) fn lost_reason(&self, host: &ProcId) -> Option<String> {
-        self.lost_hosts.lock().get(host).cloned()
+        self.liveness.lost_reason(host)
     }
 
     /// Completes, with the reason, once `host` is given up for lost (at once if it is).
@@ -136,45 +255,20 @@ impl Inner {
     ///
     /// Cancel safe.
     pub(super) async fn host_lost_wait(&self, host: &ProcId) -> String {
-        let mut events = self.events.subscribe();
-        loop {
-            if let Some(why) = self.lost_reason(host) {
-                return why;
-            }
-            if events.changed().await.is_err() {
-                return std::future::pending().await;
-            }
-        }
+        self.liveness.lost_wait(host).await
     }
 
     /// `host` is lost: every proc of it that this agent knows of is dead (LIVE-1),
     /// unless the host is being ended (then its procs are being stopped, not failed).
     fn host_lost(self: &Arc<Self>, host: &ProcId, reason: &str) {
         self.unmonitor_host(host);
-        if self.ending_hosts.lock().contains(host) {
-            self.lost_hosts
-                .lock()
-                .insert(host.clone(), reason.to_string());
+        if self.liveness.is_ending(host) {
             tracing::info!(agent = %self.id, "host {host}, which was asked to end, is lost ({reason})");
-            self.events.send_modify(|n| *n = n.wrapping_add(1));
+            self.liveness.record_lost(host, reason);
             return;
         }
         // (proc, pid, owned here): only an owner tells its procs to exit.
-        let mut procs: Vec<(ProcId, u32, bool)> = Vec::new();
-        for owned in self.owned.lock().values() {
-            for (target, pid) in &owned.ranks {
-                if target.host.as_ref() == Some(host) {
-                    procs.push((target.proc.clone(), pid.unwrap_or(0), true));
-                }
-            }
-        }
-        procs.extend(
-            self.hosts
-                .lock()
-                .iter()
-                .filter(|(_, h)| *h == host)
-                .map(|(p, _)| (p.clone(), 0, false)),
-        );
+        let mut procs = self.supervisor.procs_of_host(host);
         procs.sort_by(|a, b| a.0.cmp(&b.0).then(b.2.cmp(&a.2)));
         procs.dedup_by(|a, b| a.0 == b.0);
         tracing::warn!(agent = %self.id, "host {host} is lost ({reason}); {} of its procs are failed", procs.len());
@@ -191,7 +285,7 @@ impl Inner {
         crate::monitor::events::record(event);
         let why = format!("its host {host} was lost: {reason}");
         for (proc, pid, owned) in procs {
-            if self.dead.lock().get(&proc).is_some_and(|d| d.confirmed) {
+            if self.supervisor.is_confirmed_dead(&proc) {
                 continue;
             }
             if owned {
@@ -210,17 +304,14 @@ impl Inner {
             });
         }
         // Recorded last: whoever sees the host lost sees its procs' deaths handled.
-        self.lost_hosts
-            .lock()
-            .insert(host.clone(), reason.to_string());
-        self.events.send_modify(|n| *n = n.wrapping_add(1));
+        self.liveness.record_lost(host, reason);
     }
 }
 
 /// The monitor of one host (see the [module docs](self)).
 async fn monitor(weak: Weak<Inner>, host: ProcId) {
     let (proc, liveness) = match weak.upgrade() {
-        Some(inner) => (inner.proc.clone(), inner.liveness),
+        Some(inner) => (inner.proc.clone(), inner.liveness.config()),
         None => return,
     };
     let mut ticker = tokio::time::interval(liveness.interval);
@@ -233,11 +324,10 @@ async fn monitor(weak: Weak<Inner>, host: ProcId) {
             error = proc.link_failed(&host) => Some(error),
         };
         let Some(inner) = weak.upgrade() else { return };
-        if !inner.monitored.lock().contains(&host) {
+        // Not monitored any more: this monitor ends.
+        let Some(last_ack) = inner.liveness.last_ack(&host) else {
             return;
-        }
-        let last_ack = inner.host_acks.lock().get(&host).copied();
-        let Some(last_ack) = last_ack else { return };
+        };
         if let Some(error) = failed {
             match broken {
                 // A second failure with no answer since the first: it is gone.

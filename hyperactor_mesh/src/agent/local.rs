@@ -10,6 +10,7 @@ use hyperactor::actor::{AnyActorHandle, DrivenActor};
 use hyperactor::{Actor, ActorId, ActorStatus, Client};
 use serde::de::DeserializeOwned;
 
+use super::lock::{Rank, Ranked};
 use super::{Control, Inner};
 use crate::cast::codec::{ActorType, MeshInfo, ReplyTo, SpawnSpec, ViewExtent};
 use crate::cast::reply::ReplyItem;
@@ -165,6 +166,7 @@ pub trait ForeignSpawner: Send + Sync + 'static {
 }
 
 /// An actor spawned by an agent.
+#[derive(Clone)]
 pub(super) struct LocalActor {
     /// `None`: the spawn was refused before the actor was created (its proc was
     /// stopping); it counts as stopped.
@@ -174,6 +176,83 @@ pub(super) struct LocalActor {
     pub(super) owner: ActorId,
     /// Why it was asked to stop, once it was.
     pub(super) stop_reason: Option<String>,
+}
+
+/// The actors an agent spawned, by actor name, and whether it still takes new ones: the
+/// local-actor component. It owns its state behind one lock, which only its methods
+/// take; none calls anything else while holding it (see [`super::lock`]).
+pub(super) struct LocalActors {
+    state: Ranked<LocalState>,
+}
+
+#[derive(Default)]
+struct LocalState {
+    /// Actors spawned here, by actor name.
+    actors: HashMap<String, LocalActor>,
+    /// Why this agent refuses new actors, once its proc is stopping
+    /// ([`super::ProcAgent::close_spawns`]).
+    closed: Option<String>,
+}
+
+impl Default for LocalActors {
+    fn default() -> Self {
+        Self {
+            state: Ranked::new(Rank::Component),
+        }
+    }
+}
+
+impl LocalActors {
+    /// Whether an actor named `name` was spawned (or refused) here.
+    fn contains(&self, name: &str) -> bool {
+        self.state.lock().actors.contains_key(name)
+    }
+
+    /// Records the actor `name`.
+    fn insert(&self, name: &str, actor: LocalActor) {
+        self.state.lock().actors.insert(name.to_string(), actor);
+    }
+
+    /// The actor `name`, as it is now.
+    pub(super) fn entry(&self, name: &str) -> Option<LocalActor> {
+        self.state.lock().actors.get(name).cloned()
+    }
+
+    /// The handle of the actor `name`, if it was created.
+    pub(super) fn handle(&self, name: &str) -> Option<AnyActorHandle> {
+        self.state
+            .lock()
+            .actors
+            .get(name)
+            .and_then(|a| a.handle.clone())
+    }
+
+    /// Every actor spawned here, as they are now.
+    pub(super) fn snapshot(&self) -> HashMap<String, LocalActor> {
+        self.state.lock().actors.clone()
+    }
+
+    /// Records why `name` stopped or is asked to stop (the first reason is kept);
+    /// returns its handle.
+    pub(super) fn note_stop_reason(&self, name: &str, reason: &str) -> Option<AnyActorHandle> {
+        let mut state = self.state.lock();
+        let actor = state.actors.get_mut(name)?;
+        actor.stop_reason.get_or_insert_with(|| reason.to_string());
+        actor.handle.clone()
+    }
+
+    /// Refuses new actors from now on, for `reason` (the first one is kept).
+    pub(super) fn close(&self, reason: &str) {
+        self.state
+            .lock()
+            .closed
+            .get_or_insert_with(|| reason.to_string());
+    }
+
+    /// Why new actors are refused, if they are.
+    fn closed(&self) -> Option<String> {
+        self.state.lock().closed.clone()
+    }
 }
 
 impl Inner {
@@ -187,7 +266,7 @@ impl Inner {
         view: &ViewExtent,
         parts: Vec<Bytes>,
     ) {
-        if self.local.lock().contains_key(actor) {
+        if self.local.contains(actor) {
             tracing::warn!(agent = %self.id, actor, "ignoring a second spawn of the same actor");
             return;
         }
@@ -229,8 +308,8 @@ impl Inner {
         };
         match spawned {
             Ok(handle) => {
-                self.local.lock().insert(
-                    actor.to_string(),
+                self.local.insert(
+                    actor,
                     LocalActor {
                         handle: Some(handle),
                         mesh: spec.mesh.clone(),
@@ -265,7 +344,7 @@ impl Inner {
     /// Why this proc takes no new actors, if it is stopping: the agent was told
     /// ([`super::ProcAgent::close_spawns`]), or the proc itself is stopped.
     fn stopping(&self) -> Option<String> {
-        if let Some(why) = self.spawns_closed.lock().clone() {
+        if let Some(why) = self.local.closed() {
             return Some(why);
         }
         self.proc
@@ -287,8 +366,8 @@ impl Inner {
     ) {
         tracing::debug!(agent = %self.id, actor, "refusing a spawn: {why}");
         let actor_id = handle.as_ref().map(|h| h.actor_id().clone());
-        self.local.lock().insert(
-            actor.to_string(),
+        self.local.insert(
+            actor,
             LocalActor {
                 handle,
                 mesh: spec.mesh.clone(),
@@ -320,8 +399,7 @@ impl Inner {
     /// Why calls to local actor `actor` cannot be handled, if they cannot, and whether
     /// that is because it was stopped (not a failure).
     pub(super) fn why_not_running(&self, actor: &str) -> Option<(String, bool)> {
-        let local = self.local.lock();
-        let Some(a) = local.get(actor) else {
+        let Some(a) = self.local.entry(actor) else {
             return Some((
                 format!(
                     "no actor {actor} on proc {} (it was never spawned here)",
@@ -363,13 +441,7 @@ impl Inner {
         reason: String,
         reply: Option<(ReplyTo, u32)>,
     ) {
-        let handle = {
-            let mut local = self.local.lock();
-            local.get_mut(actor).and_then(|a| {
-                a.stop_reason.get_or_insert(reason.clone());
-                a.handle.clone()
-            })
-        };
+        let handle = self.local.note_stop_reason(actor, &reason);
         let inner = Arc::clone(self);
         let timeout = self.stop_timeout;
         tokio::spawn(async move {
@@ -392,7 +464,7 @@ impl Inner {
         let Some((to, index)) = reply else {
             return;
         };
-        let handle = self.local.lock().get(actor).and_then(|a| a.handle.clone());
+        let handle = self.local.handle(actor);
         let inner = Arc::clone(self);
         let actor = actor.to_string();
         tokio::spawn(async move {

@@ -115,9 +115,9 @@ impl Inner {
         proc.link_sent = sent;
         proc.link_received = received;
         proc.log_lines_dropped = crate::output::dropped_lines();
-        // Copied before the agent's table is locked: no lock is held across the two.
+        // Both copied: no lock is held across the two.
         let actor_stats = self.proc.actor_stats();
-        let local = self.local.lock();
+        let local = self.local.snapshot();
         let actors = actor_stats
             .iter()
             .map(|s| {
@@ -322,13 +322,9 @@ impl Inner {
     /// hosts of the procs it talks to, and the hosts it watches.
     fn known_hosts(&self) -> Vec<ProcId> {
         let me = self.proc.proc_id();
-        let mut hosts: HashSet<ProcId> = self.hosts.lock().values().cloned().collect();
-        hosts.extend(self.host_acks.lock().keys().cloned());
-        hosts.extend(self.lost_hosts.lock().keys().cloned());
+        let mut hosts: HashSet<ProcId> = self.supervisor.known_hosts();
+        hosts.extend(self.liveness.known_hosts());
         hosts.extend(self.spawned_by.iter().cloned());
-        for owned in self.owned.lock().values() {
-            hosts.extend(owned.ranks.iter().filter_map(|(t, _)| t.host.clone()));
-        }
         hosts.remove(me);
         let mut hosts: Vec<ProcId> = hosts.into_iter().collect();
         hosts.sort();
@@ -343,8 +339,8 @@ impl Inner {
         procs: &mut Vec<ProcRecord>,
         actors: &mut Vec<ActorRecord>,
     ) -> Vec<MeshRecord> {
-        let owned = self.owned.lock();
-        let dead = self.dead.lock();
+        // Copied out: the monitor's records are built with no agent lock held.
+        let (owned, dead) = self.supervisor.snapshot();
         let mut meshes = Vec::new();
         let proc_index: HashMap<String, usize> = procs
             .iter()
@@ -550,7 +546,7 @@ impl ProcAgent {
         snapshot.hosts.extend(own_host);
         snapshot.procs.extend(own_procs);
         snapshot.actors.extend(own_actors);
-        let acks = inner.host_acks.lock().clone();
+        let acks = inner.liveness.acks();
         for (host, answer) in answers {
             let age = acks.get(&host).map(|at| crate::monitor::ms(at.elapsed()));
             match answer {
@@ -634,14 +630,7 @@ impl ProcAgent {
     ///
     /// If no host of `proc` is known.
     pub fn kill_proc(&self, proc: &ProcId, reason: &str) -> Result<(), MonitorError> {
-        let host = self.inner.hosts.lock().get(proc).cloned().or_else(|| {
-            self.inner.owned.lock().values().find_map(|m| {
-                m.ranks
-                    .iter()
-                    .find(|(t, _)| &t.proc == proc)
-                    .and_then(|(t, _)| t.host.clone())
-            })
-        });
+        let host = self.inner.supervisor.any_host_of(proc);
         let Some(host) = host else {
             return Err(MonitorError::UnknownHost {
                 proc: proc.to_string(),

@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::control::{Control, HostService};
+use super::lock::{Rank, Ranked};
 use super::{Inner, ProcAgent};
 use crate::host::{HostEvent, ProcOutput};
 use crate::output::OutputBatch;
@@ -33,6 +34,33 @@ const FLUSH_LIMIT: Duration = Duration::from_secs(2);
 
 /// What an agent does with the output batches it receives.
 pub type OutputSink = Arc<dyn Fn(OutputBatch) + Send + Sync>;
+
+/// Where the output batches this agent receives go: the output component. It owns the
+/// sink behind one lock, which only its methods take; the sink is called after the lock
+/// is released (see [`super::lock`]).
+pub(super) struct OutputForward {
+    sink: Ranked<Option<OutputSink>>,
+}
+
+impl Default for OutputForward {
+    fn default() -> Self {
+        Self {
+            sink: Ranked::new(Rank::Component),
+        }
+    }
+}
+
+impl OutputForward {
+    /// Hands the batches to `sink` from now on.
+    fn set(&self, sink: OutputSink) {
+        *self.sink.lock() = Some(sink);
+    }
+
+    /// The sink, if one was set.
+    fn sink(&self) -> Option<OutputSink> {
+        self.sink.lock().clone()
+    }
+}
 
 /// Output lines waiting to be sent, by destination and proc mesh, in arrival order.
 #[derive(Debug, Default)]
@@ -151,7 +179,7 @@ impl Inner {
     /// A batch of output arrived (on the delivering task).
     pub(super) fn on_output(&self, batch: OutputBatch) {
         self.keep_output(&batch);
-        let sink = self.output_sink.lock().clone();
+        let sink = self.output.sink();
         match sink {
             Some(sink) => sink(batch),
             None => batch.write_to_terminal(),
@@ -163,14 +191,7 @@ impl Inner {
     /// Keeps `batch`'s lines in the logs ring (see [`crate::monitor::logs`]), each with
     /// the id of the proc that wrote it when this process spawned it.
     fn keep_output(&self, batch: &OutputBatch) {
-        let procs: Vec<String> = match self.owned.lock().get(&batch.mesh_id) {
-            Some(owned) => owned
-                .ranks
-                .iter()
-                .map(|(t, _)| t.proc.to_string())
-                .collect(),
-            None => Vec::new(),
-        };
+        let procs = self.supervisor.mesh_procs(batch.mesh_id);
         let time = crate::monitor::unix_now();
         crate::monitor::logs::record(batch.lines.iter().map(|line| {
             let proc = procs
@@ -198,7 +219,7 @@ impl ProcAgent {
     /// stdout and stderr. The sink runs on the task that delivers each batch: it must
     /// not block.
     pub fn set_output_sink(&self, sink: OutputSink) {
-        *self.inner.output_sink.lock() = Some(sink);
+        self.inner.output.set(sink);
     }
 
     /// Sends on the output lines this host agent's host has read so far (pending

@@ -12,6 +12,7 @@
 
 use hyperactor::sync::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
@@ -19,6 +20,7 @@ use bytes::Bytes;
 use hyperactor::ProcId;
 use tokio::sync::Notify;
 
+use super::lock::{Rank, Ranked};
 use super::{Inner, ProcAgent};
 use crate::cast::codec::ReplyTo;
 use crate::cast::reply::{decode_reply, encode_reply, ReplyItem};
@@ -30,9 +32,62 @@ pub trait ReplySink: Send + Sync + 'static {
     fn deliver(&self, items: Vec<ReplyItem>);
 }
 
+#[derive(Clone)]
 pub(super) enum Slot {
     Reducer(Arc<Reducer>),
     Sink(Arc<dyn ReplySink>),
+}
+
+/// The reply router's table: what waits under each key, and the next key: the replies
+/// component. It owns its table behind one lock, which only its methods take; none
+/// calls anything else while holding it (see [`super::lock`]): a slot is copied out
+/// before anything is delivered to it.
+pub(super) struct Router {
+    slots: Ranked<HashMap<u64, Slot>>,
+    next_key: AtomicU64,
+}
+
+impl Default for Router {
+    fn default() -> Self {
+        Self {
+            slots: Ranked::new(Rank::Component),
+            next_key: AtomicU64::new(1),
+        }
+    }
+}
+
+impl Router {
+    /// A key not used before in this process's agent.
+    pub(super) fn next_key(&self) -> u64 {
+        self.next_key.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Puts `slot` under `key`.
+    pub(super) fn insert(&self, key: u64, slot: Slot) {
+        self.slots.lock().insert(key, slot);
+    }
+
+    /// What waits under `key`, if anything does.
+    fn get(&self, key: u64) -> Option<Slot> {
+        self.slots.lock().get(&key).cloned()
+    }
+
+    /// Nothing waits under `key` any more.
+    fn remove(&self, key: u64) {
+        self.slots.lock().remove(&key);
+    }
+
+    /// The reducers waiting, with their keys.
+    fn reducers(&self) -> Vec<(u64, Arc<Reducer>)> {
+        self.slots
+            .lock()
+            .iter()
+            .filter_map(|(key, slot)| match slot {
+                Slot::Reducer(r) => Some((*key, Arc::clone(r))),
+                Slot::Sink(_) => None,
+            })
+            .collect()
+    }
 }
 
 /// A tree node's collection of its subtree's replies.
@@ -69,10 +124,8 @@ impl Inner {
 
     /// Hands `items` to the slot of `key` (dropped if nobody waits any more).
     pub(super) fn deliver_items(&self, key: u64, items: Vec<ReplyItem>) {
-        let slot = match self.replies.lock().get(&key) {
-            Some(Slot::Reducer(r)) => Slot::Reducer(Arc::clone(r)),
-            Some(Slot::Sink(s)) => Slot::Sink(Arc::clone(s)),
-            None => return,
+        let Some(slot) = self.replies.get(key) else {
+            return;
         };
         match slot {
             Slot::Sink(sink) => sink.deliver(items),
@@ -104,7 +157,7 @@ impl Inner {
         }
         let got = std::mem::take(&mut state.got);
         drop(state);
-        self.replies.lock().remove(&key);
+        self.replies.remove(key);
         self.send_items(&reducer.parent, got);
     }
 
@@ -127,15 +180,7 @@ impl Inner {
     /// `proc` died: reducers stop waiting for children on it; calls from this process
     /// are answered for every rank whose message went through it (REP-2).
     pub(super) fn replies_after_death(&self, proc: &ProcId, reason: &str, stopped: bool) {
-        let reducers: Vec<(u64, Arc<Reducer>)> = self
-            .replies
-            .lock()
-            .iter()
-            .filter_map(|(key, slot)| match slot {
-                Slot::Reducer(r) => Some((*key, Arc::clone(r))),
-                Slot::Sink(_) => None,
-            })
-            .collect();
+        let reducers = self.replies.reducers();
         for (key, reducer) in reducers {
             let mut state = reducer.state.lock();
             let lost: Vec<u32> = state
@@ -156,13 +201,7 @@ impl Inner {
             }
             self.finish_if_done(key, &reducer, state);
         }
-        let watched: Vec<(u64, Vec<(u32, bool)>)> = self
-            .calls
-            .lock()
-            .iter()
-            .map(|(key, watch)| (*key, watch.through(proc)))
-            .filter(|(_, hit)| !hit.is_empty())
-            .collect();
+        let watched = self.casts_out.calls_through(proc);
         for (key, hit) in watched {
             let items = hit
                 .into_iter()
@@ -189,14 +228,14 @@ impl Inner {
     }
 
     fn register(&self, sink: Arc<dyn ReplySink>) -> u64 {
-        let key = self.next_key();
-        self.replies.lock().insert(key, Slot::Sink(sink));
+        let key = self.replies.next_key();
+        self.replies.insert(key, Slot::Sink(sink));
         key
     }
 
     fn unregister(&self, key: u64) {
-        self.replies.lock().remove(&key);
-        self.calls.lock().remove(&key);
+        self.replies.remove(key);
+        self.casts_out.forget_call(key);
     }
 }
 

@@ -2,20 +2,34 @@
 //! meshes' owners, turning a proc's death into failures of the meshes owned here, and
 //! handling messages that came back undelivered.
 
-use std::collections::HashMap;
+use std::borrow::Borrow;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyperactor::message::{Envelope, EnvelopeHeader, Serialized, SUPERVISION_PORT};
 use hyperactor::{ActorId, ProcId, SupervisionEvent};
 
+use super::lock::{Rank, Ranked};
 use super::{CallReplies, CastTarget, Control, Inner, ProcAgent, ProcInfo, AGENT_NAME, CAST_PORT};
 use crate::cast::codec::{CastHeader, CastKind, MeshInfo, ReplyMode, Route, ViewExtent};
 use crate::cast::reply::ReplyItem;
 use crate::supervision::{FailureCause, MeshFailure, ProcDeath};
 use hyperactor::channel::log_limit::LogLimit;
 
+/// A proc known to be gone.
+#[derive(Debug, Clone)]
+pub(super) struct Dead {
+    pub(super) death: ProcDeath,
+    /// Reported by its host (not only named dead in a cast header).
+    pub(super) confirmed: bool,
+}
+
+/// How many recently dead procs a cast header names.
+const DEAD_IN_HEADERS: usize = 32;
+
 /// A mesh owned by an actor of this process.
+#[derive(Clone)]
 pub(super) struct OwnedMesh {
     pub(super) mesh: MeshInfo,
     pub(super) owner: ActorId,
@@ -39,11 +53,368 @@ fn mesh_event(kind: &str, what: &str, mesh: &MeshInfo, extra: &str) {
 }
 
 /// What an owned mesh is made of.
+#[derive(Clone)]
 pub(super) enum OwnedKind {
     /// Actors named `actor` on each member proc.
     Actors { actor: String },
     /// The member procs themselves.
     Procs,
+}
+
+/// What the agent knows of procs' deaths and of the meshes owned here: the proc-death
+/// and supervision component. It owns its state behind one lock, which only its
+/// methods take; they copy out what their callers need and never call anything else
+/// while holding it (see [`super::lock`]).
+pub(super) struct Supervisor {
+    state: Ranked<SupervisorState>,
+    /// Bumped after each handled death, for those who wait on one.
+    handled_events: tokio::sync::watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct SupervisorState {
+    /// Procs known to be gone: from their host (confirmed), or from a cast header
+    /// (hearsay: it unblocks what waits for them, but the host's report is still awaited
+    /// for the owners of meshes on them).
+    dead: HashMap<ProcId, Dead>,
+    /// The most recent of them, which casts sent from here tell their receivers.
+    dead_recent: VecDeque<ProcId>,
+    /// Meshes owned by actors of this process, by mesh id.
+    owned: HashMap<u64, OwnedMesh>,
+    /// Procs this agent watches at their hosts, and each proc's host.
+    watched: HashSet<ProcId>,
+    hosts: HashMap<ProcId, ProcId>,
+    /// Procs whose death this agent has handled (its reports to the owners sent).
+    handled: HashSet<ProcId>,
+}
+
+impl SupervisorState {
+    /// Whether `proc` belongs to a proc mesh owned here that was stopped.
+    fn in_stopped_proc_mesh(&self, proc: &ProcId) -> bool {
+        self.owned.values().any(|m| {
+            m.stopped
+                && matches!(m.kind, OwnedKind::Procs)
+                && m.ranks.iter().any(|(t, _)| &t.proc == proc)
+        })
+    }
+}
+
+/// Whether this process stopped a proc's mesh (see [`Supervisor::stop_check`]).
+pub(super) enum StopCheck {
+    /// It stopped the mesh, or a proc mesh the proc belongs to.
+    Stopped,
+    /// No mesh of that id is owned here.
+    NotOwned,
+    /// Not stopped here; the proc's host, if known (asked to end from here, it stops
+    /// the proc on request too).
+    Running(Option<ProcId>),
+}
+
+impl Default for Supervisor {
+    fn default() -> Self {
+        Self {
+            state: Ranked::new(Rank::Component),
+            handled_events: tokio::sync::watch::Sender::new(0),
+        }
+    }
+}
+
+impl Supervisor {
+    /// How `proc` ended, if it is known to be gone.
+    pub(super) fn death_of(&self, proc: &ProcId) -> Option<ProcDeath> {
+        self.state.lock().dead.get(proc).map(|d| d.death.clone())
+    }
+
+    /// Whether `proc` is known to be gone (confirmed or not).
+    pub(super) fn is_dead(&self, proc: &ProcId) -> bool {
+        self.state.lock().dead.contains_key(proc)
+    }
+
+    /// Whether `proc`'s death was reported by its host.
+    pub(super) fn is_confirmed_dead(&self, proc: &ProcId) -> bool {
+        self.state
+            .lock()
+            .dead
+            .get(proc)
+            .is_some_and(|d| d.confirmed)
+    }
+
+    /// The positions of the dead procs among `procs`, with their deaths.
+    pub(super) fn deaths_among<P: Borrow<ProcId>>(
+        &self,
+        procs: impl IntoIterator<Item = P>,
+    ) -> Vec<(usize, ProcDeath)> {
+        let state = self.state.lock();
+        if state.dead.is_empty() {
+            return Vec::new();
+        }
+        procs
+            .into_iter()
+            .enumerate()
+            .filter_map(|(at, p)| state.dead.get(p.borrow()).map(|d| (at, d.death.clone())))
+            .collect()
+    }
+
+    /// The most recently dead procs, oldest first (for cast headers).
+    pub(super) fn recent_dead(&self) -> Vec<ProcId> {
+        self.state.lock().dead_recent.iter().cloned().collect()
+    }
+
+    /// Records `death`; false if it was known already (as confirmed, when `confirmed`).
+    pub(super) fn mark_dead(&self, death: &ProcDeath, confirmed: bool) -> bool {
+        let mut state = self.state.lock();
+        match state.dead.get(&death.proc_id) {
+            Some(d) if d.confirmed || !confirmed => return false,
+            _ => {}
+        }
+        let known = state
+            .dead
+            .insert(
+                death.proc_id.clone(),
+                Dead {
+                    death: death.clone(),
+                    confirmed,
+                },
+            )
+            .is_some();
+        if !known {
+            if state.dead_recent.len() == DEAD_IN_HEADERS {
+                state.dead_recent.pop_front();
+            }
+            state.dead_recent.push_back(death.proc_id.clone());
+        }
+        true
+    }
+
+    /// Starts watching the procs of `targets` that have a host and are not watched yet;
+    /// returns them, with their hosts.
+    pub(super) fn watch_new(&self, targets: &[CastTarget]) -> Vec<(ProcId, ProcId)> {
+        let mut state = self.state.lock();
+        let mut new = Vec::new();
+        for t in targets {
+            if let Some(host) = &t.host {
+                if state.watched.insert(t.proc.clone()) {
+                    new.push((host.clone(), t.proc.clone()));
+                }
+            }
+        }
+        for (host, proc) in &new {
+            state.hosts.insert(proc.clone(), host.clone());
+        }
+        new
+    }
+
+    /// The host of `proc`, if this agent watches it.
+    pub(super) fn host_of(&self, proc: &ProcId) -> Option<ProcId> {
+        self.state.lock().hosts.get(proc).cloned()
+    }
+
+    /// The host of `proc`: the one this agent watches it at, else the one named by a
+    /// mesh owned here.
+    pub(super) fn any_host_of(&self, proc: &ProcId) -> Option<ProcId> {
+        let state = self.state.lock();
+        state.hosts.get(proc).cloned().or_else(|| {
+            state.owned.values().find_map(|m| {
+                m.ranks
+                    .iter()
+                    .find(|(t, _)| &t.proc == proc)
+                    .and_then(|(t, _)| t.host.clone())
+            })
+        })
+    }
+
+    /// The hosts this agent knows of: those it watches procs at, and those of the meshes
+    /// owned here.
+    pub(super) fn known_hosts(&self) -> HashSet<ProcId> {
+        let state = self.state.lock();
+        let mut hosts: HashSet<ProcId> = state.hosts.values().cloned().collect();
+        for owned in state.owned.values() {
+            hosts.extend(owned.ranks.iter().filter_map(|(t, _)| t.host.clone()));
+        }
+        hosts
+    }
+
+    /// The procs of `host` this agent knows of, as (proc, pid, owned here): the members
+    /// of meshes owned here first, then the procs it watches there.
+    pub(super) fn procs_of_host(&self, host: &ProcId) -> Vec<(ProcId, u32, bool)> {
+        let state = self.state.lock();
+        let mut procs = Vec::new();
+        for owned in state.owned.values() {
+            for (target, pid) in &owned.ranks {
+                if target.host.as_ref() == Some(host) {
+                    procs.push((target.proc.clone(), pid.unwrap_or(0), true));
+                }
+            }
+        }
+        procs.extend(
+            state
+                .hosts
+                .iter()
+                .filter(|(_, h)| *h == host)
+                .map(|(p, _)| (p.clone(), 0, false)),
+        );
+        procs
+    }
+
+    /// Records the mesh `mesh` owned here.
+    pub(super) fn own(&self, mesh: OwnedMesh) {
+        self.state.lock().owned.insert(mesh.mesh.id, mesh);
+    }
+
+    /// Marks mesh `id` stopped; its info if it was running.
+    pub(super) fn mark_stopped(&self, id: u64) -> Option<MeshInfo> {
+        let mut state = self.state.lock();
+        let mesh = state.owned.get_mut(&id)?;
+        let was_running = !mesh.stopped;
+        mesh.stopped = true;
+        was_running.then(|| mesh.mesh.clone())
+    }
+
+    /// The owner of mesh `id`, if it is owned here.
+    pub(super) fn owner_of(&self, id: u64) -> Option<ActorId> {
+        self.state.lock().owned.get(&id).map(|m| m.owner.clone())
+    }
+
+    /// Marks the running meshes that `which` selects stopped, and returns them.
+    pub(super) fn take_to_stop(&self, which: impl Fn(&OwnedMesh) -> bool) -> Vec<OwnedMesh> {
+        let mut state = self.state.lock();
+        state
+            .owned
+            .values_mut()
+            .filter(|m| which(m) && !m.stopped)
+            .map(|m| {
+                m.stopped = true;
+                m.clone()
+            })
+            .collect()
+    }
+
+    /// Whether `proc` belongs to a proc mesh this process owns and stopped.
+    pub(super) fn in_stopped_proc_mesh(&self, proc: &ProcId) -> bool {
+        self.state.lock().in_stopped_proc_mesh(proc)
+    }
+
+    /// Whether this process stopped `proc`'s mesh `mesh` (or a proc mesh `proc` belongs
+    /// to), and else `proc`'s host.
+    pub(super) fn stop_check(&self, proc: &ProcId, mesh: u64) -> StopCheck {
+        let state = self.state.lock();
+        if state.in_stopped_proc_mesh(proc) {
+            return StopCheck::Stopped;
+        }
+        let Some(m) = state.owned.get(&mesh) else {
+            return StopCheck::NotOwned;
+        };
+        if m.stopped {
+            return StopCheck::Stopped;
+        }
+        let host = m
+            .ranks
+            .iter()
+            .find(|(t, _)| &t.proc == proc)
+            .and_then(|(t, _)| t.host.clone())
+            .or_else(|| state.hosts.get(proc).cloned());
+        StopCheck::Running(host)
+    }
+
+    /// The failures that the death of `proc` (`death`) makes for the owners of the
+    /// running actor meshes on it, with their owners.
+    pub(super) fn failures_on(
+        &self,
+        proc: &ProcId,
+        death: &ProcDeath,
+    ) -> Vec<(ActorId, MeshFailure)> {
+        let state = self.state.lock();
+        let mut failures = Vec::new();
+        for owned in state.owned.values() {
+            if owned.stopped || !matches!(owned.kind, OwnedKind::Actors { .. }) {
+                continue;
+            }
+            for (target, pid) in &owned.ranks {
+                if &target.proc == proc {
+                    failures.push((
+                        owned.owner.clone(),
+                        MeshFailure {
+                            mesh: owned.mesh.clone(),
+                            rank: target.index as usize,
+                            actor_id: None,
+                            proc_id: proc.clone(),
+                            pid: pid.or(Some(death.pid)),
+                            cause: death.end.cause(),
+                            caused_by: None,
+                        },
+                    ));
+                }
+            }
+        }
+        failures
+    }
+
+    /// The procs (other than `me`) running actors of meshes owned here that are not
+    /// stopped, whose death was not handled yet, by host (`None`: no host spawned them,
+    /// or `me` is their host).
+    pub(super) fn running_owned_procs(&self, me: &ProcId) -> HashMap<Option<ProcId>, Vec<ProcId>> {
+        let state = self.state.lock();
+        let mut procs: HashMap<ProcId, Option<ProcId>> = HashMap::new();
+        for owned in state.owned.values() {
+            if owned.stopped || !matches!(owned.kind, OwnedKind::Actors { .. }) {
+                continue;
+            }
+            for (target, _) in &owned.ranks {
+                if &target.proc != me {
+                    let host = target.host.clone().filter(|h| h != me);
+                    procs.insert(target.proc.clone(), host);
+                }
+            }
+        }
+        let mut by_host: HashMap<Option<ProcId>, Vec<ProcId>> = HashMap::new();
+        for (proc, host) in procs {
+            if !state.handled.contains(&proc) && !state.in_stopped_proc_mesh(&proc) {
+                by_host.entry(host).or_default().push(proc);
+            }
+        }
+        by_host
+    }
+
+    /// The procs of mesh `id` (owned here), by rank, as text.
+    pub(super) fn mesh_procs(&self, id: u64) -> Vec<String> {
+        match self.state.lock().owned.get(&id) {
+            Some(owned) => owned
+                .ranks
+                .iter()
+                .map(|(t, _)| t.proc.to_string())
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// The meshes owned here and the procs known dead, as they are now.
+    pub(super) fn snapshot(&self) -> (HashMap<u64, OwnedMesh>, HashMap<ProcId, Dead>) {
+        let state = self.state.lock();
+        (state.owned.clone(), state.dead.clone())
+    }
+
+    /// The death of `proc` was handled: its failures were sent to their owners.
+    pub(super) fn death_handled(&self, proc: ProcId) {
+        self.state.lock().handled.insert(proc);
+        self.handled_events.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Completes once the death of `proc` was handled.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub(super) async fn death_handled_wait(&self, proc: &ProcId) {
+        let mut events = self.handled_events.subscribe();
+        loop {
+            if self.state.lock().handled.contains(proc) {
+                return;
+            }
+            if events.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
 }
 
 static RETURNED: LogLimit = LogLimit::per_second();
@@ -99,18 +470,15 @@ impl ProcAgent {
             &mesh,
             &format!(" spawned on {} procs", ranks.len()),
         );
-        self.inner.owned.lock().insert(
-            mesh.id,
-            OwnedMesh {
-                mesh,
-                owner,
-                kind: OwnedKind::Actors { actor },
-                ranks,
-                view,
-                stopped: false,
-                created: crate::monitor::unix_now(),
-            },
-        );
+        self.inner.supervisor.own(OwnedMesh {
+            mesh,
+            owner,
+            kind: OwnedKind::Actors { actor },
+            ranks,
+            view,
+            stopped: false,
+            created: crate::monitor::unix_now(),
+        });
     }
 
     /// Records that `owner` owns the procs `procs` (a proc mesh it spawned): stopping
@@ -138,27 +506,21 @@ impl ProcAgent {
             &mesh,
             &format!(" spawned with {} procs", procs.len()),
         );
-        self.inner.owned.lock().insert(
-            mesh.id,
-            OwnedMesh {
-                mesh,
-                owner,
-                kind: OwnedKind::Procs,
-                ranks,
-                view,
-                stopped: false,
-                created: crate::monitor::unix_now(),
-            },
-        );
+        self.inner.supervisor.own(OwnedMesh {
+            mesh,
+            owner,
+            kind: OwnedKind::Procs,
+            ranks,
+            view,
+            stopped: false,
+            created: crate::monitor::unix_now(),
+        });
     }
 
     /// Records that mesh `id` was stopped: its procs' deaths are no longer failures.
     pub fn mark_stopped(&self, id: u64) {
-        if let Some(mesh) = self.inner.owned.lock().get_mut(&id) {
-            if !mesh.stopped {
-                mesh_event("mesh_stopped", "mesh", &mesh.mesh, " stopped");
-            }
-            mesh.stopped = true;
+        if let Some(mesh) = self.inner.supervisor.mark_stopped(id) {
+            mesh_event("mesh_stopped", "mesh", &mesh, " stopped");
         }
     }
 
@@ -172,7 +534,7 @@ impl ProcAgent {
     /// their hosts, actors by their agents), bounded by the agent's stop timeout.
     /// Returns false if no actor of this process owns such a mesh.
     pub async fn stop_owned(&self, id: u64, reason: &str) -> bool {
-        let Some(owner) = self.inner.owned.lock().get(&id).map(|m| m.owner.clone()) else {
+        let Some(owner) = self.inner.supervisor.owner_of(id) else {
             return false;
         };
         self.inner
@@ -202,8 +564,7 @@ impl Inner {
 
     /// An actor this agent spawned failed (the runtime's report).
     fn on_actor_failed(&self, event: SupervisionEvent) {
-        let local = self.local.lock();
-        let Some(actor) = local.get(event.actor_id.name()) else {
+        let Some(actor) = self.local.entry(event.actor_id.name()) else {
             tracing::warn!(agent = %self.id, "a failure of an actor it does not know: {event}");
             return;
         };
@@ -222,7 +583,7 @@ impl Inner {
             }
         };
         let failure = MeshFailure {
-            mesh: actor.mesh.clone(),
+            mesh: actor.mesh,
             rank: actor.rank as usize,
             actor_id: Some(event.actor_id.clone()),
             proc_id: self.proc.proc_id().clone(),
@@ -230,45 +591,16 @@ impl Inner {
             cause,
             caused_by,
         };
-        let owner = actor.owner.clone();
-        drop(local);
         // The actor's host reports it where it runs (Python prints it); the owner hears.
         tracing::debug!(agent = %self.id, "{}", failure.report());
-        self.report_to_owner(&owner, &failure);
-    }
-
-    /// Records `proc` as dead; false if it was already (as confirmed, when `confirmed`).
-    fn mark_dead(&self, death: &ProcDeath, confirmed: bool) -> bool {
-        let mut dead = self.dead.lock();
-        match dead.get(&death.proc_id) {
-            Some(d) if d.confirmed || !confirmed => return false,
-            _ => {}
-        }
-        let known = dead
-            .insert(
-                death.proc_id.clone(),
-                super::Dead {
-                    death: death.clone(),
-                    confirmed,
-                },
-            )
-            .is_some();
-        drop(dead);
-        if !known {
-            let mut recent = self.dead_recent.lock();
-            if recent.len() == super::DEAD_IN_HEADERS {
-                recent.pop_front();
-            }
-            recent.push_back(death.proc_id.clone());
-        }
-        true
+        self.report_to_owner(&actor.owner, &failure);
     }
 
     /// A cast from `origin` says `proc` is dead: unblock what waits for it (held
     /// messages, reducers, calls); its host's report, if this agent watches it, is
     /// still what reaches the owners of meshes on it.
     pub(super) fn hearsay_death(self: &Arc<Self>, proc: &ProcId, origin: &ActorId) {
-        if self.dead.lock().contains_key(proc) {
+        if self.supervisor.is_dead(proc) {
             return;
         }
         let death = ProcDeath {
@@ -279,45 +611,21 @@ impl Inner {
             },
             expected: false,
         };
-        if self.mark_dead(&death, false) {
+        if self.supervisor.mark_dead(&death, false) {
             self.release_held();
             self.replies_after_death(proc, &death.to_string(), false);
         }
-    }
-
-    /// Whether `proc` belongs to a proc mesh this process owns and stopped: its death
-    /// is then no failure, whoever reports it. (Its host's report says so too, but a
-    /// host lost after the stop, before that report arrived, is reported as lost.)
-    fn in_stopped_proc_mesh(&self, proc: &ProcId) -> bool {
-        self.owned.lock().values().any(|m| {
-            m.stopped
-                && matches!(m.kind, OwnedKind::Procs)
-                && m.ranks.iter().any(|(t, _)| &t.proc == proc)
-        })
     }
 
     /// Whether this process asked for the stop of `proc` or of mesh `mesh`: the mesh
     /// was stopped from here, `proc` belongs to a proc mesh stopped from here, or its
     /// host was asked from here to end.
     fn stop_asked_here(&self, proc: &ProcId, mesh: u64) -> bool {
-        if self.in_stopped_proc_mesh(proc) {
-            return true;
+        match self.supervisor.stop_check(proc, mesh) {
+            StopCheck::Stopped => true,
+            StopCheck::NotOwned => false,
+            StopCheck::Running(host) => host.is_some_and(|h| self.liveness.is_ending(&h)),
         }
-        let owned = self.owned.lock();
-        let Some(m) = owned.get(&mesh) else {
-            return false;
-        };
-        if m.stopped {
-            return true;
-        }
-        let host = m
-            .ranks
-            .iter()
-            .find(|(t, _)| &t.proc == proc)
-            .and_then(|(t, _)| t.host.clone());
-        drop(owned);
-        let host = host.or_else(|| self.hosts.lock().get(proc).cloned());
-        host.is_some_and(|h| self.ending_hosts.lock().contains(&h))
     }
 
     /// A stopping proc refused to spawn an actor of a mesh `owner` owns (MSUP-3):
@@ -335,16 +643,18 @@ impl Inner {
 
     /// A proc died (its host's report).
     pub(super) fn on_proc_died(self: &Arc<Self>, mut death: ProcDeath) {
-        death.expected = death.expected || self.in_stopped_proc_mesh(&death.proc_id);
+        // A proc of a proc mesh stopped here: its death is no failure, whoever reports
+        // it. (Its host's report says so too, but a host lost after the stop, before that
+        // report arrived, is reported as lost.)
+        death.expected = death.expected || self.supervisor.in_stopped_proc_mesh(&death.proc_id);
         let proc = death.proc_id.clone();
-        if !self.mark_dead(&death, true) {
+        if !self.supervisor.mark_dead(&death, true) {
             return;
         }
-        let host = self.hosts.lock().get(&proc).map(ToString::to_string);
+        let host = self.supervisor.host_of(&proc).map(|h| h.to_string());
         crate::monitor::failures::note_proc_death(&death, host);
         self.handle_death(&proc, &death);
-        self.handled_deaths.lock().insert(proc);
-        self.events.send_modify(|n| *n = n.wrapping_add(1));
+        self.supervisor.death_handled(proc);
     }
 
     /// Completes once the death of `proc` was handled ([`Inner::on_proc_died`] sent its
@@ -354,42 +664,14 @@ impl Inner {
     ///
     /// Cancel safe.
     pub(super) async fn death_handled_wait(&self, proc: &ProcId) {
-        let mut events = self.events.subscribe();
-        loop {
-            if self.handled_deaths.lock().contains(proc) {
-                return;
-            }
-            if events.changed().await.is_err() {
-                return std::future::pending().await;
-            }
-        }
+        self.supervisor.death_handled_wait(proc).await;
     }
 
     /// The procs (other than this agent's own) running actors of meshes owned here that
     /// are not stopped, whose death was not handled yet, by host (`None`: no host
     /// spawned them, or this agent's own host).
     pub(super) fn running_owned_procs(&self) -> HashMap<Option<ProcId>, Vec<ProcId>> {
-        let me = self.proc.proc_id();
-        let mut procs: HashMap<ProcId, Option<ProcId>> = HashMap::new();
-        for owned in self.owned.lock().values() {
-            if owned.stopped || !matches!(owned.kind, OwnedKind::Actors { .. }) {
-                continue;
-            }
-            for (target, _) in &owned.ranks {
-                if &target.proc != me {
-                    let host = target.host.clone().filter(|h| h != me);
-                    procs.insert(target.proc.clone(), host);
-                }
-            }
-        }
-        let handled = self.handled_deaths.lock();
-        let mut by_host: HashMap<Option<ProcId>, Vec<ProcId>> = HashMap::new();
-        for (proc, host) in procs {
-            if !handled.contains(&proc) && !self.in_stopped_proc_mesh(&proc) {
-                by_host.entry(host).or_default().push(proc);
-            }
-        }
-        by_host
+        self.supervisor.running_owned_procs(self.proc.proc_id())
     }
 
     /// What the death of `proc` changes here: what waited for it is released, calls to
@@ -403,28 +685,7 @@ impl Inner {
         if death.expected {
             return;
         }
-        let mut failures: Vec<(ActorId, MeshFailure)> = Vec::new();
-        for owned in self.owned.lock().values() {
-            if owned.stopped || !matches!(owned.kind, OwnedKind::Actors { .. }) {
-                continue;
-            }
-            for (target, pid) in &owned.ranks {
-                if target.proc == proc {
-                    failures.push((
-                        owned.owner.clone(),
-                        MeshFailure {
-                            mesh: owned.mesh.clone(),
-                            rank: target.index as usize,
-                            actor_id: None,
-                            proc_id: proc.clone(),
-                            pid: pid.or(Some(death.pid)),
-                            cause: death.end.cause(),
-                            caused_by: None,
-                        },
-                    ));
-                }
-            }
-        }
+        let failures = self.supervisor.failures_on(&proc, death);
         for (owner, failure) in failures {
             crate::monitor::failures::note_mesh_failure(&failure);
             self.report_to_owner(&owner, &failure);
@@ -481,7 +742,7 @@ impl Inner {
             let reason = reason.to_string();
             tokio::spawn(async move {
                 tokio::time::sleep(UNREACHABLE_GRACE).await;
-                if !inner.dead.lock().contains_key(&proc) {
+                if !inner.supervisor.is_dead(&proc) {
                     inner.suspect(&proc, &reason);
                 }
                 if let Some((to, items)) = answer {
@@ -514,7 +775,7 @@ impl Inner {
     /// `proc` could not be reached: its host (if known) kills it as lost, so that its
     /// death is reported to everyone who watches it.
     fn suspect(&self, proc: &ProcId, reason: &str) {
-        let host = self.hosts.lock().get(proc).cloned();
+        let host = self.supervisor.host_of(proc);
         match host {
             Some(host) => self.send_control(
                 &host,
@@ -541,25 +802,16 @@ impl Inner {
     }
 
     async fn stop_meshes(self: &Arc<Self>, which: impl Fn(&OwnedMesh) -> bool, reason: &str) {
-        let meshes: Vec<(MeshInfo, OwnedKind, Vec<CastTarget>, ViewExtent)> = {
-            let mut owned = self.owned.lock();
-            owned
-                .values_mut()
-                .filter(|m| which(m) && !m.stopped)
-                .map(|m| {
-                    m.stopped = true;
-                    mesh_event("mesh_stopped", "mesh", &m.mesh, &format!(": {reason}"));
-                    let kind = match &m.kind {
-                        OwnedKind::Actors { actor } => OwnedKind::Actors {
-                            actor: actor.clone(),
-                        },
-                        OwnedKind::Procs => OwnedKind::Procs,
-                    };
-                    let targets = m.ranks.iter().map(|(t, _)| t.clone()).collect();
-                    (m.mesh.clone(), kind, targets, m.view.clone())
-                })
-                .collect()
-        };
+        let meshes: Vec<(MeshInfo, OwnedKind, Vec<CastTarget>, ViewExtent)> = self
+            .supervisor
+            .take_to_stop(which)
+            .into_iter()
+            .map(|m| {
+                mesh_event("mesh_stopped", "mesh", &m.mesh, &format!(": {reason}"));
+                let targets = m.ranks.into_iter().map(|(t, _)| t).collect();
+                (m.mesh, m.kind, targets, m.view)
+            })
+            .collect();
         let timeout = self.stop_timeout;
         let stops = meshes.into_iter().map(|(mesh, kind, targets, view)| {
             let inner = Arc::clone(self);
