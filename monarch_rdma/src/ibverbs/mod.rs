@@ -140,6 +140,7 @@ pub fn serve() {
     tcp::set_control_handler(KIND_IBV_CONNECT, Box::new(handle_connect));
 }
 
+// String because: a `ControlHandler` answers the peer with text (see its docs).
 fn handle_connect(payload: &[u8]) -> Result<Vec<u8>, String> {
     let theirs = QpInfo::decode(payload).map_err(|e| e.to_string())?;
     let device = device().map_err(|e| e.to_string())?;

@@ -343,6 +343,8 @@ pub(super) fn serve_write(
 /// A handler of control requests (see [`set_control_handler`]): the request's payload
 /// in, the answer or an error message (sent to the client as [`RdmaError::Refused`])
 /// out.
+// String because: the error is text for the peer (it travels in the refusal and becomes
+// the peer's `RdmaError::Refused` message); a handler of any kind renders its own error.
 pub type ControlHandler = dyn Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync;
 
 pub(super) static HANDLERS: RwLock<BTreeMap<u8, Arc<ControlHandler>>> =
