@@ -262,6 +262,35 @@ impl HostService {
         ));
     }
 
+    /// Subscribes `subscriber` to the deaths of `procs`; returns the deaths already
+    /// known (not subscribed to).
+    fn subscribe(&self, procs: Vec<ProcId>, subscriber: &PortId) -> Vec<ProcDeath> {
+        let mut known = Vec::new();
+        let mut state = self.state.lock();
+        for proc in procs {
+            match state.dead.get(&proc) {
+                Some(death) => known.push(death.clone()),
+                None => {
+                    state
+                        .subscribers
+                        .entry(proc)
+                        .or_default()
+                        .insert(subscriber.clone());
+                }
+            }
+        }
+        known
+    }
+
+    /// Kills `proc`, which cannot be reached (`reason`), as lost; false if it is not a
+    /// proc of this host or was killed already.
+    fn kill_unreachable(&self, proc: &ProcId, reason: &str) -> bool {
+        let handle = self.state.lock().handles.get(proc).cloned();
+        handle.is_some_and(|handle| {
+            handle.kill_lost(format!("messages to it could not be delivered ({reason})"))
+        })
+    }
+
     /// A proc of the host exited (its output was sent before): report its death.
     pub(super) fn on_exit(&self, agent: &Inner, exit: ProcExit) {
         let (death, subscribers, orphans) = {
@@ -323,102 +352,106 @@ impl Inner {
                 return;
             }
         };
-        let control = match control {
-            Control::ProcDied(death) => return self.on_proc_died(death),
-            Control::Output(batch) => return self.on_output(batch),
-            monitor @ (Control::MonitorProc { .. }
-            | Control::MonitorHost { .. }
-            | Control::StackDump { .. }
-            | Control::KillProc { .. }) => return self.on_monitor(monitor),
-            Control::Heartbeat { from } => return self.on_heartbeat(from),
-            Control::HeartbeatAck { proc } => return self.on_heartbeat_ack(&proc),
-            Control::SpawnRefused { owner, failure } => {
-                return self.on_spawn_refused(&owner, &failure)
-            }
-            Control::Abandon { reason } => {
-                return self.on_abandon(&reason, &envelope.header.sender)
-            }
+        let from = &envelope.header.sender;
+        // One handler per message; host requests need this agent's host.
+        match control {
+            Control::ProcDied(death) => self.on_proc_died(death),
+            Control::Output(batch) => self.on_output(batch),
+            Control::MonitorProc { reply } => self.on_monitor_proc(reply),
+            Control::MonitorHost { timeout_ms, reply } => self.on_monitor_host(timeout_ms, reply),
+            Control::StackDump { timeout_ms, reply } => self.on_stack_dump(timeout_ms, reply),
+            Control::KillProc { proc, reason } => self.on_kill_proc(&proc, &reason),
+            Control::Heartbeat { from } => self.on_heartbeat(from),
+            Control::HeartbeatAck { proc } => self.on_heartbeat_ack(&proc),
+            Control::SpawnRefused { owner, failure } => self.on_spawn_refused(&owner, &failure),
+            Control::Abandon { reason } => self.on_abandon(&reason, from),
             Control::Singleton {
                 name,
                 class,
                 parts,
                 reply,
-            } => {
-                // The registry sits above the agent: reached through its hook.
-                let agent = super::ProcAgent {
-                    inner: Arc::clone(self),
-                };
-                return self
-                    .singletons
-                    .on_request(&agent, &name, &class, parts, reply);
-            }
-            other => other,
-        };
-        let Some(host) = self.host.clone() else {
-            if let Some(suppressed) = BAD_CONTROL.check() {
-                tracing::warn!(
-                    suppressed,
-                    "agent {}: {} sent a host request, but this agent has no host",
-                    self.id,
-                    envelope.header.sender
-                );
-            }
-            return;
-        };
-        match control {
+            } => self.on_singleton(&name, &class, parts, reply),
             Control::WatchProcs { procs, subscriber } => {
-                let mut known = Vec::new();
-                {
-                    let mut state = host.state.lock();
-                    for proc in procs {
-                        match state.dead.get(&proc) {
-                            Some(death) => known.push(death.clone()),
-                            None => {
-                                state
-                                    .subscribers
-                                    .entry(proc)
-                                    .or_default()
-                                    .insert(subscriber.clone());
-                            }
-                        }
-                    }
-                }
-                for death in known {
-                    self.send_control_to(subscriber.clone(), &Control::ProcDied(death));
+                if let Some(host) = self.host_for(from) {
+                    self.host_watch(&host, procs, subscriber);
                 }
             }
-            Control::SpawnProcs(request) => self.host_spawn(host, *request),
+            Control::SpawnProcs(request) => {
+                if let Some(host) = self.host_for(from) {
+                    self.host_spawn(host, *request);
+                }
+            }
             Control::StopProcs {
                 procs,
                 reason,
                 timeout_ms,
                 reply,
-            } => self.host_stop(host, procs, reason, timeout_ms, reply),
+            } => {
+                if let Some(host) = self.host_for(from) {
+                    self.host_stop(host, procs, reason, timeout_ms, reply);
+                }
+            }
             Control::EndHost {
                 reason,
                 timeout_ms,
                 reply,
-            } => self.host_end(host, reason, timeout_ms, reply, &envelope.header.sender),
-            Control::Unreachable { proc, reason } => {
-                let handle = host.state.lock().handles.get(&proc).cloned();
-                if let Some(handle) = handle {
-                    let why = format!("messages to it could not be delivered ({reason})");
-                    if handle.kill_lost(why) {
-                        tracing::warn!(agent = %self.id, "killed unreachable proc {proc}");
-                    }
+            } => {
+                if let Some(host) = self.host_for(from) {
+                    self.host_end(host, reason, timeout_ms, reply, from);
                 }
             }
-            Control::ProcDied(_)
-            | Control::Output(_)
-            | Control::Singleton { .. }
-            | Control::Heartbeat { .. }
-            | Control::HeartbeatAck { .. }
-            | Control::Abandon { .. }
-            | Control::MonitorProc { .. }
-            | Control::MonitorHost { .. }
-            | Control::StackDump { .. }
-            | Control::KillProc { .. }
-            | Control::SpawnRefused { .. } => {}
+            Control::Unreachable { proc, reason } => {
+                if let Some(host) = self.host_for(from) {
+                    self.host_unreachable(&host, &proc, &reason);
+                }
+            }
+        }
+    }
+
+    /// This agent's host, for a host request from `from`; `None` (the request is
+    /// dropped, with a warning) if it has none.
+    fn host_for(&self, from: &ActorId) -> Option<Arc<HostService>> {
+        let host = self.host.clone();
+        if host.is_none() {
+            if let Some(suppressed) = BAD_CONTROL.check() {
+                tracing::warn!(
+                    suppressed,
+                    "agent {}: {from} sent a host request, but this agent has no host",
+                    self.id,
+                );
+            }
+        }
+        host
+    }
+
+    /// [`Control::Singleton`]: the registry sits above the agent, reached through its
+    /// hook.
+    fn on_singleton(
+        self: &Arc<Self>,
+        name: &str,
+        class: &str,
+        parts: Vec<bytes::Bytes>,
+        reply: PortId,
+    ) {
+        let agent = super::ProcAgent {
+            inner: Arc::clone(self),
+        };
+        self.singletons
+            .on_request(&agent, name, class, parts, reply);
+    }
+
+    /// [`Control::WatchProcs`]: deaths already known are reported at once, the others
+    /// when they happen.
+    fn host_watch(&self, host: &HostService, procs: Vec<ProcId>, subscriber: PortId) {
+        for death in host.subscribe(procs, &subscriber) {
+            self.send_control_to(subscriber.clone(), &Control::ProcDied(death));
+        }
+    }
+
+    /// [`Control::Unreachable`]: the host kills the proc as lost.
+    fn host_unreachable(&self, host: &HostService, proc: &ProcId, reason: &str) {
+        if host.kill_unreachable(proc, reason) {
+            tracing::warn!(agent = %self.id, "killed unreachable proc {proc}");
         }
     }
 

@@ -237,54 +237,58 @@ impl Inner {
         }
     }
 
-    /// A monitoring request arrived on the control port.
-    pub(super) fn on_monitor(self: &Arc<Self>, control: Control) {
-        match control {
-            Control::MonitorProc { reply } => {
-                let report = self.proc_report();
-                if let Err(e) = PortRef::<ProcReport>::attest(reply).send(&self.client, report) {
-                    tracing::warn!(agent = %self.id, "cannot answer a monitor request: {e}");
-                }
+    /// [`Control::MonitorProc`]: a report of this proc, sent to `reply`.
+    pub(super) fn on_monitor_proc(&self, reply: PortId) {
+        let report = self.proc_report();
+        if let Err(e) = PortRef::<ProcReport>::attest(reply).send(&self.client, report) {
+            tracing::warn!(agent = %self.id, "cannot answer a monitor request: {e}");
+        }
+    }
+
+    /// [`Control::MonitorHost`]: a report of this host (each proc gets `timeout_ms`),
+    /// or why there is none, sent to `reply`.
+    pub(super) fn on_monitor_host(self: &Arc<Self>, timeout_ms: u64, reply: PortId) {
+        let agent = Arc::clone(self);
+        tokio::spawn(async move {
+            let result = match agent.host.clone() {
+                Some(host) => Ok(agent
+                    .host_report(&host, Duration::from_millis(timeout_ms))
+                    .await),
+                None => Err(MonitorError::NotAHost {
+                    agent: agent.id.to_string(),
+                }),
+            };
+            let port = PortRef::<Result<HostReport, MonitorError>>::attest(reply);
+            if let Err(e) = port.send(&agent.client, result) {
+                tracing::warn!(agent = %agent.id, "cannot answer a monitor request: {e}");
             }
-            Control::MonitorHost { timeout_ms, reply } => {
-                let agent = Arc::clone(self);
-                tokio::spawn(async move {
-                    let result = match agent.host.clone() {
-                        Some(host) => Ok(agent
-                            .host_report(&host, Duration::from_millis(timeout_ms))
-                            .await),
-                        None => Err(MonitorError::NotAHost {
-                            agent: agent.id.to_string(),
-                        }),
-                    };
-                    let port = PortRef::<Result<HostReport, MonitorError>>::attest(reply);
-                    if let Err(e) = port.send(&agent.client, result) {
-                        tracing::warn!(agent = %agent.id, "cannot answer a monitor request: {e}");
-                    }
-                });
+        });
+    }
+
+    /// [`Control::StackDump`]: the stacks of this process's threads (within
+    /// `timeout_ms`), sent to `reply`.
+    pub(super) fn on_stack_dump(self: &Arc<Self>, timeout_ms: u64, reply: PortId) {
+        let agent = Arc::clone(self);
+        tokio::spawn(async move {
+            let result = agent
+                .dump_own_stack(Duration::from_millis(timeout_ms))
+                .await;
+            let port = PortRef::<Result<StackDump, MonitorError>>::attest(reply);
+            if let Err(e) = port.send(&agent.client, result) {
+                tracing::warn!(agent = %agent.id, "cannot answer a stack request: {e}");
             }
-            Control::StackDump { timeout_ms, reply } => {
-                let agent = Arc::clone(self);
-                tokio::spawn(async move {
-                    let result = agent
-                        .dump_own_stack(Duration::from_millis(timeout_ms))
-                        .await;
-                    let port = PortRef::<Result<StackDump, MonitorError>>::attest(reply);
-                    if let Err(e) = port.send(&agent.client, result) {
-                        tracing::warn!(agent = %agent.id, "cannot answer a stack request: {e}");
-                    }
-                });
+        });
+    }
+
+    /// [`Control::KillProc`]: this host kills `proc` (an admin action), if it is one of
+    /// its procs; an agent without a host ignores it.
+    pub(super) fn on_kill_proc(&self, proc: &ProcId, reason: &str) {
+        if let Some(host) = &self.host {
+            let handle = host.state.lock().handles.get(proc).cloned();
+            if let Some(handle) = handle {
+                tracing::warn!(agent = %self.id, "killing proc {proc}: {reason}");
+                handle.kill_lost(format!("killed on request: {reason}"));
             }
-            Control::KillProc { proc, reason } => {
-                if let Some(host) = &self.host {
-                    let handle = host.state.lock().handles.get(&proc).cloned();
-                    if let Some(handle) = handle {
-                        tracing::warn!(agent = %self.id, "killing proc {proc}: {reason}");
-                        handle.kill_lost(format!("killed on request: {reason}"));
-                    }
-                }
-            }
-            _ => {}
         }
     }
 
