@@ -17,6 +17,10 @@
 //!
 //! In debug builds (without `loom`, whose threads are not the OS's) each thread keeps
 //! the ranks it holds, and taking a lock out of order panics, naming both ranks.
+//!
+//! Outside the ranks: the process's table of agents (`super::agents`) is held only
+//! while an agent starts or is looked up, before any of these; a reply collector's or a
+//! reducer's lock, and hyperactor's own locks, are taken after them, never before.
 
 use hyperactor::sync::{Mutex, MutexGuard};
 
