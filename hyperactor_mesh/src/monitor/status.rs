@@ -39,7 +39,7 @@ macro_rules! status_names {
     };
 }
 
-/// The status of a host ([`HostRecord::status`]).
+/// The status of a host ([`HostRecord::status`](super::HostRecord::status)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HostStatus {
@@ -54,7 +54,7 @@ status_names!(HostStatus {
     Lost => "lost",
 });
 
-/// The status of a proc ([`ProcRecord::status`]).
+/// The status of a proc ([`ProcRecord::status`](super::ProcRecord::status)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProcStatus {
@@ -78,7 +78,7 @@ status_names!(ProcStatus {
     Lost => "lost",
 });
 
-/// The status of a mesh ([`MeshRecord::status`]).
+/// The status of a mesh ([`MeshRecord::status`](super::MeshRecord::status)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MeshStatus {
@@ -96,7 +96,7 @@ status_names!(MeshStatus {
     Failed => "failed",
 });
 
-/// The state of an actor ([`ActorRecord::status`]).
+/// The state of an actor ([`ActorRecord::status`](super::ActorRecord::status)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ActorState {
