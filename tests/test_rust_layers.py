@@ -19,7 +19,8 @@ LARGEST_LOOP = 4
 
 
 def _load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("rust_imports", ROOT / "tools" / "rust_imports.py")
+    path = ROOT / "tools" / "rust_imports.py"
+    spec = importlib.util.spec_from_file_location("rust_imports", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["rust_imports"] = module
@@ -100,7 +101,10 @@ def test_hyperactor_modules_import_only_their_layer_and_below() -> None:
                 continue
             a, b = rust_imports.name(source), rust_imports.name(target)
             if _layer_of(b) > _layer_of(a):
-                upward.append(f"{a} (layer {_layer_of(a) + 1}) -> {b} (layer {_layer_of(b) + 1}): {', '.join(sorted(names))}")
+                upward.append(
+                    f"{a} (layer {_layer_of(a) + 1}) -> {b} (layer {_layer_of(b) + 1}): "
+                    + ", ".join(sorted(names))
+                )
     assert not upward, "hyperactor imports a higher layer:\n" + "\n".join(upward)
 
 

@@ -2,9 +2,10 @@
 
 An arrow A -> B means a file of module A names module B through a `crate::` or `super::`
 path (in a `use` or inline), following `pub use` re-exports to the file that defines the
-name; a `pub use` itself draws no arrow (it only hands a name on). Test modules (`#[cfg(test)] mod ... { ... }`) and comments are left out: they are
-not part of the library's structure. It reads text, so a macro that builds a path is not
-seen; it is a guard for the layering (tests/test_rust_layers.py), not a compiler.
+name; a `pub use` itself draws no arrow (it only hands a name on). Test modules
+(`#[cfg(test)] mod ... { ... }`) and comments are left out: they are not part of the
+library's structure. It reads text, so a macro that builds a path is not seen; it is a
+guard for the layering (tests/test_rust_layers.py), not a compiler.
 
     python tools/rust_imports.py hyperactor/src     # the loops of more than one file
 """
@@ -17,7 +18,9 @@ from pathlib import Path
 
 Module = tuple[str, ...]
 
-_TEST_MODULE = re.compile(r"#\[cfg\((?:test|all\(test[^\]]*)\)\]\s*(?:#\[[^\]]*\]\s*)*mod\s+\w+\s*\{")
+_TEST_MODULE = re.compile(
+    r"#\[cfg\((?:test|all\(test[^\]]*)\)\]\s*(?:#\[[^\]]*\]\s*)*mod\s+\w+\s*\{"
+)
 _REEXPORT = re.compile(r"pub(?:\([^)]*\))?\s+use\s+([\w:]+?)(?:::\{([^}]*)\}|::(\w+))\s*;")
 _PATH = re.compile(r"\b(crate|super)((?:::\w+)*)(::\{([^;]*?)\})?")
 
@@ -64,7 +67,7 @@ def graph(src: Path) -> dict[Module, dict[Module, set[str]]]:
             return list(mod) + rest
         if (*mod, head) not in files:  # another crate's path
             return None
-        return list(mod) + [head] + rest
+        return [*mod, head, *rest]
 
     reexports: dict[tuple[Module, str], list[str]] = {}
     for mod, text in texts.items():

@@ -55,8 +55,8 @@
 
 mod ack;
 mod addr;
-pub(crate) mod backpressure;
 pub mod auth;
+pub(crate) mod backpressure;
 pub mod buffer_pool;
 mod error;
 mod frame;

@@ -28,10 +28,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use crate::call::PyPortHandle;
-use crate::runtime::{block, deadline};
 use crate::delivery_kind::PyDeliveryKind;
 use crate::future::{Convert, PyFuture};
 use crate::port::extract_parts;
+use crate::runtime::{block, deadline};
 use crate::runtime::{detach, runtime};
 use crate::shape::PyExtent;
 use crate::supervision::PyMeshFailure;

@@ -29,11 +29,11 @@ use pyo3::types::PyBytes;
 
 use crate::actor::py_message_port;
 use crate::call::{PyCallReplies, PyPortHandle, PyReplyQueue};
-use crate::runtime::{block, deadline};
 use crate::cast_mode::PyCastMode;
 use crate::port::extract_parts;
 use crate::proc_mesh::{ProcMeshInner, ProcsStartError};
 use crate::runtime::runtime;
+use crate::runtime::{block, deadline};
 use crate::sender::Sender;
 use crate::shape::PyShape;
 

@@ -25,10 +25,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use crate::actor::PyDrivenActor;
-use crate::runtime::{block, deadline};
 use crate::host_mesh::PyHostMesh;
 use crate::proc::PyClient;
 use crate::proc_mesh::PyProcMesh;
+use crate::runtime::{block, deadline};
 use crate::runtime::{block_on, runtime};
 
 type Spawned = (DrivenActor, ForeignSpawn);

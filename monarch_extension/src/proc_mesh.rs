@@ -16,10 +16,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::actor_mesh::{ActorMeshError, ActorMeshInner, PyActorMesh};
-use crate::runtime::{block, deadline};
 use crate::future::{Convert, PyFuture};
 use crate::port::extract_parts;
 use crate::runtime::runtime;
+use crate::runtime::{block, deadline};
 use crate::sender::Sender;
 use crate::shape::PyShape;
 
