@@ -58,7 +58,9 @@ $(VENV_PYTHON):
 # One pip at a time changes the venv (a lock file): `install` and `demo` run the pip
 # installs beside the extension's build, and two pips installing a shared dependency at
 # once would break it.
-PIP_LOCK := flock $(VENV)/.pip.lock
+# The pips run at a lower priority (nice): the extension's build beside them is what
+# everything else waits for, and on 2 cores it otherwise loses a core to unpacking torch.
+PIP_LOCK := flock $(VENV)/.pip.lock nice -n 10
 COMPILE_VENV := import compileall, sysconfig; \
 	compileall.compile_dir(sysconfig.get_path("purelib"), quiet=2, workers=0)
 define pip_install
