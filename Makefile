@@ -55,22 +55,21 @@ $(VENV_PYTHON):
 # again. Measured on 2 cores, torch and NumPy into a new venv: pip 57 s (52 s of CPU),
 # uv 1.9 s from its cache and 16 s with an empty cache (downloads included); pip stays in
 # the venv for maturin and for users.
-# The installed packages are then byte-compiled once, in parallel: an environment with
-# PYTHONDONTWRITEBYTECODE=1 (common on CI machines) never writes .pyc files, so each
-# process would compile torch's modules again from source. Measured on 2 cores:
-# `import torch` 4.3 s -> 2.1 s, building a DistributedDataParallel (which imports
-# torch._dynamo) 5.8 s -> 1.5 s, per process; compiling takes ~16 s once.
+# The commands here let Python cache the bytecode it compiles (.pyc files): an
+# environment with PYTHONDONTWRITEBYTECODE=1 (common on CI machines) would have every
+# process compile torch's modules again from source. Measured on 2 cores: `import torch`
+# 4.3 s -> 2.1 s, building a DistributedDataParallel (which imports torch._dynamo)
+# 5.8 s -> 1.5 s, per process. Only the modules a program imports are compiled, once
+# (compiling all of the venv's packages ahead would take 32 s of CPU).
+unexport PYTHONDONTWRITEBYTECODE
 # One install at a time changes the venv (a lock file): `install` and `demo` run them
 # beside the extension's build, and two installing a shared dependency at once would
 # break it. They run at a lower priority (nice): the extension's build beside them is
 # what everything else waits for.
 UV := $(VENV)/bin/uv
 PIP_LOCK := flock $(VENV)/.pip.lock nice -n 10
-COMPILE_VENV := import compileall, sysconfig; \
-	compileall.compile_dir(sysconfig.get_path("purelib"), quiet=2, workers=0)
 define pip_install
 	$(PIP_LOCK) $(UV) pip install --quiet --python $(VENV_PYTHON) $(foreach r,$(2),'$(r)')
-	$(PIP_LOCK) $(VENV_PYTHON) -c '$(COMPILE_VENV)'
 	rm -f $(VENV)/.requirements-$(1)-*
 	touch $@
 endef
