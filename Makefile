@@ -54,7 +54,8 @@ $(VENV_PYTHON):
 # files of a package it has unpacked before from its cache instead of unpacking the wheel
 # again. Measured on 2 cores, torch and NumPy into a new venv: pip 57 s (52 s of CPU),
 # uv 1.9 s from its cache and 16 s with an empty cache (downloads included); pip stays in
-# the venv for maturin and for users.
+# the venv for maturin and for users. A wheel directory named by PIP_FIND_LINKS is
+# searched too, as pip would.
 # The commands here let Python cache the bytecode it compiles (.pyc files): an
 # environment with PYTHONDONTWRITEBYTECODE=1 (common on CI machines) would have every
 # process compile torch's modules again from source. Measured on 2 cores: `import torch`
@@ -69,7 +70,8 @@ unexport PYTHONDONTWRITEBYTECODE
 UV := $(VENV)/bin/uv
 PIP_LOCK := flock $(VENV)/.pip.lock nice -n 10
 define pip_install
-	$(PIP_LOCK) $(UV) pip install --quiet --python $(VENV_PYTHON) $(foreach r,$(2),'$(r)')
+	$(PIP_LOCK) $(UV) pip install --quiet --python $(VENV_PYTHON) \
+		$(if $(PIP_FIND_LINKS),--find-links '$(PIP_FIND_LINKS)') $(foreach r,$(2),'$(r)')
 	rm -f $(VENV)/.requirements-$(1)-*
 	touch $@
 endef
