@@ -38,7 +38,7 @@
 //! # }
 //! ```
 
-mod address;
+pub(crate) mod address;
 mod cast_in;
 mod cast_out;
 mod control;

@@ -175,7 +175,7 @@ impl MeshFailure {
     pub fn to_event(&self) -> SupervisionEvent {
         let actor_id = self.actor_id.clone().unwrap_or_else(|| {
             // No actor was created (its proc failed first): name the agent of its proc.
-            crate::agent::agent_id(&self.proc_id)
+            crate::agent::address::agent_id(&self.proc_id)
         });
         SupervisionEvent {
             actor_id,
