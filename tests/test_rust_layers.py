@@ -31,15 +31,7 @@ def _load_tool() -> ModuleType:
 rust_imports = _load_tool()
 
 #: Loops of more than four files that stay for now, by crate: the files of each, and why.
-ALLOWED_LOOPS: dict[str, list[tuple[frozenset[str], str]]] = {
-    "hyperactor_mesh": [
-        (
-            frozenset("shape/error shape/extent shape/point shape/slice shape/view".split()),
-            "a shape error carries the extent or slice it is about, and every shape type "
-            "returns shape errors (see the shape module's docs)",
-        ),
-    ],
-}
+ALLOWED_LOOPS: dict[str, list[tuple[frozenset[str], str]]] = {}
 
 #: hyperactor's layers, bottom to top; `channel/...` modules are all on the first.
 HYPERACTOR_LAYERS: list[set[str]] = [

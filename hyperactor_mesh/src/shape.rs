@@ -16,10 +16,10 @@
 //! A [`SplitSpec`] says how [`Shape::split`] replaces dimensions by several, and
 //! [`ShapeError`] is what every fallible operation returns.
 //!
-//! The files of this module import each other (five in one loop, the one loop of more
-//! than four files the crate keeps on purpose): a [`ShapeError`] carries the extent or
-//! slice it is about, so that the message can show it, and every shape type returns
-//! shape errors.
+//! The files stand in two floors: [`Extent`], [`Point`], [`Slice`] and [`ShapeError`]
+//! import each other (a shape error carries the extent or slice it is about, so that
+//! its message can show it, and each of those types returns shape errors), and
+//! [`Shape`] (`view`) stands above them and is imported by none of them.
 //!
 //! Invariants, checked by every constructor and by deserialization (these types travel
 //! inside messages, so a value read off the wire is validated like one built locally):

@@ -20,7 +20,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Extent, Slice};
+use super::extent::Extent;
+use super::slice::Slice;
 
 /// How many ranks or indices a message lists before eliding the rest.
 const LIST_MAX: usize = 16;

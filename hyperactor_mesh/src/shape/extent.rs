@@ -29,8 +29,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::error::Quoted;
-use super::{Point, Shape, ShapeError, Slice};
+use super::error::{Quoted, ShapeError};
+use super::point::Point;
+use super::slice::{checked_len, row_major_strides};
 
 /// The ordered, named sizes of a mesh; see the [module docs](self).
 #[derive(Clone)]
@@ -76,25 +77,6 @@ pub(super) fn check_labels(labels: &[String], sizes: &[usize]) -> Result<(), Sha
         });
     }
     Ok(())
-}
-
-/// The number of elements of a layout of `sizes`, if it fits in a `usize`.
-pub(super) fn checked_len(sizes: &[usize]) -> Option<usize> {
-    if sizes.contains(&0) {
-        return Some(0);
-    }
-    sizes.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s))
-}
-
-/// Row-major strides of `sizes` (a dimension of size 0 counts as 1), saturating.
-pub(super) fn row_major_strides(sizes: &[usize]) -> Vec<usize> {
-    let mut strides = vec![0; sizes.len()];
-    let mut acc = 1usize;
-    for (stride, &size) in strides.iter_mut().zip(sizes).rev() {
-        *stride = acc;
-        acc = acc.saturating_mul(size.max(1));
-    }
-    strides
 }
 
 impl Extent {
@@ -229,14 +211,6 @@ impl Extent {
     /// Every point of this extent, in rank order.
     pub fn points(&self) -> impl ExactSizeIterator<Item = Point> + '_ {
         (0..self.num_ranks()).map(|rank| Point::new_unchecked(self.clone(), rank))
-    }
-
-    /// The dense, row-major region this extent spans: the [`Shape`] of global ranks
-    /// `0..num_ranks` with these labels.
-    pub fn region(&self) -> Shape {
-        let sizes = self.sizes().to_vec();
-        let strides = row_major_strides(&sizes);
-        Shape::from_valid(self.labels().to_vec(), Slice::from_valid(0, sizes, strides))
     }
 }
 

@@ -25,8 +25,8 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::error::Quoted;
-use super::{Extent, ShapeError};
+use super::error::{Quoted, ShapeError};
+use super::extent::Extent;
 
 /// A position within an extent; see the [module docs](self).
 #[derive(Clone, PartialEq, Eq, Hash)]

@@ -28,8 +28,26 @@ use std::iter::FusedIterator;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::extent::{checked_len, row_major_strides};
-use super::ShapeError;
+use super::error::ShapeError;
+
+/// The number of elements of a layout of `sizes`, if it fits in a `usize`.
+pub(super) fn checked_len(sizes: &[usize]) -> Option<usize> {
+    if sizes.contains(&0) {
+        return Some(0);
+    }
+    sizes.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s))
+}
+
+/// Row-major strides of `sizes` (a dimension of size 0 counts as 1), saturating.
+pub(super) fn row_major_strides(sizes: &[usize]) -> Vec<usize> {
+    let mut strides = vec![0; sizes.len()];
+    let mut acc = 1usize;
+    for (stride, &size) in strides.iter_mut().zip(sizes).rev() {
+        *stride = acc;
+        acc = acc.saturating_mul(size.max(1));
+    }
+    strides
+}
 
 /// An offset plus per-dimension sizes and strides over global ranks; see the
 /// [module docs](self).

@@ -33,9 +33,10 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::error::Labels;
-use super::extent::{check_labels, unknown_dimension};
-use super::{Extent, Point, ShapeError, Slice, SliceIter};
+use super::error::{Labels, ShapeError};
+use super::extent::{check_labels, unknown_dimension, Extent};
+use super::point::Point;
+use super::slice::{row_major_strides, Slice, SliceIter};
 
 pub mod split;
 
@@ -300,5 +301,15 @@ impl<'de> Deserialize<'de> for Shape {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let wire = Wire::deserialize(deserializer)?;
         Shape::new(wire.labels, wire.slice).map_err(serde::de::Error::custom)
+    }
+}
+
+impl Extent {
+    /// The dense, row-major region this extent spans: the [`Shape`] of global ranks
+    /// `0..num_ranks` with these labels.
+    pub fn region(&self) -> Shape {
+        let sizes = self.sizes().to_vec();
+        let strides = row_major_strides(&sizes);
+        Shape::from_valid(self.labels().to_vec(), Slice::from_valid(0, sizes, strides))
     }
 }
