@@ -165,8 +165,10 @@ test-rust: | $(VENV_PYTHON) ## cargo test --workspace (unit, integration and doc
 	timeout -k 30 $(TEST_RUST_LIMIT) $(CARGO) test --workspace
 
 # The loom models (tests named loom_*): hyperactor::sync built over the loom model checker
-# (the crates' `loom` feature, so no dependency is rebuilt), exploring every interleaving
-# of the driven actor's work queue and of Deferred within loom's bounds.
+# (the crates' `loom` feature, so no dependency is rebuilt), exploring every interleaving,
+# within loom's bounds, of ten models: the driven actor's work queue, Deferred, the
+# supervision queue (failure desk), the sequencer of incoming casts, a call's reply
+# collector and a relay's reply reducer.
 TEST_LOOM_LIMIT ?= 900
 
 loom: | $(VENV_PYTHON) ## Model-check the runtime's concurrent structures with loom

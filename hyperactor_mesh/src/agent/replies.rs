@@ -105,6 +105,58 @@ pub(super) struct ReduceState {
     pub(super) children: Vec<(ProcId, Vec<u32>)>,
 }
 
+impl Reducer {
+    /// Takes `items` for the indices still owed. Returns what to send up once that
+    /// completes the subtree; `None` while some index is owed, or when it completed
+    /// before. Decided under the reducer's lock, so exactly one caller gets `Some`.
+    fn reduce(&self, items: Vec<ReplyItem>) -> Option<Vec<ReplyItem>> {
+        let mut state = self.state.lock();
+        if state.pending.is_empty() {
+            return None; // complete already
+        }
+        for item in items {
+            if state.pending.remove(&item.index) {
+                state.got.push(item);
+            }
+        }
+        Self::finish_if_done(state)
+    }
+
+    /// `proc` died: stops waiting for the indices owed by children on it, answering
+    /// them as unanswered (REP-2). Returns what to send up if that completes the
+    /// subtree, as [`Reducer::reduce`] does.
+    fn proc_died(&self, proc: &ProcId, reason: &str, stopped: bool) -> Option<Vec<ReplyItem>> {
+        let mut state = self.state.lock();
+        let lost: Vec<u32> = state
+            .children
+            .iter()
+            .filter(|(p, _)| p == proc)
+            .flat_map(|(_, indices)| indices.iter().copied())
+            .filter(|i| state.pending.contains(i))
+            .collect();
+        if lost.is_empty() {
+            return None;
+        }
+        for index in lost {
+            state.pending.remove(&index);
+            state
+                .got
+                .push(ReplyItem::unanswered(index, reason, stopped));
+        }
+        Self::finish_if_done(state)
+    }
+
+    /// The items to send up if nothing is owed any more (taken, under the lock).
+    fn finish_if_done(
+        mut state: hyperactor::sync::MutexGuard<'_, ReduceState>,
+    ) -> Option<Vec<ReplyItem>> {
+        if !state.pending.is_empty() {
+            return None;
+        }
+        Some(std::mem::take(&mut state.got))
+    }
+}
+
 static MALFORMED: LogLimit = LogLimit::per_second();
 
 impl Inner {
@@ -134,29 +186,14 @@ impl Inner {
     }
 
     fn reduce(&self, key: u64, reducer: &Reducer, items: Vec<ReplyItem>) {
-        let mut state = reducer.state.lock();
-        if state.pending.is_empty() {
-            return; // complete already
+        if let Some(got) = reducer.reduce(items) {
+            self.finish(key, reducer, got);
         }
-        for item in items {
-            if state.pending.remove(&item.index) {
-                state.got.push(item);
-            }
-        }
-        self.finish_if_done(key, reducer, state);
     }
 
-    fn finish_if_done(
-        &self,
-        key: u64,
-        reducer: &Reducer,
-        mut state: hyperactor::sync::MutexGuard<'_, ReduceState>,
-    ) {
-        if !state.pending.is_empty() {
-            return;
-        }
-        let got = std::mem::take(&mut state.got);
-        drop(state);
+    /// The subtree of `reducer` is complete: nothing waits under `key` any more, and
+    /// `got` goes up to its parent.
+    fn finish(&self, key: u64, reducer: &Reducer, got: Vec<ReplyItem>) {
         self.replies.remove(key);
         self.send_items(&reducer.parent, got);
     }
@@ -182,24 +219,9 @@ impl Inner {
     pub(super) fn replies_after_death(&self, proc: &ProcId, reason: &str, stopped: bool) {
         let reducers = self.replies.reducers();
         for (key, reducer) in reducers {
-            let mut state = reducer.state.lock();
-            let lost: Vec<u32> = state
-                .children
-                .iter()
-                .filter(|(p, _)| p == proc)
-                .flat_map(|(_, indices)| indices.iter().copied())
-                .filter(|i| state.pending.contains(i))
-                .collect();
-            if lost.is_empty() {
-                continue;
+            if let Some(got) = reducer.proc_died(proc, reason, stopped) {
+                self.finish(key, &reducer, got);
             }
-            for index in lost {
-                state.pending.remove(&index);
-                state
-                    .got
-                    .push(ReplyItem::unanswered(index, reason, stopped));
-            }
-            self.finish_if_done(key, &reducer, state);
         }
         let watched = self.casts_out.calls_through(proc);
         for (key, hit) in watched {
@@ -634,6 +656,64 @@ mod loom_models {
             failer.join().expect("the deliverer");
             assert_eq!(items.len(), 1);
             assert!(items[0].is_unanswered());
+        });
+    }
+
+    /// A reducer waiting for two children, rank 1 on proc `p1` and rank 2 on `p2`, that
+    /// reports to key 9 of `parent`.
+    fn reducer(parent: hyperactor::PortId, p1: &ProcId, p2: &ProcId) -> Arc<Reducer> {
+        Arc::new(Reducer {
+            parent: ReplyTo {
+                port: parent,
+                key: 9,
+            },
+            state: Mutex::new(ReduceState {
+                pending: [1, 2].into_iter().collect(),
+                got: Vec::new(),
+                children: vec![(p1.clone(), vec![1]), (p2.clone(), vec![2])],
+            }),
+        })
+    }
+
+    /// REP-1 and REP-2 in a reducer: the two children reply from two threads while a
+    /// third reports `p2` dead. Whatever the interleaving, exactly one caller completes
+    /// the subtree (one message up, and nothing is left waiting), and that message
+    /// holds one item per rank: rank 1's reply, and rank 2's reply or its unanswered
+    /// item, whichever came first.
+    #[test]
+    fn loom_a_reducer_sends_one_item_per_rank_up_once_despite_a_death() {
+        loom::model(|| {
+            let p1: ProcId = "p1@local:1".parse().expect("a proc id");
+            let p2: ProcId = "p2@local:2".parse().expect("a proc id");
+            let parent = "p0@local:0/agent[0]:1".parse().expect("a port id");
+            let reducer = reducer(parent, &p1, &p2);
+            let reply = |index: u32| {
+                let reducer = Arc::clone(&reducer);
+                thread::spawn(move || reducer.reduce(vec![ReplyItem::ok(index, Vec::new())]))
+            };
+            let (first, second) = (reply(1), reply(2));
+            let death = {
+                let (reducer, p2) = (Arc::clone(&reducer), p2.clone());
+                thread::spawn(move || reducer.proc_died(&p2, "proc p2 died", false))
+            };
+            let sent: Vec<Vec<ReplyItem>> = [first, second, death]
+                .into_iter()
+                .filter_map(|t| t.join().expect("a reply or death thread"))
+                .collect();
+            assert_eq!(sent.len(), 1, "the subtree completes once: {sent:?}");
+            let indices: Vec<u32> = sent[0].iter().map(|i| i.index).collect();
+            assert!(
+                indices == [1, 2] || indices == [2, 1],
+                "REP-1: one item per rank, got {indices:?}"
+            );
+            assert!(
+                sent[0].iter().any(|i| i.index == 1 && !i.is_unanswered()),
+                "rank 1 answered: its proc lives"
+            );
+            assert!(
+                reducer.state.lock().pending.is_empty(),
+                "REP-2: nothing owed"
+            );
         });
     }
 }
