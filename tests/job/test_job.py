@@ -523,6 +523,159 @@ def test_process_job_reconnects_through_the_cache(
         first.kill()
 
 
+# --- ProcessJob.add_mesh ---------------------------------------------------------------
+
+
+#: A worker that creates its socket, then exits before it serves.
+EXIT_AFTER_LISTENING = textwrap.dedent(
+    """
+    import socket, sys
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(sys.argv[1].removeprefix("ipc://"))
+    raise SystemExit(3)
+    """
+)
+
+
+class FlakyWorkerJob(FakeWorkerJob):
+    """Stand-in workers, except that those started while ``fail`` is set create their
+    socket and exit."""
+
+    fail = False
+
+    def _worker_command(self, address: str) -> list[str]:
+        if self.fail:
+            return [sys.executable, "-c", EXIT_AFTER_LISTENING, address]
+        return super()._worker_command(address)
+
+
+def test_add_mesh_before_apply_extends_the_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _record_attach(monkeypatch)
+    job = FakeWorkerJob({"trainers": 2})
+    job.add_mesh("loaders", 1)
+    assert repr(job) == "FakeWorkerJob({'trainers': 2, 'loaders': 1})"
+    assert job.can_run(FakeWorkerJob({"trainers": 2, "loaders": 1})) is False, "not applied"
+    try:
+        state = job.state(cached_path=None)
+        assert list(state) == ["trainers", "loaders"]
+        assert [c["name"] for c in calls] == ["trainers", "loaders"]
+    finally:
+        job.kill()
+
+
+def test_add_mesh_on_a_running_job_starts_its_workers_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _record_attach(monkeypatch)
+    job = FakeWorkerJob({"trainers": 2}, env={"JOB_TEST_VAR": "seven"})
+    try:
+        job.state(cached_path=None)
+        first = _workers(job)
+        job.add_mesh("loaders", 2)
+        workers = _workers(job)
+        assert workers[:2] == first, "the running workers are not touched"
+        added = workers[2:]
+        assert [w.mesh for w in added] == ["loaders", "loaders"]
+        socket_dir = os.path.dirname(first[0].address.removeprefix("ipc://"))
+        for index, w in enumerate(added, start=2):
+            path = w.address.removeprefix("ipc://")
+            assert path == os.path.join(socket_dir, f"worker-{index}.sock")
+            assert Path(_ready(w)).exists(), "add_mesh returns once the new workers serve"
+            assert Path(path + ".env").read_text() == "seven", "the job's env"
+            assert os.getsid(w.pid) == w.pid
+        calls.clear()
+        state = job.state(cached_path=None)
+        assert state.loaders == FakeMesh("loaders:2") and state["loaders"] == state.loaders
+        assert calls[-1] == {"name": "loaders", "ca": None, "workers": [w.address for w in added]}
+        assert job._workers in job_impl._unsaved, "JOB-3: never saved, so stopped at exit"
+        assert (
+            repr(job)
+            == "FakeWorkerJob({'trainers': 2, 'loaders': 2}, env={'JOB_TEST_VAR': 'seven'})"
+        )
+        assert job.can_run(
+            FakeWorkerJob({"trainers": 2, "loaders": 2}, env={"JOB_TEST_VAR": "seven"})
+        )
+    finally:
+        job.kill()
+    assert not any(_alive(w.pid) for w in workers), "kill() ends the added workers too"
+    assert not os.path.exists(socket_dir)
+
+
+def _ready(worker: job_impl._Worker) -> str:
+    return worker.address.removeprefix("ipc://").removesuffix(".sock") + ".ready"
+
+
+@pytest.mark.parametrize("applied", [False, True], ids=["spec", "running"])
+def test_add_mesh_refuses_a_name_the_job_has(
+    monkeypatch: pytest.MonkeyPatch, applied: bool
+) -> None:
+    _record_attach(monkeypatch)
+    job = FakeWorkerJob({"trainers": 2})
+    try:
+        if applied:
+            job.apply()
+        with pytest.raises(ValueError, match=r"already has a mesh named 'trainers'"):
+            job.add_mesh("trainers", 1)
+        for name, count in [("", 1), ("x", 0), ("x", True), (3, 1)]:
+            with pytest.raises(ValueError, match="positive host count"):
+                job.add_mesh(cast(Any, name), cast(Any, count))
+        assert repr(job) == "FakeWorkerJob({'trainers': 2})"
+        if applied:
+            assert len(_workers(job)) == 2
+    finally:
+        job.kill()
+
+
+def test_add_mesh_whose_worker_fails_leaves_the_job_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _record_attach(monkeypatch)
+    job = FlakyWorkerJob({"hosts": 1})
+    try:
+        job.apply()
+        job.fail = True
+        with pytest.raises(RuntimeError, match="exited before it listened"):
+            job.add_mesh("extra", 2)
+        assert [w.mesh for w in _workers(job)] == ["hosts"]
+        assert repr(job) == "FlakyWorkerJob({'hosts': 1})"
+        job.fail = False
+        job.add_mesh("extra", 1)
+        # Past the files the failed workers (worker-1 and worker-2) left behind.
+        assert _workers(job)[1].address.endswith("/worker-3.sock")
+        assert list(job.state(cached_path=None)) == ["hosts", "extra"]
+    finally:
+        job.kill()
+
+
+def test_add_mesh_saves_the_job_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job saved by state() is saved again with the added mesh: a later process (a
+    spec with every mesh) reconnects to all the workers, and its own add_mesh saves
+    again too; kill() through the file ends them all."""
+    _record_attach(monkeypatch)
+    path = str(tmp_path / "job.pkl")
+    first = FakeWorkerJob({"hosts": 1})
+    try:
+        first.state(cached_path=path)
+        first.add_mesh("extra", 2)
+        saved = job_load(path)
+        assert repr(saved) == "FakeWorkerJob({'hosts': 1, 'extra': 2})"
+        assert [w.pid for w in _workers(cast(ProcessJob, saved))] == [
+            w.pid for w in _workers(first)
+        ]
+        assert not job_impl._unsaved, "JOB-3: the added workers belong to a saved job"
+        second = FakeWorkerJob({"hosts": 1, "extra": 2})
+        second.state(cached_path=path)
+        assert second.apply_id == first.apply_id, "JOB-2: the grown job is reused"
+        second.add_mesh("more", 1)
+        assert list(job_load(path).state(cached_path=None)) == ["hosts", "extra", "more"]
+        workers = _workers(cast(ProcessJob, job_load(path)))
+        assert len(workers) == 4
+        job_load(path).kill()
+        assert not any(_alive(w.pid) for w in workers)
+    finally:
+        first.kill()
+
+
 _CHILD_SCRIPT = """
 import sys
 sys.path[:0] = [{test_dir!r}, {root!r}]
@@ -656,6 +809,46 @@ def test_process_job_end_to_end_lost_worker() -> None:
             job.state(cached_path=None)
     finally:
         job.kill()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("record_faults")
+def test_process_job_end_to_end_add_mesh_while_actors_run() -> None:
+    """Hosts added to a running job: actors on the first mesh keep running while the new
+    workers start; the new mesh spawns procs, and both meshes answer one client; kill()
+    ends every worker."""
+    job = ProcessJob({"hosts": 1})
+    procs = extra_procs = None
+    try:
+        hosts = job.state(cached_path=None).hosts
+        procs = hosts.spawn_procs(per_host={"gpus": 2})
+        first = procs.spawn("first", Where)
+        before = first.where.call().get(timeout=60).values()
+        start = time.monotonic()
+        job.add_mesh("extra", 2)
+        added_s = time.monotonic() - start
+        extra = job.state(cached_path=None).extra
+        assert extra.sizes == {"hosts": 2}
+        extra_procs = extra.spawn_procs(per_host={"gpus": 1})
+        second = extra_procs.spawn("second", Where)
+        pending = [first.where.call(), second.where.call()]
+        after, added = (p.get(timeout=60).values() for p in pending)
+        assert after == before, "the first mesh's actors ran on undisturbed"
+        assert [coords for coords, _ in added] == [{"hosts": 0, "gpus": 0}, {"hosts": 1, "gpus": 0}]
+        pids = {pid for _, pid in before} | {pid for _, pid in added}
+        assert len(pids) == 4
+        print(f"add_mesh of 2 hosts to a running ProcessJob: {added_s:.2f} s")
+        worker_pids = [w.pid for w in _workers(job)]
+        assert len(worker_pids) == 3
+        for mesh in (extra_procs, procs):
+            mesh.stop().get(timeout=30)
+        procs = extra_procs = None
+    finally:
+        for mesh in (extra_procs, procs):
+            if mesh is not None:
+                mesh.stop().get(timeout=30)
+        job.kill()
+    assert not any(_alive(pid) for pid in worker_pids)
 
 
 @pytest.mark.timeout(120)

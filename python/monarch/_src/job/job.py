@@ -172,6 +172,9 @@ class JobTrait(ABC):
     _apply_id: str | None = None
     _admin: MeshAdminConfig | None = None
     _telemetry: TelemetryConfig | None = None
+    #: Where this (running) job was last saved with ``dump`` (or reconnected from by
+    #: ``state()``), for saving it again when its allocation grows (``add_mesh``).
+    _saved_at: str | None = None
 
     def __init__(self) -> None:
         self._status = "not_running"
@@ -260,6 +263,7 @@ class JobTrait(ABC):
             if cached is not None:
                 if _can_run(cached, self):
                     logger.info("reusing the job saved at %s", cached_path)
+                    cached._saved_at = os.path.abspath(cached_path)
                     self._status = _Reconnected(cached)
                     return self._monitored(cached._state())
                 logger.info("the job saved at %s cannot run this one; killing it", cached_path)
@@ -290,7 +294,16 @@ class JobTrait(ABC):
         ``ProcessJob`` saved this way keeps its workers running when this process
         exits: end them with ``kill()``."""
         target = os.path.realpath(filename) if os.path.islink(filename) else filename
-        data = pickle.dumps(self)
+        running = self._running
+        before = None if running is None else running._saved_at
+        if running is not None:
+            running._saved_at = os.path.abspath(filename)
+        try:
+            data = pickle.dumps(self)
+        except BaseException:
+            if running is not None:
+                running._saved_at = before
+            raise
         directory = os.path.dirname(os.path.abspath(target))
         os.makedirs(directory, exist_ok=True)
         # Write beside the target and rename, so a reader never sees half a file.
@@ -319,6 +332,20 @@ class JobTrait(ABC):
         """Called once this (running) job was saved: what the allocation would have
         ended at this process's exit may now outlive it. Default: nothing."""
         return None
+
+    def _save_again(self) -> None:
+        """Save this running job again at the path it was last saved at (``dump``, or
+        the cache ``state()`` wrote or reconnected through) after its allocation
+        changed (``add_mesh``), as long as that file still holds this allocation (the
+        same ``apply_id``): a file that now holds another job is left alone."""
+        path = self._saved_at
+        if path is None:
+            return
+        saved = _load_cached(path)
+        if saved is None or saved.apply_id != self.apply_id:
+            logger.info("not saving the job again at %s: the file holds another job", path)
+            return
+        self.dump(path)
 
     @abstractmethod
     def _create(self, client_script: str | None) -> None:
@@ -672,22 +699,44 @@ class _Workers:
     def exited(self) -> list[_Worker]:
         return [w for w in self.all() if not _is_running(w)]
 
+    def next_index(self) -> int:
+        """The number of the next worker's files (``worker-<n>.sock``): past every
+        worker started so far and every file in the directory, so that a worker added
+        later never meets an old worker's files (a ready file left by one that was
+        killed would read as its own)."""
+        used = [len(self.all()) - 1]
+        try:
+            entries = os.listdir(self.socket_dir)
+        except OSError:
+            entries = []
+        for entry in entries:
+            number = entry.removeprefix("worker-").split(".", 1)[0]
+            if entry.startswith("worker-") and number.isdigit():
+                used.append(int(number))
+        return max(used) + 1
+
     def stop(self, grace: float) -> None:
         """SIGTERM every worker's process group, SIGKILL what is left after ``grace``
         seconds, then remove the socket directory."""
-        live = [w for w in self.all() if _is_running(w)]
-        for w in live:
-            _signal(w, signal.SIGTERM)
-        live = _wait_exited(live, grace)
-        for w in live:
-            _signal(w, signal.SIGKILL)
-        live = _wait_exited(live, grace)
-        if live:
-            logger.warning(
-                "ProcessJob workers still running after SIGKILL: %s",
-                "; ".join(w.describe() for w in live),
-            )
+        _stop_workers(self.all(), grace)
         shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+
+def _stop_workers(workers: list[_Worker], grace: float) -> None:
+    """SIGTERM the process group of each of ``workers``, SIGKILL what is left after
+    ``grace`` seconds, and wait (``grace`` again) for them to exit."""
+    live = [w for w in workers if _is_running(w)]
+    for w in live:
+        _signal(w, signal.SIGTERM)
+    live = _wait_exited(live, grace)
+    for w in live:
+        _signal(w, signal.SIGKILL)
+    live = _wait_exited(live, grace)
+    if live:
+        logger.warning(
+            "ProcessJob workers still running after SIGKILL: %s",
+            "; ".join(w.describe() for w in live),
+        )
 
 
 #: Worker groups started by this process and never saved: stopped at its exit (JOB-3).
@@ -714,6 +763,19 @@ def _stop_unsaved_at_exit() -> None:
 # runs hooks last-in first-out, so the client stops its procs before the workers go (and
 # the hook runs the runtime's first when it was registered earlier).
 atexit.register(_stop_unsaved_at_exit)
+
+
+def _valid_mesh(name: object, count: object) -> bool:
+    """Whether ``name`` and ``count`` make a mesh of a ``ProcessJob``: a non-empty name
+    and a positive number of hosts."""
+    return (
+        isinstance(name, str)
+        and bool(name)
+        and isinstance(count, int)
+        and not isinstance(count, bool)
+        and count >= 1
+    )
+
 
 #: Longest Unix socket path (``sun_path`` holds 108 bytes with the terminating NUL).
 _MAX_SOCKET_PATH = 107
@@ -783,14 +845,7 @@ class ProcessJob(JobTrait):
         if (
             not isinstance(meshes, Mapping)
             or not meshes
-            or not all(
-                isinstance(name, str)
-                and name
-                and isinstance(count, int)
-                and not isinstance(count, bool)
-                and count >= 1
-                for name, count in meshes.items()
-            )
+            or not all(_valid_mesh(name, count) for name, count in meshes.items())
         ):
             raise ValueError(
                 f"ProcessJob(meshes={meshes!r}): expected mesh names mapped to positive "
@@ -808,6 +863,79 @@ class ProcessJob(JobTrait):
         """The command line of a worker listening on ``address``."""
         return [sys.executable, "-m", "monarch.tools.cli", "worker", "--address", address]
 
+    def add_mesh(self, name: str, num_nodes: int) -> None:
+        """Add the mesh ``name`` of ``num_nodes`` hosts (worker processes).
+
+        Before the job is applied, this extends the specification, as if the mesh had
+        been given to the constructor. On a running job (applied, or reconnected to a
+        saved one through the cache) it also starts the new workers at once, the way
+        ``apply()`` started the first ones (the same ``env`` and socket directory), and
+        returns once they serve: ``job.state()[name]`` is then their host mesh, of
+        extent ``{"hosts": num_nodes}``. The workers already running are not touched.
+        ``kill()`` ends the new workers with the others, and so does the exit of this
+        process when the job was never saved; a job saved with ``dump()`` (or by
+        ``state()`` in its cache) is saved again at that path with the new mesh (one
+        saved with ``dumps()`` only, you save again yourself).
+
+        A saved job grown this way is reused by a specification with all its meshes
+        (``can_run`` compares the meshes, the added ones included).
+
+        Args:
+            name: The new mesh's name.
+            num_nodes: How many hosts (worker processes) it has.
+
+        Raises:
+            ValueError: The job already has a mesh ``name``, or the name or count is not
+                valid.
+            RuntimeError: A new worker exited before it served, or did not serve within
+                :attr:`start_timeout`; the new workers are stopped and the job is left
+                as it was.
+        """
+        if not _valid_mesh(name, num_nodes):
+            raise ValueError(
+                f"ProcessJob.add_mesh({name!r}, {num_nodes!r}): expected a non-empty mesh "
+                "name and a positive host count, e.g. job.add_mesh('loaders', 2)"
+            )
+        running = self._running
+        meshes = dict(self._meshes)
+        if isinstance(running, ProcessJob):
+            meshes.update(running._meshes)
+        if name in meshes:
+            raise ValueError(
+                f"ProcessJob.add_mesh({name!r}, {num_nodes!r}): this job already has a "
+                f"mesh named {name!r} (its meshes: {meshes}); expected a new name; pick "
+                "another one, or kill() the job and give it the meshes you need"
+            )
+        if isinstance(running, ProcessJob):
+            running._start_mesh(name, num_nodes)
+        self._meshes[name] = num_nodes
+        if running is not None:
+            running._save_again()
+
+    def _start_mesh(self, name: str, count: int) -> None:
+        """Start ``count`` more workers, the mesh ``name`` of this running job, and wait
+        until they serve; on failure stop them and leave the job as it was."""
+        workers = self._workers
+        if workers is None:
+            raise RuntimeError(
+                f"ProcessJob.add_mesh({name!r}, {count!r}): the job has no workers; "
+                "apply() it first"
+            )
+        env = {**os.environ, **self._env}
+        inherit = _inherit_output()
+        first = workers.next_index()
+        started: list[_Worker] = []
+        try:
+            for index in range(first, first + count):
+                base = os.path.join(workers.socket_dir, f"worker-{index}")
+                started.append(self._start_worker(name, base, env, inherit))
+            self._wait_serving(started)
+        except BaseException:
+            _stop_workers(started, self.stop_grace)
+            raise
+        workers.meshes[name] = started
+        self._meshes[name] = count
+
     def _create(self, client_script: str | None) -> None:
         _refuse_batch(self, client_script)
         workers = _Workers(_make_socket_dir())
@@ -821,7 +949,7 @@ class ProcessJob(JobTrait):
                     base = os.path.join(workers.socket_dir, f"worker-{index}")
                     index += 1
                     started.append(self._start_worker(mesh, base, env, inherit))
-            self._wait_serving(workers)
+            self._wait_serving(workers.all())
         except BaseException:
             workers.stop(self.stop_grace)
             raise
@@ -852,13 +980,13 @@ class ProcessJob(JobTrait):
         proc = _proc_stat(popen.pid)
         return _Worker(mesh, popen.pid, None if proc is None else proc[1], address, log)
 
-    def _wait_serving(self, workers: _Workers) -> None:
-        """Wait until every worker serves (its ready file exists); raise if one exits
-        first. Its socket alone is not enough: it exists before the worker's agent, and
-        a client's first heartbeat arriving in between would be dropped (and its attach
-        time out, ``mesh_attach_config_timeout`` later)."""
+    def _wait_serving(self, workers: list[_Worker]) -> None:
+        """Wait until each of ``workers`` serves (its ready file exists); raise if one
+        exits first. Its socket alone is not enough: it exists before the worker's agent,
+        and a client's first heartbeat arriving in between would be dropped (and its
+        attach time out, ``mesh_attach_config_timeout`` later)."""
         deadline = time.monotonic() + self.start_timeout
-        pending = workers.all()
+        pending = list(workers)
         delay = 0.005
         while True:
             for w in list(pending):
