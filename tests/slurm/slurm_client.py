@@ -166,6 +166,61 @@ def batch_client(out: str) -> None:
         json.dump({"answers": answers, "host": socket.gethostname()}, f)
 
 
+def add_mesh(log_dir: str, then: str) -> None:
+    """A mesh added to the running job (a second allocation) while actors run on the
+    first; both answer one client. ``then``: ``kill`` the job, or ``leave`` it running
+    (saved in the cache) for ``add-mesh-reconnect``."""
+    from monarch.job import job_load
+
+    cache = os.path.join(log_dir, "job_state.pkl")
+    job = _job(log_dir, meshes={"trainers": 2}, job_start_timeout=60)
+    state = job.state(cached_path=cache)
+    procs = state.trainers.spawn_procs()
+    first = procs.spawn("where", Where)
+    first.where.call().get(timeout=60)
+    taken = None
+    try:
+        job.add_mesh("trainers", 1)
+    except ValueError as e:
+        taken = str(e)
+    t0 = time.monotonic()
+    job.add_mesh("extra", 1)
+    state = job.state(cached_path=cache)
+    extra_procs = state.extra.spawn_procs()
+    second = extra_procs.spawn("where", Where)
+    pending = [first.where.call(), second.where.call()]
+    trainers, extra = ([r for _, r in p.get(timeout=60)] for p in pending)
+    added_s = time.monotonic() - t0
+    extra_procs.stop().get(timeout=30)
+    procs.stop().get(timeout=30)
+    result = {
+        "answers": {"trainers": trainers, "extra": extra},
+        "meshes": list(state),
+        "job": job.slurm_job_id,
+        "jobs": job.slurm_job_ids,
+        "saved_jobs": job_load(cache).slurm_job_ids,  # type: ignore[attr-defined]
+        "taken": taken,
+        "added_s": added_s,
+    }
+    if then == "kill":
+        t1 = time.monotonic()
+        job.kill()
+        result["kill_s"] = time.monotonic() - t1
+        result["jobs_after_kill"] = job.slurm_job_ids
+    _report("RESULT", result)
+
+
+def add_mesh_reconnect(log_dir: str) -> None:
+    """A new client whose spec has every mesh, the added one included: it reconnects to
+    both allocations through the cache, calls them, and kills the job."""
+    job = _job(log_dir, meshes={"trainers": 2, "extra": 1})
+    state = job.state(cached_path=os.path.join(log_dir, "job_state.pkl"))
+    answers = _call_all(state, ["trainers", "extra"])
+    jobs = job.slurm_job_ids
+    job.kill()
+    _report("RESULT", {"answers": answers, "jobs": jobs})
+
+
 if __name__ == "__main__":
     scenario, *args = sys.argv[1:]
     scenarios: dict[str, Callable[..., None]] = {
@@ -177,5 +232,7 @@ if __name__ == "__main__":
         "two-tasks": two_tasks,
         "batch": batch,
         "batch-client": batch_client,
+        "add-mesh": add_mesh,
+        "add-mesh-reconnect": add_mesh_reconnect,
     }
     scenarios[scenario](*args)

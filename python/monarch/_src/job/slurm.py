@@ -23,10 +23,13 @@ connections.
 
 Invariants (tests cite them):
 
-- SLURM-1: one allocation (one ``sbatch``) serves every mesh of a job.
+- SLURM-1: one allocation (one ``sbatch``) serves every mesh a job had when it was
+  applied; each mesh added to a running job (``add_mesh``) gets one allocation of its
+  own, with the job's settings and secret.
 - SLURM-2: every error about a submitted job says what Slurm reported and ends with the
   tail of the job's log.
-- SLURM-3: ``kill()`` returns once Slurm reports the job ended (or no longer knows it).
+- SLURM-3: ``kill()`` returns once Slurm reports the job ended (or no longer knows it),
+  the allocations of added meshes included.
 - SLURM-4: ``state()`` attaches only once the job is RUNNING and every worker announced
   that it is ready; a job that ended, or never can start, raises instead.
 
@@ -131,6 +134,17 @@ class _Status:
         return f"{self.state}{reason}"
 
 
+@dataclass(frozen=True)
+class _Added:
+    """The allocation of a mesh added to a running job (``add_mesh``): a Slurm job of
+    its own, whose task *t* of a node serves at ``port + t``."""
+
+    mesh: str
+    nodes: int
+    job_id: str
+    port: int
+
+
 def _use_tcp() -> None:
     """Serve this process over TCP (with its hostname's address) unless monarch already
     started or a transport was chosen: remote workers must be able to dial it back."""
@@ -146,7 +160,7 @@ class SlurmJob(JobTrait):
 
     Args:
         meshes: Mesh names mapped to node counts, e.g. ``{"trainers": 2}``; more can be
-            added with :meth:`add_mesh` before the job is applied.
+            added with :meth:`add_mesh`, before the job is applied or while it runs.
         python_exe: The Python on the nodes that runs the workers (it must have monarch).
         slurm_args: Extra ``sbatch`` arguments, e.g. ``["--constraint=a100"]``; they
             come after the job's own and win over them.
@@ -189,6 +203,11 @@ class SlurmJob(JobTrait):
     worker_ready_timeout: float = 120.0
     #: Longest pause between two polls of Slurm while waiting.
     max_poll_interval: float = 1.0
+
+    # Class-level defaults, so that a job pickled before meshes could be added to a
+    # running job still loads: the allocations of added meshes, and those known ready.
+    _added: tuple[_Added, ...] = ()
+    _added_ready: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -275,15 +294,47 @@ class SlurmJob(JobTrait):
     # Specification
 
     def add_mesh(self, name: str, num_nodes: int) -> None:
-        """Add a mesh of ``num_nodes`` nodes, before the job is applied."""
-        if self.active:
-            raise RuntimeError(
-                f"SlurmJob.add_mesh({name!r}, {num_nodes!r}): the job is already applied "
-                f"(Slurm job {self._job_id}); add meshes before apply() or state(), or "
-                "kill() it first"
-            )
+        """Add the mesh ``name`` of ``num_nodes`` nodes.
+
+        Before the job is applied, this extends the specification: the one allocation
+        ``apply()`` submits serves it too (SLURM-1). On a running job (applied, or
+        reconnected to a saved one through the cache) it submits an allocation of its
+        own for the new mesh at once (one ``sbatch``, with the job's settings, secret
+        and log directory), whose workers come up like the first ones; ``job.state()``
+        then waits for it as for the first, and ``state()[name]`` is its host mesh.
+        :attr:`slurm_job_id` stays the first allocation's; :attr:`slurm_job_ids` lists
+        them all, and ``kill()`` cancels them all. The workers of the ``k``-th added
+        allocation serve at ``monarch_port + k * ntasks_per_node + t``, so that they
+        never collide with another allocation's on a shared node. A job saved with
+        ``dump()`` (or by ``state()`` in its cache) is saved again there with the new
+        allocation.
+
+        Args:
+            name: The new mesh's name.
+            num_nodes: How many nodes it has (each gives ``ntasks_per_node`` hosts).
+
+        Raises:
+            ValueError: The job already has a mesh ``name``, the name or count is not
+                valid, or the new allocation's ports would not fit below 65536.
+            SlurmError: ``sbatch`` refused the new allocation (the job is left as it
+                was).
+        """
         _check_mesh(name, num_nodes)
+        running = self._running
+        meshes = dict(self._meshes)
+        if isinstance(running, SlurmJob):
+            meshes.update(running._meshes)
+        if name in meshes:
+            raise ValueError(
+                f"SlurmJob.add_mesh({name!r}, {num_nodes!r}): this job already has a mesh "
+                f"named {name!r} (its meshes: {meshes}); expected a new name; pick another "
+                "one, or kill() the job and give it the meshes you need"
+            )
+        if isinstance(running, SlurmJob):
+            running._submit_added(name, num_nodes)
         self._meshes[name] = num_nodes
+        if running is not None:
+            running._save_again()
 
     def _spec(self) -> tuple[object, ...]:
         return (
@@ -314,6 +365,17 @@ class SlurmJob(JobTrait):
         return self._resolved_job_id()
 
     @property
+    def slurm_job_ids(self) -> list[str]:
+        """The Slurm job ids of every allocation this job uses: the first (its
+        :attr:`slurm_job_id`), then one per mesh added while it ran (:meth:`add_mesh`);
+        empty before ``apply()``."""
+        running = self._running
+        if isinstance(running, SlurmJob) and running is not self:
+            return running.slurm_job_ids
+        first = self._resolved_job_id()
+        return ([] if first is None else [first]) + [a.job_id for a in self._added]
+
+    @property
     def log_path(self) -> str | None:
         """The job's Slurm log (workers' output and Slurm's messages), once submitted."""
         running = self._running
@@ -322,7 +384,16 @@ class SlurmJob(JobTrait):
         job_id = self._resolved_job_id()
         if job_id is None:
             return None
+        return self._log_of(job_id)
+
+    def _log_of(self, job_id: str) -> str:
+        """The Slurm log of the allocation ``job_id`` (the first, or an added mesh's)."""
         return os.path.join(self._log_dir, f"slurm_{job_id}_{self._job_name}.out")
+
+    def _first_meshes(self) -> dict[str, int]:
+        """The meshes the first allocation serves: all but those added while it ran."""
+        added = {a.mesh for a in self._added}
+        return {name: n for name, n in self._meshes.items() if name not in added}
 
     def __repr__(self) -> str:
         job = f", slurm_job_id={self._job_id!r}" if self._job_id else ""
@@ -358,12 +429,22 @@ class SlurmJob(JobTrait):
         deadline = (
             None if self._job_start_timeout is None else time.monotonic() + self._job_start_timeout
         )
-        nodes = self._wait_running(job_id, deadline)
+        first = self._first_meshes()
+        nodes = self._wait_running(job_id, deadline, sum(first.values()))
         addresses = self._node_addresses(nodes)
         if not self._ready:
             self._wait_workers_ready(job_id, nodes, deadline)
             self._ready = True
-        return self._attach(addresses)
+        meshes = self._attach(first, addresses, self._port)
+        for added in self._added:
+            nodes = self._wait_running(added.job_id, deadline, added.nodes)
+            addresses = self._node_addresses(nodes)
+            if added.job_id not in self._added_ready:
+                self._wait_workers_ready(added.job_id, nodes, deadline)
+                self._added_ready = self._added_ready | {added.job_id}
+            meshes.update(self._attach({added.mesh: added.nodes}, addresses, added.port))
+        # In the order the meshes were named (added ones last, as they were added).
+        return JobState({name: meshes[name] for name in self._meshes if name in meshes})
 
     def can_run(self, spec: JobTrait) -> bool:
         """Whether this job's Slurm allocation can serve ``spec``, so that
@@ -373,26 +454,47 @@ class SlurmJob(JobTrait):
             spec: The job specification a new program asks for.
 
         Returns:
-            ``True`` when ``spec`` is a ``SlurmJob`` with the same meshes and Slurm
-            options and the allocation is still active (asked of ``squeue``).
+            ``True`` when ``spec`` is a ``SlurmJob`` with the same meshes (those added
+            to this one while it ran included) and Slurm options, and every allocation
+            of this job is still active (asked of ``squeue``).
         """
         if not isinstance(spec, SlurmJob) or spec._spec() != self._spec():
             return False
         job_id = self._resolved_job_id()
-        return job_id is not None and self._squeue(job_id).active
+        return job_id is not None and all(
+            self._squeue(j).active for j in [job_id, *(a.job_id for a in self._added)]
+        )
 
     def _kill(self) -> None:
         job_id = self._resolved_job_id()
         if job_id is None:
             return
-        if self._inside_own_batch_job(job_id):
+        # Every allocation is cancelled before any is waited for. The added meshes'
+        # allocations never hold the client, so they are cancelled in batch mode too;
+        # whether one ended, its wait tells.
+        added = [a.job_id for a in self._added]
+        for other in added:
+            self._run(["scancel", other], what=f"cancel Slurm job {other}", check=False)
+        batch = self._inside_own_batch_job(job_id)
+        if not batch:
+            self._run(["scancel", job_id], what=f"cancel Slurm job {job_id}")
+        for other in added:
+            self._wait_ended(other)
+        self._added = ()
+        self._added_ready = frozenset()
+        if batch:
             logger.info(
                 "SlurmJob: not cancelling Slurm job %s from inside it (batch mode): it "
                 "ends when the client script exits",
                 job_id,
             )
             return
-        self._run(["scancel", job_id], what=f"cancel Slurm job {job_id}")
+        self._wait_ended(job_id)
+        self._job_id = None
+        self._ready = False
+
+    def _wait_ended(self, job_id: str) -> None:
+        """Wait until Slurm reports the cancelled job ``job_id`` ended (SLURM-3)."""
         deadline = time.monotonic() + self.kill_timeout
         delay = 0.02
         while True:
@@ -405,23 +507,26 @@ class SlurmJob(JobTrait):
                     f"Slurm job {job_id} was cancelled but is still {status.describe()} "
                     f"after {self.kill_timeout:g} s; expected it to end within Slurm's "
                     "KillWait; check the nodes with `scontrol show job "
-                    f"{job_id}`{self._log_tail_suffix()}"
+                    f"{job_id}`{self._log_tail_suffix(job_id)}"
                 )
             time.sleep(delay)  # polling squeue: Slurm has no wait-for-end command
             delay = min(delay * 2, self.max_poll_interval)
-        self._job_id = None
-        self._ready = False
 
     # ----------------------------------------------------------------------------------
     # Submitting
 
-    def _batch_script(self, client_script: str | None) -> str:
+    def _batch_script(
+        self, client_script: str | None, nodes: int | None = None, port: int | None = None
+    ) -> str:
         """The sbatch script: directives, then ``srun`` of one worker per task (and in
-        batch mode the client, after which the workers stop)."""
+        batch mode the client, after which the workers stop). ``nodes`` and ``port``
+        are those of an added mesh's allocation; by default, the first one's."""
+        nodes = sum(self._meshes.values()) if nodes is None else nodes
+        port = self._port if port is None else port
         lines = [
             "#!/bin/bash",
             f"#SBATCH --job-name={self._job_name}",
-            f"#SBATCH --nodes={sum(self._meshes.values())}",
+            f"#SBATCH --nodes={nodes}",
             f"#SBATCH --ntasks-per-node={self._ntasks_per_node}",
             f"#SBATCH --output={os.path.join(self._log_dir, f'slurm_%j_{self._job_name}.out')}",
         ]
@@ -442,7 +547,7 @@ class SlurmJob(JobTrait):
         lines.append("#SBATCH --no-requeue")
         worker = (
             'exec "$0" -m monarch.tools.cli worker '
-            f'--address "tcp://$(hostname):$(({self._port} + SLURM_LOCALID))"'
+            f'--address "tcp://$(hostname):$(({port} + SLURM_LOCALID))"'
         )
         srun = f"srun --label --kill-on-bad-exit=0 bash -c {shlex.quote(worker)} " + shlex.quote(
             self._python_exe
@@ -468,20 +573,26 @@ class SlurmJob(JobTrait):
         return "\n".join(lines) + "\n"
 
     def _submit(self, client_script: str | None) -> None:
+        job_id = self._sbatch(self._meshes, self._batch_script(client_script))
+        self._job_id = job_id
+        logger.info("SlurmJob: submitted Slurm job %s; its log: %s", job_id, self.log_path)
+
+    def _sbatch(self, meshes: dict[str, int], script: str) -> str:
+        """Submit ``script``, an allocation for ``meshes``; its Slurm job id."""
         os.makedirs(self._log_dir, exist_ok=True)
         env = {**os.environ, "MONARCH_CLUSTER_SECRET": self._secret or ""}
         argv = ["sbatch", "--parsable", *self._slurm_args]
-        nodes = sum(self._meshes.values())
+        nodes = sum(meshes.values())
         done = self._run(
             argv,
             what=f"submit the job ({nodes} nodes, {self._ntasks_per_node} tasks per node)",
-            stdin=self._batch_script(client_script),
+            stdin=script,
             env=env,
             check=False,
         )
         if done.returncode != 0:
             raise SlurmError(
-                f"sbatch refused the job ({nodes} nodes for meshes {self._meshes}, "
+                f"sbatch refused the job ({nodes} nodes for meshes {meshes}, "
                 f"{self._ntasks_per_node} task(s) per node, partition "
                 f"{self._partition or 'default'}): {done.stderr.strip()}; expected Slurm to "
                 "queue it; fix the request (`sinfo` lists the partitions and their nodes) "
@@ -492,8 +603,34 @@ class SlurmJob(JobTrait):
             raise SlurmError(
                 f"sbatch --parsable printed {done.stdout.strip()!r}, expected a job id"
             )
-        self._job_id = job_id
-        logger.info("SlurmJob: submitted Slurm job %s; its log: %s", job_id, self.log_path)
+        return job_id
+
+    def _submit_added(self, name: str, num_nodes: int) -> None:
+        """Submit the allocation of the mesh ``name`` added to this running job."""
+        k = len(self._added) + 1
+        port = self._port + k * self._ntasks_per_node
+        if port + self._ntasks_per_node - 1 > 65535:
+            raise ValueError(
+                f"SlurmJob.add_mesh({name!r}, {num_nodes!r}): the workers of added mesh "
+                f"number {k} would serve at ports {port}..{port + self._ntasks_per_node - 1}"
+                ", which do not fit below 65536; expected a lower monarch_port "
+                f"(now {self._port})"
+            )
+        if not self._secret:
+            raise SlurmError(
+                f"SlurmJob.add_mesh({name!r}, {num_nodes!r}): the job has no cluster "
+                "secret for the new workers; apply() it first"
+            )
+        script = self._batch_script(None, nodes=num_nodes, port=port)
+        job_id = self._sbatch({name: num_nodes}, script)
+        self._added = (*self._added, _Added(name, num_nodes, job_id, port))
+        self._meshes[name] = num_nodes
+        logger.info(
+            "SlurmJob: submitted Slurm job %s for the added mesh %r; its log: %s",
+            job_id,
+            name,
+            self._log_of(job_id),
+        )
 
     def _save_for_batch(self, client_script: str) -> None:
         """Save the job for the client script, which runs inside the allocation and
@@ -540,14 +677,14 @@ class SlurmJob(JobTrait):
     def _inside_own_batch_job(self, job_id: str) -> bool:
         return os.environ.get(_BATCH_ENV) == "1" and os.environ.get("SLURM_JOB_ID") == job_id
 
-    def _wait_running(self, job_id: str, deadline: float | None) -> list[str]:
-        """Wait until the job runs; return its nodes (SLURM-4)."""
+    def _wait_running(self, job_id: str, deadline: float | None, expected: int) -> list[str]:
+        """Wait until the job runs; return its ``expected`` nodes (SLURM-4)."""
         delay = 0.02
         last = None
         while True:
             status = self._squeue(job_id)
             if status.state == "RUNNING":
-                return self._hostnames(status.nodelist)
+                return self._hostnames(job_id, status.nodelist, expected)
             if not status.active:
                 check = (
                     f"check python_exe={self._python_exe!r}, which must run monarch on the nodes"
@@ -562,7 +699,7 @@ class SlurmJob(JobTrait):
                 raise SlurmError(
                     f"Slurm job {job_id} is {status.describe()}{why}, so it no longer runs "
                     "the workers of this SlurmJob; expected RUNNING; call job.kill() and "
-                    f"then job.state() to submit a new one{self._log_tail_suffix()}"
+                    f"then job.state() to submit a new one{self._log_tail_suffix(job_id)}"
                 )
             if status.reason in _NEVER_STARTS:
                 self._cancel_quietly(job_id)
@@ -570,7 +707,7 @@ class SlurmJob(JobTrait):
                     f"Slurm job {job_id} can never start: {status.describe()}, "
                     f"{_NEVER_STARTS[status.reason]}; it was cancelled; fix the request "
                     "(`sinfo` lists partitions and nodes; `scontrol show job` the details) "
-                    f"and apply again{self._log_tail_suffix()}"
+                    f"and apply again{self._log_tail_suffix(job_id)}"
                 )
             if (status.state, status.reason) != last:
                 logger.info("SlurmJob: Slurm job %s is %s", job_id, status.describe())
@@ -581,7 +718,7 @@ class SlurmJob(JobTrait):
                     f"Slurm job {job_id} did not start within job_start_timeout="
                     f"{self._job_start_timeout:g} s: it is {status.describe()}; it was "
                     "cancelled; raise job_start_timeout, or ask for fewer or other nodes "
-                    f"(`squeue -j {job_id}` explains the reason){self._log_tail_suffix()}"
+                    f"(`squeue -j {job_id}` explains the reason){self._log_tail_suffix(job_id)}"
                 )
             time.sleep(delay)  # polling squeue: Slurm has no wait-for-start command
             delay = min(delay * 2, self.max_poll_interval)
@@ -590,8 +727,8 @@ class SlurmJob(JobTrait):
         """Wait until every worker printed its ready line in the job's log (SLURM-4);
         skipped when the log is not readable here (no shared file system)."""
         expected = len(nodes) * self._ntasks_per_node
-        path = self.log_path
-        if path is None or not os.path.exists(path):
+        path = self._log_of(job_id)
+        if not os.path.exists(path):
             return
         limit = time.monotonic() + self.worker_ready_timeout
         if deadline is not None:
@@ -607,7 +744,7 @@ class SlurmJob(JobTrait):
                     f"Slurm job {job_id} is {status.describe()} before all its workers "
                     f"were ready ({len(ready)} of {expected}); expected every task to run "
                     f"`monarch worker`; check python_exe={self._python_exe!r} (it must "
-                    f"have monarch on the nodes){self._log_tail_suffix()}"
+                    f"have monarch on the nodes){self._log_tail_suffix(job_id)}"
                 )
             if time.monotonic() >= limit:
                 missing = sorted(set(range(expected)) - ready)
@@ -616,7 +753,7 @@ class SlurmJob(JobTrait):
                     f"workers of Slurm job {job_id} were not ready in time (tasks "
                     f"{missing} did not print 'monarch worker ready'); it was cancelled; "
                     f"check python_exe={self._python_exe!r} and the log"
-                    f"{self._log_tail_suffix()}"
+                    f"{self._log_tail_suffix(job_id)}"
                 )
             time.sleep(delay)  # polling the log: the workers announce themselves there
             delay = min(delay * 2, 0.25)
@@ -634,7 +771,11 @@ class SlurmJob(JobTrait):
                 addrs[name[1]] = addr[1] if addr else name[1]
         return [addrs.get(node, node) for node in nodes]
 
-    def _attach(self, addresses: list[str]) -> JobState:
+    def _attach(
+        self, meshes: dict[str, int], addresses: list[str], port: int
+    ) -> dict[str, HostMesh]:
+        """Attach to the workers of one allocation: its nodes' ``addresses``, split
+        between ``meshes`` in order; task *t* of a node serves at ``port + t``."""
         from monarch._rust_bindings import set_cluster_secret
         from monarch._src.actor.workers import attach_to_workers
 
@@ -642,14 +783,14 @@ class SlurmJob(JobTrait):
             raise SlurmError("SlurmJob has no cluster secret: apply() it first")
         set_cluster_secret(self._secret)
         k = self._ntasks_per_node
-        workers = [f"tcp://{addr}:{self._port + t}" for addr in addresses for t in range(k)]
-        meshes: dict[str, HostMesh] = {}
+        workers = [f"tcp://{addr}:{port + t}" for addr in addresses for t in range(k)]
+        attached: dict[str, HostMesh] = {}
         start = 0
-        for name, count in self._meshes.items():
+        for name, count in meshes.items():
             mine = workers[start : start + count * k]
             start += count * k
-            meshes[name] = attach_to_workers(name=name, ca=None, workers=mine)
-        return JobState(meshes)
+            attached[name] = attach_to_workers(name=name, ca=None, workers=mine)
+        return attached
 
     # ----------------------------------------------------------------------------------
     # Slurm commands
@@ -674,17 +815,16 @@ class SlurmJob(JobTrait):
         state, reason, nodelist = [*line[0].split("|"), "", ""][:3]
         return _Status(state.strip(), reason.strip(), nodelist.strip())
 
-    def _hostnames(self, nodelist: str) -> list[str]:
+    def _hostnames(self, job_id: str, nodelist: str, expected: int) -> list[str]:
         if not nodelist:
             return []
         out = self._run(
             ["scontrol", "show", "hostnames", nodelist], what="expand the node list"
         ).stdout
         nodes = out.split()
-        expected = sum(self._meshes.values())
         if len(nodes) != expected:
             raise SlurmError(
-                f"Slurm job {self._job_id} runs on {len(nodes)} nodes ({nodelist}), "
+                f"Slurm job {job_id} runs on {len(nodes)} nodes ({nodelist}), "
                 f"expected {expected} (meshes {self._meshes}); partial allocations are "
                 "not supported: kill() the job and apply again"
             )
@@ -731,9 +871,10 @@ class SlurmJob(JobTrait):
             )
         return done
 
-    def _log_tail_suffix(self) -> str:
-        """The tail of the job's log, for an error message (SLURM-2)."""
-        path = self.log_path
+    def _log_tail_suffix(self, job_id: str | None = None) -> str:
+        """The tail of the log of the allocation ``job_id`` (by default the first), for
+        an error message (SLURM-2)."""
+        path = self.log_path if job_id is None else self._log_of(job_id)
         if path is None:
             return ""
         if not os.path.exists(path):
