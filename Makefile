@@ -218,11 +218,11 @@ demo-build: build-prod ## Build the Rust demos with the extension's release buil
 # two at a time beside the Rust demos' build (each keeps about one core busy, mostly
 # starting interpreters), each demo's output printed whole when it ends; the Rust demos
 # last.
-DEMO_PY_PARALLEL := ddp_spmd parameter_server distributed_tensors ddp_tensors web_crawler \
+DEMO_PY_PARALLEL := ddp_spmd elastic_training parameter_server distributed_tensors ddp_tensors web_crawler \
 	reinforcement_learning
 DEMO_PY_JOBS := $(addprefix demo-py-,$(DEMO_PY_PARALLEL))
 .PHONY: demo-parallel $(DEMO_PY_JOBS)
-demo: $(BUILD_STAMP) ## Install what the demos need (not the test tools), run them: Rust ping-pong and native mesh, Python tour, DDP, RDMA, tensors, DDP on tensors, crawler, RL
+demo: $(BUILD_STAMP) ## Install what the demos need (not the test tools), run them: Rust ping-pong and native mesh, Python tour, DDP, elastic DDP, RDMA, tensors, DDP on tensors, crawler, RL
 	$(MAKE) --no-print-directory -j2 build-prod $(DEMO_STAMP)
 	$(VENV_PYTHON) examples/ping_pong.py
 	$(VENV_PYTHON) examples/getting_started.py

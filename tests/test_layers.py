@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("actor",),
     ("rdma", "spmd"),
     ("tensor_engine",),
+    ("recovery",),
     ("monitoring",),
     ("job",),
     ("cli",),

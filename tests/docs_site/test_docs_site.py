@@ -44,6 +44,7 @@ API_PAGES = {
     "monarch.job.kubernetes": "api/job.html",
     "monarch.rdma": "api/rdma.html",
     "monarch.spmd": "api/spmd.html",
+    "monarch.recovery": "api/recovery.html",
     "monarch.monitoring": "api/monitoring.html",
     "monarch.builtins.log": "api/builtins.html",
     "monarch.builtins.random": "api/builtins.html",

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MeshFailure",
     "await_verdict",
+    "route_failures",
     "start_root_supervision",
     "unhandled_fault_hook",
 ]
@@ -120,6 +121,10 @@ class MeshFailure:
         state = process.peek()
         return state.owned.get(self.mesh_id) if state is not None else None
 
+    def headline(self) -> str:
+        """The report's first line: which mesh, class, rank, proc and pid failed."""
+        return self._failure.headline()
+
     def report(self) -> str:
         """The failure, its reason and its causes, for people."""
         return self._failure.report()
@@ -159,6 +164,31 @@ def set_fault_hook_source(source: Callable[[], Callable[[MeshFailure], object]])
 
 def _fault_hook() -> Callable[[MeshFailure], object]:
     return _fault_hook_source()
+
+
+#: Handlers of failures by mesh id, consulted before the unhandled-failure hook: a library
+#: that owns meshes from the client (the recovery trainer) handles their failures itself
+#: (:func:`route_failures`).
+_routes: dict[int, Callable[[MeshFailure], object]] = {}
+_routes_lock = threading.Lock()
+
+
+def route_failures(mesh_id: int, handler: Callable[[MeshFailure], object] | None) -> None:
+    """Send the failures of the client-owned mesh ``mesh_id`` to ``handler`` instead of
+    the unhandled-failure hook (``None`` removes the route). The handler runs where the
+    hook would, once per failed rank, with the same verdict rules: returning means
+    handled; raising ends the program as an unhandled failure."""
+    with _routes_lock:
+        if handler is None:
+            _routes.pop(mesh_id, None)
+        else:
+            _routes[mesh_id] = handler
+
+
+def _handler_for(mesh_id: int) -> Callable[[MeshFailure], object]:
+    with _routes_lock:
+        routed = _routes.get(mesh_id)
+    return routed if routed is not None else _fault_hook()
 
 
 class _Verdicts:
@@ -223,7 +253,7 @@ def _judge(failure: MeshFailure) -> None:
     with v.hook_lock:
         if v.exiting:
             return  # the program is ending already
-        hook = _fault_hook()
+        hook = _handler_for(failure.mesh_id)
         try:
             hook(failure)
         except BaseException as e:  # unhandled: stop the program, loudly

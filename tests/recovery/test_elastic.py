@@ -1,0 +1,199 @@
+"""The recovery library: a data-parallel run that loses replicas goes on from the same
+step and ends with the weights of a run without failures.
+
+Failures are injected by the replicas themselves, once each, through files in a
+directory the test names (``FAULTS``, inherited by the procs): a replica that finds its
+file removes it and kills its own process at that point (joining a new membership,
+offering its state). The kills from outside are SIGKILLs of a replica's pid, or of a
+worker (a whole host) of a ``ProcessJob``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import monarch.actor  # noqa: E402
+from monarch.actor import MeshFailure, endpoint, this_host  # noqa: E402
+from monarch.job import ProcessJob  # noqa: E402
+from monarch.recovery import (  # noqa: E402
+    ElasticTrainer,
+    Membership,
+    RecoveryError,
+    Replica,
+    WhenNoSpare,
+)
+
+IN, HIDDEN, BATCH = 8, 16, 16
+
+unhandled: list[MeshFailure] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_unhandled_failures() -> Iterator[None]:
+    # The trainer handles its replicas' failures; anything reaching the hook is a bug
+    # (recorded here, and checked by each test, instead of ending the test run).
+    monarch.actor.unhandled_fault_hook = unhandled.append
+    yield
+
+
+@pytest.fixture
+def faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("FAULTS", str(tmp_path))
+    unhandled.clear()
+    return tmp_path
+
+
+def _fault(name: str) -> bool:
+    path = Path(os.environ.get("FAULTS", "/nonexistent")) / name
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+class Net(Replica):
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(IN, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 1)
+        )
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.01)
+        self.w = torch.linspace(-1.0, 1.0, IN).unsqueeze(1)
+
+    def batch(self, step: int) -> tuple[Any, Any]:
+        g = torch.Generator().manual_seed(step * 100 + self.replica_rank)
+        x = torch.randn(BATCH, IN, generator=g)
+        return x, x @ self.w
+
+    def loss(self, batch: tuple[Any, Any]) -> Any:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.model(x), y)
+
+    def on_membership(self, membership: Membership) -> None:
+        if _fault(f"join-{membership.generation}-{membership.rank}") and self.step == 0:
+            os._exit(7)
+
+    def state_dict(self) -> dict[str, Any]:
+        if _fault(f"offer-{self.replica_rank}"):
+            os._exit(7)
+        return super().state_dict()
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    async def weights(self) -> list[float]:
+        return [v for p in self.model.parameters() for v in p.detach().flatten().tolist()]
+
+
+def _weights(trainer: ElasticTrainer[Net]) -> list[float]:
+    every = [r.weights.call_one().get(timeout=60) for r in trainer.replicas]
+    assert all(w == every[0] for w in every), "the replicas disagree"
+    return every[0]
+
+
+def _kill(trainer: ElasticTrainer[Net], rank: int) -> None:
+    os.kill(trainer.replicas[rank].pid.call_one().get(timeout=60), signal.SIGKILL)
+
+
+STEPS = 7
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[float]:
+    """The weights after ``STEPS`` steps of 3 replicas without a failure."""
+    with ElasticTrainer(Net, this_host(), 3) as trainer:
+        trainer.train(STEPS)
+        return _weights(trainer)
+
+
+@pytest.mark.timeout(240)
+def test_lost_replicas_are_replaced_and_the_run_equals_one_without_failures(
+    faults: Path, reference: list[float]
+) -> None:
+    with ElasticTrainer(Net, this_host(), 3, spares=1) as trainer:
+        trainer.train(2)
+        # 1. A replica killed between steps: a warm spare takes its place.
+        _kill(trainer, 1)
+        r = trainer.step().recovery
+        assert r is not None and r.lost == (1,) and r.source == 0 and r.attempts == 1, r
+        # 2. A second failure during recovery: the replica that takes rank 2's place
+        # dies as it joins the new group; recovery starts over and replaces it too.
+        (faults / "join-2-2").touch()
+        _kill(trainer, 2)
+        r = trainer.step().recovery
+        assert r is not None and set(r.lost) == {2} and r.attempts == 2, r
+        # 3. The survivor whose state is being copied dies while it offers it: the copy
+        # comes from another survivor.
+        (faults / "offer-0").touch()
+        _kill(trainer, 1)
+        r = trainer.step().recovery
+        assert r is not None and set(r.lost) == {0, 1} and r.source == 2, r
+        assert trainer.step_count == 5
+        trainer.train(STEPS - trainer.step_count)
+        assert len(trainer.recoveries) == 3
+        got = _weights(trainer)
+    assert max(abs(a - b) for a, b in zip(got, reference, strict=True)) <= 1e-6
+    assert not unhandled, [f.report() for f in unhandled]
+
+
+@pytest.mark.timeout(120)
+def test_no_replica_left_is_an_error_naming_the_lost_ranks(faults: Path) -> None:
+    with ElasticTrainer(Net, this_host(), 1) as trainer:
+        trainer.step()
+        _kill(trainer, 0)
+        with pytest.raises(RecoveryError, match=r"every replica .* was lost \(ranks \[0\]\)"):
+            trainer.step()
+    assert not unhandled, [f.report() for f in unhandled]
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _worker_of(job: ProcessJob, pid: int) -> int:
+    """The pid of the job's worker that ``pid`` (a proc) descends from."""
+    workers = {w.pid for w in job._workers.all()}  # type: ignore[union-attr]
+    while pid > 1:
+        if pid in workers:
+            return pid
+        pid = _ppid(pid)
+    raise AssertionError(f"no worker of the job is an ancestor of pid {pid}")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("policy", [WhenNoSpare.COLOCATE, WhenNoSpare.SHRINK, WhenNoSpare.FAIL])
+def test_a_lost_host_without_a_spare_follows_the_policy(faults: Path, policy: WhenNoSpare) -> None:
+    job = ProcessJob({"hosts": 2})
+    try:
+        hosts = job.state(cached_path=None).hosts
+        with ElasticTrainer(Net, hosts, 2, when_no_spare=policy) as trainer:
+            trainer.step()
+            victim = trainer.replicas[1].pid.call_one().get(timeout=60)
+            os.kill(_worker_of(job, victim), signal.SIGKILL)  # host 1, with replica 1
+            if policy is WhenNoSpare.FAIL:
+                with pytest.raises(RecoveryError, match=r"replica 1 was lost .*no host"):
+                    trainer.step()
+                return
+            r = trainer.step().recovery
+            assert r is not None and r.lost == (1,), r
+            if policy is WhenNoSpare.COLOCATE:
+                assert r.replaced == {1: 0} and trainer.world == 2
+                assert trainer.hosts_of_replicas() == [0, 0]
+            else:
+                assert r.replaced == {} and trainer.world == 1
+            trainer.step()
+    finally:
+        job.kill()
+    assert not unhandled, [f.report() for f in unhandled]
