@@ -247,6 +247,85 @@ def output(workers: list[str]) -> None:
     result({"all": "".join(tee.text), "before_failure": before_failure[:1]})
 
 
+class Caller(Actor):
+    """Calls the actors it is handed (on other hosts) and returns their pids."""
+
+    @endpoint
+    def ping_all(self, peers: Any) -> list[int]:
+        return sorted(peers.ping.call().get(timeout=60).values())
+
+
+def replacement(workers: list[str]) -> None:
+    """A replacement host joins (issue 37): spawn on every host; the test SIGKILLs host
+    2's worker and sends the time it did; once the fault hook has the loss, check the
+    survivors and say READY; the test starts a new worker in host 2's namespace and
+    sends its address; attach to it (a host mesh of its own), spawn there, and call the
+    new actors together with the survivors' actors of the first mesh (hosts 0 and 1),
+    each side calling the other too. Report what was seen and how long each step
+    took."""
+    lost = threading.Event()
+    failures: list[str] = []
+    hook_at: list[float] = []
+
+    def hook(failure: object) -> None:
+        hook_at.append(time.monotonic())
+        failures.append(str(failure))
+        lost.set()
+
+    monarch.actor.unhandled_fault_hook = hook
+    hosts = attach(workers)
+    procs = hosts.spawn_procs(per_host={"gpus": 2})
+    members = procs.spawn("members", Member)
+    before = members.ping.call().get(timeout=120)
+    print("READY", flush=True)
+    # The test's time.monotonic() at the kill (the clock is the machine's, in every
+    # namespace).
+    killed_at = float(sys.stdin.readline())
+    detected = hook_at[0] - killed_at if lost.wait(timeout=30) else None
+    error = None
+    try:
+        members.slice(hosts=2).ping.call().get(timeout=30)
+    except SupervisionError as e:
+        error = str(e)
+    except Exception as e:  # reported, and the test fails on it
+        error = f"unexpected {type(e).__name__}: {e}"
+    survivors = members.slice(hosts=slice(0, 2))
+    survivor_pids = sorted(survivors.ping.call().get(timeout=30).values())
+    print("READY", flush=True)
+    address = sys.stdin.readline().strip()
+    start = time.monotonic()
+    joined = attach_to_workers(workers=[address], ca=None, name="replacement")
+    joined.initialized.get(timeout=60)
+    new_procs = joined.spawn_procs(per_host={"gpus": 2})
+    fresh = new_procs.spawn("fresh", Member)
+    pending = [survivors.ping.call(), fresh.where.call()]
+    together, places = (p.get(timeout=60) for p in pending)
+    answered_at = time.monotonic()
+    # Each side calls the other directly: actors on the new host call the survivors,
+    # and new actors on the survivors' procs (of the failed mesh) call the new host.
+    callers = new_procs.spawn("callers", Caller)
+    new_to_old = callers.ping_all.call(survivors).get(timeout=60).values()
+    back = procs.slice(hosts=slice(0, 2)).spawn("back", Caller)
+    old_to_new = back.ping_all.call(fresh).get(timeout=60).values()
+    new_procs.stop().get(timeout=60)
+    procs.stop().get(timeout=60)
+    result(
+        {
+            "detected_s": detected,
+            "failures": failures[:3],
+            "error": error,
+            "before": sorted(before.values()),
+            "survivors": survivor_pids,
+            "together": sorted(together.values()),
+            "places": [v for _, v in places.items()],
+            "joined_s": answered_at - start,
+            "kill_to_answer_s": answered_at - killed_at,
+            "new_to_old": new_to_old,
+            "old_to_new": old_to_new,
+        }
+    )
+
+
 SCENARIOS = {
     "output": output,
     "spawn_cast": spawn_cast,
@@ -254,6 +333,7 @@ SCENARIOS = {
     "hold": hold,
     "shutdown_lost": shutdown_lost,
     "wrong_credentials": wrong_credentials,
+    "replacement": replacement,
 }
 
 if __name__ == "__main__":
