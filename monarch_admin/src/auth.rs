@@ -7,7 +7,7 @@ use hyper::header::COOKIE;
 use hyper::header::HOST;
 use hyper::header::ORIGIN;
 
-use crate::AdminError;
+use crate::config::AdminError;
 
 /// The name of the cookie that carries the token.
 pub(crate) const COOKIE_NAME: &str = "monarch_admin";

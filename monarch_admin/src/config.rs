@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-/// How an [`crate::AdminServer`] listens and whom it lets in.
+/// How an [`AdminServer`](crate::server::AdminServer) listens and whom it lets in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdminConfig {
     /// The address to listen on; port 0 picks a free port. Default `127.0.0.1:0`.

@@ -11,9 +11,10 @@ use std::time::Duration;
 use futures::future::{BoxFuture, FutureExt};
 use hyperactor_mesh::agent::ProcAgent;
 use hyperactor_mesh::monitor;
+use hyperactor_mesh::monitor::{Event, LogQuery, LogRecord, Snapshot, StackDump};
 use tokio::sync::broadcast;
 
-use crate::{Event, JobInfo, LogQuery, LogRecord, Snapshot, Source, SourceError, StackDump};
+use crate::source::{JobInfo, Source, SourceError};
 
 /// The live job of this process as a [`Source`]: see the `live` module's docs.
 pub struct LiveSource {

@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use hyperactor_mesh::monitor::{ActorRecord, GpuRecord, HostRecord, ProcRecord, ProcStatus};
-
-use crate::{Event, Snapshot};
+use hyperactor_mesh::monitor::{
+    ActorRecord, Event, GpuRecord, HostRecord, ProcRecord, ProcStatus, Snapshot,
+};
 
 /// The event kinds always reported by `monarch_events_total`, even at 0.
 const EVENT_KINDS: [&str; 7] = [

@@ -11,21 +11,14 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::future::FutureExt;
+use hyperactor_mesh::monitor::{Event, LogQuery, LogRecord, Snapshot, StackDump};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use crate::AdminError;
-use crate::Event;
-use crate::JobInfo;
-use crate::LogQuery;
-use crate::LogRecord;
-use crate::SeriesPoint;
-use crate::Snapshot;
-use crate::Source;
-use crate::SourceError;
-use crate::StackDump;
+use crate::config::AdminError;
+use crate::source::{JobInfo, SeriesPoint, Source, SourceError};
 
 /// Why a JSON value is not a recording ([`RecordedSource::from_value`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -25,13 +25,11 @@ use crate::http::Body;
 use crate::metrics::render_metrics;
 use crate::series::Series;
 use crate::snapshot::SnapshotCache;
+use crate::source::{JobInfo, Source, SourceError};
 use crate::static_files;
-use crate::JobInfo;
-use crate::LogQuery;
-use crate::Snapshot;
-use crate::Source;
-use crate::SourceError;
-use hyperactor_mesh::monitor::{ActorRecord, ActorState, HostStatus, MonitorError, ProcStatus};
+use hyperactor_mesh::monitor::{
+    ActorRecord, ActorState, HostStatus, LogQuery, MonitorError, ProcStatus, Snapshot,
+};
 
 /// How long a stack dump may take.
 const STACK_TIMEOUT: Duration = Duration::from_secs(10);

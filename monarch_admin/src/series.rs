@@ -12,14 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
 
-use hyperactor_mesh::monitor::{ActorState, ProcStatus};
-use serde::Deserialize;
-use serde::Serialize;
+use hyperactor_mesh::monitor::{ActorState, ProcStatus, Snapshot};
 use tokio::sync::watch;
 use tokio::sync::Notify;
 
 use crate::snapshot::SnapshotCache;
-use crate::Snapshot;
+use crate::source::SeriesPoint;
 
 /// Seconds between samples.
 pub(crate) const STEP: Duration = Duration::from_secs(1);
@@ -28,27 +26,8 @@ pub(crate) const WATCH_FOR: Duration = Duration::from_secs(30);
 /// How many points are kept (15 minutes).
 pub(crate) const KEEP: usize = 900;
 
-/// One sample of `GET /v1/series`: the job's totals at one time.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct SeriesPoint {
-    /// When it was taken (Unix seconds).
-    pub t: f64,
-    /// Messages handled by all actors.
-    pub handled: u64,
-    /// Of which failed.
-    pub errors: u64,
-    /// Messages handled per second since the previous point.
-    pub rate: f64,
-    /// Resident memory of all procs, bytes.
-    pub rss: u64,
-    /// CPU use of all procs, percent of one CPU.
-    pub cpu_pct: f64,
-    /// Procs running.
-    pub procs_alive: u64,
-    /// Actors failed.
-    pub actors_failed: u64,
-}
-
+// The record is the source's (a recording serves its own points); how one is
+// taken from a snapshot is the sampler's.
 impl SeriesPoint {
     /// The totals of `snapshot`, with the rate against `previous`.
     pub(crate) fn of(snapshot: &Snapshot, t: f64, previous: Option<&SeriesPoint>) -> SeriesPoint {

@@ -20,12 +20,11 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::auth;
 use crate::auth::HostCheck;
+use crate::config::{AdminConfig, AdminError};
 use crate::routes::App;
 use crate::series::Series;
 use crate::snapshot::SnapshotCache;
-use crate::AdminConfig;
-use crate::AdminError;
-use crate::Source;
+use crate::source::Source;
 
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

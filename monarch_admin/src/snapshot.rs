@@ -13,9 +13,9 @@ use std::time::Instant;
 use futures::future::BoxFuture;
 use futures::future::FutureExt;
 use futures::future::Shared;
+use hyperactor_mesh::monitor::Snapshot;
 
-use crate::Snapshot;
-use crate::Source;
+use crate::source::Source;
 
 /// How long a collected snapshot is served again.
 pub(crate) const REUSE_FOR: Duration = Duration::from_millis(250);
@@ -116,14 +116,11 @@ impl SnapshotCache {
 mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
+    use hyperactor_mesh::monitor::{Event, LogQuery, LogRecord, StackDump};
     use tokio::sync::broadcast;
 
     use super::*;
-    use crate::Event;
-    use crate::LogQuery;
-    use crate::LogRecord;
-    use crate::SourceError;
-    use crate::StackDump;
+    use crate::source::SourceError;
 
     /// Each collection returns the number of collections so far (as its
     /// `collected_ms`); `seq` is the latest event.

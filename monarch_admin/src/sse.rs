@@ -10,14 +10,14 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use http_body_util::StreamBody;
 use hyper::body::Frame;
+use hyperactor_mesh::monitor::Event;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use tokio::sync::watch;
 
 use crate::http::Body;
 use crate::series::Series;
-use crate::Event;
-use crate::Source;
+use crate::source::Source;
 
 /// How often an idle stream sends a comment (keeps proxies and the client's timeout
 /// from closing it, and finds out when the client is gone).
