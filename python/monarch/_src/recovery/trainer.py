@@ -606,9 +606,9 @@ def _ignore_outcome(task: asyncio.Future[Any]) -> None:
 
 
 def _host_lost(failure: MeshFailure | None) -> bool:
-    """Whether ``failure`` says the replica's host was lost (rather than its process
-    alone), so that a new replica should go elsewhere."""
+    """Whether ``failure`` says the replica's host was lost (its worker killed or cut
+    off), not only its process, so that a new replica should go elsewhere. A hint only:
+    spawning on the host is what decides."""
     if failure is None:
         return False
-    reason = failure.reason
-    return "host" in reason and ("lost" in reason or "connection failed" in reason)
+    return "its host " in failure.reason and " was lost" in failure.reason
