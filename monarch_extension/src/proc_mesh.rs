@@ -56,6 +56,10 @@ impl std::error::Error for ProcsStartError {
 pub struct ProcMeshInner {
     name: String,
     deferred: Deferred<ProcMesh, ProcsStartError>,
+    /// For a mesh composed of the procs of other meshes ([`PyProcMesh::compose`]): the
+    /// spawned meshes its procs belong to, which own them (stopping it stops these).
+    /// Empty for a spawned mesh.
+    parts: Vec<Arc<ProcMeshInner>>,
 }
 
 impl ProcMeshInner {
@@ -64,6 +68,17 @@ impl ProcMeshInner {
         Self {
             name,
             deferred: Deferred::new(),
+            parts: Vec::new(),
+        }
+    }
+
+    /// The spawned meshes that own this mesh's procs: the parts of a composed mesh,
+    /// else the mesh itself.
+    fn owners(self: &Arc<Self>) -> Vec<Arc<ProcMeshInner>> {
+        if self.parts.is_empty() {
+            vec![Arc::clone(self)]
+        } else {
+            self.parts.clone()
         }
     }
 
@@ -112,6 +127,7 @@ impl PyProcMesh {
             inner: Arc::new(ProcMeshInner {
                 name: "this_proc".into(),
                 deferred: Deferred::ready(mesh),
+                parts: Vec::new(),
             }),
             view: None,
         })
@@ -268,21 +284,92 @@ impl PyProcMesh {
         Ok(PyActorMesh::new(actor, None))
     }
 
-    /// Stops every proc of the mesh (only its owner can). A future of `None`.
+    /// Stops every proc of the mesh (only its owner can). A future of `None`. A
+    /// composed mesh ([`PyProcMesh::compose`]) stops the spawned meshes its procs belong
+    /// to.
     fn stop(&self, sender: &Bound<'_, PyAny>, reason: String) -> PyResult<PyFuture> {
         let sender = Sender::extract(sender)?;
-        let inner = Arc::clone(&self.inner);
+        let owners = self.inner.owners();
         Ok(PyFuture::from_work(
             format!("stopping procs {:?}", self.inner.name),
             async move {
-                // A mesh that failed to start has nothing to stop.
-                if let Ok(mesh) = inner.deferred.wait().await {
-                    mesh.stop(&sender, &reason).await.map_err(rt_err)?;
+                for inner in owners {
+                    // A mesh that failed to start has nothing to stop.
+                    if let Ok(mesh) = inner.deferred.wait().await {
+                        mesh.stop(&sender, &reason).await.map_err(rt_err)?;
+                    }
                 }
                 let convert: Convert = Box::new(|py| Ok(py.None()));
                 Ok(convert)
             },
         ))
+    }
+
+    /// A new proc mesh named `name`, laid out along `extent`, whose rank `i` is the one
+    /// proc of `members[i]` (a one-proc view of any ready proc mesh): procs already
+    /// running, gathered from several meshes (the survivors of a mesh that lost a proc,
+    /// and a replacement). It has an id of its own, so actors spawned on it form new
+    /// meshes; its procs stay owned by the meshes that spawned them, and stopping it
+    /// stops those meshes (every proc of them). Blocks until the members are ready
+    /// (`timeout` seconds at most).
+    ///
+    /// Raises `ValueError` when the number of members is not the extent's number of
+    /// ranks or a member is not one proc, `RuntimeError` when a member's procs failed
+    /// to start, `TimeoutError` when they are not ready in time.
+    #[staticmethod]
+    #[pyo3(signature = (name, extent, members, timeout = None))]
+    fn compose(
+        py: Python<'_>,
+        name: &str,
+        extent: PyRef<'_, crate::shape::PyExtent>,
+        members: Vec<PyRef<'_, PyProcMesh>>,
+        timeout: Option<f64>,
+    ) -> PyResult<Self> {
+        let extent = extent.extent().clone();
+        if members.len() != extent.num_ranks() {
+            return Err(PyValueError::new_err(format!(
+                "compose({name:?}): {} member procs for an extent of {} ranks ({extent}); \
+                 give one one-proc view per rank",
+                members.len(),
+                extent.num_ranks()
+            )));
+        }
+        let mut procs = Vec::with_capacity(members.len());
+        let mut parts: Vec<Arc<ProcMeshInner>> = Vec::new();
+        for (i, member) in members.iter().enumerate() {
+            let viewed = member.ready(py, timeout)?;
+            let mut ranks = viewed.shape().iter();
+            let (Some(rank), None) = (ranks.next(), ranks.next()) else {
+                return Err(PyValueError::new_err(format!(
+                    "compose({name:?}): member {i} is a view of {} procs of {:?}; give a \
+                     view of exactly one proc (a slice down to one rank)",
+                    viewed.len(),
+                    member.inner.name
+                )));
+            };
+            let mut proc = viewed.procs()[rank].clone();
+            proc.rank = i;
+            procs.push(proc);
+            for owner in member.inner.owners() {
+                if !parts.iter().any(|p| Arc::ptr_eq(p, &owner)) {
+                    parts.push(owner);
+                }
+            }
+        }
+        let info = MeshInfo {
+            id: hyperactor_mesh::agent::random_id(),
+            name: name.to_string(),
+            class: "proc".into(),
+        };
+        let mesh = ProcMesh::new(info, &extent, procs).map_err(rt_err)?;
+        Ok(Self {
+            inner: Arc::new(ProcMeshInner {
+                name: name.to_string(),
+                deferred: Deferred::ready(mesh),
+                parts,
+            }),
+            view: None,
+        })
     }
 
     /// Whether the procs failed to start, and why (`None` while starting or when ready).
@@ -301,6 +388,7 @@ impl PyProcMesh {
             inner: Arc::new(ProcMeshInner {
                 name: mesh.info().name.clone(),
                 deferred: Deferred::ready(mesh),
+                parts: Vec::new(),
             }),
             view: None,
         })
