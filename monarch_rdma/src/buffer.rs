@@ -21,9 +21,10 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::region::RemoteRegion;
+use crate::error::RdmaError;
+use crate::region::{Registry, RemoteRegion};
 use crate::tcp::TcpOptions;
-use crate::{cma, ibverbs, tcp, RdmaError, Registry};
+use crate::{cma, ibverbs, tcp};
 
 /// Which path a transfer takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -13,8 +13,8 @@
 
 use std::io;
 
+use crate::error::RdmaError;
 use crate::region::{RemoteRegion, Slot, SLOT_BYTES};
-use crate::RdmaError;
 
 /// The most bytes one system call is asked to move.
 pub const MAX_PIECE: usize = 1 << 30;
@@ -371,7 +371,7 @@ mod tests {
 
     #[test]
     fn a_dropped_registration_is_refused_and_a_live_one_is_checked() {
-        use crate::Registry;
+        use crate::region::Registry;
         let registry = Registry::new();
         let live: &'static mut [u8] = Box::leak(vec![5u8; 4096].into_boxed_slice());
         let dropped: &'static mut [u8] = Box::leak(vec![6u8; 4096].into_boxed_slice());

@@ -23,7 +23,7 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
-use crate::RdmaError;
+use crate::error::RdmaError;
 
 /// A reference to memory registered by some process: what it pickles or serializes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

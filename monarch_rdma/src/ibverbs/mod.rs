@@ -91,8 +91,9 @@ use self::probe::*;
 pub use self::probe::{probe, probe_with, Probe};
 use self::qp::*;
 use self::sys::{ibv_qp_attr, ibv_wc, Lib, LoadError};
-use crate::region::{random_u64, RemoteRegion};
-use crate::{tcp, RdmaError, Registry};
+use crate::error::RdmaError;
+use crate::region::{random_u64, Registry, RemoteRegion};
+use crate::tcp;
 
 /// The control-request kind of a connection request (a requester's queue-pair address;
 /// the answer is the owner's).

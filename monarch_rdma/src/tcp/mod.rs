@@ -107,8 +107,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
+use crate::error::RdmaError;
 use crate::region::{Registry, RemoteRegion};
-use crate::RdmaError;
 
 mod client;
 mod server;
