@@ -341,7 +341,23 @@ def on_post_build(*, config: MkDocsConfig) -> None:
         )
 
 
+#: A fence opener with words after its language (```` ```python notest ````, which the
+#: docs tests read as "do not run"): superfences takes no such words, and would not see a
+#: fence, so the headings after it would be lost.
+_FENCE_WORDS = re.compile(r"^(\s*(?:```|~~~)[\w+-]+)[ \t]+[^`\n]*$", re.MULTILINE)
+
+
+def plain_fences(markdown: str) -> str:
+    """``markdown`` with every fence opener reduced to its language.
+
+    >>> plain_fences("```python notest\\nx = 1\\n```\\n## After")
+    '```python\\nx = 1\\n```\\n## After'
+    """
+    return _FENCE_WORDS.sub(r"\1", markdown)
+
+
 def on_page_markdown(markdown: str, /, *, page: Page, config: MkDocsConfig, files: Files) -> str:
+    markdown = plain_fences(markdown)
     if page.file.generated_by is not None:  # written above, links already in site form
         return markdown
     return rewrite_links(markdown, f"docs/{page.file.src_uri}", page.file.src_uri)
