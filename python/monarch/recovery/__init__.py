@@ -1,6 +1,8 @@
 """Fine-grained recovery of data-parallel training: a run that loses replicas replaces
 them, copies a survivor's state to them one-sided and computes the interrupted step
-again, without restarting the survivors. Guide: docs/recovery.md."""
+again, without restarting the survivors; for actors running torch.distributed
+(``ElasticTrainer``) and for distributed tensors from one controller (``TensorTrainer``).
+Guide: [Recovery](../recovery.md)."""
 
 from monarch._src.recovery import (
     ElasticTrainer,
@@ -9,6 +11,7 @@ from monarch._src.recovery import (
     RecoveryError,
     Replica,
     StepResult,
+    TensorTrainer,
     WhenNoSpare,
 )
 
@@ -19,5 +22,6 @@ __all__ = [
     "RecoveryError",
     "Replica",
     "StepResult",
+    "TensorTrainer",
     "WhenNoSpare",
 ]

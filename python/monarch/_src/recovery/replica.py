@@ -115,7 +115,8 @@ def _group(m: Membership) -> Any:
 
 
 class Replica(Actor):
-    """One replica of a recoverable data-parallel run (see docs/recovery.md).
+    """One replica of a recoverable data-parallel run (see the [Recovery](../recovery.md)
+    guide).
 
     Subclass it: in ``__init__`` set ``self.model`` (a ``torch.nn.Module``) and
     ``self.optimizer``, building them the same way in every replica; define

@@ -154,7 +154,7 @@ def _store_host() -> str:
 class ElasticTrainer(Generic[R]):
     """Data-parallel training on ``replicas`` replicas of ``replica`` (a
     :class:`Replica` subclass, built with ``args`` and ``kwargs``) that goes on when
-    replicas are lost (see the module docs and docs/recovery.md).
+    replicas are lost (see the module docs and the [Recovery](../recovery.md) guide).
 
     ``hosts`` is where they run: replica ``i`` on host ``i`` (wrapping around when there
     are fewer hosts than replicas); hosts beyond the first ``replicas`` are spare hosts.
