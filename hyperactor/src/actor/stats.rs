@@ -102,7 +102,8 @@ pub struct CurrentEndpoint {
     pub since: Duration,
 }
 
-/// A copy of an actor's counters, taken by [`crate::Proc::actor_stats`].
+/// A copy of an actor's counters, taken by
+/// [`Proc::actor_stats`](crate::router::Proc::actor_stats).
 #[derive(Debug, Clone)]
 pub struct ActorStatsSnapshot {
     /// The actor.
@@ -318,10 +319,11 @@ mod tests {
         use serde::{Deserialize, Serialize};
 
         use crate::actor::{Actor, Binder, Context, Handler};
+        use crate::channel::ChannelTransport;
         use crate::context::SendContext;
         use crate::error::BoxError;
         use crate::port::OncePortRef;
-        use crate::{ChannelTransport, Proc};
+        use crate::router::Proc;
 
         #[derive(Debug)]
         struct Worker;

@@ -39,7 +39,7 @@ pub enum ChannelError {
     /// A string is not a transport name.
     #[error(
         "unknown channel transport {input:?}: expected {}",
-        super::ChannelTransport::NAMES
+        super::addr::ChannelTransport::NAMES
     )]
     UnknownTransport {
         /// The rejected input.
