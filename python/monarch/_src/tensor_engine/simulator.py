@@ -697,9 +697,9 @@ class SimulatedEngine(Engine):
         self.controller = None  # type: ignore[assignment]
         self.workers = _Workers(self.sim, self.root._shape)
 
-    def _send(self, view: View, cmds: list[wire.Command]) -> None:
+    def _send(self, view: View, cmds: list[wire.Command]) -> bool:
         if self.failure is not None or self.closed:
-            return
+            return False
         try:
             self.sim._batch(view, cmds)
         except Exception as e:
@@ -708,6 +708,8 @@ class SimulatedEngine(Engine):
                     f"the simulator could not simulate a batch of commands: {type(e).__name__}: {e}"
                 )
             )
+            return False
+        return True
 
     def check(self) -> None:
         if self.closed and self.failure is None:

@@ -4,9 +4,16 @@ An engine is started the first time a mesh (or any view of it) is used for tenso
 it spawns a :class:`Controller` actor in this process, which spawns one
 :class:`~monarch._src.tensor_engine.worker.actor.TensorWorker` per proc of the *root* proc
 mesh (views reuse them) and owns them: a proc that dies is reported to the controller,
-which records it, and the next use of the engine raises ``SupervisionError``. The
-controller also serves the key-value store the workers' process groups rendezvous
-through, so no extra server or port is opened for it.
+which records it (:attr:`Engine.lost`, by rank), and the next use of the engine raises
+``SupervisionError``. The controller also serves the key-value store the workers'
+process groups rendezvous through, so no extra server or port is opened for it.
+
+An engine that lost a proc is not repaired in place: ``monarch.recovery`` starts a new
+engine on a new root mesh (the survivors' procs and a replacement) and hands the
+tensors over to it (:mod:`monarch._src.tensor_engine.client.handover`). What that needs
+from the engine is here: the lost ranks, an event set at the failure (:attr:`Engine.failed`)
+and :meth:`Engine.whole`, which sends a block of work as one message and says whether
+it was sent.
 
 Commands are buffered per engine and sent as one message per *flush*: before a fetch,
 when the target view changes, when the buffer is full (:data:`BATCH_MAX`), and by a
@@ -21,10 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from monarch._src.actor.actor import Actor
@@ -46,6 +55,7 @@ __all__ = [
     "FLUSH_DELAY",
     "Controller",
     "Engine",
+    "Sent",
     "View",
     "coalescing_depth",
     "engine_of",
@@ -132,6 +142,17 @@ class Engine:
         #: seq -> client frames, for the last FRAME_RING commands.
         self.frames: list[Any] = [None] * FRAME_RING
         self.failure: BaseException | None = None
+        #: The ranks (of the root mesh) whose procs were lost, with the failure's
+        #: headline; set by the controller's supervision.
+        self.lost: dict[int, str] = {}
+        #: Set once :attr:`failure` is, with the time (``time.monotonic()``) it was;
+        #: :attr:`failure_cond` is notified then.
+        self.failed = threading.Event()
+        self.failed_at: float | None = None
+        self.failure_cond = threading.Condition()
+        #: While above 0, the buffer is never flushed before the end of the block
+        #: (:meth:`whole`).
+        self.holding = 0
         self.closed = False
         self.peers_sent: set[int] = set()
         self.ports: list[Any] | None = None
@@ -235,7 +256,7 @@ class Engine:
             if frame is not None:
                 seq = wire.seq_of(cmd)
                 self.frames[seq % FRAME_RING] = (seq, frame)
-            if len(pending) >= BATCH_MAX:
+            if len(pending) >= BATCH_MAX and not self.holding:
                 self._flush_locked()
 
     def define_view(self, target: View, vid_view: View) -> None:
@@ -288,9 +309,11 @@ class Engine:
         for target, cmds in batches:
             self._send(target, cmds)
 
-    def _send(self, view: View, cmds: list[wire.Command]) -> None:
+    def _send(self, view: View, cmds: list[wire.Command]) -> bool:
+        """Send one batch to ``view``'s workers; whether it was sent (not after a
+        failure, nor once closed)."""
         if self.failure is not None or self.closed:
-            return
+            return False
         try:
             payload = dumps(cmds)
         except Exception:
@@ -300,8 +323,44 @@ class Engine:
             view.workers.run.broadcast(payload)
         except SupervisionError as e:
             self.fail(e)
+            return False
         except Exception as e:  # the mesh was stopped: nothing more can run
             self.fail(SupervisionError(f"the tensor engine of {self.root!r} cannot run: {e}"))
+            return False
+        return True
+
+    @contextlib.contextmanager
+    def whole(self, view: View) -> Iterator[Sent]:
+        """Record a block of work for ``view`` that its workers get as one message, or
+        not at all: nothing recorded in the block is sent before it ends (neither by the
+        flusher nor when the buffer is full). The yielded :class:`Sent` says, after the
+        block, whether the message went out. Use one view in the block, and fetch
+        nothing in it. Raises what the block raises (nothing is sent then)."""
+        sent = Sent()
+        with self.lock:
+            if self.pending:
+                self._flush_locked()
+            self.holding += 1
+        try:
+            yield sent
+        except BaseException:
+            with self.lock:
+                self.holding -= 1
+                self.pending = []
+                self.pending_view = None
+                self.pending_sid = 0
+            raise
+        with self.lock:
+            self.holding -= 1
+            if self.pending_view is not None and self.pending_view is not view:
+                raise RuntimeError(
+                    f"Engine.whole: the block recorded work for another view of "
+                    f"{self.root!r} than the one it was opened for; record one view's work"
+                )
+            cmds, self.pending = self.pending, []
+            self.pending_view = None
+            self.pending_sid = 0
+            sent.value = bool(cmds) and self._send(view, cmds)
 
     def close(self) -> None:
         """The procs are being stopped: send what is buffered, then take no more work."""
@@ -317,9 +376,18 @@ class Engine:
 
     # --- failures -------------------------------------------------------------------------
 
-    def fail(self, error: BaseException) -> None:
+    def fail(self, error: BaseException, rank: int | None = None, headline: str = "") -> None:
+        """Record that the engine cannot run (``rank``: the root's rank that was
+        lost, if one was)."""
+        if rank is not None:
+            self.lost.setdefault(rank, headline)
         if self.failure is None and not self.closed:
             self.failure = error
+        if self.failed_at is None:
+            self.failed_at = time.monotonic()
+        self.failed.set()
+        with self.failure_cond:
+            self.failure_cond.notify_all()
 
     def frames_of(self, seq: int) -> Any:
         entry = self.frames[seq % FRAME_RING]
@@ -400,7 +468,7 @@ def _flusher(ref: weakref.ReferenceType[Engine], wake: threading.Event) -> None:
         engine = ref()
         if engine is None or engine.closed:
             return
-        if (engine.pending or engine.deletes) and not coalescing_depth[0]:
+        if (engine.pending or engine.deletes) and not coalescing_depth[0] and not engine.holding:
             try:
                 with engine.lock:
                     engine._flush_locked()
@@ -432,7 +500,7 @@ _start_lock = threading.Lock()
 def flush_all() -> None:
     """Send what every live engine has buffered (the end of a ``coalescing()`` block)."""
     for engine in list(_engines.values()):
-        if engine.pending or engine.deletes:
+        if (engine.pending or engine.deletes) and not engine.holding:
             try:
                 with engine.lock:
                     engine._flush_locked()
@@ -440,10 +508,24 @@ def flush_all() -> None:
                 engine.fail(e)
 
 
-def engine_failed(engine_id: int, error: BaseException) -> None:
+def engine_failed(
+    engine_id: int, error: BaseException, rank: int | None = None, headline: str = ""
+) -> None:
     engine = _engines.get(engine_id)
     if engine is not None:
-        engine.fail(error)
+        engine.fail(error, rank, headline)
+
+
+class Sent:
+    """Whether the block of :meth:`Engine.whole` was sent (``value``, set at its end)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = False
+
+    def __bool__(self) -> bool:
+        return self.value
 
 
 # --- the controller ------------------------------------------------------------------------
@@ -469,7 +551,7 @@ class Controller(Actor):
     async def start(self, procs: ProcMesh, me: Any) -> Any:
         from monarch._src.tensor_engine.worker.actor import TensorWorker
 
-        self.workers = procs.spawn("tensor_worker", TensorWorker, me)
+        self.workers = procs.spawn("tensor_worker", TensorWorker, me, self.engine_id)
         return self.workers
 
     def __supervise__(self, failure: Any) -> bool:
@@ -477,14 +559,19 @@ class Controller(Actor):
 
         if isinstance(failure, MeshFailure):
             text = failure.report()
+            headline = failure.headline()
         else:
             text = str(failure)
+            headline = text.strip().splitlines()[0] if text.strip() else ""
+        rank = getattr(failure, "rank", None)
         engine_failed(
             self.engine_id,
             SupervisionError(
                 f"a proc of the tensor engine's mesh failed, so the tensors on it are lost "
-                f"(rank {getattr(failure, 'rank', '?')}): {text.strip()}"
+                f"(rank {'?' if rank is None else rank}): {text.strip()}"
             ),
+            rank if isinstance(rank, int) else None,
+            headline,
         )
         return True
 

@@ -39,7 +39,7 @@ from monarch._src.tensor_engine.wire import Failure, GroupRef, Ref, TensorMeta
 from monarch._src.tensor_engine.worker import interop as worker_interop
 from monarch._src.tensor_engine.worker.collectives import Collectives, collective_timeout
 
-__all__ = ["TensorWorker", "this_worker"]
+__all__ = ["TensorWorker", "this_worker", "worker_of"]
 
 
 logger = logging.getLogger(__name__)
@@ -106,10 +106,13 @@ def _tensor_bytes(value: torch.Tensor) -> bytes:
 class TensorWorker(Actor):
     """Runs the commands of one tensor engine on this proc (see the module docs)."""
 
-    def __init__(self, controller: Any) -> None:
+    def __init__(self, controller: Any, engine_id: int = 0) -> None:
         global _this_worker
         _this_worker = self
+        _by_engine[engine_id] = self
         self.controller = controller
+        #: The client's id of the engine this worker runs for.
+        self.engine_id = engine_id
         self.rank = context().actor_instance.rank.rank
         self.values: dict[int, Any] = {}
         self.fns: dict[int, Any] = {}
@@ -128,6 +131,8 @@ class TensorWorker(Actor):
     def __cleanup__(self, exc: Any) -> None:
         # The shared segments and sockets of same-host all-reduces (see ``shm``).
         self.collectives.close()
+        if _by_engine.get(self.engine_id) is self:
+            del _by_engine[self.engine_id]
 
     # --- endpoints ----------------------------------------------------------------------
 
@@ -458,13 +463,22 @@ class TensorWorker(Actor):
         self.values[out] = torch.tensor(value, dtype=torch.int64)
 
 
-#: The tensor worker of this process (a proc belongs to one mesh: it has at most one).
+#: The tensor worker of this process started last (a proc belongs to one root mesh at a
+#: time; after a recovery, to the new one, whose worker is started last).
 _this_worker: TensorWorker | None = None
+#: The tensor workers of this process, by the id of their engine: after a recovery, the
+#: failed engine's worker here still holds its tensors until they are handed over.
+_by_engine: dict[int, TensorWorker] = {}
 
 
 def this_worker() -> TensorWorker | None:
     """The tensor worker of this process, if it has one."""
     return _this_worker
+
+
+def worker_of(engine_id: int) -> TensorWorker | None:
+    """The tensor worker of engine ``engine_id`` in this process, if there is one."""
+    return _by_engine.get(engine_id)
 
 
 #: Commands that define things for every stream (run at once, in any stream's place).

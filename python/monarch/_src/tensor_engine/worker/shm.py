@@ -64,7 +64,9 @@ Failures
     Every wait (a barrier, a send to a full socket) is bounded by the collective's
     timeout; a barrier that times out raises :class:`CollectiveTimeout` with the ranks
     it did not hear from, and a peer whose socket is gone (a dead process) is named at
-    once. A member that died therefore never makes the others hang. After a failure
+    once. A barrier also watches each peer's process (a ``pidfd``, readable when the
+    process exits), so a peer that dies while the others wait for it is named at once
+    too. A member that died therefore never makes the others hang. After a failure
     the group's slots and sequence numbers are out of step among its members, so the
     group is *broken* on that rank: its later all-reduces raise at once rather than
     exchange wrong data. A reduction a dtype does not have (``bxor`` of floats) is
@@ -78,6 +80,7 @@ import json
 import mmap
 import os
 import secrets
+import select
 import socket
 import struct
 import time
@@ -234,15 +237,56 @@ class Barrier:
     errors.
 
     Barriers are numbered; a peer may already be in the next one (it left this one as
-    soon as it heard from everyone), so what arrives early is kept by number."""
+    soon as it heard from everyone), so what arrives early is kept by number.
 
-    def __init__(self, sock: socket.socket, me: int, names: list[str], ranks: list[int]) -> None:
+    With ``pids`` (each member's process id), a wait watches the peers' processes and
+    raises ``ConnectionError`` as soon as one it waits for has exited."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        me: int,
+        names: list[str],
+        ranks: list[int],
+        pids: list[int] | None = None,
+    ) -> None:
         self.sock = sock
         self.me = me
         self.names = names
         self.ranks = ranks
         #: Barrier number -> the members heard from for it, ahead of time.
         self.early: dict[int, set[int]] = {}
+        #: Each peer's pid and pidfd (``None``: not watched).
+        self.pids = pids
+        self.pidfds: list[int | None] = [None] * len(names)
+        if pids is not None:
+            for i, pid in enumerate(pids):
+                if i != me:
+                    self.pidfds[i] = _pidfd(pid)
+
+    def close(self) -> None:
+        """Close the pidfds (idempotent; the socket is the owner's to close)."""
+        fds, self.pidfds = self.pidfds, [None] * len(self.names)
+        for fd in fds:
+            if fd is not None:
+                os.close(fd)
+
+    def _gone(self, waiting: set[int], left: float) -> bool:
+        """Wait up to ``left`` seconds until a datagram arrives (True) or a peer of
+        ``waiting`` exits (raise ``ConnectionError``); False when neither happened."""
+        watch = {fd: i for i in waiting if (fd := self.pidfds[i]) is not None}
+        sock = self.sock.fileno()
+        readable, _, _ = select.select([sock, *watch], [], [], left)
+        if sock in readable:
+            return True
+        for fd in readable:
+            if fd in watch:
+                i = watch[fd]
+                pid = self.pids[i] if self.pids is not None else "?"
+                raise ConnectionError(
+                    f"rank {self.ranks[i]} is gone (its process, pid {pid}, exited)"
+                )
+        return False
 
     def wait(self, seq: int, timeout: float) -> None:
         """Tell every peer that this member reached barrier ``seq``, and return once
@@ -258,6 +302,8 @@ class Barrier:
             left = deadline - time.monotonic()
             if left <= 0:
                 self._timed_out(waiting, timeout)
+            if any(self.pidfds[i] is not None for i in waiting) and not self._gone(waiting, left):
+                continue
             self.sock.settimeout(left)
             try:
                 data = self.sock.recv(64)
@@ -374,6 +420,7 @@ class Group:
         size = _HEADER + 2 * SLOT_BYTES
         own, sock, info = _make_own(size, me)
         maps: list[mmap.mmap] | None = None
+        barrier: Barrier | None = None
         try:
             store.set(f"info/{me}", info)
             infos = [store.get(f"info/{i}") for i in range(n)]
@@ -382,7 +429,7 @@ class Group:
             assert own is not None and sock is not None
             peers = [json.loads(x) for x in infos]
             names = [_socket_name(p["tag"], i) for i, p in enumerate(peers)]
-            barrier = Barrier(sock, me, names, members)
+            barrier = Barrier(sock, me, names, members, [p["pid"] for p in peers])
             maps = _map_peers(peers, me, own, size)
             # Greet even where the maps failed, so that no peer waits for us in vain.
             greeted = _greet(barrier, timeout)
@@ -391,6 +438,8 @@ class Group:
                 raise _NoSharedPath()
             return cls(members, me, own, maps, barrier)
         except BaseException as e:
+            if barrier is not None:
+                barrier.close()
             _close_all(own, sock, maps or [])
             if isinstance(e, _NoSharedPath):
                 return None
@@ -485,8 +534,21 @@ class Group:
         self.slots = []
         self.scratch = torch.empty(0, dtype=torch.uint8)
         self.broken = self.broken or "the group was closed"
+        self.barrier.close()
         _close_all(self.own, self.barrier.sock, self.maps)
         self.maps = []
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd of process ``pid`` (readable once it exits), or ``None`` where the
+    system has none (not Linux, or a kernel before 5.3) or the process is gone."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        return int(pidfd_open(pid))
+    except OSError:
+        return None
 
 
 class _NoSharedPath(Exception):
