@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +31,10 @@ from monarch.config import (
     parametrize_config_pointwise,
 )
 
+# Tests here set keys that are ignored in this implementation (their warning is tested
+# on its own, below, with pytest.warns).
+pytestmark = pytest.mark.filterwarnings("ignore::monarch.config.IgnoredSettingWarning")
+
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "config.md"
 PYTHON_BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
@@ -49,9 +54,11 @@ def _clean_config(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv(registry.SNAPSHOT_ENV, raising=False)
     clear_runtime_config()
     registry.clear_snapshot_config()
+    registry._forget_warnings()
     yield
     clear_runtime_config()
     registry.clear_snapshot_config()
+    registry._forget_warnings()
 
 
 # Upstream Monarch's names, variables and defaults, written out independently of the
@@ -97,6 +104,9 @@ UPSTREAM = [
     ("file_log_level", "MONARCH_FILE_LOG", ""),
     ("enable_otel_tracing", "ENABLE_OTEL_TRACING", True),
     ("enable_otel_metrics", "ENABLE_OTEL_METRICS", True),
+    ("remote_alloc_bind_to_inaddr_any", "HYPERACTOR_REMOTE_ALLOC_BIND_TO_INADDR_ANY", False),
+    ("remote_alloc_bootstrap_addr", "HYPERACTOR_REMOTE_ALLOC_BOOTSTRAP_ADDR", ""),
+    ("remote_alloc_allowed_port_range", "HYPERACTOR_REMOTE_ALLOC_ALLOWED_PORT_RANGE", None),
 ]
 
 # Defaults changed on purpose (docs/logging.md): procs' output reaches the client, and
@@ -106,6 +116,10 @@ DIFFERENT_HERE = {
     "enable_file_capture": True,
     # Several connections reach the TCP path's throughput budget (docs/rdma.md).
     "rdma_tcp_fallback_parallelism": 4,
+    # A spawn whose proc dies before it is ready shows the proc's last stderr lines.
+    "tail_log_lines": 20,
+    # Below 64 KiB, copying into the pickle is cheaper than a message part of its own.
+    "small_write_threshold": 64 << 10,
 }
 
 
@@ -200,7 +214,7 @@ def test_the_top_level_package_re_exports_the_config_api() -> None:
 def test_env_beats_runtime_beats_snapshot_beats_default(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert get_global_config()["tail_log_lines"] == 0
+    assert get_global_config()["tail_log_lines"] == 20
     snapshot = json.dumps({"tail_log_lines": "10", "cast_fanout": "5"})
     applied = registry.apply_snapshot_from_env({registry.SNAPSHOT_ENV: snapshot})
     assert applied == {"tail_log_lines": 10, "cast_fanout": 5}
@@ -628,3 +642,137 @@ def test_the_guide_lists_every_key_as_the_registry_does() -> None:
 
 def test_the_docs_index_links_the_guide() -> None:
     assert "(config.md)" in (ROOT / "docs" / "index.md").read_text()
+
+
+# --- keys with no effect here -----------------------------------------------------------
+
+IGNORED = sorted(name for name, key in registry.KEYS.items() if key.ignored)
+EFFECTIVE = sorted(name for name, key in registry.KEYS.items() if key.effect)
+
+
+def test_every_key_has_an_effect_or_a_reason_it_is_ignored() -> None:
+    for key in registry.KEYS.values():
+        assert bool(key.effect) != bool(key.ignored), key.name
+        if key.ignored:
+            assert key.ignored.endswith("."), key.name
+    text = GUIDE.read_text().lower()
+    assert "no effect in this implementation" not in text
+    assert "accepted; no effect" not in text
+
+
+def test_setting_an_ignored_key_warns_once_saying_why() -> None:
+    key = registry.KEYS["message_ttl_default"]
+    with pytest.warns(monarch.config.IgnoredSettingWarning) as caught:
+        configure(message_ttl_default=8)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "'message_ttl_default' (HYPERACTOR_MESSAGE_TTL_DEFAULT)" in message
+    assert "accepted for compatibility" in message
+    assert "no effect in this implementation" in message
+    assert key.ignored in message
+    assert caught[0].filename == __file__  # it points at the caller
+    assert issubclass(monarch.config.IgnoredSettingWarning, UserWarning)
+    # Set again (or through configured()), it does not warn again.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        configure(message_ttl_default=16)
+        with configured(message_ttl_default=32):
+            pass
+    assert get_runtime_config() == {"message_ttl_default": 16}
+
+
+def test_configured_warns_too_pointing_at_the_with() -> None:
+    with pytest.warns(monarch.config.IgnoredSettingWarning, match="default_encoding") as caught:
+        with configured(default_encoding="json"):
+            pass
+    assert [w.filename for w in caught] == [__file__]
+
+
+@pytest.mark.parametrize("name", EFFECTIVE)
+def test_a_key_with_an_effect_never_warns(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = registry.KEYS[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        configure(**{name: get_global_config()[name]})
+        monkeypatch.setenv(key.env, key.kind.text(key.default))
+        registry.warn_ignored_from_env()
+
+
+def test_a_rejected_value_of_an_ignored_key_does_not_warn() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(kinds.ConfigValueError):
+            configure(message_ttl_default=300)
+        configure(message_ttl_default=None)  # None leaves it unset: nothing was set
+    with pytest.warns(monarch.config.IgnoredSettingWarning):
+        configure(message_ttl_default=1)
+
+
+def test_every_ignored_key_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.warns(monarch.config.IgnoredSettingWarning) as caught:
+        for name in IGNORED:
+            configure(**{name: get_global_config()[name]})
+            configure(**{name: get_global_config()[name]})
+    warned = [str(w.message).split("'")[1] for w in caught]
+    assert warned == IGNORED
+
+
+WARN_AT_START = """
+import warnings
+
+warnings.simplefilter("default")
+from monarch._src import config
+config.warn_ignored_from_env()
+config.warn_ignored_from_env()
+config.configure(scuba_log_enter_exit=True)
+print("ok")
+"""
+
+
+@pytest.mark.timeout(60)
+def test_an_ignored_variable_warns_once_when_the_runtime_starts() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", WARN_AT_START],
+        env={**clean_env(), "SCUBA_LOG_ENTER_EXIT": "1", "HYPERACTOR_MESH_CAST_FANOUT": "4"},
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "ok\n"
+    assert out.stderr.count("IgnoredSettingWarning") == 1, out.stderr
+    assert "'scuba_log_enter_exit' (SCUBA_LOG_ENTER_EXIT) was set by the environment" in (
+        out.stderr
+    )
+    assert "cast_fanout" not in out.stderr
+
+
+def test_is_set_sees_the_environment_configure_and_the_snapshot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert not registry.is_set("mesh_orphan_timeout")
+    with configured(mesh_orphan_timeout=None):
+        assert registry.is_set("mesh_orphan_timeout")  # set to None is set
+    registry.apply_snapshot_from_env({registry.SNAPSHOT_ENV: '{"mesh_orphan_timeout":"5s"}'})
+    assert registry.is_set("mesh_orphan_timeout")
+    registry.clear_snapshot_config()
+    monkeypatch.setenv("HYPERACTOR_MESH_ORPHAN_TIMEOUT", "5s")
+    assert registry.is_set("mesh_orphan_timeout")
+    with pytest.raises(ValueError, match="unknown config key"):
+        registry.is_set("mesh_orphan")
+
+
+def test_port_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = "remote_alloc_allowed_port_range"
+    for value in (slice(26600, 26610), "26600..26610", " 26600 .. 26610 "):
+        with configured(**{name: value}) as merged:
+            assert merged[name] == slice(26600, 26610)
+    monkeypatch.setenv("HYPERACTOR_REMOTE_ALLOC_ALLOWED_PORT_RANGE", "1..2")
+    assert registry.get(name) == slice(1, 2)
+    monkeypatch.setenv("HYPERACTOR_REMOTE_ALLOC_ALLOWED_PORT_RANGE", "")
+    assert registry.get(name) is None
+    for bad in (slice(10, 5), slice(1, 2, 1), "1-2", slice(0, 70000), "a..b"):
+        with pytest.raises(kinds.ConfigValueError, match=re.escape("START..STOP")):
+            configure(**{name: bad})
+    with pytest.raises(TypeError, match="port range"):
+        configure(**{name: 26600})

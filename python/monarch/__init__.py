@@ -14,6 +14,7 @@ from monarch._rust_bindings import __version__ as __version__
 from monarch._rust_bindings import _prepare_exit
 from monarch._src import wiring as _wiring  # noqa: F401  (connects the layers)
 from monarch._src.config import Encoding as Encoding
+from monarch._src.config import IgnoredSettingWarning as IgnoredSettingWarning
 from monarch._src.config import clear_runtime_config as clear_runtime_config
 from monarch._src.config import configure as configure
 from monarch._src.config import configured as configured
@@ -122,6 +123,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "Encoding",
     "Extent",
+    "IgnoredSettingWarning",
     "NDSlice",
     "OpaqueRef",
     "RemoteException",

@@ -7,6 +7,8 @@ environment variables (the full list, and which keys take effect here, is in
 - ``get_global_config()`` is every key's value, ``get_runtime_config()`` the keys set
   with ``configure``, ``clear_runtime_config()`` forgets them;
 - ``Encoding`` is the type of ``default_encoding``;
+- ``IgnoredSettingWarning`` is warned (once per key and process) when a key that has no
+  effect in this implementation is set, saying why;
 - ``parametrize_config`` / ``parametrize_config_pointwise`` run a pytest test under
   several configs.
 
@@ -17,6 +19,7 @@ proc inherits from its client, which beats the default. Durations are humantime 
 
 from monarch._src.config import (
     Encoding,
+    IgnoredSettingWarning,
     clear_runtime_config,
     configure,
     configured,
@@ -27,6 +30,7 @@ from monarch._src.config.testing import parametrize_config, parametrize_config_p
 
 __all__ = [
     "Encoding",
+    "IgnoredSettingWarning",
     "clear_runtime_config",
     "configure",
     "configured",

@@ -7,11 +7,12 @@ closures, and anything defined in ``__main__``, which names a different module i
 receiving process).
 
 Large buffers travel out of band (pickle protocol 5), as message parts of their own,
-never copied into the pickle: every buffer of at least :data:`OUT_OF_BAND_MIN` bytes
-that an object hands the pickler (NumPy arrays, CPU tensors through
-:func:`_reduce_tensor`), and top-level ``bytes`` arguments and return values of that
-size. A payload (:func:`dumps_parts`) is the pickle, then, if there are such buffers, a
-*kinds* part (one byte per buffer: ``r`` read-only, ``w`` writable) and the buffers:
+never copied into the pickle: every buffer of at least :func:`out_of_band_min` bytes
+(the ``small_write_threshold`` config key) that an object hands the pickler (NumPy
+arrays, CPU tensors through :func:`_reduce_tensor`), and top-level ``bytes`` arguments
+and return values of that size. A payload (:func:`dumps_parts`) is the pickle, then, if
+there are such buffers, a *kinds* part (one byte per buffer: ``r`` read-only, ``w``
+writable) and the buffers:
 
 - a read-only ``bytes`` buffer is the object itself, shared, not copied;
 - a writable buffer (an array's memory) is snapshotted into a recycled ``bytearray``
@@ -34,6 +35,7 @@ from typing import Any
 
 from monarch._rust_bindings import find as _find
 from monarch._rust_bindings import lend_bytearray as _lend_bytearray
+from monarch._src import config
 
 __all__ = [
     "OUT_OF_BAND_MIN",
@@ -50,9 +52,16 @@ _MAIN = b"__main__"
 #: Pickles at least this long are searched with the vectorized ``find``.
 _LARGE_PICKLE = 1 << 16
 
-#: Buffers of at least this size travel out of band; the extension shares, rather than
-#: copies, message parts from the same size on.
+#: Buffers of at least this size travel out of band by default (the default of the
+#: ``small_write_threshold`` config key); the extension shares, rather than copies,
+#: message parts from the same size on.
 OUT_OF_BAND_MIN = 64 << 10
+
+
+def out_of_band_min() -> int:
+    """The size from which buffers travel out of band: ``small_write_threshold``."""
+    return int(config.cached("small_write_threshold"))
+
 
 _READ_ONLY = ord("r")
 _WRITABLE = ord("w")
@@ -68,10 +77,12 @@ def _dumps(obj: Any, oob: list[pickle.PickleBuffer] | None) -> bytes:
     """Pickle with the standard pickler when it can, cloudpickle otherwise: for what the
     standard pickler refuses (lambdas, closures) and for references into ``__main__``.
     Both load with ``pickle.loads``. With ``oob``, buffers of at least
-    :data:`OUT_OF_BAND_MIN` bytes are appended to it instead of being pickled."""
+    :func:`out_of_band_min` bytes are appended to it instead of being pickled."""
+
+    limit = out_of_band_min()
 
     def callback(buffer: pickle.PickleBuffer) -> bool:
-        if buffer.raw().nbytes < OUT_OF_BAND_MIN:
+        if buffer.raw().nbytes < limit:
             return True  # in band
         assert oob is not None
         oob.append(buffer)
@@ -112,7 +123,7 @@ def _pickle_with(pickler: Any, obj: Any, callback: Any) -> bytes:
 
 def dumps_parts(obj: Any) -> list[bytes | bytearray]:
     """The payload parts of ``obj``: its pickle; then, if it has buffers of at least
-    :data:`OUT_OF_BAND_MIN` bytes, the kinds part and the buffers (module docs)."""
+    :func:`out_of_band_min` bytes, the kinds part and the buffers (module docs)."""
     oob: list[pickle.PickleBuffer] = []
     data = _dumps(obj, oob)
     if not oob:
@@ -165,12 +176,13 @@ def loads_parts(parts: list[Any]) -> Any:
 
 def dumps_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes | bytearray]:
     """The payload parts of a call: ``(args, kwargs)`` by :func:`dumps_parts`, where a
-    top-level argument that is a ``bytes`` object of at least :data:`OUT_OF_BAND_MIN`
+    top-level argument that is a ``bytes`` object of at least :func:`out_of_band_min`
     bytes also travels out of band (the object itself: shared, not copied)."""
     big: dict[int, bytes] = {}
     seen_twice: set[int] = set()
+    limit = out_of_band_min()
     for v in (*args, *kwargs.values()):
-        if type(v) is bytes and len(v) >= OUT_OF_BAND_MIN:
+        if type(v) is bytes and len(v) >= limit:
             if id(v) in big:
                 # Out-of-band buffers are not memoized: an object passed twice stays in
                 # the pickle, once.
@@ -190,15 +202,15 @@ def dumps_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes | by
 
 def dumps_value(value: Any) -> list[bytes | bytearray]:
     """The parts of a reply's value: :func:`dumps_parts`, where the value itself, when
-    it is a ``bytes`` object of at least :data:`OUT_OF_BAND_MIN` bytes, travels out of
+    it is a ``bytes`` object of at least :func:`out_of_band_min` bytes, travels out of
     band."""
-    if type(value) is bytes and len(value) >= OUT_OF_BAND_MIN:
+    if type(value) is bytes and len(value) >= out_of_band_min():
         return dumps_parts(pickle.PickleBuffer(value))
     return dumps_parts(value)
 
 
 def _reduce_tensor(t: Any) -> Any:
-    """Reduce a CPU tensor of at least :data:`OUT_OF_BAND_MIN` bytes to its memory as
+    """Reduce a CPU tensor of at least :func:`out_of_band_min` bytes to its memory as
     an out-of-band buffer (plus dtype, shape and ``requires_grad``); anything else the
     way torch pickles it."""
     import torch
@@ -211,7 +223,7 @@ def _reduce_tensor(t: Any) -> Any:
         and not t.is_neg()
         and not any(getattr(t, "names", None) or ())
         and (t.is_leaf or not t.requires_grad)
-        and t.numel() * t.element_size() >= OUT_OF_BAND_MIN
+        and t.numel() * t.element_size() >= out_of_band_min()
     )
     if plain:
         try:

@@ -531,7 +531,7 @@ class HostMesh(MeshTrait):
             spawned.clear()
             if end_workers:
                 self._workers_ended = True
-                timeout = config.get("stop_actor_timeout")
+                timeout = config.get("mesh_terminate_timeout")
                 failures: list[str] = await handle.end_workers(
                     sender(), "the client shut its host mesh down", timeout
                 )

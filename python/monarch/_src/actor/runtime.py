@@ -52,12 +52,43 @@ def _set_frame_limit() -> None:
     set_max_frame_len(int(config.get("codec_max_frame_length")))
 
 
+#: A lease that never runs out in practice (``mesh_orphan_timeout=None``): ten years.
+NEVER = 10 * 365 * 86400.0
+
+
+def _first_set(*keys: str) -> str:
+    """The first of ``keys`` that is set (see ``config.is_set``), else the first: the
+    keys after the first are upstream Monarch's names for the same mechanism."""
+    return next((k for k in keys if config.is_set(k)), keys[0])
+
+
+def heartbeat_timeout() -> float:
+    """How long a host may leave heartbeats unanswered, in seconds:
+    ``host_heartbeat_timeout``, or upstream's ``supervision_watchdog_timeout`` /
+    ``supervision_liveness_timeout`` when only they are set."""
+    return _seconds(
+        _first_set(
+            "host_heartbeat_timeout",
+            "supervision_watchdog_timeout",
+            "supervision_liveness_timeout",
+        )
+    )
+
+
+def client_lease() -> float:
+    """How long a worker keeps the procs of a silent client, in seconds:
+    ``host_client_lease``, or upstream's ``mesh_orphan_timeout`` when only it is set
+    (``None``: never)."""
+    value = config.get(_first_set("host_client_lease", "mesh_orphan_timeout"))
+    return NEVER if value is None else float(value)
+
+
 def liveness() -> dict[str, float]:
     """The heartbeat and lease settings of the config, for the agent."""
     return {
         "heartbeat_interval": _seconds("host_heartbeat_interval"),
-        "heartbeat_timeout": _seconds("host_heartbeat_timeout"),
-        "client_lease": _seconds("host_client_lease"),
+        "heartbeat_timeout": heartbeat_timeout(),
+        "client_lease": client_lease(),
     }
 
 
@@ -76,6 +107,7 @@ def _register_stack_dumps() -> None:
 
 def bootstrap_root() -> process.ProcessState:
     """Create the root client's state (registered with :mod:`process`)."""
+    config.warn_ignored_from_env()
     _set_frame_limit()
     agent = ProcAgent.serve_root(
         process.transport_override or str(config.get("default_transport")),
@@ -185,7 +217,7 @@ def _settle(state: process.ProcessState) -> None:
     still runs: a proc killed (or whose host was lost) before the program ended has its
     failure judged at exit, every time, not only when its report happened to arrive
     first. Bounded by the time a silent host takes to be found lost."""
-    limit = _seconds("host_heartbeat_timeout") + 2 * _seconds("host_heartbeat_interval") + 0.5
+    limit = heartbeat_timeout() + 2 * _seconds("host_heartbeat_interval") + 0.5
     try:
         state.agent.settle_owned(limit)
     except Exception as e:  # at exit there is nobody left to raise to

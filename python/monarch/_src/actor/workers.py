@@ -202,6 +202,7 @@ def run_worker_loop_forever(
             "run_worker_loop_forever() must be the first monarch call of its process "
             "(this process already runs monarch)"
         )
+    config.warn_ignored_from_env()
     _set_credentials("run_worker_loop_forever", ca, private_key)
     if (
         ca is None
@@ -245,7 +246,7 @@ def run_worker_loop_forever(
     while not stop.wait(1.0):
         pass
     agent.close_spawns("its worker is ending")
-    agent.shutdown_host(seconds("stop_actor_timeout"))
+    agent.shutdown_host(seconds("mesh_terminate_timeout"))
     ProcAgent.remove_socket_files()
     sys.stdout.flush()
     sys.stderr.flush()

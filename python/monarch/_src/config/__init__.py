@@ -13,6 +13,13 @@ is looked up, first match wins, in:
 Code that uses a key reads it with :func:`get` (or :func:`cached` on hot paths), which
 returns durations as float seconds; :func:`get_global_config` shows them as humantime
 strings, as upstream Monarch does.
+
+A key with no meaning in this implementation (its ``ignored`` reason in :mod:`.keys`) is
+still accepted, but setting it warns, once per key and process, with an
+:class:`IgnoredSettingWarning` that says why: with :func:`configure` (and so
+:func:`configured`), or with its environment variable, seen when this module is first
+read when the client or a worker starts its runtime (not in spawned procs, whose
+variables the spawning process already saw).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import difflib
 import json
 import os
 import threading
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -33,6 +41,7 @@ __all__ = [
     "SNAPSHOT_ENV",
     "ConfigValueError",
     "Encoding",
+    "IgnoredSettingWarning",
     "Key",
     "apply_snapshot_from_env",
     "cached",
@@ -44,6 +53,7 @@ __all__ = [
     "get_global_config",
     "get_runtime_config",
     "get_snapshot_config",
+    "is_set",
     "snapshot_for_children",
 ]
 
@@ -58,7 +68,52 @@ _runtime: dict[str, Any] = {}
 _snapshot: dict[str, Any] = {}
 #: Values looked up by :func:`cached` (hot paths), dropped whenever a layer changes.
 _cache: dict[str, Any] = {}
+#: The ignored keys this process has warned about (once each).
+_warned: set[str] = set()
 _MISSING = object()
+
+
+class IgnoredSettingWarning(UserWarning):
+    """A config key that upstream Monarch has but that means nothing in this
+    implementation was set: it is accepted (so scripts written for upstream Monarch
+    run) and changes nothing. The message names the key and says why. Shown once per
+    key and process."""
+
+
+def _warn_ignored(names: list[str], how: str, stacklevel: int) -> None:
+    """Warn (once per key and process) that the ignored keys among ``names`` were set
+    ``how`` ("with configure()", "by the environment"); ``stacklevel`` as
+    ``warnings.warn`` counts it from this function."""
+    for name in names:
+        key = KEYS[name]
+        if not key.ignored:
+            continue
+        with _lock:
+            if name in _warned:
+                continue
+            _warned.add(name)
+        warnings.warn(
+            f"config key {name!r} ({key.env}) was set {how}: it is accepted for "
+            f"compatibility with upstream Monarch but has no effect in this implementation. "
+            f"{key.ignored} (This warning is shown once per process.)",
+            IgnoredSettingWarning,
+            stacklevel=stacklevel,
+        )
+
+
+def _forget_warnings() -> None:
+    """Warn again about keys already warned about (for tests)."""
+    with _lock:
+        _warned.clear()
+
+
+def warn_ignored_from_env(environ: Mapping[str, str] | None = None) -> None:
+    """Warn about the ignored keys whose environment variables are set in ``environ``
+    (default ``os.environ``). The client and workers call it when they start their
+    runtime; spawned procs do not (their variables are their spawner's)."""
+    env = os.environ if environ is None else environ
+    names = [name for name, key in KEYS.items() if key.ignored and key.env in env]
+    _warn_ignored(names, "by the environment", stacklevel=3)
 
 
 def _key(name: str) -> Key:
@@ -100,6 +155,21 @@ def _stored(key: Key) -> Any:
     return key.default if value is _MISSING else value
 
 
+def is_set(name: str) -> bool:
+    """Whether ``name`` is set rather than at its default: by its environment variable,
+    :func:`configure`, or the spawning process's snapshot. (For aliases that apply only
+    when set.)
+
+    Raises:
+        ValueError: ``name`` is unknown.
+    """
+    key = _key(name)
+    if key.env in os.environ:
+        return True
+    with _lock:
+        return name in _runtime or name in _snapshot
+
+
 def get(name: str) -> Any:
     """The value of ``name`` for code that uses it: durations as float seconds,
     ``default_encoding`` as an :class:`Encoding`, everything else as stored.
@@ -136,17 +206,23 @@ def configure(**kwargs: Any) -> None:
     """Set keys in the runtime layer of this process.
 
     All keys are checked before any is set. ``None`` leaves a key unchanged, unless the
-    key's type admits ``None`` (then it sets ``None``).
+    key's type admits ``None`` (then it sets ``None``). Setting a key that has no effect
+    in this implementation warns once (:class:`IgnoredSettingWarning`, saying why).
 
     Raises:
         ValueError: a key is unknown (the message suggests close matches).
         TypeError: a value has the wrong type; a value of the right type that the key
             rejects raises :class:`ConfigValueError` (both a TypeError and a ValueError).
     """
+    _configure(kwargs, stacklevel=3)
+
+
+def _configure(kwargs: Mapping[str, Any], stacklevel: int) -> None:
     checked = _checked(kwargs)
     with _lock:
         _runtime.update(checked)
         _cache.clear()
+    _warn_ignored(list(checked), "with configure()", stacklevel + 1)
 
 
 @contextlib.contextmanager
@@ -156,7 +232,8 @@ def configured(**kwargs: Any) -> Iterator[dict[str, Any]]:
     restored to what it was. The change is process-wide: other threads see it too."""
     with _lock:
         saved = dict(_runtime)
-    configure(**kwargs)
+    # The caller's frame: this generator, contextlib's __enter__, the `with`.
+    _configure(kwargs, stacklevel=4)
     try:
         yield get_global_config()
     finally:

@@ -11,7 +11,8 @@ from monarch._src.config.keys import GROUPS, KEYS, Key
 
 BEGIN = "<!-- keys:begin -->"
 END = "<!-- keys:end -->"
-NO_EFFECT = "Accepted; no effect in this implementation."
+#: How the reference starts the "Here" cell of a key without an effect.
+IGNORED = "Ignored, with a warning:"
 
 
 def _default(key: Key) -> str:
@@ -22,6 +23,8 @@ def _default(key: Key) -> str:
         return f'`"{shown}"`' if shown else '`""`'
     if hasattr(shown, "name"):
         return f"`Encoding.{shown.name}`"
+    if key.default == 64 << 10:
+        return "`65536` (64 KiB)"
     if key.default == 10 * 1024**3:
         return "`10737418240` (10 GiB)"
     return f"`{shown}`"
@@ -44,7 +47,7 @@ def render() -> str:
         for key in KEYS.values():
             if key.group != group:
                 continue
-            here = key.effect or NO_EFFECT
+            here = key.effect or f"{IGNORED} {key.ignored}"
             out.append(
                 f"| `{key.name}` | `{key.env}` | {_cell(key.kind.label)} | {_default(key)} "
                 f"| {_cell(key.doc)} | {_cell(here)} |"

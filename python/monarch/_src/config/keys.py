@@ -1,11 +1,17 @@
 """The config keys: upstream Monarch's documented keys, with their environment variables,
-types and defaults, plus this implementation's own (``cast_fanout``).
+types and defaults, plus this implementation's own (``cast_fanout``, ``host_*``,
+``spawn_*``, ...).
 
-Each :class:`Key` records, in ``effect``, what it changes in this implementation; an
-empty ``effect`` means the key is accepted (so scripts written for upstream Monarch run)
-but changes nothing here. Wiring a key in means reading it where it matters (with
-:func:`monarch._src.config.get` or, on hot paths, ``cached``) and writing what it does
-into ``effect``; docs/config.md is generated from this table.
+Every :class:`Key` either takes effect here or is refused with a reason:
+
+- ``effect`` says what it changes in this implementation (code reads it with
+  :func:`monarch._src.config.get` or, on hot paths, ``cached``);
+- ``ignored`` says, in one sentence, why it has no meaning in this design: the key is
+  still accepted (scripts written for upstream Monarch run), and setting it warns once
+  per process (:class:`monarch._src.config.IgnoredSettingWarning`).
+
+Exactly one of the two is set (checked below). docs/config.md is generated from this
+table.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from monarch._src.config.kinds import (
     MINUTE,
     MS,
     PEM,
+    PORT_RANGE,
     SOCKET_ADDR,
     STRING,
     TRANSPORT,
@@ -45,8 +52,11 @@ class Key:
     default: Any
     #: What the key controls (in upstream Monarch, for keys without an ``effect``).
     doc: str
-    #: What it changes in this implementation; empty when it changes nothing.
+    #: What it changes in this implementation (empty for an ignored key).
     effect: str = ""
+    #: Why it has no meaning in this implementation (empty for a key with an effect):
+    #: setting it warns once per process, with this reason.
+    ignored: str = ""
     #: Whether a spawned proc inherits the client's value (see ``snapshot_for_children``).
     propagate: bool = True
     #: The docs section it is listed in.
@@ -182,6 +192,8 @@ _ALL = [
             2**64 - 1,
             "The largest dimension a cast's shape is folded to, to bound fan-out (the "
             "default means no folding).",
+            ignored="A cast here goes down a tree over the mesh's ranks (cast_fanout procs per "
+            "node), whatever the shape, so no dimension is folded.",
         ),
         Key(
             "host_spawn_ready_timeout",
@@ -198,6 +210,8 @@ _ALL = [
             DURATION,
             30 * S,
             "The longest gap between updates while a proc mesh spawns.",
+            ignored="Spawning procs here waits for each proc to report ready, bounded by "
+            "host_spawn_ready_timeout; there is no stream of updates to time.",
         ),
         Key(
             "proc_stop_max_idle",
@@ -205,6 +219,9 @@ _ALL = [
             DURATION,
             30 * S,
             "The longest gap between updates while a proc mesh stops.",
+            ignored="Stopping procs here waits for each host's answer, bounded by "
+            "process_exit_timeout (and by heartbeats for a silent host); there is no stream of "
+            "updates to time.",
         ),
         Key(
             "get_proc_state_max_idle",
@@ -212,6 +229,8 @@ _ALL = [
             DURATION,
             MINUTE,
             "The longest gap between updates while querying hosts for proc states.",
+            ignored="Hosts here push proc exits to the owner as events, and heartbeats find a "
+            "silent host; no query of proc states waits.",
         ),
         Key(
             "actor_spawn_max_idle",
@@ -219,6 +238,8 @@ _ALL = [
             DURATION,
             30 * S,
             "The longest gap between updates while an actor mesh spawns.",
+            ignored="ProcMesh.spawn here returns at once and a constructor that fails reaches the "
+            "owner as a supervision event; nothing waits for spawn updates.",
         ),
         Key(
             "get_actor_state_max_idle",
@@ -226,6 +247,8 @@ _ALL = [
             DURATION,
             30 * S,
             "The longest wait for a proc agent's reply to an actor state query.",
+            ignored="Actor failures here reach the owner as supervision events pushed by the proc "
+            "agents; no query of actor states waits.",
         ),
         Key(
             "supervision_watchdog_timeout",
@@ -234,6 +257,10 @@ _ALL = [
             2 * MINUTE,
             "Silence on an actor mesh's supervision stream for this long means its "
             "controller is unreachable and the mesh unhealthy.",
+            effect="An alias of host_heartbeat_timeout, the mechanism that finds silent peers "
+            "here (a host that leaves heartbeats unanswered this long counts as lost, and "
+            "its procs as failed): when this key is set and host_heartbeat_timeout is not, "
+            "it is the heartbeat timeout. Read when a process starts its runtime.",
         ),
         Key(
             "supervision_liveness_timeout",
@@ -241,6 +268,10 @@ _ALL = [
             DURATION,
             30 * S,
             "An earlier name of supervision_watchdog_timeout, with its earlier default.",
+            effect="An alias of host_heartbeat_timeout, like supervision_watchdog_timeout: when "
+            "this key is set and neither host_heartbeat_timeout nor "
+            "supervision_watchdog_timeout is, it is the heartbeat timeout. Read when a "
+            "process starts its runtime.",
         ),
         Key(
             "process_exit_timeout",
@@ -248,6 +279,11 @@ _ALL = [
             DURATION,
             10 * S,
             "How long stopping a proc waits for its process to exit.",
+            effect="How long stopping procs (ProcMesh.stop(), HostMesh.stop(), an owner that "
+            "stops) waits for each proc's process to exit after asking it to stop, before "
+            "its host kills it; unset: stop_actor_timeout, the time the proc's actors are "
+            "given. Read by the stopping process when it starts its runtime and at each "
+            "ProcMesh.stop().",
         ),
         Key(
             "stop_actor_timeout",
@@ -273,8 +309,9 @@ _ALL = [
             "HYPERACTOR_MESH_BOOTSTRAP_ENABLE_PDEATHSIG",
             BOOL,
             True,
-            "Spawned procs get a parent-death signal (SIGKILL), so they die with their "
-            "host. (Here they always do.)",
+            "Spawned procs get a parent-death signal (SIGKILL), so they die with their host.",
+            ignored="Procs here always get a parent-death SIGKILL: the host's guarantee that no "
+            "proc outlives it relies on it.",
         ),
         Key(
             "mesh_terminate_concurrency",
@@ -282,6 +319,8 @@ _ALL = [
             USIZE,
             16,
             "How many child processes a host terminates at once during shutdown.",
+            ignored="A host here stops all its procs at once, each bounded by its own timeout, so "
+            "there is no concurrency to limit.",
         ),
         Key(
             "mesh_terminate_timeout",
@@ -289,6 +328,9 @@ _ALL = [
             DURATION,
             10 * S,
             "How long a host waits after SIGTERM before it sends SIGKILL to a child.",
+            effect="How long a worker that is ending (SIGTERM or SIGINT, or its client's "
+            "HostMesh.shutdown()) gives each of its procs to stop before it kills them. "
+            "Read by the worker when it ends and by the client at shutdown().",
         ),
         Key(
             "mesh_orphan_timeout",
@@ -297,6 +339,10 @@ _ALL = [
             60 * S,
             "Actors, procs and hosts whose owner has been unreachable this long stop "
             "themselves (None: never).",
+            effect="An alias of host_client_lease, the same mechanism here (a worker kills the "
+            "procs of a client that sent no heartbeat for this long; None: never): when "
+            "this key is set and host_client_lease is not, it is the lease. Read when a "
+            "process starts its runtime.",
         ),
         Key(
             "proc_launcher_kind",
@@ -304,6 +350,8 @@ _ALL = [
             STRING,
             "",
             "Which launcher starts proc processes: 'native' (empty: the default) or 'systemd'.",
+            ignored="Procs here are started by their host agent, as child processes or forked "
+            "from a template (spawn_fork_server); there is no systemd launcher.",
         ),
         Key(
             "remote_allocator_heartbeat_interval",
@@ -311,6 +359,38 @@ _ALL = [
             DURATION,
             5 * MINUTE,
             "The heartbeat interval of the remote process allocator.",
+            ignored="There is no remote process allocator here: workers are attached with "
+            "attach_to_workers and watched with host_heartbeat_interval.",
+        ),
+        Key(
+            "remote_alloc_bind_to_inaddr_any",
+            "HYPERACTOR_REMOTE_ALLOC_BIND_TO_INADDR_ANY",
+            BOOL,
+            False,
+            "Remote process allocators bind every interface (INADDR_ANY) instead of their "
+            "host name's address.",
+            ignored="There is no remote process allocator here: a worker binds the address given "
+            "to run_worker_loop_forever (tcp://0.0.0.0:PORT binds every interface).",
+        ),
+        Key(
+            "remote_alloc_bootstrap_addr",
+            "HYPERACTOR_REMOTE_ALLOC_BOOTSTRAP_ADDR",
+            STRING,
+            "",
+            "The address the client serves for remote process allocators to dial back (empty: "
+            "chosen from the transport).",
+            ignored="There is no remote process allocator here: the client serves where "
+            "default_transport (or enable_transport) says and workers dial that address.",
+        ),
+        Key(
+            "remote_alloc_allowed_port_range",
+            "HYPERACTOR_REMOTE_ALLOC_ALLOWED_PORT_RANGE",
+            optional(PORT_RANGE),
+            None,
+            "The ports the client may serve on for remote process allocators: "
+            "slice(start, stop) or 'START..STOP' (None: any port).",
+            ignored="There is no remote process allocator here: the client's port is chosen with "
+            "enable_transport('tcp://IP:PORT') and a worker's with its address.",
         ),
     ),
     *_keys(
@@ -331,6 +411,11 @@ _ALL = [
             DURATION,
             30 * S,
             "A message not delivered within this time is returned as undeliverable.",
+            effect="A message its destination's proc has not acknowledged within this time "
+            "(the peer is frozen or cut off, or its connection never completed) fails its "
+            "link: it and every other message not yet acknowledged there are returned "
+            "undeliverable to their senders, with an error naming the address and this "
+            "key. Read when a process starts its runtime.",
         ),
         Key(
             "message_ack_time_interval",
@@ -338,6 +423,8 @@ _ALL = [
             DURATION,
             500 * MS,
             "How often a channel's receiver acknowledges messages.",
+            ignored="A channel's receiver here acknowledges frames as soon as they are delivered "
+            "(cumulative acknowledgements), so there is no interval to tune.",
         ),
         Key(
             "message_ack_every_n_messages",
@@ -345,6 +432,8 @@ _ALL = [
             USIZE,
             1000,
             "A channel's receiver acknowledges at least every this many messages.",
+            ignored="A channel's receiver here acknowledges frames as soon as they are delivered "
+            "(cumulative acknowledgements), so there is no count to tune.",
         ),
         Key(
             "message_ttl_default",
@@ -352,6 +441,8 @@ _ALL = [
             integer(0, 255),
             64,
             "The default number of hops a message envelope may take.",
+            ignored="Messages here go straight to the destination proc (casts down a tree of "
+            "bounded depth), so envelopes carry no hop count.",
         ),
         Key(
             "message_latency_sampling_rate",
@@ -359,6 +450,8 @@ _ALL = [
             FRACTION,
             0.01,
             "The fraction of messages whose latency is logged.",
+            ignored="Every handled message is counted here, its latency in a per-endpoint "
+            "histogram the dashboard shows; nothing is sampled.",
         ),
         Key(
             "default_encoding",
@@ -367,6 +460,8 @@ _ALL = [
             Encoding.Multipart,
             "How message payloads are serialized: Encoding.Bincode, Encoding.Json or "
             "Encoding.Multipart.",
+            ignored="Python payloads here are always pickles (protocol 5, large buffers out of "
+            "band) and the runtime's own messages have one fixed encoding.",
         ),
         Key(
             "split_max_buffer_size",
@@ -374,6 +469,8 @@ _ALL = [
             USIZE,
             5,
             "How many updates a split port buffers before reducing them.",
+            ignored="Replies to a cast here are reduced by the nodes of its tree as they arrive; "
+            "there are no split ports that buffer updates.",
         ),
         Key(
             "split_max_buffer_age",
@@ -381,6 +478,8 @@ _ALL = [
             DURATION,
             50 * MS,
             "The longest an update stays buffered in a split port before it is reduced.",
+            ignored="Replies to a cast here are reduced by the nodes of its tree as they arrive; "
+            "there are no split ports that buffer updates.",
         ),
         Key(
             "channel_net_rx_buffer_full_check_interval",
@@ -388,6 +487,8 @@ _ALL = [
             DURATION,
             5 * S,
             "How often a network receiver checks whether its buffer is full.",
+            ignored="A receiver here that stops taking frames stops reading its socket, which "
+            "holds the sender to its byte budget; nothing polls for a full buffer.",
         ),
         Key(
             "channel_tcp_keepalive_idle",
@@ -395,6 +496,22 @@ _ALL = [
             DURATION,
             60 * S,
             "Idle time before the kernel's first TCP keepalive probe on a channel.",
+            effect="How long a TCP connection of a channel may be idle before the kernel sends "
+            "its first keepalive probe (then one every 5 s, 3 in all: a dead peer is "
+            "found within this time + 15 s even when nothing is sent). Read when a "
+            "process starts its runtime; applies to connections made after.",
+        ),
+        Key(
+            "channel_tcp_congestion",
+            "HYPERACTOR_CHANNEL_TCP_CONGESTION",
+            STRING,
+            "",
+            "The TCP congestion control algorithm of channel connections, such as 'bbr' "
+            "(empty: the system's default).",
+            effect="The congestion control of every TCP connection of a channel this process "
+            "makes or accepts ('bbr', 'cubic', 'reno'...; empty: the kernel's default). A "
+            "name the kernel refuses leaves its default and logs one warning. Read when a "
+            "process starts its runtime; applies to connections made after.",
         ),
         Key(
             "channel_reconnect_timeout",
@@ -402,6 +519,8 @@ _ALL = [
             DURATION,
             60 * S,
             "How long a channel link retries a failed connection before it closes.",
+            ignored="Links here never reconnect: a link whose connection fails is dead at once "
+            "and its unacknowledged messages are returned undeliverable.",
         ),
         Key(
             "enable_dest_actor_reordering_buffer",
@@ -409,6 +528,9 @@ _ALL = [
             BOOL,
             False,
             "Reorder messages per destination actor on receipt.",
+            ignored="Messages from one sender to one actor are always delivered in order here "
+            "(one ordered link per pair of procs, sequenced casts), so no reordering buffer "
+            "exists.",
         ),
         Key(
             "sequencer_max_locked_keys",
@@ -416,6 +538,8 @@ _ALL = [
             POSITIVE,
             128,
             "How many destinations the message sequencer assigns under one lock.",
+            ignored="The cast sequencer here numbers messages per sender and target actor, with "
+            "no lock over destinations to bound.",
         ),
         Key(
             "terminated_snapshot_retention",
@@ -423,6 +547,8 @@ _ALL = [
             USIZE,
             100,
             "How many snapshots of terminated actors a proc keeps for introspection.",
+            ignored="The admin server here (the dashboard) records the end of each actor in its "
+            "event log instead of keeping snapshots of terminated actors.",
         ),
         Key(
             "server_heartbeat_interval",
@@ -430,6 +556,8 @@ _ALL = [
             DURATION,
             S,
             "How often a channel server emits its liveness metric.",
+            ignored="Channel servers here emit no liveness metric; hosts' liveness is checked "
+            "with host heartbeats (host_heartbeat_interval).",
         ),
         Key(
             "forwarder_flush_timeout",
@@ -437,14 +565,20 @@ _ALL = [
             DURATION,
             5 * S,
             "How long a proc's forwarder waits for acknowledgements when it shuts down.",
+            ignored="Procs here have no forwarder: each sends straight to the destination proc, "
+            "and unacknowledged messages are bounded by message_delivery_timeout.",
         ),
         Key(
             "small_write_threshold",
             "MONARCH_HYPERACTOR_SMALL_WRITE_THRESHOLD",
             USIZE,
-            256,
+            64 << 10,
             "Pickled buffers smaller than this many bytes are copied; larger ones are "
             "sent without a copy.",
+            effect="Buffers of at least this many bytes in a message (NumPy arrays, CPU "
+            "tensors, top-level bytes arguments and return values) travel out of band, as "
+            "message parts of their own, instead of being copied into the pickle (64 KiB "
+            "by default here; 256 in upstream Monarch). Read at each message.",
         ),
     ),
 ]
@@ -489,8 +623,12 @@ _ALL += [
             "tail_log_lines",
             "HYPERACTOR_MESH_TAIL_LOG_LINES",
             USIZE,
-            0,
-            "How many recent lines of each proc's output are kept in memory.",
+            20,
+            "How many recent lines of each proc's output are kept in memory (upstream "
+            "Monarch's default: 0).",
+            effect="How many of the last lines of each proc's stderr its host keeps, shown in "
+            "the error of a spawn whose proc exited before it was ready (20 by default "
+            "here; 0, none, in upstream Monarch). Read when procs are spawned.",
         ),
         Key(
             "read_log_buffer",
@@ -498,6 +636,8 @@ _ALL += [
             USIZE,
             100,
             "How many log lines are read before they are flushed to the client.",
+            ignored="A host here sends its procs' lines in batches of at most 10 ms or 1000 "
+            "lines, which is not configurable.",
         ),
         Key(
             "force_file_log",
@@ -505,6 +645,8 @@ _ALL += [
             BOOL,
             False,
             "Write and aggregate log files even for local runs.",
+            ignored="Hosts here write a log file per proc whenever enable_file_capture is true, "
+            "for local runs too.",
         ),
         Key(
             "prefix_with_rank",
@@ -521,6 +663,9 @@ _ALL += [
             STRING,
             "",
             "The level of Monarch's file log: debug, info, warn or error (empty: info).",
+            ignored="The runtime here writes no log file of its own: its warnings and errors go "
+            "to stderr (and so to each proc's log file); MONARCH_LOG or RUST_LOG sets their "
+            "level.",
         ),
         Key(
             "monarch_log_suffix",
@@ -528,6 +673,8 @@ _ALL += [
             STRING,
             "",
             "A suffix for log file names.",
+            ignored="The runtime here writes no log file of its own; the per-proc log files are "
+            "named <mesh>-<rank>-<pid>.log under proc_log_dir.",
         ),
         Key(
             "enable_otel_tracing",
@@ -535,6 +682,8 @@ _ALL += [
             BOOL,
             True,
             "Enable the OpenTelemetry tracing layer.",
+            ignored="This implementation has no OpenTelemetry layer; the dashboard "
+            "(MONARCH_DASHBOARD) and monarch.monitoring show its state.",
         ),
         Key(
             "enable_otel_metrics",
@@ -542,6 +691,8 @@ _ALL += [
             BOOL,
             True,
             "Enable the OpenTelemetry metrics layer.",
+            ignored="This implementation has no OpenTelemetry layer; the dashboard serves its "
+            "metrics (see docs/monitoring.md).",
         ),
         Key(
             "otel_metric_export_interval",
@@ -549,6 +700,7 @@ _ALL += [
             DURATION,
             10 * S,
             "How often OpenTelemetry metrics are exported.",
+            ignored="This implementation has no OpenTelemetry layer, so no metrics are exported.",
         ),
         Key(
             "enable_recorder_tracing",
@@ -556,6 +708,8 @@ _ALL += [
             BOOL,
             True,
             "Enable the in-memory trace recorder.",
+            ignored="This implementation has no in-memory trace recorder; the dashboard's event "
+            "log records what happened.",
         ),
         Key(
             "enable_sqlite_tracing",
@@ -563,6 +717,7 @@ _ALL += [
             BOOL,
             False,
             "Enable the SQLite tracing layer.",
+            ignored="This implementation has no SQLite tracing layer.",
         ),
         Key(
             "scuba_log_enter_exit",
@@ -570,6 +725,7 @@ _ALL += [
             BOOL,
             False,
             "Log span enter and exit events to Scuba.",
+            ignored="This implementation logs nothing to Scuba.",
         ),
         Key(
             "use_unified_layer",
@@ -577,6 +733,7 @@ _ALL += [
             BOOL,
             False,
             "Use the unified tracing layer.",
+            ignored="This implementation has no unified tracing layer.",
         ),
     ),
     *_keys(
@@ -610,6 +767,10 @@ _ALL += [
             SOCKET_ADDR,
             "[::]:1729",
             "The address the mesh admin HTTP server binds to.",
+            effect="Where the dashboard serves when dashboard (MONARCH_DASHBOARD) is '1' or "
+            "'true', if this key is set (unset: the loopback interface, a free port; "
+            "binding every interface, as the default '[::]:1729' would, needs asking for). "
+            "Read when the client starts.",
         ),
         Key(
             "mesh_attach_config_timeout",
@@ -627,6 +788,8 @@ _ALL += [
             DURATION,
             200 * MS,
             "The admin server's budget for a fallback query to a recently stopped actor.",
+            ignored="The admin server here (the dashboard) does not query stopped actors: an "
+            "actor that ended appears in its event log.",
         ),
         Key(
             "mesh_admin_max_concurrent_resolves",
@@ -634,6 +797,8 @@ _ALL += [
             USIZE,
             2,
             "How many resolve requests the admin server forwards at once.",
+            ignored="The admin server here (the dashboard) shares one snapshot collection among "
+            "concurrent requests (reused for 250 ms) instead of forwarding resolves.",
         ),
         Key(
             "mesh_admin_single_host_timeout",
@@ -641,6 +806,8 @@ _ALL += [
             DURATION,
             3 * S,
             "The admin server's budget for a query to one host.",
+            ignored="The admin server here (the dashboard) gives each host a fixed 1 s to answer "
+            "a snapshot; one that does not appears with what the client knows of it.",
         ),
         Key(
             "mesh_admin_query_child_timeout",
@@ -648,6 +815,8 @@ _ALL += [
             DURATION,
             100 * MS,
             "The admin server's budget for one child snapshot lookup.",
+            ignored="The admin server here (the dashboard) gives each proc a fixed 300 ms to "
+            "answer a snapshot; one that does not appears with what its host knows.",
         ),
         Key(
             "mesh_admin_config_dump_bridge_timeout",
@@ -655,6 +824,7 @@ _ALL += [
             DURATION,
             5 * S,
             "The admin server's budget for a proc's config dump.",
+            ignored="The admin server here (the dashboard) serves no per-proc config dumps.",
         ),
         Key(
             "mesh_admin_tree_timeout",
@@ -662,6 +832,8 @@ _ALL += [
             DURATION,
             10 * S,
             "The admin server's budget for a dump of the whole mesh tree.",
+            ignored="The admin server here (the dashboard) gathers a snapshot of the whole tree "
+            "within a fixed 5 s.",
         ),
         Key(
             "mesh_admin_pyspy_timeout",
@@ -669,6 +841,8 @@ _ALL += [
             DURATION,
             10 * S,
             "How long a py-spy stack dump may run.",
+            ignored="Stack dumps here come from each process's own faulthandler, not py-spy, and "
+            "are bounded by a fixed 10 s.",
         ),
         Key(
             "mesh_admin_pyspy_bridge_timeout",
@@ -676,6 +850,8 @@ _ALL += [
             DURATION,
             13 * S,
             "The admin server's budget for a py-spy request (more than mesh_admin_pyspy_timeout).",
+            ignored="Stack dumps here come from each process's own faulthandler, not py-spy, and "
+            "are bounded by a fixed 10 s.",
         ),
         Key(
             "mesh_admin_pyspy_client_timeout",
@@ -684,6 +860,8 @@ _ALL += [
             20 * S,
             "An admin client's budget for a py-spy request (more than "
             "mesh_admin_pyspy_bridge_timeout).",
+            ignored="Stack dumps here come from each process's own faulthandler, not py-spy, and "
+            "are bounded by a fixed 10 s.",
         ),
         Key(
             "pyspy_bin",
@@ -691,6 +869,8 @@ _ALL += [
             STRING,
             "",
             "The py-spy binary to run (empty: py-spy from PATH).",
+            ignored="Stack dumps here come from each process's own faulthandler; no py-spy binary "
+            "is run.",
         ),
     ),
 ]
@@ -715,6 +895,8 @@ _ALL += [
             BOOL,
             False,
             "Run all Python actors of a process on one asyncio event loop.",
+            ignored="Each Python actor here has its own thread, and an async actor its own "
+            "asyncio loop on it, which keeps one actor's blocking code from stalling the others.",
         ),
         Key(
             "actor_queue_dispatch",
@@ -722,6 +904,8 @@ _ALL += [
             BOOL,
             False,
             "Dispatch messages to Python actors through a queue.",
+            ignored="Messages always reach Python actors here through the actor's own ordered "
+            "queue, read by its thread.",
         ),
     ),
     *_keys(
@@ -772,6 +956,8 @@ _ALL += [
             "",
             "The ibverbs device to use: cpu:<numa>, gpu:<ordinal> or nic:<name> "
             "(empty: automatic).",
+            ignored="The ibverbs backend here uses one device per process: the first one, or the "
+            "one MONARCH_RDMA_IBVERBS_DEVICE names.",
         ),
         Key(
             "rdma_peer_device_affinity",
@@ -779,6 +965,8 @@ _ALL += [
             STRING,
             "",
             "Which peer NICs a local NIC pairs with: any, match_name or groups:... (empty: any).",
+            ignored="The ibverbs backend here uses one device per process "
+            "(MONARCH_RDMA_IBVERBS_DEVICE), so there is no pairing of NICs to choose.",
         ),
         Key(
             "rdma_max_nics_per_buffer",
@@ -786,6 +974,7 @@ _ALL += [
             optional(POSITIVE),
             1,
             "On how many NICs a buffer is registered at most (None: no limit).",
+            ignored="The ibverbs backend here registers each buffer on its process's one device.",
         ),
         Key(
             "rdma_qps_per_cq",
@@ -793,6 +982,8 @@ _ALL += [
             POSITIVE,
             1,
             "How many queue pairs share a completion queue.",
+            ignored="The ibverbs backend here gives each connection its own completion queue, so "
+            "a transfer only sees its own completions.",
         ),
         Key(
             "rdma_runtime_worker_threads",
@@ -800,6 +991,8 @@ _ALL += [
             USIZE,
             16,
             "Worker threads of the RDMA data-plane runtime (fixed at first RDMA use).",
+            ignored="RDMA transfers here run on the process's own runtime (tokio_worker_threads); "
+            "there is no separate data-plane runtime.",
         ),
         Key(
             "rdma_qp_init_timeout",
@@ -807,6 +1000,7 @@ _ALL += [
             DURATION,
             30 * S,
             "Each side's budget for setting up a queue pair.",
+            ignored="Setting up a queue pair here is bounded by the transfer's own deadline.",
         ),
         Key(
             "rdma_cq_busy_poll_window",
@@ -815,6 +1009,8 @@ _ALL += [
             None,
             "How long a completion queue poll loop yields before it backs off to "
             "sleeping (None: it never sleeps).",
+            ignored="The ibverbs backend here polls a completion queue until its transfer "
+            "completes, yielding the CPU after a fixed number of empty polls.",
         ),
         Key(
             "rdma_mr_lru_cache_size",
@@ -822,6 +1018,8 @@ _ALL += [
             USIZE,
             1024,
             "How many registered memory regions each process caches.",
+            ignored="Memory registrations here are cached by range and reference-counted, "
+            "released when the buffer is, so no LRU bound applies.",
         ),
     ),
     *_keys(
@@ -858,6 +1056,9 @@ _ALL += [
             "The CA certificate of the tls transport: a path or PEM text. Not passed "
             "to spawned procs.",
             propagate=False,
+            ignored="There is no separate 'tls' transport here: TCP connections are mutual TLS "
+            "with the files given as ca= and private_key= or MONARCH_TLS_CA and MONARCH_TLS_KEY "
+            "(see docs/security.md).",
         ),
         Key(
             "hyperactor_tls_cert",
@@ -867,6 +1068,9 @@ _ALL += [
             "The certificate of the tls transport: a path or PEM text. Not passed to "
             "spawned procs.",
             propagate=False,
+            ignored="There is no separate 'tls' transport here: TCP connections are mutual TLS "
+            "with the files given as ca= and private_key= or MONARCH_TLS_KEY and MONARCH_TLS_CERT "
+            "(see docs/security.md).",
         ),
         Key(
             "hyperactor_tls_key",
@@ -876,6 +1080,9 @@ _ALL += [
             "The private key of the tls transport: a path or PEM text. Not passed to "
             "spawned procs.",
             propagate=False,
+            ignored="There is no separate 'tls' transport here: TCP connections are mutual TLS "
+            "with the files given as ca= and private_key= or MONARCH_TLS_KEY (see "
+            "docs/security.md).",
         ),
     ),
 ]
@@ -886,4 +1093,8 @@ KEYS: dict[str, Key] = {k.name: k for k in _ALL}
 GROUPS = [_MESH, _MESSAGES, _LOGS, _ADMIN, _PYTHON, _RDMA, _TENSORS, _TLS]
 
 assert len(KEYS) == len(_ALL), "duplicate config key"
+assert all(bool(k.effect) != bool(k.ignored) for k in _ALL), (
+    "every config key has an effect or a reason it is ignored, not both: "
+    + ", ".join(k.name for k in _ALL if bool(k.effect) == bool(k.ignored))
+)
 assert len({k.env for k in _ALL}) == len(_ALL), "duplicate config environment variable"

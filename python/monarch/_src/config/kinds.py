@@ -195,6 +195,41 @@ def _coerce_socket_addr(value: Any) -> str:
 SOCKET_ADDR = Kind("socket address", _coerce_socket_addr, _coerce_socket_addr)
 
 
+# --- port ranges ------------------------------------------------------------------------
+
+_PORT_RANGE_SYNTAX = "slice(start, stop) or 'START..STOP' with 0 <= START <= STOP <= 65535"
+
+
+def _coerce_port_range(value: Any) -> tuple[int, int]:
+    if isinstance(value, str):
+        start_text, sep, stop_text = value.strip().partition("..")
+        if not sep or not start_text.strip().isdigit() or not stop_text.strip().isdigit():
+            raise ConfigValueError(f"expected a port range, {_PORT_RANGE_SYNTAX}; got {value!r}")
+        start, stop = int(start_text), int(stop_text)
+    elif isinstance(value, slice):
+        start, stop = value.start, value.stop
+        if value.step is not None or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in (start, stop)
+        ):
+            raise ConfigValueError(f"expected a port range, {_PORT_RANGE_SYNTAX}; got {value!r}")
+    else:
+        raise TypeError(f"expected a port range, {_PORT_RANGE_SYNTAX}; got {_type_name(value)}")
+    if not 0 <= start <= stop <= 65535:
+        raise ConfigValueError(f"expected a port range, {_PORT_RANGE_SYNTAX}; got {value!r}")
+    return (start, stop)
+
+
+#: A range of TCP ports, stored as ``(start, stop)``, shown as ``slice(start, stop)``.
+PORT_RANGE = Kind(
+    "port range",
+    _coerce_port_range,
+    _coerce_port_range,
+    show=lambda r: slice(*r),
+    native=lambda r: slice(*r),
+    text=lambda r: f"{r[0]}..{r[1]}",
+)
+
+
 # --- transports -------------------------------------------------------------------------
 
 #: Transport names, and the lowercased enum member names of upstream Monarch's

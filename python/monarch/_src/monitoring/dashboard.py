@@ -187,13 +187,26 @@ def stop_dashboard() -> None:
         running.stop()
 
 
-def start_from_config(agent: Any) -> None:
-    """Start the dashboard when the ``dashboard`` config (``MONARCH_DASHBOARD``) asks;
-    a bad value or a port in use is reported on stderr and leaves the program running."""
+def configured_address() -> str | None:
+    """What the config asks the client's dashboard to serve on: ``None`` (off), ``"1"``
+    (the loopback interface, a free port) or ``HOST:PORT``. ``dashboard`` decides;
+    when it only says on (``1``, ``true``) and ``mesh_admin_addr`` (upstream's admin
+    server address) is set, that address."""
     from monarch._src import config
 
     value = str(config.get("dashboard") or "").strip()
     if value.lower() in ("", "0", "false", "no", "off"):
+        return None
+    if value.lower() in ("1", "true", "yes", "on") and config.is_set("mesh_admin_addr"):
+        return str(config.get("mesh_admin_addr"))
+    return value
+
+
+def start_from_config(agent: Any) -> None:
+    """Start the dashboard when the ``dashboard`` config (``MONARCH_DASHBOARD``) asks;
+    a bad value or a port in use is reported on stderr and leaves the program running."""
+    value = configured_address()
+    if value is None:
         return
     try:
         start_dashboard(value, agent=agent)

@@ -1,0 +1,233 @@
+"""The config keys that take effect: each test here fails if its key is ignored.
+
+The registry itself (types, precedence, the warning of ignored keys) is tested in
+tests/test_config.py.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from monarch._src import config as registry
+from monarch._src.actor import pickling, runtime
+from monarch._src.monitoring import dashboard
+from monarch.config import clear_runtime_config, configured
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _clean_config(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for key in registry.KEYS.values():
+        monkeypatch.delenv(key.env, raising=False)
+    clear_runtime_config()
+    yield
+    clear_runtime_config()
+
+
+# --- upstream's names for the mechanisms of this implementation -------------------------
+
+
+def test_supervision_timeouts_are_the_heartbeat_timeout_when_set() -> None:
+    assert runtime.liveness()["heartbeat_timeout"] == 2.0
+    with configured(supervision_liveness_timeout="9s"):
+        assert runtime.liveness()["heartbeat_timeout"] == 9.0
+        with configured(supervision_watchdog_timeout="7s"):
+            assert runtime.liveness()["heartbeat_timeout"] == 7.0
+            # The key of this implementation wins over upstream's names.
+            with configured(host_heartbeat_timeout="3s"):
+                assert runtime.liveness()["heartbeat_timeout"] == 3.0
+
+
+def test_the_orphan_timeout_is_the_client_lease_when_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert runtime.liveness()["client_lease"] == 10.0
+    with configured(mesh_orphan_timeout="45s"):
+        assert runtime.liveness()["client_lease"] == 45.0
+        with configured(host_client_lease="4s"):
+            assert runtime.liveness()["client_lease"] == 4.0
+    with configured(mesh_orphan_timeout=None):  # never
+        assert runtime.liveness()["client_lease"] == runtime.NEVER
+    monkeypatch.setenv("HYPERACTOR_MESH_ORPHAN_TIMEOUT", "1m")
+    assert runtime.liveness()["client_lease"] == 60.0
+
+
+def test_the_admin_address_places_a_dashboard_turned_on_with_1() -> None:
+    assert dashboard.configured_address() is None
+    with configured(dashboard="1"):
+        assert dashboard.configured_address() == "1"  # loopback, a free port
+        with configured(mesh_admin_addr="127.0.0.1:18265"):
+            assert dashboard.configured_address() == "127.0.0.1:18265"
+    # An address in `dashboard` itself wins; off stays off.
+    with configured(dashboard="127.0.0.1:9999", mesh_admin_addr="127.0.0.1:18265"):
+        assert dashboard.configured_address() == "127.0.0.1:9999"
+    with configured(mesh_admin_addr="127.0.0.1:18265"):
+        assert dashboard.configured_address() is None
+
+
+# --- small_write_threshold --------------------------------------------------------------
+
+
+def test_small_write_threshold_sets_which_buffers_travel_out_of_band() -> None:
+    blob = bytes(range(256)) * 16  # 4 KiB
+    buffer = pickle.PickleBuffer(bytearray(blob))
+    # Below the default (64 KiB): copied into the pickle, one part.
+    assert len(pickling.dumps_call((blob,), {})) == 1
+    assert len(pickling.dumps_parts(buffer)) == 1
+    with configured(small_write_threshold=1024):
+        parts = pickling.dumps_call((blob,), {})
+        assert len(parts) == 3  # the pickle, the kinds, the buffer
+        assert parts[2] is blob  # shared, not copied
+        assert pickling.loads_parts(parts) == ((blob,), {})
+        assert len(pickling.dumps_parts(buffer)) == 3
+        assert len(pickling.dumps_value(blob)) == 3
+    with configured(small_write_threshold=1 << 20):
+        assert len(pickling.dumps_call((bytes(100_000),), {})) == 1
+
+
+# --- mesh_terminate_timeout -------------------------------------------------------------
+
+CLIENT = """
+import sys, time
+from monarch.actor import Actor, attach_to_workers, endpoint
+from monarch.config import configured
+
+class Stuck(Actor):
+    @endpoint
+    def ping(self) -> int:
+        return 1
+
+    @endpoint
+    def hang(self) -> None:
+        time.sleep(300)
+
+hosts = attach_to_workers(workers=[sys.argv[1]], ca=None)
+with configured(stop_actor_timeout="60s"):
+    procs = hosts.spawn_procs(per_host={"gpus": 1}, name="stuck")
+stuck = procs.spawn("s", Stuck)
+stuck.ping.call().get(timeout=60)
+stuck.hang.broadcast()
+print("HUNG", flush=True)
+sys.stdin.read()
+import os
+os._exit(0)
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    drop = {k.env for k in registry.KEYS.values()} | {
+        registry.SNAPSHOT_ENV,
+        "MONARCH_CLUSTER_SECRET",
+        "MONARCH_CLUSTER_AUTH",
+        "MONARCH_TLS_CA",
+        "MONARCH_TLS_CERT",
+        "MONARCH_TLS_KEY",
+    }
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "python"), env.get("PYTHONPATH", "")])
+    return {**env, **extra}
+
+
+class Lines:
+    """The lines a process writes to its stdout, as they come."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.queue: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        assert proc.stdout is not None
+        stdout = proc.stdout
+
+        def read() -> None:
+            for line in stdout:
+                self.queue.put(line)
+            self.queue.put(None)
+
+        self.stdout = stdout
+        self.reader = threading.Thread(target=read, daemon=True)
+        self.reader.start()
+
+    def close(self) -> None:
+        """Once the process ended: wait for the rest of its output, close the pipe."""
+        self.reader.join(timeout=10)
+        self.stdout.close()
+
+    def wait_for(self, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"no {text!r} within {timeout} s: {''.join(self.seen)[-3000:]}")
+            if line is None:
+                pytest.fail(f"the stream ended before {text!r}: {''.join(self.seen)[-3000:]}")
+            self.seen.append(line)
+            if text in line:
+                return
+
+
+def _end(proc: subprocess.Popen[str], lines: Lines) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(30)
+    if proc.stdin is not None:
+        proc.stdin.close()
+    lines.close()
+
+
+@pytest.mark.timeout(240)
+def test_an_ending_worker_gives_its_procs_the_terminate_timeout(tmp_path: Path) -> None:
+    """SIGTERM ends a worker: it gives each proc mesh_terminate_timeout, not the 30 s of
+    its stop_actor_timeout, then kills it."""
+    from monarch._src.actor.workers import READY_LINE
+
+    address = f"ipc://{tmp_path}/worker.sock"
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from monarch.actor import run_worker_loop_forever\n"
+            f"run_worker_loop_forever(address={address!r}, ca=None)\n",
+        ],
+        env=_env(
+            HYPERACTOR_MESH_TERMINATE_TIMEOUT="1s",
+            HYPERACTOR_STOP_ACTOR_TIMEOUT="30s",
+        ),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    worker_lines = Lines(worker)
+    client = None
+    try:
+        worker_lines.wait_for(READY_LINE, timeout=60)
+        client = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(CLIENT), address],
+            env=_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        client_lines = Lines(client)
+        client_lines.wait_for("HUNG", timeout=120)
+        start = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+        elapsed = time.monotonic() - start
+        assert worker.returncode == 0
+        assert elapsed < 10, f"the worker took {elapsed:.1f} s to end"
+    finally:
+        _end(worker, worker_lines)
+        if client is not None:
+            _end(client, client_lines)
