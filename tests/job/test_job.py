@@ -60,7 +60,7 @@ def test_exports_are_the_contract() -> None:
         "JobTrait", "LocalJob", "ProcessJob", "JobState", "job_load", "job_loads",
         "load_current_job", "set_current_job", "DEFAULT_JOB_PATH",
         "PortForwarder", "exec_command", "shell", "SlurmJob", "TelemetryConfig",
-        "MeshAdminConfig",
+        "MeshAdminConfig", "SPMDJob", "SPMDRunError", "serve",
     }  # fmt: skip
     assert all(hasattr(monarch.job, name) for name in monarch.job.__all__)
     assert DEFAULT_JOB_PATH == ".monarch/job_state.pkl"

@@ -15,10 +15,15 @@ worker processes on this machine, one per host, for testing multi-host code;
 ``SlurmJob`` gets the hosts from Slurm (one allocation, a worker per task; guide:
 [Slurm](../slurm.md)).
 ``exec_command`` and ``shell`` run commands on the hosts of a mesh, and
-``PortForwarder`` forwards TCP ports through a mesh. Guide: [Jobs](../job.md).
+``PortForwarder`` forwards TCP ports through a mesh. ``serve`` takes a torchrun command
+line and a scheduler and returns an ``SPMDJob``, whose ``run_spmd()`` runs the script on
+every rank, raising ``SPMDRunError`` for ranks that fail (also in ``monarch.job.spmd``;
+guide: [SPMD](../spmd.md#from-torchrun)).
+Guide: [Jobs](../job.md).
 Importing this module is cheap: it starts
-nothing and imports neither the actor runtime nor ``torch`` (``exec_command``, ``shell``
-and ``PortForwarder``, which need the runtime, are imported on first use).
+nothing and imports neither the actor runtime nor ``torch`` (``exec_command``, ``shell``,
+``PortForwarder``, ``serve``, ``SPMDJob`` and ``SPMDRunError``, which need the runtime,
+are imported on first use).
 """
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
@@ -41,12 +46,18 @@ if _TYPE_CHECKING:
     from monarch._src.job.exec import exec_command as exec_command
     from monarch._src.job.port_forward import PortForwarder as PortForwarder
     from monarch._src.job.shell import shell as shell
+    from monarch._src.job.spmd import SPMDJob as SPMDJob
+    from monarch._src.job.spmd import SPMDRunError as SPMDRunError
+    from monarch._src.job.spmd import serve as serve
 
 #: The names imported on first use, and their modules.
 _LAZY = {
     "exec_command": "monarch._src.job.exec",
     "shell": "monarch._src.job.shell",
     "PortForwarder": "monarch._src.job.port_forward",
+    "SPMDJob": "monarch._src.job.spmd",
+    "SPMDRunError": "monarch._src.job.spmd",
+    "serve": "monarch._src.job.spmd",
 }
 
 
@@ -73,12 +84,15 @@ __all__ = [
     "MeshAdminConfig",
     "PortForwarder",
     "ProcessJob",
+    "SPMDJob",
+    "SPMDRunError",
     "SlurmJob",
     "TelemetryConfig",
     "exec_command",
     "job_load",
     "job_loads",
     "load_current_job",
+    "serve",
     "set_current_job",
     "shell",
 ]
