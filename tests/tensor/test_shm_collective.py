@@ -127,6 +127,37 @@ def test_a_barrier_names_a_member_whose_socket_is_gone(sockets: list[socket.sock
         b0.wait(1, timeout=5)
 
 
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfd_open on this system")
+def test_a_barrier_names_a_member_whose_process_exits_while_it_waits(
+    sockets: list[socket.socket],
+) -> None:
+    import subprocess
+    import sys
+
+    # Member 2's socket still takes datagrams (it is ours), but its process (a child
+    # standing for it) dies: the wait ends at once, not after its timeout.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        names = [
+            n.decode() if isinstance(n, bytes) else n for n in (s.getsockname() for s in sockets)
+        ]
+        pids = [os.getpid(), os.getpid(), child.pid]
+        b0 = shm.Barrier(sockets[0], 0, names, [10, 11, 12], pids)
+        sockets[1].sendto(shm._WORD.pack(1, 1), names[0])  # member 1 came
+        child.kill()
+        start = time.monotonic()
+        with pytest.raises(
+            ConnectionError, match=rf"rank 12 is gone \(its process, pid {child.pid}"
+        ):
+            b0.wait(1, timeout=60)
+        assert time.monotonic() - start < 30
+        b0.close()
+        assert b0.pidfds == [None, None, None]
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+
+
 # --- the group, with threads as ranks ----------------------------------------------------------
 
 
