@@ -6,7 +6,7 @@
 //! [`Event`] one event, a [`LogRecord`] one log record. They also travel between agents
 //! (bincode), so every field is always present (`null` for nothing, never skipped).
 //!
-//! A snapshot is gathered only when asked ([`crate::ProcAgent::monitor_snapshot`]): the
+//! A snapshot is gathered only when asked ([`crate::agent::ProcAgent::monitor_snapshot`]): the
 //! client asks each host agent it knows, each host agent asks each live proc it spawned
 //! (with a timeout) and adds its host's stats and the procs that exited. Events
 //! ([`events`]) and log lines ([`logs`]) are recorded when they happen, into bounded

@@ -168,7 +168,7 @@ impl Default for OutputOptions {
 }
 
 /// What a client asks of the hosts it spawns procs on (see
-/// [`crate::HostMesh::spawn_procs_with`]).
+/// [`crate::host_mesh::HostMesh::spawn_procs_with`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OutputConfig {
     /// Forward the procs' output to the spawning process (else each host prints it).

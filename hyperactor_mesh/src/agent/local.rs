@@ -494,11 +494,11 @@ mod tests {
     use serde::{Deserialize, Serialize};
 
     use super::*;
+    use crate::actor_mesh::{reply, ActorMesh, Request};
     use crate::agent::{random_id, AgentOptions, ProcAgent, ProcInfo};
     use crate::error::MeshError;
     use crate::proc_mesh::ProcMesh;
     use crate::shape::Extent;
-    use crate::{reply, ActorMesh, Request};
 
     #[derive(Debug)]
     struct Pinged;
