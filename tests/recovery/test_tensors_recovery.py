@@ -127,11 +127,12 @@ def _state_of_every_rank(t: TensorTrainer) -> Any:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not yet waited for, does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
         return False
-    return True
 
 
 @pytest.fixture(scope="module")
@@ -239,3 +240,30 @@ def test_no_rank_left_is_an_error_naming_the_lost_ranks(faults: Path) -> None:
         with pytest.raises(RecoveryError, match=r"every rank of .* was lost \(ranks \[0\]"):
             t.step()
     assert not unhandled, [f.report() for f in unhandled]
+
+
+@pytest.mark.timeout(120)
+def test_a_composed_mesh_runs_actors_on_running_procs_and_stops_their_meshes() -> None:
+    from monarch._rust_bindings import Extent, ProcMeshHandle
+    from monarch._src.actor.proc_mesh import ProcMesh
+
+    a = this_host().spawn_procs(per_host={"r": 2})
+    b = this_host().spawn_procs(per_host={"s": 1})
+    try:
+        extent = Extent(["r"], [2])
+        with pytest.raises(ValueError, match=r"1 member procs for an extent of 2 ranks"):
+            ProcMeshHandle.compose("c", extent, [b._handle], 30)
+        with pytest.raises(ValueError, match=r"member 0 is a view of 2 procs"):
+            ProcMeshHandle.compose("c", extent, [a._handle, b._handle], 30)
+        members = [b._handle, a.slice(r=1)._handle]
+        c = ProcMesh(ProcMeshHandle.compose("c", extent, members, 30), extent.region)
+        pids = a._handle.pids() + b._handle.pids()
+        assert c._handle.pids() == [pids[2], pids[1]]
+        with c.activate():
+            t = torch.ones(2) * (c.rank_tensor("r") + 1)
+        assert monarch.inspect(t, r=1).tolist() == [2.0, 2.0]
+        c.stop().get(timeout=60)
+        assert not any(_alive(p) for p in pids), "stopping the composed mesh left a proc"
+    finally:
+        a.stop().get(timeout=60)
+        b.stop().get(timeout=60)
