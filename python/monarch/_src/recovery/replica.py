@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import os
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -96,9 +98,18 @@ class _ReplicaState:
         self.offer: tuple[Any, RDMABuffer] | None = None
 
 
+def _local_address(peer: str) -> str:
+    """This machine's address on the route to ``peer``: what the other replicas can reach
+    this one at (the hostname may resolve to a loopback address, as on Debian)."""
+    with socket.socket(socket.AF_INET6 if ":" in peer else socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((peer, 9))  # no packet is sent: this only picks the route
+        return str(s.getsockname()[0])
+
+
 def _group(m: Membership) -> Any:
     """The process group of membership ``m``: its own keys in the shared store, so that
-    each generation rendezvouses apart from the earlier ones."""
+    each generation rendezvouses apart from the earlier ones. Gloo listens on the
+    address that routes to the store (``GLOO_SOCKET_IFNAME``, when set, decides)."""
     timeout = datetime.timedelta(seconds=m.timeout)
     store = dist.TCPStore(  # type: ignore[attr-defined]
         m.store_host, m.store_port, is_master=False, timeout=timeout, wait_for_workers=False
@@ -106,11 +117,19 @@ def _group(m: Membership) -> Any:
     prefix = f"monarch/recovery/{m.run}/{m.generation}/"
     prefixed = dist.PrefixStore(prefix, store)  # type: ignore[attr-defined]
     if m.backend == "gloo":
-        return dist.ProcessGroupGloo(prefixed, m.rank, m.world, timeout)
-    if m.backend == "nccl":
-        options = dist.ProcessGroupNCCL.Options()
+        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         options._timeout = timeout
-        return dist.ProcessGroupNCCL(prefixed, m.rank, m.world, options)
+        interface = os.environ.get("GLOO_SOCKET_IFNAME")
+        if interface:
+            options._devices = [dist.ProcessGroupGloo.create_device(interface=interface)]
+        else:
+            address = _local_address(m.store_host)
+            options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
+        return dist.ProcessGroupGloo(prefixed, m.rank, m.world, options)
+    if m.backend == "nccl":
+        nccl = dist.ProcessGroupNCCL.Options()
+        nccl._timeout = timeout
+        return dist.ProcessGroupNCCL(prefixed, m.rank, m.world, nccl)
     raise ValueError(f"unknown backend {m.backend!r}; expected 'gloo' or 'nccl'")
 
 
