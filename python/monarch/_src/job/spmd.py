@@ -347,6 +347,34 @@ def _command_of(appdef: Any) -> tuple[list[str], int | None, dict[str, str]]:
     return command, replicas if isinstance(replicas, int) else None, env
 
 
+def _with_nnodes(command: list[str], torchrun: _Torchrun, nnodes: int) -> list[str]:
+    """``command`` run on ``nnodes`` hosts (an ``AppDef`` role's ``num_replicas``):
+    ``--nnodes`` added where the command has none (a ``python script.py`` command
+    becomes the torchrun command that runs it on every host).
+
+    >>> t = parse_torchrun(["python", "train.py", "-v"])
+    >>> _with_nnodes(["python", "train.py", "-v"], t, 2)
+    ['torchrun', '--nnodes=2', 'train.py', '-v']
+
+    Raises:
+        ValueError: the command gives another ``--nnodes``.
+    """
+    script_at = len(command) - len(torchrun.script_args)
+    if os.path.basename(command[0]) in _TORCHRUN:
+        flags_at = 1
+    elif len(command) >= 3 and command[1] == "-m" and command[2] in _TORCHRUN:
+        flags_at = 3
+    else:  # python script.py / python -m module
+        return ["torchrun", f"--nnodes={nnodes}", *torchrun.script_args]
+    flags = command[flags_at:script_at]
+    if any(a == "--nnodes" or a.startswith("--nnodes=") for a in flags):
+        raise ValueError(
+            f"serve: the AppDef's role has num_replicas={nnodes} but its command says "
+            f"--nnodes={torchrun.nnodes}; expected them to agree"
+        )
+    return [*command[:flags_at], f"--nnodes={nnodes}", *command[flags_at:]]
+
+
 # --------------------------------------------------------------------------------------
 # Schedulers
 
@@ -935,14 +963,8 @@ def serve(
         )
     torchrun = parse_torchrun(command)
     if replicas is not None and replicas != torchrun.nnodes:
-        if any(a == "--nnodes" or a.startswith("--nnodes=") for a in command):
-            raise ValueError(
-                f"serve: the AppDef's role has num_replicas={replicas} but its command "
-                f"says --nnodes={torchrun.nnodes}; expected them to agree"
-            )
-        if torchrun.nnodes == 1 and os.path.basename(command[0]) in _TORCHRUN:
-            command = [command[0], f"--nnodes={replicas}", *command[1:]]
-            torchrun = parse_torchrun(command)
+        command = _with_nnodes(command, torchrun, replicas)
+        torchrun = parse_torchrun(command)
     job = SPMDJob(
         _make_job(scheduler, cfg, torchrun.nnodes),
         command,
