@@ -65,6 +65,7 @@ def main() -> None:
         "losses": losses,
         "same": same,
         "pid": os.getpid(),
+        "host": os.uname().nodename,
     }
     Path(args.out, f"rank-{rank}.json").write_text(json.dumps(record))
     print(f"rank {rank}: loss {losses[-1]:.4f}, replicas identical: {same}", flush=True)
