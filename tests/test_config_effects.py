@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pickle
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pytest
 from monarch._src import config as registry
 from monarch._src.actor import pickling, runtime
 from monarch._src.monitoring import dashboard
+from monarch.actor import Actor, endpoint
 from monarch.config import clear_runtime_config, configured
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,3 +233,137 @@ def test_an_ending_worker_gives_its_procs_the_terminate_timeout(tmp_path: Path) 
         _end(worker, worker_lines)
         if client is not None:
             _end(client, client_lines)
+
+
+# --- keys the runtime reads (Rust) ------------------------------------------------------
+
+
+def test_the_channel_keys_reach_the_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(runtime, "set_channel_settings", lambda **kw: calls.append(kw))
+    runtime.apply_channel_settings()
+    assert calls[-1] == {
+        "delivery_timeout": 30.0,
+        "tcp_keepalive_idle": 60.0,
+        "tcp_congestion": None,
+    }
+    with configured(
+        message_delivery_timeout="5s",
+        channel_tcp_keepalive_idle="20s",
+        channel_tcp_congestion="bbr",
+    ):
+        runtime.apply_channel_settings()
+    assert calls[-1] == {
+        "delivery_timeout": 5.0,
+        "tcp_keepalive_idle": 20.0,
+        "tcp_congestion": "bbr",
+    }
+
+
+DELIVERY = """
+import os, signal, sys, time
+from monarch.actor import Actor, endpoint, this_host
+
+class Echo(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+procs = this_host().spawn_procs(per_host={"gpus": 1}, name="frozen")
+echo = procs.spawn("echo", Echo)
+pid = echo.pid.call_one().get(timeout=60)
+os.kill(pid, signal.SIGSTOP)
+start = time.monotonic()
+try:
+    echo.pid.call_one().get(timeout=60)
+    print("DELIVERED", flush=True)
+except BaseException as e:
+    print(f"FAILED after {time.monotonic() - start:.1f} s: {e}", flush=True)
+finally:
+    os.kill(pid, signal.SIGCONT)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_message_a_frozen_proc_never_takes_fails_after_the_delivery_timeout() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(DELIVERY)],
+        env=_env(HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT="2s"),
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    text = out.stdout + out.stderr
+    assert "DELIVERED" not in out.stdout, text
+    # The link to the frozen proc failed after 2 s (not the call's 60 s): its host
+    # killed it as unreachable, and the program ended on that unhandled failure.
+    assert "message delivery timeout (2s)" in text, text
+    assert "HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT" in text, text
+    assert "its process was lost: the host lost its connection to it" in text, text
+    assert out.returncode == 1, text
+    assert "FAILED after 6" not in out.stdout, text  # not the call's own timeout
+
+
+def _noisy_exit() -> None:
+    for i in range(1, 41):
+        print(f"tail line {i}", file=sys.stderr, flush=True)
+    os._exit(3)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("lines", "first"), [(None, 21), (30, 11), (0, None)])
+def test_tail_log_lines_is_how_much_stderr_a_failed_spawn_shows(
+    lines: int | None, first: int | None
+) -> None:
+    from monarch.actor import this_host
+
+    settings = {} if lines is None else {"tail_log_lines": lines}
+    with configured(**settings):
+        procs = this_host().spawn_procs(per_host={"gpus": 1}, bootstrap=_noisy_exit)
+    with pytest.raises(RuntimeError, match="failed to start") as info:
+        procs.initialized.get(timeout=90)
+    text = str(info.value)
+    shown = [int(n) for n in re.findall(r"tail line (\d+)", text)]
+    if first is None:
+        assert shown == [], text
+        assert "tail_log_lines is 0" in text
+    else:
+        assert shown == list(range(first, 41)), text
+    procs.stop().get(timeout=60)
+
+
+class Stuck(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def hang(self) -> None:
+        time.sleep(300)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.timeout(180)
+def test_process_exit_timeout_bounds_the_wait_for_a_stopping_proc() -> None:
+    """The proc's actors get 60 s to stop (stop_actor_timeout), but stopping the mesh
+    waits process_exit_timeout for its process, then its host kills it."""
+    from monarch.actor import this_host
+
+    with configured(stop_actor_timeout="60s"):
+        procs = this_host().spawn_procs(per_host={"gpus": 1})
+    stuck = procs.spawn("stuck", Stuck)
+    pid = stuck.pid.call_one().get(timeout=60)
+    stuck.hang.broadcast()
+    start = time.monotonic()
+    with configured(process_exit_timeout="1s"):
+        procs.stop().get(timeout=90)
+    elapsed = time.monotonic() - start
+    assert elapsed < 8, f"stopping took {elapsed:.1f} s"
+    assert not _running(pid)

@@ -37,6 +37,10 @@
 //! | environment variable | default | meaning |
 //! |---|---|---|
 //! | `HYPERACTOR_CODEC_MAX_FRAME_LENGTH` | `10737418240` (10 GiB) | the largest frame, in bytes, this process sends or accepts ([`max_frame_len`]); read once per process |
+//!
+//! The delivery timeout, TCP keepalive and congestion control of links are set
+//! with [`set_delivery_timeout`], [`set_tcp_keepalive_idle`] and
+//! [`set_tcp_congestion`] (Monarch's config sets them when a process starts).
 //! | `XDG_RUNTIME_DIR`, `TMPDIR` | unset, `/tmp` | where the per-user [`socket_dir`] is made |
 //!
 //! ```
@@ -65,6 +69,7 @@ mod link;
 mod local;
 pub mod log_limit;
 mod net;
+mod settings;
 mod socket_dir;
 #[cfg(test)]
 mod tests;
@@ -96,6 +101,10 @@ pub use self::frame::MAX_FRAME_LEN;
 pub use self::frame::MAX_FRAME_LEN_ENV;
 pub use self::frame::MAX_FRAME_PARTS;
 pub use self::inbox::DeliverFn;
+pub use self::settings::{
+    delivery_timeout, set_delivery_timeout, set_tcp_congestion, set_tcp_keepalive_idle,
+    tcp_congestion, tcp_keepalive_idle, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES,
+};
 pub use self::socket_dir::remove_socket_files;
 pub use self::socket_dir::socket_dir;
 pub use self::socket_dir::MAX_SOCKET_DIR_LEN;
@@ -257,7 +266,18 @@ pub(crate) fn dial_with_auth(
     on_return: ReturnFn,
     auth: Option<auth::TcpAuth>,
 ) -> ChannelTx {
-    let (tx, link, queue) = ChannelTx::new(addr, on_return);
+    dial_link(addr, on_return, auth, delivery_timeout())
+}
+
+/// As [`dial_with_auth`], with the link's delivery timeout given (tests give their own
+/// rather than change the process's).
+pub(crate) fn dial_link(
+    addr: &ChannelAddr,
+    on_return: ReturnFn,
+    auth: Option<auth::TcpAuth>,
+    delivery_timeout: Option<std::time::Duration>,
+) -> ChannelTx {
+    let (tx, link, queue) = ChannelTx::new(addr, on_return, delivery_timeout);
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         let error = ChannelError::NoRuntime { addr: addr.clone() };
         link::fail_unconnected(&link, error, queue);

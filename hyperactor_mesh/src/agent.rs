@@ -52,7 +52,7 @@ mod supervise;
 
 use hyperactor::sync::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
@@ -232,6 +232,10 @@ pub(crate) struct Inner {
     sender_id: u64,
     fanout: AtomicUsize,
     stop_timeout: Duration,
+    /// How long stopping procs waits for each one's process to exit before its host
+    /// kills it, in milliseconds ([`ProcAgent::set_exit_timeout`]); `u64::MAX`: the
+    /// stop timeout.
+    exit_timeout_ms: AtomicU64,
     /// The agent's three ports, kept open while it lives.
     ports: OnceLock<[DirectPort; 3]>,
     local: local::LocalActors,
@@ -294,6 +298,7 @@ impl ProcAgent {
             sender_id: random_id(),
             fanout: AtomicUsize::new(DEFAULT_FANOUT),
             stop_timeout: options.stop_timeout.unwrap_or(DEFAULT_STOP_TIMEOUT),
+            exit_timeout_ms: AtomicU64::new(u64::MAX),
             ports: OnceLock::new(),
             local: local::LocalActors::default(),
             incoming: cast_in::CastsIn::default(),
@@ -571,6 +576,25 @@ impl ProcAgent {
         self.inner.fanout.store(fanout.max(1), Ordering::Relaxed);
     }
 
+    /// How long stopping procs (a proc mesh this agent's actors own) waits for each
+    /// proc's process to exit after asking it to stop, before its host kills it: the
+    /// value of [`ProcAgent::set_exit_timeout`], else the stop timeout
+    /// ([`AgentOptions::stop_timeout`]).
+    pub fn exit_timeout(&self) -> Duration {
+        self.inner.exit_timeout()
+    }
+
+    /// Sets [`ProcAgent::exit_timeout`] for the stops that start from now on (`None`:
+    /// back to the stop timeout).
+    pub fn set_exit_timeout(&self, timeout: Option<Duration>) {
+        let ms = timeout.map_or(u64::MAX, |t| {
+            u64::try_from(t.as_millis())
+                .unwrap_or(u64::MAX - 1)
+                .min(u64::MAX - 1)
+        });
+        self.inner.exit_timeout_ms.store(ms, Ordering::Relaxed);
+    }
+
     /// Whether `proc` is known to be gone, and how it ended.
     pub fn death_of(&self, proc: &ProcId) -> Option<ProcDeath> {
         self.inner.supervisor.death_of(proc)
@@ -604,6 +628,14 @@ impl ProcAgent {
 }
 
 impl Inner {
+    /// See [`ProcAgent::exit_timeout`].
+    pub(crate) fn exit_timeout(&self) -> Duration {
+        match self.exit_timeout_ms.load(Ordering::Relaxed) {
+            u64::MAX => self.stop_timeout,
+            ms => Duration::from_millis(ms),
+        }
+    }
+
     /// Sends the agent of `proc` a heartbeat and completes once it answered (never, if
     /// it does not).
     ///

@@ -258,6 +258,7 @@ impl HostMesh {
                     mesh_id: info.id,
                     rank_base: index * count,
                     files: output.files,
+                    tail_lines: output.tail_lines,
                 },
             };
             agent.monitor_host(host);

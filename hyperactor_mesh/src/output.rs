@@ -140,6 +140,10 @@ impl OutputBatch {
     }
 }
 
+/// How many of the last lines of each proc's stderr its host keeps by default (see
+/// [`OutputOptions::tail_lines`]).
+pub const DEFAULT_TAIL_LINES: usize = 20;
+
 /// How the host handles the output of one spawn's procs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutputOptions {
@@ -153,6 +157,9 @@ pub struct OutputOptions {
     pub rank_base: usize,
     /// Whether the host writes a log file per proc ([`files`]).
     pub files: bool,
+    /// How many of the last lines of each proc's stderr the host keeps, for the error
+    /// of a proc that exits before it is ready (0: none).
+    pub tail_lines: usize,
 }
 
 impl Default for OutputOptions {
@@ -163,6 +170,7 @@ impl Default for OutputOptions {
             mesh_id: 0,
             rank_base: 0,
             files: true,
+            tail_lines: DEFAULT_TAIL_LINES,
         }
     }
 }
@@ -175,6 +183,9 @@ pub struct OutputConfig {
     pub forward: bool,
     /// Write a log file per proc on its host.
     pub files: bool,
+    /// How many of the last lines of each proc's stderr its host keeps (see
+    /// [`OutputOptions::tail_lines`]).
+    pub tail_lines: usize,
 }
 
 impl Default for OutputConfig {
@@ -183,6 +194,7 @@ impl Default for OutputConfig {
         Self {
             forward: true,
             files: true,
+            tail_lines: DEFAULT_TAIL_LINES,
         }
     }
 }

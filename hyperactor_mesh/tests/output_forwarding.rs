@@ -204,7 +204,7 @@ async fn output_not_forwarded_goes_to_files_only_here() {
     let per_host = Extent::new(["gpus"], [1]).unwrap();
     let output = hyperactor_mesh::output::OutputConfig {
         forward: false,
-        files: true,
+        ..Default::default()
     };
     let procs = timed(hosts.spawn_procs_with(
         &client,

@@ -472,6 +472,21 @@ impl PyProcAgent {
         self.agent.fanout()
     }
 
+    /// How long stopping procs waits for each proc's process to exit after asking it to
+    /// stop, before its host kills it, in seconds (the `process_exit_timeout` config
+    /// key); unless set, the stop timeout.
+    #[getter]
+    fn exit_timeout(&self) -> f64 {
+        self.agent.exit_timeout().as_secs_f64()
+    }
+
+    #[setter]
+    fn set_exit_timeout(&self, seconds: Option<f64>) -> PyResult<()> {
+        let timeout = seconds.map(|s| duration("exit_timeout", s)).transpose()?;
+        self.agent.set_exit_timeout(timeout);
+        Ok(())
+    }
+
     #[setter]
     fn set_fanout(&self, fanout: usize) -> PyResult<()> {
         if fanout == 0 {

@@ -207,10 +207,12 @@ impl PyHostMesh {
     /// hosts + per_host, by rank; `fork_server` is then not used), owned by `sender`.
     /// Returns at once. Their output is forwarded to this process unless
     /// `forward_output` is false (each host prints it), and written to a log file per
-    /// proc on its host when `log_files` is set.
+    /// proc on its host when `log_files` is set; each host keeps the last `tail_lines`
+    /// lines of each proc's stderr, for the error of a proc that exits before it is
+    /// ready (20 by default: `hyperactor_mesh::output::DEFAULT_TAIL_LINES`).
     #[pyo3(signature = (
         sender, name, per_host, commands, fork_server=None, forward_output=true,
-        log_files=true,
+        log_files=true, tail_lines=20,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn spawn_procs(
@@ -222,6 +224,7 @@ impl PyHostMesh {
         fork_server: Option<Vec<String>>,
         forward_output: bool,
         log_files: bool,
+        tail_lines: usize,
     ) -> PyResult<PyProcMesh> {
         let sender = Sender::extract(sender)?;
         let mut commands: Vec<BootstrapCommand> = commands.into_iter().map(command).collect();
@@ -254,6 +257,7 @@ impl PyHostMesh {
             let output = hyperactor_mesh::output::OutputConfig {
                 forward: forward_output,
                 files: log_files,
+                tail_lines,
             };
             let result = hosts
                 .spawn_commands(&sender, &name, &per_host, &commands, output)

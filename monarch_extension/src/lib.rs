@@ -135,6 +135,7 @@ pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(agent::worker_proc_id, m)?)?;
     m.add_function(wrap_pyfunction!(agent::primary_ip, m)?)?;
     m.add_function(wrap_pyfunction!(set_max_frame_len, m)?)?;
+    m.add_function(wrap_pyfunction!(set_channel_settings, m)?)?;
     m.add_function(wrap_pyfunction!(lend_bytearray, m)?)?;
     m.add(
         "WouldBlockRuntime",
@@ -159,6 +160,34 @@ fn set_max_frame_len(len: u64) -> u64 {
         Ok(()) => len.max(1),
         Err(in_force) => in_force,
     }
+}
+
+/// Sets this process's channel settings for the links and connections made from now on
+/// (see `hyperactor::channel::set_delivery_timeout` and its kin): `delivery_timeout`
+/// (`message_delivery_timeout`), `tcp_keepalive_idle` (`channel_tcp_keepalive_idle`),
+/// in seconds (`None`: no limit, the kernel's default), and `tcp_congestion`
+/// (`channel_tcp_congestion`; empty or `None`: the kernel's default).
+///
+/// # Errors
+///
+/// `ValueError` if a duration is negative or not finite.
+#[pyfunction]
+#[pyo3(signature = (delivery_timeout = None, tcp_keepalive_idle = None, tcp_congestion = None))]
+fn set_channel_settings(
+    delivery_timeout: Option<f64>,
+    tcp_keepalive_idle: Option<f64>,
+    tcp_congestion: Option<&str>,
+) -> PyResult<()> {
+    let delivery = delivery_timeout
+        .map(|s| agent::duration("delivery_timeout", s))
+        .transpose()?;
+    let keepalive = tcp_keepalive_idle
+        .map(|s| agent::duration("tcp_keepalive_idle", s))
+        .transpose()?;
+    hyperactor::channel::set_delivery_timeout(delivery);
+    hyperactor::channel::set_tcp_keepalive_idle(keepalive);
+    hyperactor::channel::set_tcp_congestion(tcp_congestion);
+    Ok(())
 }
 
 /// A `bytearray` of `len` bytes (contents arbitrary) to snapshot a writable buffer into

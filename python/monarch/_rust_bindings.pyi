@@ -89,6 +89,7 @@ __all__ = [
     "rdma_registered",
     "rdma_serve",
     "rdma_write",
+    "set_channel_settings",
     "set_cluster_secret",
     "set_max_frame_len",
     "set_tls_credentials",
@@ -128,6 +129,17 @@ def set_max_frame_len(len: int) -> int:
     """Set the largest frame this process sends or accepts, in bytes (the
     ``codec_max_frame_length`` config key); only before the first message. Returns the
     largest frame in force (another value if it was fixed already)."""
+
+def set_channel_settings(
+    delivery_timeout: float | None = None,
+    tcp_keepalive_idle: float | None = None,
+    tcp_congestion: str | None = None,
+) -> None:
+    """Set this process's channel settings for the links and connections made from now
+    on: ``delivery_timeout`` (``message_delivery_timeout``) and ``tcp_keepalive_idle``
+    (``channel_tcp_keepalive_idle``) in seconds (``None``: no limit, the kernel's
+    default), ``tcp_congestion`` (``channel_tcp_congestion``; empty or ``None``: the
+    kernel's default). ``ValueError`` for a negative or infinite duration."""
 
 def set_cluster_secret(secret: str) -> None:
     """Authenticate this process's TCP connections with ``secret`` from now on."""
@@ -581,6 +593,14 @@ class ProcAgent:
 
     fanout: int
 
+    @property
+    def exit_timeout(self) -> float:
+        """How long stopping procs waits for each one's process to exit after asking it
+        to stop, before its host kills it, in seconds (``process_exit_timeout``); unless
+        set, the stop timeout. Set ``None`` to go back to the stop timeout."""
+
+    @exit_timeout.setter
+    def exit_timeout(self, seconds: float | None) -> None: ...
     def this_host(self) -> HostMeshHandle:
         """This machine's host as a host mesh."""
 
@@ -687,11 +707,14 @@ class HostMeshHandle:
         fork_server: list[str] | None = None,
         forward_output: bool = True,
         log_files: bool = True,
+        tail_lines: int = 20,
     ) -> ProcMeshHandle:
         """Start the procs, each running a ``(program, args, env)`` of ``commands``: one
         for every proc (forked from ``program fork_server...`` when given), or one per
         proc of the proc mesh, by rank. Their output comes to this process unless
-        ``forward_output`` is false, and goes to per-proc log files with ``log_files``."""
+        ``forward_output`` is false, and goes to per-proc log files with ``log_files``;
+        each host keeps the last ``tail_lines`` lines of each proc's stderr (shown when
+        a proc exits before it is ready)."""
     def end_workers(
         self, sender: Client | DrivenActor, reason: str, timeout: float
     ) -> Future[list[str]]:

@@ -90,6 +90,21 @@ pub enum ChannelError {
         /// The peer address.
         addr: ChannelAddr,
     },
+    /// The peer acknowledged nothing, and the link made no progress, for the delivery
+    /// timeout (see [`delivery_timeout`](crate::channel::delivery_timeout)): the frames
+    /// it had not acknowledged are returned.
+    #[error(
+        "no acknowledgement from {addr} within the message delivery timeout ({timeout:?}): \
+         the peer stopped reading or cannot be reached, so the messages it did not \
+         acknowledge are returned undeliverable; if it is only slow, raise \
+         message_delivery_timeout (HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT)"
+    )]
+    DeliveryTimeout {
+        /// The peer address.
+        addr: ChannelAddr,
+        /// The delivery timeout that ran out.
+        timeout: std::time::Duration,
+    },
     /// A frame could not be encoded or decoded.
     #[error("bad frame on the link to {addr}: {source}")]
     Frame {

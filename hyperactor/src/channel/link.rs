@@ -13,7 +13,13 @@
 //!   [`SETTLE_TIMEOUT`], so frames that were delivered just before the peer
 //!   went away are not also returned;
 //! - when every `ChannelTx` is dropped, the task finishes writing, waits
-//!   for all acknowledgements and ends without failing the link.
+//!   for all acknowledgements and ends without failing the link;
+//! - with a delivery timeout (see [`super::delivery_timeout`]), a link whose
+//!   oldest unacknowledged frame was queued more than the timeout ago, and that
+//!   made no progress (no acknowledgement, no byte written) for that long either,
+//!   fails with [`ChannelError::DeliveryTimeout`], returning its frames: a peer
+//!   that stopped reading or went silent never holds them forever, and a slow
+//!   transfer that keeps moving is not cut.
 //!
 //! ```ignore
 //! drive(sink, acks, queue, link).await; // run by `dial` in its own task
@@ -87,8 +93,10 @@ pub(crate) async fn drive<S: FrameSink, A: AckSource>(
     let error = {
         let writing = write_loop(&mut sink, &mut queue, &link, &acked);
         let reading = ack_loop(&mut acks, &link, &acked);
+        let expiring = expiry_loop(&link);
         tokio::pin!(writing);
         tokio::pin!(reading);
+        tokio::pin!(expiring);
         tokio::select! {
             res = &mut writing => match res {
                 Ok(()) => return,
@@ -99,6 +107,7 @@ pub(crate) async fn drive<S: FrameSink, A: AckSource>(
                 }
             },
             err = &mut reading => err,
+            err = &mut expiring => err,
         }
     };
     link.fail(error, &mut queue);
@@ -140,6 +149,7 @@ async fn write_loop<S: FrameSink>(
         };
         if !rest.is_empty() {
             sink.write_rest(rest).await?;
+            link.touch();
         }
         if let Some(first) = first {
             let mut batch = Vec::with_capacity(1);
@@ -162,6 +172,7 @@ async fn write_loop<S: FrameSink>(
                 first_seq
             };
             sink.write(batch, first_seq).await?;
+            link.touch();
         }
         let mut direct = link.lock_direct();
         if direct.queued == 0 && direct.leftover.is_empty() {
@@ -199,7 +210,44 @@ async fn ack_loop<A: AckSource>(acks: &mut A, link: &LinkShared, acked: &Notify)
             window.acked = ack;
             window.frames.drain(..n).map(|q| q.cost).sum::<usize>()
         };
+        link.touch();
         link.budget.release(released);
         acked.notify_one();
+    }
+}
+
+/// Resolves, with [`ChannelError::DeliveryTimeout`], once the link's oldest
+/// unacknowledged frame was queued more than its delivery timeout ago and the link
+/// made no progress for that long either (see the module docs); never without a
+/// delivery timeout.
+async fn expiry_loop(link: &LinkShared) -> ChannelError {
+    let Some(limit) = link.delivery_timeout else {
+        return std::future::pending().await;
+    };
+    loop {
+        let oldest = link.lock_window().frames.front().map(|q| q.at);
+        let now = std::time::Instant::now();
+        let wake = match oldest {
+            // A frame that enters the window later was queued later than now: its
+            // deadline is after this wake-up.
+            None => now.checked_add(limit),
+            Some(at) => {
+                let since = at.max(link.last_progress());
+                match since.checked_add(limit) {
+                    Some(deadline) if deadline <= now => {
+                        return ChannelError::DeliveryTimeout {
+                            addr: link.addr.clone(),
+                            timeout: limit,
+                        };
+                    }
+                    deadline => deadline,
+                }
+            }
+        };
+        match wake {
+            Some(wake) => tokio::time::sleep_until(wake.into()).await,
+            // A limit too long to represent: never.
+            None => return std::future::pending().await,
+        }
     }
 }

@@ -177,24 +177,38 @@ impl std::os::fd::AsRawFd for Socket {
 }
 
 /// The write side of a dialed [`Socket`], shared by the link task and direct writers.
+/// Every write that moves bytes counts as progress of the link (see `link.rs`).
 #[derive(Debug)]
-struct SocketWriter(Socket);
+struct SocketWriter {
+    socket: Socket,
+    progress: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl SocketWriter {
+    fn write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let written = self.socket.write_vectored(bufs);
+        if matches!(written, Ok(n) if n > 0) {
+            super::tx::touch(&self.progress);
+        }
+        written
+    }
+}
 
 impl DirectWrite for SocketWriter {
     fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        self.0.write_vectored(bufs)
+        self.write_vectored(bufs)
     }
 }
 
 impl SharedWrite for SocketWriter {
     fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        self.0.write_vectored(bufs)
+        self.write_vectored(bufs)
     }
 
     async fn writable(&self) -> io::Result<()> {
         // Registered only for this wait; an edge-triggered registration reports a
         // socket that is writable already at once, so no wake-up is missed.
-        let fd = self.0.try_clone()?.register(Interest::WRITABLE)?;
+        let fd = self.socket.try_clone()?.register(Interest::WRITABLE)?;
         fd.writable().await?.retain_ready();
         Ok(())
     }
@@ -641,13 +655,35 @@ async fn write_acks<W: AsyncWrite + Unpin>(write: &mut W, frames: &Inbox, ack: &
     let _ = write.shutdown().await;
 }
 
+/// `connect`, bounded by the link's delivery timeout (see [`super::delivery_timeout`]):
+/// a connection that does not complete within it fails with `TimedOut`.
+pub(crate) async fn connect_within<S>(
+    link: &LinkShared,
+    connect: impl Future<Output = io::Result<S>>,
+) -> io::Result<S> {
+    let Some(limit) = link.delivery_timeout else {
+        return connect.await;
+    };
+    match tokio::time::timeout(limit, connect).await {
+        Ok(connected) => connected,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "no connection within the message delivery timeout ({limit:?}); raise \
+                 message_delivery_timeout (HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT) if the peer \
+                 is only slow to accept"
+            ),
+        )),
+    }
+}
+
 /// Runs a link over the stream `connect` yields.
 pub(crate) async fn run_link<S: Stream>(
     connect: impl Future<Output = io::Result<S>>,
     queue: mpsc::UnboundedReceiver<Queued>,
     link: Arc<LinkShared>,
 ) {
-    let stream = match connect.await {
+    let stream = match connect_within(&link, connect).await {
         Ok(stream) => stream,
         Err(err) => {
             let error = ChannelError::Connect {
@@ -668,7 +704,10 @@ pub(crate) async fn run_link<S: Stream>(
             return link::fail_unconnected(&link, error, queue);
         }
     };
-    let write = Arc::new(SocketWriter(write));
+    let write = Arc::new(SocketWriter {
+        socket: write,
+        progress: Arc::clone(&link.progress),
+    });
     // Senders may now write to the socket themselves while the link is idle.
     link.lock_direct().writer = Some(Arc::clone(&write) as Arc<dyn DirectWrite>);
     let sink = NetSink {

@@ -25,6 +25,7 @@
 
 use crate::sync::Mutex;
 use std::fmt;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -53,11 +54,13 @@ pub const FRAME_COST_OVERHEAD: usize = 64;
 /// prove delivered, with the link's error.
 pub type ReturnFn = Arc<dyn Fn(Frame, &ChannelError) + Send + Sync>;
 
-/// A frame in a link's queue or unacknowledged window, with its cost.
+/// A frame in a link's queue or unacknowledged window, with its cost and when it was
+/// queued (the start of its delivery timeout, see `link.rs`).
 #[derive(Debug)]
 pub(crate) struct Queued {
     pub(crate) frame: Frame,
     pub(crate) cost: usize,
+    pub(crate) at: std::time::Instant,
 }
 
 /// The byte budget of one link.
@@ -194,7 +197,8 @@ pub(crate) const DIRECT_SPACING: std::time::Duration = std::time::Duration::from
 /// When this process last wrote a frame directly, in nanoseconds since [`epoch`].
 static LAST_DIRECT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-fn epoch() -> std::time::Instant {
+/// The instant the link layer measures its times from.
+pub(crate) fn epoch() -> std::time::Instant {
     static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
     *EPOCH.get_or_init(std::time::Instant::now)
 }
@@ -235,6 +239,18 @@ pub(crate) struct LinkShared {
     error: OnceLock<ChannelError>,
     /// Becomes true after the failed link has returned all its frames.
     closed: watch::Sender<bool>,
+    /// How long a frame may wait for its acknowledgement with no progress on the link
+    /// (see `link.rs`); taken from [`super::delivery_timeout`] when the link starts.
+    pub(crate) delivery_timeout: Option<std::time::Duration>,
+    /// When the link last made progress (an acknowledgement, or bytes written), in
+    /// nanoseconds since [`epoch`]; shared with the link's writer.
+    pub(crate) progress: Arc<AtomicU64>,
+}
+
+/// Records progress now in `progress` (see [`LinkShared::progress`]).
+pub(crate) fn touch(progress: &AtomicU64) {
+    let now = u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX);
+    progress.fetch_max(now, Ordering::Relaxed);
 }
 
 impl fmt::Debug for LinkShared {
@@ -250,6 +266,16 @@ impl fmt::Debug for LinkShared {
 impl LinkShared {
     pub(crate) fn lock_window(&self) -> crate::sync::MutexGuard<'_, Window> {
         self.window.lock()
+    }
+
+    /// Records that the link made progress now (see [`LinkShared::progress`]).
+    pub(crate) fn touch(&self) {
+        touch(&self.progress);
+    }
+
+    /// When the link last made progress.
+    pub(crate) fn last_progress(&self) -> std::time::Instant {
+        epoch() + std::time::Duration::from_nanos(self.progress.load(Ordering::Relaxed))
     }
 
     pub(crate) fn lock_direct(&self) -> crate::sync::MutexGuard<'_, Direct> {
@@ -350,8 +376,11 @@ impl ChannelTx {
     pub(crate) fn new(
         addr: &ChannelAddr,
         on_return: ReturnFn,
+        delivery_timeout: Option<std::time::Duration>,
     ) -> (ChannelTx, Arc<LinkShared>, mpsc::UnboundedReceiver<Queued>) {
         let (queue, rx) = mpsc::unbounded_channel();
+        let progress = Arc::new(AtomicU64::new(0));
+        touch(&progress);
         let link = Arc::new(LinkShared {
             addr: addr.clone(),
             budget: Budget::new(),
@@ -361,6 +390,8 @@ impl ChannelTx {
             flush: tokio::sync::Notify::new(),
             error: OnceLock::new(),
             closed: watch::Sender::new(false),
+            delivery_timeout,
+            progress,
         });
         (
             ChannelTx {
@@ -395,7 +426,11 @@ impl ChannelTx {
         if self.link.budget.acquire(cost).await.is_err() {
             return Err(self.send_error(frame, None));
         }
-        self.enqueue(Queued { frame, cost })
+        self.enqueue(Queued {
+            frame,
+            cost,
+            at: std::time::Instant::now(),
+        })
     }
 
     /// Whether the link is over its budget (posts overdrew it).
@@ -424,7 +459,11 @@ impl ChannelTx {
         }
         let cost = Budget::cost(&frame);
         self.link.budget.force(cost);
-        self.enqueue(Queued { frame, cost })
+        self.enqueue(Queued {
+            frame,
+            cost,
+            at: std::time::Instant::now(),
+        })
     }
 
     fn enqueue(&self, queued: Queued) -> Result<(), SendError> {

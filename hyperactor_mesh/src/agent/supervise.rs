@@ -813,6 +813,7 @@ impl Inner {
             })
             .collect();
         let timeout = self.stop_timeout;
+        let exit_timeout = self.exit_timeout();
         let stops = meshes.into_iter().map(|(mesh, kind, targets, view)| {
             let inner = Arc::clone(self);
             let reason = reason.to_string();
@@ -823,7 +824,11 @@ impl Inner {
                             .stop_actors(&actor, &view, &targets, &reason, timeout)
                             .await
                     }
-                    OwnedKind::Procs => inner.stop_procs(&mesh, &targets, &reason, timeout).await,
+                    OwnedKind::Procs => {
+                        inner
+                            .stop_procs(&mesh, &targets, &reason, exit_timeout)
+                            .await
+                    }
                 }
             }
         });

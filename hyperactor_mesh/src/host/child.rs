@@ -42,8 +42,6 @@ use crate::host::proc_handle::{ProcExit, ProcStatus};
 use crate::host::template::{self, Template};
 use crate::output::{OutputOptions, OutputStream};
 
-/// The most stderr lines kept per child.
-const STDERR_TAIL_LINES: usize = 20;
 /// The longest stderr line kept, in bytes; longer lines are cut.
 const STDERR_LINE_BYTES: usize = 512;
 
@@ -89,7 +87,9 @@ pub(crate) struct ChildProc {
     status: watch::Sender<ProcStatus>,
     /// The write end of the child's stdin pipe, held open until the proc should stop.
     stdin: Mutex<Option<OwnedFd>>,
+    /// The last lines of its stderr, at most `tail_lines` ([`OutputOptions::tail_lines`]).
     stderr_tail: Mutex<VecDeque<String>>,
+    tail_lines: usize,
     /// How many of its output pipes are still open.
     pipes_open: watch::Sender<u8>,
     /// How many bytes were read from its output pipes: progress of the drain.
@@ -134,6 +134,9 @@ impl ChildProc {
 
     /// The last lines of the child's stderr, as read so far.
     pub(crate) fn stderr_tail(&self) -> String {
+        if self.tail_lines == 0 {
+            return "(none kept: the spawn's tail_log_lines is 0)".to_string();
+        }
         self.stderr_tail
             .lock()
             .iter()
@@ -240,8 +243,11 @@ impl ChildProc {
         while !line.is_char_boundary(end) {
             end -= 1;
         }
+        if self.tail_lines == 0 {
+            return;
+        }
         let mut tail = self.stderr_tail.lock();
-        if tail.len() == STDERR_TAIL_LINES {
+        while tail.len() >= self.tail_lines {
             tail.pop_front();
         }
         tail.push_back(line[..end].trim_end().to_string());
@@ -327,7 +333,7 @@ pub(crate) async fn start(
         .ok_or_else(|| io::Error::other("the child was reaped before its pid was read"))?;
     let stdin = child.stdin.take().map(|s| s.into_owned_fd()).transpose()?;
     let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-    let control = ChildProc::new(info, pid, stdin, spawning);
+    let control = ChildProc::new(info, pid, stdin, spawning, output.options.tail_lines);
     control.capture(output, stdout, stderr);
     tokio::spawn(reap(child, Arc::clone(&control)));
     Ok(control)
@@ -364,7 +370,13 @@ pub(crate) async fn start_forked(
     drop((stdin_read, stdout_write, stderr_write));
     let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_read)?;
     let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_read)?;
-    let control = ChildProc::new(info, forked.pid, Some(stdin_write), spawning);
+    let control = ChildProc::new(
+        info,
+        forked.pid,
+        Some(stdin_write),
+        spawning,
+        output.options.tail_lines,
+    );
     control.capture(output, Some(stdout), Some(stderr));
     let reaper = Arc::clone(&control);
     let template = Arc::clone(template);
@@ -385,6 +397,7 @@ impl ChildProc {
         pid: u32,
         stdin: Option<OwnedFd>,
         spawning: mpsc::UnboundedSender<usize>,
+        tail_lines: usize,
     ) -> Arc<Self> {
         Arc::new(ChildProc {
             name: info.name.clone(),
@@ -399,6 +412,7 @@ impl ChildProc {
             status: watch::channel(ProcStatus::Running).0,
             stdin: Mutex::new(stdin),
             stderr_tail: Mutex::new(VecDeque::new()),
+            tail_lines,
             pipes_open: watch::channel(0).0,
             pipe_bytes: AtomicU64::new(0),
         })

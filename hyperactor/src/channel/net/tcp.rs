@@ -70,6 +70,7 @@ impl Listener for TcpServe {
     async fn next_conn(&mut self) -> io::Result<TcpStream> {
         let (stream, _) = self.listener.accept().await?;
         stream.set_nodelay(true)?;
+        super::super::settings::tune_tcp(&stream);
         Ok(stream)
     }
     fn admit(
@@ -209,6 +210,7 @@ pub(crate) async fn run_tcp_link(
 async fn connect_tcp(addr: std::net::SocketAddr, auth: TcpAuth) -> io::Result<TcpStream> {
     let mut stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
+    super::super::settings::tune_tcp(&stream);
     auth::connect(&mut stream, &auth).await?;
     Ok(stream)
 }

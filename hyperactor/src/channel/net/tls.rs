@@ -56,6 +56,7 @@ pub(super) fn is_unclean_eof(err: &io::Error) -> bool {
 pub(crate) async fn connect(addr: SocketAddr, config: Arc<TlsConfig>) -> io::Result<ClientTls> {
     let stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
+    super::super::settings::tune_tcp(&stream);
     auth::tls::connect(stream, &config, addr.ip()).await
 }
 
@@ -65,7 +66,7 @@ pub(crate) async fn run_link(
     queue: mpsc::UnboundedReceiver<Queued>,
     link: Arc<LinkShared>,
 ) {
-    let stream = match connect.await {
+    let stream = match super::connect_within(&link, connect).await {
         Ok(stream) => stream,
         Err(err) => {
             let error = ChannelError::Connect {
@@ -81,6 +82,7 @@ pub(crate) async fn run_link(
     let sink = TlsSink {
         write: &mut write,
         addr: addr.clone(),
+        progress: Arc::clone(&link.progress),
     };
     let acks = TlsAcks { read, addr };
     link::drive(sink, acks, queue, link).await;
@@ -93,6 +95,8 @@ pub(crate) async fn run_link(
 struct TlsSink<'a> {
     write: &'a mut BufWriter<WriteHalf<ClientTls>>,
     addr: ChannelAddr,
+    /// The link's progress (see `link.rs`): each write that moves bytes counts.
+    progress: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl FrameSink for TlsSink<'_> {
@@ -106,11 +110,21 @@ impl FrameSink for TlsSink<'_> {
     }
 
     async fn write_rest(&mut self, chunks: VecDeque<Bytes>) -> Result<(), ChannelError> {
+        let progress = &self.progress;
+        let write = &mut *self.write;
         let written = async {
             for chunk in chunks {
-                self.write.write_all(&chunk).await?;
+                let mut rest = &chunk[..];
+                while !rest.is_empty() {
+                    let n = write.write(rest).await?;
+                    if n == 0 {
+                        return Err(io::ErrorKind::WriteZero.into());
+                    }
+                    super::super::tx::touch(progress);
+                    rest = &rest[n..];
+                }
             }
-            self.write.flush().await
+            write.flush().await
         };
         written
             .await

@@ -68,6 +68,15 @@ DEPRECATED_AWAIT_PROCS = (
 )
 
 
+def exit_timeout() -> float | None:
+    """How long stopping procs waits for each one's process to exit, in seconds:
+    ``process_exit_timeout`` when it is set, else ``None`` (the agent's stop timeout,
+    ``stop_actor_timeout``)."""
+    if not config.is_set("process_exit_timeout"):
+        return None
+    return float(config.get("process_exit_timeout"))
+
+
 class ProcMesh(MeshTrait):
     """A mesh of procs (OS processes). ``spawn`` puts one actor on each."""
 
@@ -144,7 +153,8 @@ class ProcMesh(MeshTrait):
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop every proc of this mesh (lazy: runs when waited for). Only the process
-        that spawned the procs can stop them."""
+        that spawned the procs can stop them. Each proc gets ``process_exit_timeout``
+        (when set; else ``stop_actor_timeout``) to exit, then its host kills it."""
         handle = self._handle
         stopped = self._stopped
         engines = self._tensor_engine
@@ -154,6 +164,9 @@ class ProcMesh(MeshTrait):
                 return
             for engine in engines:
                 engine.close()
+            state = process.peek()
+            if state is not None:
+                state.agent.exit_timeout = exit_timeout()
             await handle.stop(sender(), reason)
             stopped.append(reason)
             # The procs' last lines arrived before the stop's answer: written first.
@@ -655,6 +668,7 @@ class HostMesh(MeshTrait):
             fork_server,
             forward_output=bool(config.get("enable_log_forwarding")),
             log_files=bool(config.get("enable_file_capture")),
+            tail_lines=int(config.get("tail_log_lines")),
         )
         procs = ProcMesh(handle, extent.region, self)
         self._spawned.append(procs)

@@ -23,7 +23,12 @@ import os
 import sys
 import time
 
-from monarch._rust_bindings import ProcAgent, monitor_stack_fd, set_max_frame_len
+from monarch._rust_bindings import (
+    ProcAgent,
+    monitor_stack_fd,
+    set_channel_settings,
+    set_max_frame_len,
+)
 from monarch._src import config
 from monarch._src.actor import (
     cpu_threads,
@@ -36,7 +41,12 @@ from monarch._src.actor import (
 )
 from monarch._src.actor.actor_host import run_spawner, stop_all
 from monarch._src.actor.pickling import loads
-from monarch._src.actor.proc_mesh import BOOTSTRAP_FN_ENV, ROOT_PROC_ENV, run_bootstrap
+from monarch._src.actor.proc_mesh import (
+    BOOTSTRAP_FN_ENV,
+    ROOT_PROC_ENV,
+    exit_timeout,
+    run_bootstrap,
+)
 
 __all__ = ["bootstrap_root", "liveness", "serve_child", "shutdown"]
 
@@ -50,6 +60,17 @@ def _set_frame_limit() -> None:
     """Give the runtime the config's largest frame, before its first message (spawned
     procs get the client's config, and do the same)."""
     set_max_frame_len(int(config.get("codec_max_frame_length")))
+
+
+def apply_channel_settings() -> None:
+    """Give the runtime the config's channel settings, before its first link (spawned
+    procs get the client's config, and do the same): ``message_delivery_timeout``,
+    ``channel_tcp_keepalive_idle`` and ``channel_tcp_congestion``."""
+    set_channel_settings(
+        delivery_timeout=_seconds("message_delivery_timeout"),
+        tcp_keepalive_idle=_seconds("channel_tcp_keepalive_idle"),
+        tcp_congestion=str(config.get("channel_tcp_congestion")).strip() or None,
+    )
 
 
 #: A lease that never runs out in practice (``mesh_orphan_timeout=None``): ten years.
@@ -109,6 +130,7 @@ def bootstrap_root() -> process.ProcessState:
     """Create the root client's state (registered with :mod:`process`)."""
     config.warn_ignored_from_env()
     _set_frame_limit()
+    apply_channel_settings()
     agent = ProcAgent.serve_root(
         process.transport_override or str(config.get("default_transport")),
         ready_timeout=_seconds("host_spawn_ready_timeout"),
@@ -117,6 +139,7 @@ def bootstrap_root() -> process.ProcessState:
         **liveness(),
     )
     agent.fanout = config.cached("cast_fanout")
+    agent.exit_timeout = exit_timeout()
     state = process.ProcessState(agent, is_root=True)
     _register_stack_dumps()
     logs.install_actor_log_prefix()
@@ -141,8 +164,10 @@ def serve_child() -> None:
     cpu_threads.share_this_proc()
     config.apply_snapshot_from_env()
     _set_frame_limit()
+    apply_channel_settings()
     agent = ProcAgent.bootstrap("auto", stop_timeout=_seconds("stop_actor_timeout"), **liveness())
     agent.fanout = config.cached("cast_fanout")
+    agent.exit_timeout = exit_timeout()
     state = process.ProcessState(agent, is_root=False)
     _register_stack_dumps()
     state.root_proc = os.environ.get(ROOT_PROC_ENV)

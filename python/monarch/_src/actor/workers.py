@@ -35,7 +35,7 @@ from monarch._src import config
 from monarch._src.actor import process
 from monarch._src.actor.bootstrap_command import BootstrapCommand, default_bootstrap_cmd
 from monarch._src.actor.future import Future
-from monarch._src.actor.proc_mesh import HostMesh
+from monarch._src.actor.proc_mesh import HostMesh, exit_timeout
 
 __all__ = [
     "TRUST_ALL",
@@ -221,6 +221,7 @@ def run_worker_loop_forever(
     # Not inherited by the procs this worker spawns.
     ready_file = os.environ.pop(READY_FILE_ENV, None)
     seconds = runtime._seconds
+    runtime.apply_channel_settings()
     agent = ProcAgent.serve_worker(
         address,
         ready_timeout=seconds("host_spawn_ready_timeout"),
@@ -228,6 +229,7 @@ def run_worker_loop_forever(
         log_dir=str(config.get("proc_log_dir")) or None,
         **runtime.liveness(),
     )
+    agent.exit_timeout = exit_timeout()
     state = process.ProcessState(agent, is_root=False)
     process.set_state(state)
     run_spawner(state)

@@ -411,11 +411,13 @@ _ALL = [
             DURATION,
             30 * S,
             "A message not delivered within this time is returned as undeliverable.",
-            effect="A message its destination's proc has not acknowledged within this time "
-            "(the peer is frozen or cut off, or its connection never completed) fails its "
-            "link: it and every other message not yet acknowledged there are returned "
-            "undeliverable to their senders, with an error naming the address and this "
-            "key. Read when a process starts its runtime.",
+            effect="A message its destination's proc has not acknowledged within this time, "
+            "while nothing moved on the link (the peer is frozen or cut off, or the "
+            "connection never completed), fails its link: it and every other message not "
+            "yet acknowledged there are returned undeliverable, with an error naming the "
+            "address and this key (a proc its host cannot reach so is killed and reported "
+            "lost). A slow transfer that keeps moving is not cut. Read when a process "
+            "starts its runtime.",
         ),
         Key(
             "message_ack_time_interval",
