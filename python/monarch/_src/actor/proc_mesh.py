@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 from monarch._rust_bindings import Extent as _Extent
 from monarch._rust_bindings import HostMeshHandle, ProcMeshHandle
 from monarch._src import config
+from monarch._src.actor import code_sync, cpu_threads, cuda_devices, extensions, logs, process
 from monarch._src.actor import context as _context
-from monarch._src.actor import cpu_threads, cuda_devices, extensions, logs, process
 from monarch._src.actor import proc_bind as proc_binding
 from monarch._src.actor.actor import Actor
 from monarch._src.actor.actor_mesh import spawn_actor_mesh
@@ -37,6 +37,7 @@ from monarch._src.actor.pickling import dumps, format_exception
 from monarch._src.actor.point import Point
 from monarch._src.actor.replies import RustWork
 from monarch._src.actor.shape import MeshTrait, Shape
+from monarch._src.actor.workspace import Workspace
 
 # How a host starts a proc by default, and how it starts that entry point's fork
 # server (a template interpreter every proc is forked from).
@@ -209,6 +210,19 @@ class ProcMesh(MeshTrait):
     def to_table(self) -> str:
         """A text table of this mesh: each rank's coordinates."""
         return extensions.tensor_engine().to_table(self)
+
+    async def sync_workspace(
+        self, workspace: Workspace, conda: bool = False, auto_reload: bool = False
+    ) -> None:
+        """Not for proc meshes (as upstream): use the host mesh's,
+        ``await hosts.sync_workspace(workspace)`` (see :meth:`HostMesh.sync_workspace`).
+
+        Raises:
+            NotImplementedError: Always.
+        """
+        raise NotImplementedError(
+            "sync_workspace is not implemented for ProcMesh. Use HostMesh.sync_workspace instead."
+        )
 
     async def logging_option(
         self,
@@ -625,6 +639,7 @@ class HostMesh(MeshTrait):
         _validate_spawn(per_host, list(self._hm_shape.labels), name, proc_bind, bootstrap)
         extra = _check_env(user_env)
         env = child_environment(bootstrap)
+        env.update(code_sync.spawn_variables(self))
         python = self._python or sys.executable
         if self._python is not None:
             env[PYTHON_EXECUTABLE_ENV] = self._python
@@ -673,6 +688,28 @@ class HostMesh(MeshTrait):
         procs = ProcMesh(handle, extent.region, self)
         self._spawned.append(procs)
         return procs
+
+    async def sync_workspace(
+        self, workspace: Workspace, conda: bool = False, auto_reload: bool = False
+    ) -> None:
+        """Mirror ``workspace``'s local directories to every host, under its
+        ``$WORKSPACE_DIR`` (guide: [Code on the hosts](../workspace.md)). Only changed
+        files are sent, once, down a tree of the hosts; deletions and permissions are
+        carried; each file is replaced whole. Procs spawned afterwards have the
+        directories at the front of ``sys.path``. ``conda``: mirror the environment's
+        ``site-packages`` too (``workspace.env``, else the active one). ``auto_reload``:
+        running procs of this mesh take the directories onto ``sys.path`` and reload the
+        modules whose files changed. Must be awaited.
+
+        Raises:
+            WorkspacePathError: A path would leave the workspace (a link pointing
+                outside its directory, a remote name with ``..``); nothing was sent.
+            HostOutOfSpaceError: A host lacks the space the sync needs (named, with
+                the bytes needed and free).
+            RuntimeError: The mesh is a slice or a received reference (sync with the
+                mesh that owns the hosts).
+        """
+        await code_sync.sync_workspace(self, workspace, conda, auto_reload)
 
     @property
     def initialized(self) -> Future[bool]:
