@@ -27,6 +27,12 @@
 //! how many were left out). Whatever lengths a peer claims, the receiver
 //! holds at most about twice the bytes it really sent.
 //!
+//! Gateways: an endpoint served with [`serve_gateway`] also takes *attachments*
+//! ([`attach`]): a client that can dial it but cannot be dialed back (behind NAT, a
+//! `kubectl port-forward`, an SSH tunnel) turns a connection it dialed, authenticated
+//! like any other, into a link from the gateway to itself (ATT-1..3 in the docs of
+//! [`Attachment`]'s module).
+//!
 //! Unix sockets of [`ChannelAddr::any`] live in the per-user [`socket_dir`]
 //! (mode 0700, checked before use). Each socket file is removed when its
 //! endpoint is dropped, or earlier by [`remove_socket_files`] (for exit
@@ -101,6 +107,9 @@ pub use self::frame::MAX_FRAME_LEN;
 pub use self::frame::MAX_FRAME_LEN_ENV;
 pub use self::frame::MAX_FRAME_PARTS;
 pub use self::inbox::DeliverFn;
+pub use self::net::attach::{
+    attach, AttachError, AttachFn, AttachHandler, Attachment, ATTACH_TIMEOUT,
+};
 pub use self::settings::{
     delivery_timeout, set_delivery_timeout, set_tcp_congestion, set_tcp_keepalive_idle,
     tcp_congestion, tcp_keepalive_idle, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES,
@@ -173,7 +182,30 @@ pub async fn serve_listen_with(
     listen: &Listen,
     deliver: DeliverFn,
 ) -> Result<ChannelServer, ChannelError> {
-    let direct = inbox::Direct::new(deliver);
+    serve_direct(listen, inbox::Direct::new(deliver)).await
+}
+
+/// Serves like [`serve_listen_with`] as a *gateway*: besides links, the endpoint takes
+/// attachments of clients that cannot be dialed back ([`attach`]), and hands each to
+/// `handler`, which registers the link to the client (see `net::attach`).
+///
+/// # Errors
+/// As [`serve_listen_with`].
+///
+/// # Cancel safety
+/// Cancel safe: if cancelled, nothing stays bound (an adopted socket is closed).
+pub async fn serve_gateway(
+    listen: &Listen,
+    deliver: DeliverFn,
+    handler: AttachHandler,
+) -> Result<ChannelServer, ChannelError> {
+    serve_direct(listen, inbox::Direct::with_attach(deliver, Some(handler))).await
+}
+
+async fn serve_direct(
+    listen: &Listen,
+    direct: Arc<inbox::Direct>,
+) -> Result<ChannelServer, ChannelError> {
     let inbox = Inbox::Direct(Arc::clone(&direct));
     let (addr, guard) = match listen {
         Listen::Addr(addr) => bind(addr, inbox).await?,
@@ -313,6 +345,24 @@ pub(crate) async fn serve_tcp_with_auth(
     Ok(ChannelRx {
         addr,
         frames,
+        _guard: Guard::Net(guard),
+    })
+}
+
+/// As [`serve_gateway`] for a TCP address, authenticating connections with `auth`.
+#[cfg(test)]
+pub(crate) async fn serve_gateway_tcp_with_auth(
+    addr: std::net::SocketAddr,
+    deliver: DeliverFn,
+    handler: AttachHandler,
+    auth: auth::TcpAuth,
+) -> Result<ChannelServer, ChannelError> {
+    let direct = inbox::Direct::with_attach(deliver, Some(handler));
+    let inbox = Inbox::Direct(Arc::clone(&direct));
+    let (addr, guard) = net::serve_tcp(addr, inbox, Some(auth)).await?;
+    Ok(ChannelServer {
+        addr,
+        direct,
         _guard: Guard::Net(guard),
     })
 }

@@ -148,4 +148,8 @@ pub enum ProcError {
     /// The proc's id is invalid.
     #[error(transparent)]
     Id(#[from] IdError),
+    /// The proc could not attach to its gateway ([`crate::Proc::attach`]); the error
+    /// names the gateway and says why.
+    #[error(transparent)]
+    Attach(#[from] crate::channel::AttachError),
 }

@@ -10,6 +10,12 @@
 //! Messages arriving on the proc's channel are delivered to local mailboxes by the
 //! connection tasks that read them ([`channel::serve_with`](crate::channel::serve_with)): no extra hop.
 //!
+//! A proc outside the cluster's network reaches it through a *gateway*: a proc served
+//! with [`Proc::serve_gateway`] (every worker is one) relays between the clients
+//! attached to it ([`Proc::attach`]) and every other proc. An attached proc's links all
+//! go to its gateway, its id carries the gateway's address, and messages to it arrive
+//! on the connection it made to the gateway; ORD-1 and DEL-1 hold through the relay.
+//!
 //! Invariants:
 //!
 //! - ORD-1 (per-sender FIFO): messages from one sender to one actor are delivered in

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use crate::actor::stats::ActorStatsSnapshot;
 use crate::channel::log_limit::LogLimit;
 use crate::channel::{
-    self, ChannelAddr, ChannelError, ChannelServer, ChannelTransport, ChannelTx, Frame,
+    self, Attachment, ChannelAddr, ChannelError, ChannelServer, ChannelTransport, ChannelTx, Frame,
 };
 use crate::error::{ProcError, SpawnError};
 use crate::id::{validate_name, ActorId, ProcId};
@@ -64,6 +64,25 @@ struct ProcInner {
     stopped: AtomicBool,
     /// The proc's endpoint; dropping it stops receiving.
     server: Mutex<Option<ChannelServer>>,
+    /// For a proc attached to a gateway ([`Proc::attach`]): the gateway's address, where
+    /// every link of this proc goes, and the connection it receives on (dropping it
+    /// stops receiving). `None`: links go to each proc's own address.
+    via: Option<ChannelAddr>,
+    attachment: Mutex<Option<Attachment>>,
+    /// For a gateway ([`Proc::serve_gateway`]): the links to the clients attached to it,
+    /// by their proc ids. `None`: not a gateway.
+    clients: Option<RwLock<FxHashMap<ProcId, ChannelTx>>>,
+}
+
+/// How a proc is reached and reaches others, as it is built.
+enum Reach {
+    /// Served at its own address; a gateway if `gateway` is set.
+    Served { gateway: bool },
+    /// Attached to the gateway at `via`.
+    Attached {
+        via: ChannelAddr,
+        attachment: Attachment,
+    },
 }
 
 impl Proc {
@@ -86,7 +105,7 @@ impl Proc {
     pub async fn serve_at(addr: &ChannelAddr, name: &str) -> Result<Self, ProcError> {
         validate_name(name)?;
         let listen = channel::Listen::Addr(addr.clone());
-        Self::serve_inner(&listen, None, |addr| ProcId::unique(name, addr)).await
+        Self::serve_inner(&listen, None, |addr| ProcId::unique(name, addr), false).await
     }
 
     /// Starts a proc listening where `bind` says (an address, or an inherited listening
@@ -106,17 +125,67 @@ impl Proc {
         uid: &str,
     ) -> Result<Self, ProcError> {
         validate_name(uid)?;
-        Self::serve_inner(bind, advertise, |addr| ProcId::new(uid, addr)).await
+        Self::serve_inner(bind, advertise, |addr| ProcId::new(uid, addr), false).await
     }
 
-    async fn serve_inner(
-        listen: &channel::Listen,
+    /// Serves like [`Proc::serve_as`], as a *gateway*: clients that cannot be dialed
+    /// back (outside the cluster's network) attach to it ([`Proc::attach`]) and reach
+    /// every proc through it, and every proc reaches them through it.
+    ///
+    /// A gateway relays, and nothing else changes: a message from an attached client
+    /// to another proc goes on this proc's link to that proc; a message to an attached
+    /// client (its id carries this proc's address) goes on the client's connection. A
+    /// message that cannot be relayed comes back to its sender (DEL-1), and each
+    /// sender's order is kept (ORD-1: one link in, one link out). Attachments are
+    /// authenticated like every connection ([`channel::auth`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Proc::serve_as`].
+    pub async fn serve_gateway(
+        bind: &channel::Listen,
         advertise: Option<&ChannelAddr>,
-        make_id: impl FnOnce(ChannelAddr) -> Result<ProcId, crate::error::IdError>,
+        uid: &str,
     ) -> Result<Self, ProcError> {
-        // Frames are delivered by the connection tasks themselves (no router
-        // hop); until the proc exists they are refused, so they go back to
-        // their senders.
+        validate_name(uid)?;
+        Self::serve_inner(bind, advertise, |addr| ProcId::new(uid, addr), true).await
+    }
+
+    /// Starts a proc that is reached through the gateway at `gateway` (a proc served
+    /// with [`Proc::serve_gateway`]: a worker) instead of an address of its own, for a
+    /// client whose network reaches that one address only (a laptop, a notebook, a
+    /// `kubectl port-forward`). Its uid is `name` followed by a unique suffix, and its
+    /// address the one the gateway advertises; every message it sends goes to the
+    /// gateway, which relays it, and every message to it arrives on the connection it
+    /// made to the gateway. It serves no address of its own.
+    ///
+    /// # Errors
+    ///
+    /// [`ProcError::Id`] for an invalid name; [`ProcError::Attach`] naming the gateway
+    /// if it cannot be reached or authenticated, or refuses.
+    pub async fn attach(gateway: &ChannelAddr, name: &str) -> Result<Self, ProcError> {
+        validate_name(name)?;
+        let uid = ProcId::unique(name, gateway.clone())?.uid().to_string();
+        let (slot, deliver) = Self::deliver_fn();
+        let attachment = channel::attach(gateway, &uid, deliver).await?;
+        let id = ProcId::new(uid, attachment.advertised().clone())?;
+        let reach = Reach::Attached {
+            via: gateway.clone(),
+            attachment,
+        };
+        let proc = Self::build(id, None, reach);
+        let _ = slot.set(Arc::downgrade(&proc.inner));
+        Ok(proc)
+    }
+
+    /// The function the proc's connections hand frames to, and the slot it finds the
+    /// proc in once built. Frames are delivered by the connection tasks themselves (no
+    /// router hop); until the proc exists they are refused, so they go back to their
+    /// senders.
+    fn deliver_fn() -> (
+        Arc<std::sync::OnceLock<Weak<ProcInner>>>,
+        channel::DeliverFn,
+    ) {
         let slot: Arc<std::sync::OnceLock<Weak<ProcInner>>> = Arc::default();
         let deliver_to = Arc::clone(&slot);
         // Peers may send anything: the log lines about frames dropped here are
@@ -134,7 +203,7 @@ impl Proc {
                 return;
             };
             match Envelope::from_frame(frame) {
-                Ok(envelope) => Proc { inner }.deliver_local(envelope),
+                Ok(envelope) => Proc { inner }.receive(envelope),
                 Err(e) => {
                     if let Some(suppressed) = CORRUPT.check() {
                         tracing::warn!(
@@ -146,9 +215,33 @@ impl Proc {
                 }
             }
         });
-        let server = channel::serve_listen_with(listen, deliver).await?;
+        (slot, deliver)
+    }
+
+    async fn serve_inner(
+        listen: &channel::Listen,
+        advertise: Option<&ChannelAddr>,
+        make_id: impl FnOnce(ChannelAddr) -> Result<ProcId, crate::error::IdError>,
+        gateway: bool,
+    ) -> Result<Self, ProcError> {
+        let (slot, deliver) = Self::deliver_fn();
+        let server = if gateway {
+            channel::serve_gateway(listen, deliver, Self::attach_handler(&slot)).await?
+        } else {
+            channel::serve_listen_with(listen, deliver).await?
+        };
         let id = make_id(channel::advertised(server.addr(), advertise))?;
+        let proc = Self::build(id, Some(server), Reach::Served { gateway });
+        let _ = slot.set(Arc::downgrade(&proc.inner));
+        Ok(proc)
+    }
+
+    fn build(id: ProcId, server: Option<ChannelServer>, reach: Reach) -> Self {
         let (supervision_tx, supervision_rx) = mpsc::unbounded_channel();
+        let (via, attachment, clients) = match reach {
+            Reach::Served { gateway } => (None, None, gateway.then(RwLock::default)),
+            Reach::Attached { via, attachment } => (Some(via), Some(attachment), None),
+        };
         let inner = Arc::new(ProcInner {
             id,
             runtime: tokio::runtime::Handle::current(),
@@ -159,10 +252,71 @@ impl Proc {
             supervision_tx,
             supervision_rx: tokio::sync::Mutex::new(supervision_rx),
             stopped: AtomicBool::new(false),
-            server: Mutex::new(Some(server)),
+            server: Mutex::new(server),
+            via,
+            attachment: Mutex::new(attachment),
+            clients,
         });
-        let _ = slot.set(Arc::downgrade(&inner));
-        Ok(Self { inner })
+        Self { inner }
+    }
+
+    /// A gateway's handling of attachments: a client is accepted under the id its uid
+    /// and this proc's address make, unless that id is taken or the proc stopped.
+    fn attach_handler(slot: &Arc<std::sync::OnceLock<Weak<ProcInner>>>) -> channel::AttachHandler {
+        let accepting = Arc::clone(slot);
+        let returning = Arc::clone(slot);
+        let accept: channel::AttachFn = Arc::new(move |uid: &str, link: ChannelTx| {
+            let Some(inner) = accepting.get().and_then(Weak::upgrade) else {
+                return Err("the gateway is starting or stopping; attach again".to_string());
+            };
+            Proc { inner }.accept_client(uid, link)
+        });
+        let on_return: channel::ReturnFn = Arc::new(move |frame: Frame, error: &ChannelError| {
+            if let Some(inner) = returning.get().and_then(Weak::upgrade) {
+                Proc { inner }.bounce_frame(frame, error);
+            }
+        });
+        channel::AttachHandler { accept, on_return }
+    }
+
+    /// Registers the link to the client `uid` attaching to this gateway; it is removed
+    /// once the link fails.
+    fn accept_client(&self, uid: &str, link: ChannelTx) -> Result<ChannelAddr, String> {
+        let Some(clients) = &self.inner.clients else {
+            return Err(format!("proc {} is not a gateway", self.inner.id));
+        };
+        if self.is_stopped() {
+            return Err(format!("the gateway {} is stopping", self.inner.id));
+        }
+        let id = ProcId::new(uid, self.inner.id.addr().clone()).map_err(|e| e.to_string())?;
+        if id == self.inner.id {
+            return Err(format!("the client's uid {uid:?} is the gateway's own"));
+        }
+        {
+            let mut clients = clients.write();
+            if clients.get(&id).is_some_and(|l| l.error().is_none()) {
+                return Err(format!(
+                    "a client {id} is attached already; every client needs a uid of its own"
+                ));
+            }
+            clients.insert(id.clone(), link.clone());
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let closed = link.on_closed();
+        drop(link);
+        let _runtime = self.inner.runtime.enter();
+        tokio::spawn(async move {
+            let error = closed.await;
+            let Some(inner) = weak.upgrade() else { return };
+            tracing::info!(gateway = %inner.id, client = %id, "a client detached: {error}");
+            if let Some(clients) = &inner.clients {
+                let mut clients = clients.write();
+                if clients.get(&id).is_some_and(|l| l.error().is_some()) {
+                    clients.remove(&id);
+                }
+            }
+        });
+        Ok(self.inner.id.addr().clone())
     }
 
     /// This proc's id (its address included).
@@ -212,13 +366,113 @@ impl Proc {
             self.deliver_local(envelope);
             return None;
         }
-        let link = self.link(dest.addr());
+        let link = match self.route(dest) {
+            Ok(link) => link,
+            Err(reason) => {
+                self.bounce(Undeliverable::new(envelope, reason));
+                return None;
+            }
+        };
         match envelope.into_frame() {
             Ok(frame) => Some((link, frame)),
             Err(e) => {
                 tracing::error!(proc = %self.inner.id, "cannot frame a message: {e}");
                 None
             }
+        }
+    }
+
+    /// The link that reaches `dest`, another proc: the gateway's for an attached proc,
+    /// the client's connection for a client attached to this gateway, else the link to
+    /// `dest`'s address. A gateway refuses (with the reason) a proc at its own address
+    /// that is neither itself nor an attached client.
+    fn route(&self, dest: &ProcId) -> Result<ChannelTx, String> {
+        if let Some(clients) = &self.inner.clients {
+            if let Some(link) = clients.read().get(dest) {
+                return Ok(link.clone());
+            }
+            if dest.addr() == self.inner.id.addr() {
+                return Err(format!(
+                    "no client {dest} is attached to the gateway {}",
+                    self.inner.id
+                ));
+            }
+        }
+        Ok(self.link(self.inner.via.as_ref().unwrap_or(dest.addr())))
+    }
+
+    /// Routes a message that arrived on this proc's endpoint: delivers it here, or, on
+    /// a gateway, relays it to the attached client it is for, or from an attached client
+    /// to the proc it is for. Anything else is delivered here (and so returned as
+    /// undeliverable if it is not for this proc).
+    fn receive(&self, envelope: Envelope) {
+        let relay = match &self.inner.clients {
+            None => false,
+            Some(clients) => {
+                let dest = envelope.header.dest.actor().proc_id();
+                if dest == &self.inner.id {
+                    false
+                } else {
+                    let clients = clients.read();
+                    clients.contains_key(dest)
+                        || (dest.addr() != self.inner.id.addr()
+                            && clients.contains_key(envelope.header.sender.proc_id()))
+                }
+            }
+        };
+        if !relay {
+            return self.deliver_local(envelope);
+        }
+        if let Some((link, frame)) = self.outbound(envelope) {
+            match link.post(frame) {
+                Err(e) => self.bounce_frame(e.frame, &e.error),
+                // A link over its budget holds up the connection the message came on
+                // (as a full queue does), so that a fast sender goes at the pace of the
+                // receiver behind the gateway.
+                Ok(()) if link.over_budget() => {
+                    channel::backpressure::defer(Arc::new(LinkRoom(link)));
+                }
+                Ok(()) => {}
+            }
+        }
+    }
+
+    /// Whether this proc is a gateway ([`Proc::serve_gateway`]).
+    pub fn is_gateway(&self) -> bool {
+        self.inner.clients.is_some()
+    }
+
+    /// The procs of the clients attached to this gateway now (none if it is not one).
+    pub fn attached_clients(&self) -> Vec<ProcId> {
+        self.inner
+            .clients
+            .as_ref()
+            .map(|c| {
+                c.read()
+                    .iter()
+                    .filter(|(_, link)| link.error().is_none())
+                    .map(|(id, _)| id.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The gateway this proc is attached to ([`Proc::attach`]): the address it dialed.
+    pub fn gateway(&self) -> Option<&ChannelAddr> {
+        self.inner.via.as_ref()
+    }
+
+    /// Resolves, with why, once the connection of this attached proc to its gateway
+    /// ended: nothing reaches it any more. Never for a proc that is not attached.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn gateway_lost(&self) -> ChannelError {
+        let end = self.inner.attachment.lock().as_ref().map(Attachment::end);
+        match end {
+            Some(end) => end.await,
+            None => std::future::pending().await,
         }
     }
 
@@ -233,6 +487,10 @@ impl Proc {
         let roots: Vec<_> = self.inner.roots.lock().drain(..).collect();
         futures::future::join_all(roots.iter().map(|root| root.stop_and_wait(timeout))).await;
         self.inner.server.lock().take();
+        self.inner.attachment.lock().take();
+        if let Some(clients) = &self.inner.clients {
+            clients.write().clear();
+        }
         self.inner.links.lock().clear();
     }
 
@@ -323,9 +581,12 @@ impl Proc {
         }
     }
 
-    /// The link to `proc`, or `None` when `proc` is this proc.
+    /// The link to `proc`, or `None` when `proc` is this proc, or a gateway has no
+    /// route to it (a client that is not attached: its messages are returned at once).
     pub(crate) fn current_link(&self, proc: &ProcId) -> Option<ChannelTx> {
-        (proc != &self.inner.id).then(|| self.link(proc.addr()))
+        (proc != &self.inner.id)
+            .then(|| self.route(proc).ok())
+            .flatten()
     }
 
     /// Resolves once every link of this proc is within its byte budget (or has
@@ -445,6 +706,17 @@ impl Proc {
                 }
             }
         }
+    }
+}
+
+/// A link over its budget, as the receive-side backpressure sees it: a gateway that
+/// relayed a message onto it holds up the connection the message came on until the
+/// link is back within its budget (see [`channel::backpressure`]).
+struct LinkRoom(ChannelTx);
+
+impl channel::backpressure::Congested for LinkRoom {
+    fn wait_for_room(self: Arc<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(async move { self.0.ready().await })
     }
 }
 

@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::ack::Delivery;
 use super::frame::Frame;
+use super::net::attach::AttachHandler;
 
 /// The function a direct inbox hands each frame to. It must not block.
 pub type DeliverFn = Arc<dyn Fn(Frame) + Send + Sync>;
@@ -31,17 +32,25 @@ pub(crate) enum Inbox {
     Direct(Arc<Direct>),
 }
 
-/// A direct inbox: the function, and whether its owner is gone.
+/// A direct inbox: the function, whether its owner is gone, and for a gateway what
+/// to do with clients that attach (see [`super::net::attach`]).
 pub(crate) struct Direct {
     deliver: DeliverFn,
     closed: watch::Sender<bool>,
+    attach: Option<AttachHandler>,
 }
 
 impl Direct {
     pub(crate) fn new(deliver: DeliverFn) -> Arc<Self> {
+        Self::with_attach(deliver, None)
+    }
+
+    /// A direct inbox of an endpoint that takes attachments with `attach`, if given.
+    pub(crate) fn with_attach(deliver: DeliverFn, attach: Option<AttachHandler>) -> Arc<Self> {
         Arc::new(Self {
             deliver,
             closed: watch::Sender::new(false),
+            attach,
         })
     }
 
@@ -97,6 +106,14 @@ impl Inbox {
                 let mut rx = direct.closed.subscribe();
                 let _ = rx.wait_for(|closed| *closed).await;
             }
+        }
+    }
+
+    /// What the endpoint does with clients that attach, if it takes any.
+    pub(crate) fn attach_handler(&self) -> Option<AttachHandler> {
+        match self {
+            Inbox::Queue(_) => None,
+            Inbox::Direct(direct) => direct.attach.clone(),
         }
     }
 

@@ -74,6 +74,7 @@ use super::tx::DirectWrite;
 use super::tx::LinkShared;
 use super::tx::Queued;
 
+pub(crate) mod attach;
 pub(crate) mod tcp;
 mod tls;
 
@@ -95,6 +96,10 @@ pub(crate) trait Stream: Send + 'static {
     fn into_halves(self) -> (Self::Read, Self::Write);
     /// The stream as a standard (non-blocking) socket, out of the runtime's reactor.
     fn into_socket(self) -> io::Result<Socket>;
+    /// The peer's address, where the transport has one (TCP).
+    fn peer(&self) -> Option<ChannelAddr> {
+        None
+    }
 }
 
 impl Stream for TcpStream {
@@ -105,6 +110,9 @@ impl Stream for TcpStream {
     }
     fn into_socket(self) -> io::Result<Socket> {
         self.into_std().map(Socket::Tcp)
+    }
+    fn peer(&self) -> Option<ChannelAddr> {
+        self.peer_addr().ok().map(ChannelAddr::Tcp)
     }
 }
 
@@ -530,10 +538,42 @@ enum ReadEnd {
     Failed(frame::FrameError),
 }
 
-/// Serves one incoming connection until it ends.
+/// Serves one incoming connection until it ends. On an endpoint that takes
+/// attachments (see [`attach`]) a connection whose first byte starts one is handed to
+/// its handler instead.
 async fn serve_conn<S: Stream>(stream: S, frames: Inbox, addr: ChannelAddr) {
-    let (read, mut write) = stream.into_halves();
+    let peer = attach::peer_of(&stream, &addr);
+    let (read, write) = stream.into_halves();
     let mut reader = BufReader::with_capacity(READ_BUFFER, read);
+    if let Some(handler) = frames.attach_handler() {
+        use tokio::io::AsyncBufReadExt;
+        let first = match reader.fill_buf().await {
+            Ok(buf) => buf.first().copied(),
+            Err(err) => {
+                log_bad_connection(&addr, &FrameError::Io(Arc::new(err)));
+                return;
+            }
+        };
+        if first.is_some_and(attach::is_attachment) {
+            return attach::serve_attachment(reader, write, handler, peer, addr).await;
+        }
+    }
+    let _ = serve_halves(reader, write, frames, addr).await;
+}
+
+/// Reads frames from `reader` into `frames` and writes their acknowledgements to
+/// `write` until the connection ends; returns why it ended (a bad connection is also
+/// logged).
+pub(crate) async fn serve_halves<R, W>(
+    mut reader: BufReader<R>,
+    mut write: W,
+    frames: Inbox,
+    addr: ChannelAddr,
+) -> ChannelError
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let ack = Arc::new(AckState::default());
     {
         let reading = read_frames(&mut reader, &frames, &ack);
@@ -542,10 +582,10 @@ async fn serve_conn<S: Stream>(stream: S, frames: Inbox, addr: ChannelAddr) {
         tokio::pin!(acking);
         tokio::select! {
             end = &mut reading => match end {
-                ReadEnd::Eof => return,
+                ReadEnd::Eof => return ChannelError::closed(&addr),
                 ReadEnd::Failed(err) => {
                     log_bad_connection(&addr, &err);
-                    return;
+                    return ChannelError::frame(&addr, err);
                 }
                 // Let the ack writer send its final acknowledgement.
                 ReadEnd::RxGone => acking.await,
@@ -561,6 +601,7 @@ async fn serve_conn<S: Stream>(stream: S, frames: Inbox, addr: ChannelAddr) {
         let drain = tokio::io::copy(&mut reader, &mut sink);
         let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
     }
+    ChannelError::closed(&addr)
 }
 
 /// Logs, rate-limited per kind of error (see [`LogLimit`]), that a

@@ -509,3 +509,99 @@ fn credentials_load_from_pem_files() {
     })
     .is_err());
 }
+
+/// A gateway of `node` (trusting `trusts`) that keeps the links of the clients that
+/// attach, and the client's frames it receives.
+async fn tls_gateway(auth: TcpAuth) -> (ChannelServer, Arc<Mutex<Vec<ChannelTx>>>) {
+    let links = Arc::new(Mutex::new(Vec::<ChannelTx>::new()));
+    let keep = Arc::clone(&links);
+    let handler = AttachHandler {
+        accept: Arc::new(move |_uid: &str, link: ChannelTx| {
+            keep.lock().push(link);
+            Ok("tcp:10.0.0.1:26600".parse().unwrap())
+        }),
+        on_return: Arc::new(|_, _| {}),
+    };
+    let server = serve_gateway_tcp_with_auth(localhost(), Arc::new(|_| {}), handler, auth)
+        .await
+        .unwrap();
+    (server, links)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attached_client_receives_frames_over_tls_from_its_gateway() {
+    within(async {
+        let ca = Ca::new("cluster");
+        let (gw, client) = (ca.node("gateway"), ca.node("client"));
+        let (server, links) = tls_gateway(gw.auth(&ca)).await;
+        let (queue, mut received) = tokio::sync::mpsc::unbounded_channel();
+        let deliver: DeliverFn = Arc::new(move |frame| {
+            let _ = queue.send(frame);
+        });
+        let attachment = net::attach::attach_with_auth(
+            server.addr(),
+            "client-1",
+            deliver,
+            Some(client.auth(&ca)),
+        )
+        .await
+        .unwrap();
+        assert_eq!(attachment.advertised().to_string(), "tcp:10.0.0.1:26600");
+        let link = links
+            .lock()
+            .pop()
+            .expect("the gateway registered the client's link");
+        let frames = assorted();
+        for frame in &frames {
+            link.send(frame.clone()).await.unwrap();
+        }
+        for frame in &frames {
+            assert_eq!(&received.recv().await.unwrap(), frame);
+        }
+        // The client goes away: the gateway's link fails (ATT-3).
+        drop(attachment);
+        let error = link.closed().await;
+        assert!(error.to_string().contains("127.0.0.1"), "{error}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_refuses_a_client_of_another_ca_or_secret_and_the_client_says_why() {
+    within(async {
+        let ca = Ca::new("cluster");
+        let other = Ca::new("other");
+        let (server, links) = tls_gateway(ca.node("gateway").auth(&ca)).await;
+        let stranger = other.node("stranger").auth(&other);
+        let err =
+            net::attach::attach_with_auth(server.addr(), "c", Arc::new(|_| {}), Some(stranger))
+                .await
+                .unwrap_err();
+        assert!(matches!(err, AttachError::Connect { .. }), "{err}");
+        let text = err.to_string();
+        assert!(text.contains("TLS authentication failed"), "{text}");
+        assert!(
+            text.contains(&server.addr().to_string()),
+            "names the gateway: {text}"
+        );
+        assert!(links.lock().is_empty(), "nothing attached");
+
+        let (server, links) = tls_gateway(secret("right")).await;
+        let err = net::attach::attach_with_auth(
+            server.addr(),
+            "c",
+            Arc::new(|_| {}),
+            Some(secret("wrong")),
+        )
+        .await
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("authentication failed"), "{text}");
+        assert!(
+            text.contains(&server.addr().to_string()),
+            "names the gateway: {text}"
+        );
+        assert!(links.lock().is_empty(), "nothing attached");
+    })
+    .await;
+}

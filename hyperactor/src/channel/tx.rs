@@ -517,6 +517,23 @@ impl ChannelTx {
             .unwrap_or_else(|| ChannelError::closed(&self.link.addr))
     }
 
+    /// As [`ChannelTx::closed`], as a future that does not hold the link open: a link
+    /// whose handles are all dropped ends (gracefully) even while this is awaited.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub fn on_closed(&self) -> impl std::future::Future<Output = ChannelError> + Send + 'static {
+        let link = Arc::clone(&self.link);
+        async move {
+            let mut rx = link.closed.subscribe();
+            let _ = rx.wait_for(|closed| *closed).await;
+            link.error
+                .get()
+                .cloned()
+                .unwrap_or_else(|| ChannelError::closed(&link.addr))
+        }
+    }
+
     /// Bytes currently charged against the budget (queued or unacknowledged).
     pub(crate) fn outstanding_bytes(&self) -> usize {
         self.link.budget.outstanding.load(Ordering::Acquire)

@@ -146,6 +146,13 @@ impl Stream for TcpConn {
             )),
         }
     }
+    fn peer(&self) -> Option<super::super::addr::ChannelAddr> {
+        let peer = match self {
+            TcpConn::Plain(stream) => stream.peer_addr(),
+            TcpConn::Tls(stream) => stream.get_ref().0.peer_addr(),
+        };
+        peer.ok().map(super::super::addr::ChannelAddr::Tcp)
+    }
 }
 
 impl AsyncRead for TcpRead {
@@ -207,7 +214,10 @@ pub(crate) async fn run_tcp_link(
 }
 
 /// Connects a TCP stream with `TCP_NODELAY` set, and authenticates it ([`auth`]).
-async fn connect_tcp(addr: std::net::SocketAddr, auth: TcpAuth) -> io::Result<TcpStream> {
+pub(super) async fn connect_tcp(
+    addr: std::net::SocketAddr,
+    auth: TcpAuth,
+) -> io::Result<TcpStream> {
     let mut stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
     super::super::settings::tune_tcp(&stream);
