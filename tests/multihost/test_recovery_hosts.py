@@ -73,14 +73,7 @@ def cluster4() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def workers4(cluster4: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Worker]]:
-    # The replicas' gloo binds the host's interface. Without it, gloo's default device
-    # takes the address the hostname resolves to, 127.0.0.1 here (the namespaces share
-    # the hostname), and replicas on other hosts cannot connect ("Gloo connectFullMesh
-    # failed ... remote=[127.0.0.1]"). Every worker (re)started in this module, and so
-    # every proc it forks, inherits it.
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("GLOO_SOCKET_IFNAME", "eth0")
-        yield from running_workers(cluster4.hosts, tmp_path_factory.mktemp("recovery-workers"))
+    yield from running_workers(cluster4.hosts, tmp_path_factory.mktemp("recovery-workers"))
 
 
 @pytest.fixture
