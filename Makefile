@@ -40,7 +40,7 @@ PY_LINT_PATHS := $(wildcard python tests examples benches tools)
 .DEFAULT_GOAL := help
 
 .PHONY: help install build-dev build-prod format lint lint-rust lint-python stubtest \
-	typecheck test test-deps test-rust loom test-python slurm-deps browser-deps demo demo-build bench bench-peers bench-multihost bench-rdma bench-tensors bench-ddp docs all \
+	typecheck test test-deps test-rust loom test-python slurm-deps browser-deps demo demo-build bench bench-peers bench-multihost bench-rdma bench-tensors bench-ddp bench-recovery docs all \
 	clean distclean
 
 help: ## Show this list of targets
@@ -266,6 +266,8 @@ BENCH_TENSORS_ARGS ?=
 # backward pass takes about as long as the reductions over such links.
 BENCH_DDP_ARGS ?=
 BENCH_DDP_NETWORK ?= --network 1gbit --batch 1024
+# Arguments for benches/recovery_bench.py, e.g. BENCH_RECOVERY_ARGS="--reps 5".
+BENCH_RECOVERY_ARGS ?=
 
 $(BENCH_UPSTREAM_STAMP):
 	rm -rf $(BENCH_UPSTREAM_VENV)
@@ -291,6 +293,7 @@ bench: install ## Release build; hyperactor messaging bench; ours vs upstream Mo
 	-$(VENV_PYTHON) benches/tensor_bench.py $(BENCH_TENSORS_ARGS)
 	-$(VENV_PYTHON) benches/ddp_tensors_bench.py $(BENCH_DDP_ARGS)
 	-$(VENV_PYTHON) benches/ddp_tensors_bench.py $(BENCH_DDP_NETWORK) $(BENCH_DDP_ARGS)
+	-$(VENV_PYTHON) benches/recovery_bench.py $(BENCH_RECOVERY_ARGS)
 	$(VENV_PYTHON) benches/log_bench.py
 	-$(VENV_PYTHON) benches/monitoring_bench.py
 	-$(VENV_PYTHON) benches/slurm_bench.py
@@ -314,6 +317,12 @@ bench-tensors: install ## Distributed tensors bench: ours vs upstream, and the g
 bench-ddp: install ## Data-parallel tensors bench: reductions on a comms stream vs the main stream
 	$(VENV_PYTHON) benches/ddp_tensors_bench.py $(BENCH_DDP_ARGS)
 	$(VENV_PYTHON) benches/ddp_tensors_bench.py $(BENCH_DDP_NETWORK) $(BENCH_DDP_ARGS)
+
+# Four network-namespace hosts (root: without it, it is skipped and says why); host 1 is
+# SIGKILLed mid-run, ElasticTrainer with a warm spare against torchrun --max-restarts
+# with a checkpoint every step.
+bench-recovery: install ## Recovery from a lost host: monarch.recovery vs torchrun --max-restarts
+	$(VENV_PYTHON) benches/recovery_bench.py $(BENCH_RECOVERY_ARGS)
 
 # The documentation site (mkdocs.yml, tools/docs/): the guides of docs/, the Python API
 # from the docstrings and stubs (mkdocstrings, by static analysis: nothing is imported),
