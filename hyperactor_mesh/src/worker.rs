@@ -13,6 +13,12 @@
 //! [`crate::agent::liveness`]). TCP connections are authenticated before any frame is
 //! read ([`hyperactor::channel::auth`]).
 //!
+//! Every worker is also a *gateway* ([`Proc::serve_gateway`]): a client whose network
+//! reaches this one address only (a laptop, a notebook, a `kubectl port-forward` of the
+//! worker's port) attaches to it ([`Proc::attach`]) and drives every proc of the job
+//! through it; the worker's port doubles as the attachment address, as upstream
+//! Monarch's does.
+//!
 //! Addresses ([`parse_endpoint`]): `tcp://HOST:PORT` (HOST a name, an IPv4 address or an
 //! `[IPv6]` address), `ipc://PATH` (a Unix socket, for workers on the client's machine),
 //! or this crate's own forms `tcp:IP:PORT` and `unix:PATH`. A worker address may be
@@ -300,9 +306,9 @@ impl WorkerAddress {
     }
 }
 
-/// Serves a worker's proc (uid [`WORKER_UID`]) at `address` and its host, which waits
-/// `ready_timeout` for each spawn's procs to report ready. [`serve_worker`] adds the
-/// agent; bindings that set up their agent themselves start here.
+/// Serves a worker's proc (uid [`WORKER_UID`], a gateway) at `address` and its host,
+/// which waits `ready_timeout` for each spawn's procs to report ready. [`serve_worker`]
+/// adds the agent; bindings that set up their agent themselves start here.
 ///
 /// # Errors
 ///
@@ -320,7 +326,7 @@ pub async fn worker_host(
         name: WORKER_UID.to_string(),
         reason,
     };
-    let proc = Proc::serve_as(&address.bind, address.advertise.as_ref(), WORKER_UID)
+    let proc = Proc::serve_gateway(&address.bind, address.advertise.as_ref(), WORKER_UID)
         .await
         .map_err(|e| match &address.bind {
             Listen::Addr(addr) => failed(format!("cannot serve a worker at {addr}: {e}")),
