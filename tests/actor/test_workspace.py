@@ -82,7 +82,7 @@ def hosts(job_hosts: tuple[HostMesh, list[Path]]) -> Iterator[tuple[HostMesh, li
 
 def sync(mesh: HostMesh, workspace: Workspace, **kwargs: Any) -> code_sync.SyncStats:
     asyncio.run(asyncio.wait_for(mesh.sync_workspace(workspace, **kwargs), timeout=120))
-    stats = mesh._workspace_sync.last  # type: ignore[attr-defined]
+    stats: code_sync.SyncStats | None = mesh._workspace_sync.last  # type: ignore[attr-defined]
     assert stats is not None
     return stats
 
@@ -106,7 +106,7 @@ def test_workspace_has_upstreams_names_and_mappings(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a directory"):
         Workspace(dirs=[""])
     with pytest.raises(TypeError, match="expected a list"):
-        Workspace(dirs="/a/dir")  # type: ignore[arg-type]
+        Workspace(dirs="/a/dir")
 
 
 def test_paths_outside_the_workspace_are_refused_before_anything_runs(tmp_path: Path) -> None:

@@ -516,7 +516,7 @@ class WorkspaceHost(Actor):
         try:
             self._stage([it for it in items if it[0] in mine], view)
         except OSError as e:
-            failures.append(self._failure(e))
+            failures.append(self._failure(e, staging=True))
         children = [c for c in (2 * self._rank + 1, 2 * self._rank + 2) if c < self._size]
         sends = []
         for child in children:
@@ -539,12 +539,13 @@ class WorkspaceHost(Actor):
             failures.extend(await sent)
         return failures
 
-    def _failure(self, e: OSError) -> dict[str, Any]:
+    def _failure(self, e: OSError, staging: bool = False) -> dict[str, Any]:
         return {
             "rank": self._rank,
             "where": self._where(),
             "root": str(self._root),
-            "nospace": e.errno == errno.ENOSPC,
+            "nospace": e.errno in (errno.ENOSPC, errno.EDQUOT),
+            "staging": staging,
             "error": f"{type(e).__name__}: {e}",
         }
 
@@ -824,17 +825,24 @@ def _raise_failures(failures: list[dict[str, Any]], need: dict[int, int]) -> Non
         return
     first = failures[0]
     others = f" ({len(failures) - 1} more hosts failed too)" if len(failures) > 1 else ""
+    if first.get("staging"):
+        doing = "receiving the files it lacks"
+        state = "nothing was applied on any host"
+    else:
+        doing = "writing the files"
+        state = "its copy may be partly updated (each file whole or not at all)"
     if first.get("nospace"):
         raise HostOutOfSpaceError(
-            f"sync_workspace: {first['where']} ran out of space writing to its workspace "
-            f"directory {first['root']} (the sync needs about {need.get(first['rank'], 0)} "
-            f"bytes there): {first['error']}{others}; free space on that host (or set "
-            "WORKSPACE_DIR of its worker to a larger disk) and sync again: its copy may be "
-            "partly updated, each file whole"
+            f"sync_workspace: {first['where']} ran out of space (bytes or inodes) "
+            f"{doing} into its workspace directory {first['root']} (the sync needs about "
+            f"{need.get(first['rank'], 0)} bytes there): {first['error']}{others}; "
+            f"{state}: free space on that host (or set WORKSPACE_DIR of its worker to a "
+            "larger disk) and sync again"
         )
     raise RuntimeError(
-        f"sync_workspace: {first['where']} failed to update its workspace directory "
-        f"{first['root']}: {first['error']}{others}"
+        f"sync_workspace: {first['where']} failed {doing} into its workspace directory "
+        f"{first['root']}: {first['error']}{others}; {state}: fix the cause on that host "
+        "and sync again"
     )
 
 
