@@ -40,7 +40,7 @@ PY_LINT_PATHS := $(wildcard python tests examples benches tools)
 .DEFAULT_GOAL := help
 
 .PHONY: help install build-dev build-prod format lint lint-rust lint-python stubtest \
-	typecheck test test-deps test-rust loom test-python slurm-deps browser-deps demo demo-build bench bench-peers bench-multihost bench-rdma bench-tensors bench-ddp bench-recovery docs all \
+	typecheck test test-deps test-rust loom test-python slurm-deps browser-deps demo demo-build bench bench-peers bench-multihost bench-rdma bench-tensors bench-ddp bench-recovery bench-workspace docs all \
 	clean distclean
 
 help: ## Show this list of targets
@@ -268,6 +268,8 @@ BENCH_DDP_ARGS ?=
 BENCH_DDP_NETWORK ?= --network 1gbit --batch 1024
 # Arguments for benches/recovery_bench.py, e.g. BENCH_RECOVERY_ARGS="--reps 5".
 BENCH_RECOVERY_ARGS ?=
+# Arguments for benches/workspace_bench.py, e.g. BENCH_WORKSPACE_ARGS="--reps 10".
+BENCH_WORKSPACE_ARGS ?=
 
 $(BENCH_UPSTREAM_STAMP):
 	rm -rf $(BENCH_UPSTREAM_VENV)
@@ -294,6 +296,7 @@ bench: install ## Release build; hyperactor messaging bench; ours vs upstream Mo
 	-$(VENV_PYTHON) benches/ddp_tensors_bench.py $(BENCH_DDP_ARGS)
 	-$(VENV_PYTHON) benches/ddp_tensors_bench.py $(BENCH_DDP_NETWORK) $(BENCH_DDP_ARGS)
 	-$(VENV_PYTHON) benches/recovery_bench.py $(BENCH_RECOVERY_ARGS)
+	-$(VENV_PYTHON) benches/workspace_bench.py $(BENCH_WORKSPACE_ARGS)
 	$(VENV_PYTHON) benches/log_bench.py
 	-$(VENV_PYTHON) benches/monitoring_bench.py
 	-$(VENV_PYTHON) benches/slurm_bench.py
@@ -323,6 +326,11 @@ bench-ddp: install ## Data-parallel tensors bench: reductions on a comms stream 
 # with a checkpoint every step.
 bench-recovery: install ## Recovery from a lost host: monarch.recovery vs torchrun --max-restarts
 	$(VENV_PYTHON) benches/recovery_bench.py $(BENCH_RECOVERY_ARGS)
+
+# Three network-namespace hosts, each WORKSPACE_DIR a private tmpfs (root: without it,
+# three workers of this host instead, and no bytes on the wire).
+bench-workspace: install ## sync_workspace: 1,000 files to 3 hosts, then 10 changed (time, bytes)
+	$(VENV_PYTHON) benches/workspace_bench.py $(BENCH_WORKSPACE_ARGS)
 
 # The documentation site (mkdocs.yml, tools/docs/): the guides of docs/, the Python API
 # from the docstrings and stubs (mkdocstrings, by static analysis: nothing is imported),

@@ -40,6 +40,7 @@ import hashlib
 import importlib
 import json
 import os
+import pickle
 import posixpath
 import shutil
 import site
@@ -125,7 +126,8 @@ class SyncStats:
     sent_files: int = 0
     #: File bytes the client sent (each once, to the root of the host tree).
     sent_bytes: int = 0
-    #: Bytes of the manifest the client cast to the hosts.
+    #: Bytes of the manifest the client cast to the hosts (after the first sync, only
+    #: what changed since the last one).
     manifest_bytes: int = 0
     #: Per host rank: the paths written or deleted there.
     changed: dict[int, list[str]] = field(default_factory=dict)
@@ -421,6 +423,9 @@ class WorkspaceHost(Actor):
         self._needs: dict[int, set[str]] = {}
         self._staging: Path | None = None
         self._staged: dict[str, str] = {}
+        #: The last sync applied here: its id, manifest and prefixes (the base of the
+        #: next one's delta).
+        self._base: tuple[str, Manifest, list[str]] | None = None
 
     def _where(self) -> str:
         proc = context().actor_instance.proc_id
@@ -447,10 +452,31 @@ class WorkspaceHost(Actor):
         return out
 
     @endpoint
-    async def diff(self, sync: str, manifest: Manifest, prefixes: list[str]) -> dict[str, Any]:
+    async def diff(
+        self,
+        sync: str,
+        manifest: dict[str, Entry | None],
+        prefixes: list[str],
+        base: str | None = None,
+    ) -> dict[str, Any]:
         """Compare the client's manifest with this host's copy: the contents this host
-        lacks, and the bytes it will write and has free."""
+        lacks, and the bytes it will write and has free. With ``base`` (the id of the
+        last sync this host applied), ``manifest`` holds only what changed since
+        (``None``: deleted); a host that did not apply that sync answers ``need_full``."""
         self._cleanup()
+        if base is not None:
+            if self._base is None or self._base[0] != base or self._base[2] != prefixes:
+                return {"rank": self._rank, "need_full": True}
+            full = dict(self._base[1])
+            for path, entry in manifest.items():
+                if entry is None:
+                    full.pop(path, None)
+                else:
+                    full[path] = entry
+            return self._diff(sync, full, prefixes)
+        return self._diff(sync, {p: e for p, e in manifest.items() if e is not None}, prefixes)
+
+    def _diff(self, sync: str, manifest: Manifest, prefixes: list[str]) -> dict[str, Any]:
         self._sync = sync
         self._manifest = manifest
         self._prefixes = prefixes
@@ -576,12 +602,14 @@ class WorkspaceHost(Actor):
         """Make this host's copy the client's manifest; answer the paths written or
         deleted (or the failure)."""
         self._check(sync)
+        self._base = None
         try:
             changed = self._apply()
         except OSError as e:
             return {"rank": self._rank, "failure": self._failure(e)}
         finally:
             self._cleanup()
+        self._base = (sync, self._manifest, self._prefixes)
         return {"rank": self._rank, "root": str(self._root), "changed": changed}
 
     def _safe(self, rel: str) -> str:
@@ -689,6 +717,15 @@ class WorkspaceHost(Actor):
                     os.unlink(tmp)
                 raise
             _drop_bytecode(host)
+            if kind == "f":  # known content: the next scan need not read it
+                st = os.lstat(host)
+                self._cache[host] = (
+                    st.st_mtime_ns,
+                    st.st_size,
+                    st.st_ino,
+                    st.st_ctime_ns,
+                    entry[1],
+                )
             changed.append(path)
         return changed
 
@@ -750,6 +787,8 @@ class _MeshState:
         self.reloaders: dict[int, tuple[Any, Any]] = {}
         self.busy = False
         self.last: SyncStats | None = None
+        #: The last sync every host applied: its id, manifest and prefixes.
+        self.base: tuple[str, Manifest, list[str]] | None = None
 
 
 def _state(mesh: Any) -> _MeshState:
@@ -781,6 +820,7 @@ async def _hosts(mesh: Any, state: _MeshState) -> Any:
     state.procs, state.hosts, state.tree = procs, hosts, tree
     state.roots = {a["rank"]: a["root"] for a in answers}
     state.reloaders = {}
+    state.base = None
     return tree
 
 
@@ -879,8 +919,19 @@ async def _sync(
     stats = SyncStats(files=sum(1 for e in local.manifest.values() if e[0] != "d"))
     tree = await _hosts(mesh, state)
     sync = uuid.uuid4().hex
-    stats.manifest_bytes = len(json.dumps(local.manifest))
-    diffs = (await tree.diff.call(sync, local.manifest, local.prefixes)).values()
+    base, state.base = state.base, None
+    diffs: list[dict[str, Any]] = []
+    if base is not None and base[2] == local.prefixes:
+        # Only what changed since the last sync, which every host applied.
+        delta: dict[str, Entry | None] = {
+            p: e for p, e in local.manifest.items() if base[1].get(p) != e
+        }
+        delta.update({p: None for p in base[1] if p not in local.manifest})
+        stats.manifest_bytes = len(pickle.dumps(delta))
+        diffs = (await tree.diff.call(sync, delta, local.prefixes, base[0])).values()
+    if not diffs or any(d.get("need_full") for d in diffs):
+        stats.manifest_bytes += len(pickle.dumps(local.manifest))
+        diffs = (await tree.diff.call(sync, local.manifest, local.prefixes, None)).values()
     need = {d["rank"]: d["need"] for d in diffs}
     short = [d for d in diffs if d["need"] > d["free"]]
     if short:
@@ -900,6 +951,7 @@ async def _sync(
         except Exception:  # the hosts' next sync drops it anyway
             pass
         raise
+    state.base = (sync, local.manifest, local.prefixes)
     stats.changed = {r["rank"]: r["changed"] for r in results}
     stats.roots = {r["rank"]: r["root"] for r in results}
     state.spec = _merged_spec(state.spec, local.spec)
