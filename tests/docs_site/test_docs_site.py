@@ -49,6 +49,7 @@ API_PAGES = {
     "monarch.builtins.log": "api/builtins.html",
     "monarch.builtins.random": "api/builtins.html",
     "monarch.tools.network": "api/tools.html",
+    "monarch.tools.config": "api/tools.html",
 }
 
 
