@@ -206,6 +206,44 @@ def test_mirrors_to_each_hosts_directory_then_only_changes(
         asyncio.run(procs.sync_workspace(ws))
 
 
+def test_large_files_go_in_pieces_and_kinds_can_change(
+    hosts: tuple[HostMesh, list[Path]], tmp_path: Path
+) -> None:
+    mesh, roots = hosts
+    src = tmp_path / "kinds"
+    huge = os.urandom(2 * code_sync.BATCH_BYTES + 12345)  # three messages
+    (src / "d").mkdir(parents=True)
+    (src / "huge.bin").write_bytes(huge)
+    write(src / "dup1.txt", "same\n")
+    write(src / "dup2.txt", "same\n")
+    write(src / "d" / "x.txt", "in d\n")
+    write(src / "f", "a file\n")
+    (src / "l").symlink_to("f")
+    ws = Workspace(dirs={src: "kinds"})
+    first = sync(mesh, ws)
+    assert first.sent_files == 4  # the two copies of "same" once
+    assert first.sent_bytes == len(huge) + len("same\n") + len("in d\n") + len("a file\n")
+    for root in roots:
+        assert (root / "kinds" / "huge.bin").read_bytes() == huge
+        assert (root / "kinds" / "dup2.txt").read_text() == "same\n"
+    # A directory becomes a file, a file a directory, a link a file.
+    for f in (src / "d").iterdir():
+        f.unlink()
+    (src / "d").rmdir()
+    write(src / "d", "now a file\n")
+    (src / "f").unlink()
+    write(src / "f" / "y.txt", "in f\n")
+    (src / "l").unlink()
+    write(src / "l", "now a file too\n")
+    sync(mesh, ws)
+    for root in roots:
+        copy = root / "kinds"
+        assert (copy / "d").read_text() == "now a file\n"
+        assert (copy / "f" / "y.txt").read_text() == "in f\n"
+        assert not (copy / "l").is_symlink() and (copy / "l").read_text() == "now a file too\n"
+        assert (copy / "huge.bin").stat().st_size == len(huge)
+
+
 def test_procs_spawned_after_a_sync_use_the_synced_environment(
     hosts: tuple[HostMesh, list[Path]], tmp_path: Path
 ) -> None:
