@@ -64,6 +64,7 @@ __all__ = [
     "BATCH_BYTES",
     "ENV_DIR",
     "STATE_DIR",
+    "STEP_TIMEOUT",
     "SYNCED_ENV",
     "WORKSPACE_DIR_ENV",
     "HostOutOfSpaceError",
@@ -816,7 +817,7 @@ async def _hosts(mesh: Any, state: _MeshState) -> Any:
     procs = mesh.spawn_procs(name="code_sync")
     hosts = procs.spawn("code_sync", WorkspaceHost)
     tree = hosts.flatten("rank") if len(hosts._labels) else hosts
-    answers = (await tree.setup.call(tree)).values()
+    answers = (await _answer("starting the hosts' side", tree.setup.call(tree))).values()
     state.procs, state.hosts, state.tree = procs, hosts, tree
     state.roots = {a["rank"]: a["root"] for a in answers}
     state.reloaders = {}
@@ -928,10 +929,12 @@ async def _sync(
         }
         delta.update({p: None for p in base[1] if p not in local.manifest})
         stats.manifest_bytes = len(pickle.dumps(delta))
-        diffs = (await tree.diff.call(sync, delta, local.prefixes, base[0])).values()
+        asked = tree.diff.call(sync, delta, local.prefixes, base[0])
+        diffs = (await _answer("comparing manifests", asked)).values()
     if not diffs or any(d.get("need_full") for d in diffs):
         stats.manifest_bytes += len(pickle.dumps(local.manifest))
-        diffs = (await tree.diff.call(sync, local.manifest, local.prefixes, None)).values()
+        asked = tree.diff.call(sync, local.manifest, local.prefixes, None)
+        diffs = (await _answer("comparing manifests", asked)).values()
     need = {d["rank"]: d["need"] for d in diffs}
     short = [d for d in diffs if d["need"] > d["free"]]
     if short:
@@ -947,7 +950,7 @@ async def _sync(
         results = await _transfer(tree, sync, local, diffs, need, stats)
     except BaseException:
         try:
-            await tree.abort.call(sync)
+            await _answer("dropping what was staged", tree.abort.call(sync))
         except Exception:  # the hosts' next sync drops it anyway
             pass
         raise
@@ -977,7 +980,8 @@ async def _transfer(
         for digest in d["missing"]:
             missing[digest] = sizes[digest]
     if missing:
-        await tree.prepare.call(sync, {d["rank"]: d["missing"] for d in diffs})
+        needs = {d["rank"]: d["missing"] for d in diffs}
+        await _answer("preparing the transfer", tree.prepare.call(sync, needs))
         root = tree.slice(rank=0) if "rank" in tree._labels else tree
         failures: list[dict[str, Any]] = []
         pending: list[Any] = []
@@ -990,16 +994,39 @@ async def _transfer(
             stats.sent_bytes += len(data)
             pending.append(root.receive.call_one(sync, items, data))
             if len(pending) >= WINDOW:
-                failures.extend(await pending.pop(0))
+                failures.extend(await _answer("sending files", pending.pop(0)))
                 if failures:
                     break
         for sent in pending:
-            failures.extend(await sent)
+            failures.extend(await _answer("sending files", sent))
         stats.sent_files = len(missing)
         _raise_failures(failures, need)
-    results: list[dict[str, Any]] = (await tree.apply.call(sync)).values()
+    applied = await _answer("applying the manifest", tree.apply.call(sync))
+    results: list[dict[str, Any]] = applied.values()
     _raise_failures([r["failure"] for r in results if "failure" in r], need)
     return results
+
+
+#: The longest a step of a sync waits for the hosts' answers, in seconds (a host that
+#: fails or is cut off fails the step sooner, with ``SupervisionError``).
+STEP_TIMEOUT = 600.0
+
+
+async def _answer(step: str, future: Any) -> Any:
+    """``await future`` (the hosts' answer to one step of a sync), for at most
+    :data:`STEP_TIMEOUT` seconds."""
+
+    async def wait() -> Any:
+        return await future
+
+    try:
+        return await asyncio.wait_for(wait(), STEP_TIMEOUT)
+    except TimeoutError:
+        raise TimeoutError(
+            f"sync_workspace: {step} got no answer from the hosts within {STEP_TIMEOUT:g} s "
+            "while they still answer heartbeats: a host's sync proc (code_sync) is stuck; "
+            "see its worker's log, then sync again"
+        ) from None
 
 
 def _merged_spec(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -1018,6 +1045,6 @@ async def _reload(mesh: Any, state: _MeshState, changed: list[str]) -> list[list
         if held is None or held[0] is not procs:
             held = (procs, procs.spawn("workspace_reloader", WorkspaceReloader))
             state.reloaders[id(procs)] = held
-        answers = await held[1].reload.call(state.spec, changed)
+        answers = await _answer("reloading modules", held[1].reload.call(state.spec, changed))
         out.append([list(v) for v in answers.values()])
     return out
