@@ -303,11 +303,13 @@ class ElasticTrainer(Generic[R]):
         self._stopped = True
         futures = []
         for slot in self._slots + self._spares:
-            futures.append(slot.procs.stop("the elastic trainer stopped"))
+            stopping = slot.procs.stop("the elastic trainer stopped")
+            if slot.host not in self._dead_hosts:  # a lost host's procs are gone already
+                futures.append(stopping)
         for f in futures:
             try:
                 f.get(timeout=30)
-            except Exception:  # a lost host: its procs are gone or going already
+            except Exception:  # a host lost meanwhile: its procs are gone or going
                 pass
         for slot in self._slots + self._spares:
             supervision.route_failures(slot.mesh_id, None)
@@ -359,6 +361,9 @@ class ElasticTrainer(Generic[R]):
         """Start spares until there are ``spares`` of them (not waited for), on the
         hosts with the fewest replicas, spare hosts first; drop spares that failed."""
         failed = self._failures.by_mesh
+        for spare in self._spares:
+            if _host_lost(failed.get(spare.mesh_id)):
+                self._dead_hosts.add(spare.host)
         self._spares = [s for s in self._spares if s.mesh_id not in failed]
         while len(self._spares) < self._spare_count:
             alive = [h for h in range(len(self._hosts)) if h not in self._dead_hosts]
@@ -391,9 +396,12 @@ class ElasticTrainer(Generic[R]):
         """A replica's mesh failed (on the supervision thread): note it; the training
         thread acts on it."""
         f = self._failures
+        active = {s.mesh_id for s in self._slots}
         with f.cond:
             f.by_mesh.setdefault(failure.mesh_id, failure)
-            if f.first_at is None:
+            # The clock of a recovery starts at the first failure of a training replica
+            # (not of a spare, nor a late report of one already replaced).
+            if f.first_at is None and failure.mesh_id in active:
                 f.first_at = time.monotonic()
             f.cond.notify_all()
 
@@ -502,6 +510,8 @@ class ElasticTrainer(Generic[R]):
                 lost_ranks.append(slot.rank)
                 assert slot.failure is not None
                 headlines.append(slot.failure.headline())
+                if _host_lost(slot.failure):
+                    self._dead_hosts.add(slot.host)
                 slot.procs.stop("replaced after a failure")  # not waited for: may be lost
             survivors = [s for s in self._slots if s.failure is None]
             holders = [s for s in survivors if s.has_state]
