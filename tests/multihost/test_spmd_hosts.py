@@ -52,6 +52,7 @@ class SPMDClient(Client):
         self.proc = cluster.client.popen(
             [sys.executable, str(HERE / "spmd_client.py"), str(out), *addresses],
             env=_env(),
+            cwd=out,  # the job's state cache (.monarch/) goes there, not into the checkout
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
