@@ -106,10 +106,8 @@ pub use self::frame::FrameError;
 pub use self::frame::MAX_FRAME_LEN;
 pub use self::frame::MAX_FRAME_LEN_ENV;
 pub use self::frame::MAX_FRAME_PARTS;
-pub use self::inbox::DeliverFn;
-pub use self::net::attach::{
-    attach, AttachError, AttachFn, AttachHandler, Attachment, ATTACH_TIMEOUT,
-};
+pub use self::inbox::{AttachFn, AttachHandler, DeliverFn};
+pub use self::net::attach::{attach, AttachError, Attachment, ATTACH_TIMEOUT};
 pub use self::settings::{
     delivery_timeout, set_delivery_timeout, set_tcp_congestion, set_tcp_keepalive_idle,
     tcp_congestion, tcp_keepalive_idle, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES,

@@ -19,11 +19,34 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 
 use super::ack::Delivery;
+use super::addr::ChannelAddr;
 use super::frame::Frame;
-use super::net::attach::AttachHandler;
+use super::tx::{ChannelTx, ReturnFn};
 
 /// The function a direct inbox hands each frame to. It must not block.
 pub type DeliverFn = Arc<dyn Fn(Frame) + Send + Sync>;
+
+/// What a gateway does with a client that asks to attach: given the client's uid and
+/// the link to it, registers the link and returns the address the gateway advertises
+/// (the client's id carries it, so that peers reach the client through the gateway),
+/// or refuses, saying why.
+pub type AttachFn = Arc<dyn Fn(&str, ChannelTx) -> Result<ChannelAddr, String> + Send + Sync>;
+
+/// The gateway's side of attachments, installed on an endpoint with
+/// [`crate::channel::serve_gateway`]; the protocol is in `net::attach`.
+#[derive(Clone)]
+pub struct AttachHandler {
+    /// Decides, and registers the link of an accepted client.
+    pub accept: AttachFn,
+    /// Called for each frame an attached link could not deliver (the link failed).
+    pub on_return: ReturnFn,
+}
+
+impl std::fmt::Debug for AttachHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AttachHandler")
+    }
+}
 
 /// See the [module docs](self).
 #[derive(Clone)]

@@ -61,11 +61,11 @@ use super::super::auth::{self, TcpAuth, HANDSHAKE_TIMEOUT};
 use super::super::error::ChannelError;
 use super::super::frame;
 use super::super::frame::Frame;
-use super::super::inbox::{DeliverFn, Direct, Inbox};
+use super::super::inbox::{AttachHandler, DeliverFn, Direct, Inbox};
 use super::super::link;
 use super::super::link::{AckSource, FrameSink};
 use super::super::log_limit::LogLimit;
-use super::super::tx::{ChannelTx, ReturnFn};
+use super::super::tx::ChannelTx;
 use super::{serve_halves, Stream, READ_BUFFER};
 
 /// The first bytes of an attachment request.
@@ -86,28 +86,6 @@ const WRITE_BUFFER: usize = 64 << 10;
 /// Whether `first`, the first byte read from a connection, starts an attachment.
 pub(crate) fn is_attachment(first: u8) -> bool {
     first == ATTACH[0]
-}
-
-/// What a gateway does with a client that asks to attach: given the client's uid and
-/// the link to it, registers the link and returns the address the gateway advertises
-/// (the client's id carries it, so that peers reach the client through the gateway),
-/// or refuses, saying why.
-pub type AttachFn = Arc<dyn Fn(&str, ChannelTx) -> Result<ChannelAddr, String> + Send + Sync>;
-
-/// The gateway's side of attachments, installed on an endpoint with
-/// [`crate::channel::serve_gateway`].
-#[derive(Clone)]
-pub struct AttachHandler {
-    /// Decides, and registers the link of an accepted client.
-    pub accept: AttachFn,
-    /// Called for each frame an attached link could not deliver (the link failed).
-    pub on_return: ReturnFn,
-}
-
-impl std::fmt::Debug for AttachHandler {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("AttachHandler")
-    }
 }
 
 /// Why a client could not attach to a gateway ([`attach`]).
