@@ -291,6 +291,66 @@ impl PyProcAgent {
         Self::host_agent(py, host, stop, liveness, Some(on_end))
     }
 
+    /// Starts the root client's proc attached to the gateway at `address` (a worker's
+    /// address, `tcp://HOST:PORT`, as this machine reaches it: for example a
+    /// `kubectl port-forward` of the worker's port): every message to and from it goes
+    /// through that worker, and it serves no address of its own. It has no host agent:
+    /// it spawns procs on the cluster's hosts only.
+    ///
+    /// Raises `ValueError` for an address that does not parse, `RuntimeError` naming
+    /// the gateway when it cannot be reached or authenticated (wrong credentials), or
+    /// refuses.
+    #[staticmethod]
+    #[pyo3(signature = (
+        address,
+        stop_timeout = 10.0,
+        heartbeat_interval = 0.25,
+        heartbeat_timeout = 2.0,
+        client_lease = 10.0,
+    ))]
+    fn attach_root(
+        py: Python<'_>,
+        address: &str,
+        stop_timeout: f64,
+        heartbeat_interval: f64,
+        heartbeat_timeout: f64,
+        client_lease: f64,
+    ) -> PyResult<Self> {
+        let gateway =
+            WorkerAddress::dial(address).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let stop = duration("stop_timeout", stop_timeout)?;
+        let liveness = liveness(heartbeat_interval, heartbeat_timeout, client_lease)?;
+        let proc = block_on(py, "ProcAgent.attach_root()", async move {
+            hyperactor::Proc::attach(&gateway, "client").await
+        })?
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        // Said once, where a script's user sees it: nothing reaches this client once
+        // its gateway's connection ends.
+        let watched = proc.clone();
+        runtime()?.spawn(async move {
+            let error = watched.gateway_lost().await;
+            if !watched.is_stopped() {
+                eprintln!(
+                    "monarch: this client's connection to its gateway ended ({error}); no \
+                     message reaches it any more (replies, failures, logs): calls now wait \
+                     until their timeouts; check the gateway (the worker, the port-forward \
+                     or tunnel) and start the client again"
+                );
+            }
+        });
+        let options = AgentOptions::default()
+            .stop_timeout(stop)
+            .liveness(liveness);
+        Self::build(py, proc, options, None)
+    }
+
+    /// The gateway this process's proc is attached to (`attach_root`): the address it
+    /// dialed, printed; `None` for a proc that serves an address of its own.
+    #[getter]
+    fn gateway(&self) -> Option<String> {
+        self.agent.proc().gateway().map(ToString::to_string)
+    }
+
     /// Serves this proc, started by a host agent (whose variables are in the
     /// environment); call `report_ready` once the process is ready to serve.
     /// `transport` `"auto"` serves like the host (Unix for a Unix host, TCP at the

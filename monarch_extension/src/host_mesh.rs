@@ -182,6 +182,13 @@ impl PyHostMesh {
             HostMesh::local(agent)
         } else if let Some(host) = agent.spawned_by() {
             HostMesh::new(vec![host.clone()], Extent::unity())
+        } else if let Some(gateway) = agent.proc().gateway() {
+            return Err(PyRuntimeError::new_err(format!(
+                "this client is attached through the gateway {gateway} \
+                 (monarch.actor.attach): it has no host of its own, so this_host() has \
+                 nothing to spawn on; spawn procs on the cluster's hosts instead \
+                 (attach_to_workers(...), or a job's state())"
+            )));
         } else {
             return Err(PyRuntimeError::new_err(
                 "this process has no host agent and was not spawned by one",

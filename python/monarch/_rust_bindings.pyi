@@ -540,6 +540,21 @@ class ProcAgent:
         dir)."""
 
     @staticmethod
+    def attach_root(
+        address: str,
+        stop_timeout: float = 10.0,
+        heartbeat_interval: float = 0.25,
+        heartbeat_timeout: float = 2.0,
+        client_lease: float = 10.0,
+    ) -> ProcAgent:
+        """Start the root client's proc attached to the gateway (a worker) at
+        ``address``: every message goes through it; no host of its own."""
+
+    @property
+    def gateway(self) -> str | None:
+        """The gateway this proc is attached to (the address it dialed), if any."""
+
+    @staticmethod
     def bootstrap(
         transport: Literal["auto", "unix", "ipc", "tcp"] = "auto",
         stop_timeout: float = 10.0,

@@ -24,6 +24,7 @@ from monarch._src.actor.endpoint import Endpoint, as_endpoint, concurrent_endpoi
 from monarch._src.actor.errors import ActorError, SupervisionError
 from monarch._src.actor.extent import Extent
 from monarch._src.actor.future import Future
+from monarch._src.actor.gateway import attach
 from monarch._src.actor.ids import ProcId, Uid
 from monarch._src.actor.point import Point
 from monarch._src.actor.proc_mesh import HostMesh, ProcMesh, this_host, this_proc
@@ -107,6 +108,7 @@ __all__ = [
     "Uid",
     "ValueMesh",
     "as_endpoint",
+    "attach",
     "attach_to_workers",
     "concurrent_endpoint",
     "config",

@@ -66,6 +66,10 @@ class ProcessState:
 #: ``default_transport``).
 transport_override: str | None = None
 
+#: The gateway the root proc attaches to instead of serving (``monarch.actor.attach``),
+#: as the user wrote it; ``None``: it serves an address of its own.
+gateway_address: str | None = None
+
 #: The exit status the program must end with, once set (an unhandled failure); read by
 #: ``monarch``'s last exit hook.
 exit_status: int | None = None

@@ -1,9 +1,11 @@
 """Starting and stopping this process's part in the mesh.
 
 - The root client (a script, a notebook) bootstraps on first use of the actor API: it
-  serves a proc with this machine's host agent (:func:`bootstrap_root`), starts the
-  thread that hosts the actors spawned on its own proc, and the thread that judges
-  failures reaching the client (:mod:`monarch._src.actor.supervision`).
+  serves a proc with this machine's host agent (:func:`bootstrap_root`), or, outside
+  the cluster, starts its proc attached to a gateway and has no host
+  (:mod:`monarch._src.actor.gateway`); then it starts the thread that hosts the actors
+  spawned on its own proc, and the thread that judges failures reaching the client
+  (:mod:`monarch._src.actor.supervision`).
 - A proc spawned by a host runs :func:`serve_child` (``python -m
   monarch._src.actor.bootstrap``): it applies the client's config, serves its proc,
   runs the spawn's bootstrap function, reports ready, and serves until its host asks
@@ -132,13 +134,22 @@ def bootstrap_root() -> process.ProcessState:
     config.warn_ignored_from_env()
     _set_frame_limit()
     apply_channel_settings()
-    agent = ProcAgent.serve_root(
-        process.transport_override or str(config.get("default_transport")),
-        ready_timeout=_seconds("host_spawn_ready_timeout"),
-        stop_timeout=_seconds("stop_actor_timeout"),
-        log_dir=str(config.get("proc_log_dir")) or None,
-        **liveness(),
-    )
+    if process.gateway_address is not None:
+        # A client outside the cluster (monarch.actor.attach): its proc is reached
+        # through the gateway, and it has no host of its own.
+        agent = ProcAgent.attach_root(
+            process.gateway_address,
+            stop_timeout=_seconds("stop_actor_timeout"),
+            **liveness(),
+        )
+    else:
+        agent = ProcAgent.serve_root(
+            process.transport_override or str(config.get("default_transport")),
+            ready_timeout=_seconds("host_spawn_ready_timeout"),
+            stop_timeout=_seconds("stop_actor_timeout"),
+            log_dir=str(config.get("proc_log_dir")) or None,
+            **liveness(),
+        )
     agent.fanout = config.cached("cast_fanout")
     agent.exit_timeout = exit_timeout()
     state = process.ProcessState(agent, is_root=True)
