@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import monarch.actor  # noqa: E402
-from monarch.actor import MeshFailure, endpoint, this_host  # noqa: E402
+from injected_faults import fire, unhandled  # noqa: E402
+
+from monarch.actor import endpoint, this_host  # noqa: E402
 from monarch.job import ProcessJob  # noqa: E402
 from monarch.recovery import (  # noqa: E402
     ElasticTrainer,
@@ -32,32 +32,6 @@ from monarch.recovery import (  # noqa: E402
 )
 
 IN, HIDDEN, BATCH = 8, 16, 16
-
-unhandled: list[MeshFailure] = []
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _no_unhandled_failures() -> Iterator[None]:
-    # The trainer handles its replicas' failures; anything reaching the hook is a bug
-    # (recorded here, and checked by each test, instead of ending the test run).
-    monarch.actor.unhandled_fault_hook = unhandled.append
-    yield
-
-
-@pytest.fixture
-def faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("FAULTS", str(tmp_path))
-    unhandled.clear()
-    return tmp_path
-
-
-def _fault(name: str) -> bool:
-    path = Path(os.environ.get("FAULTS", "/nonexistent")) / name
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        return False
-    return True
 
 
 class Net(Replica):
@@ -79,11 +53,11 @@ class Net(Replica):
         return torch.nn.functional.mse_loss(self.model(x), y)
 
     def on_membership(self, membership: Membership) -> None:
-        if _fault(f"join-{membership.generation}-{membership.rank}") and self.step == 0:
+        if fire(f"join-{membership.generation}-{membership.rank}") and self.step == 0:
             os._exit(7)
 
     def state_dict(self) -> dict[str, Any]:
-        if _fault(f"offer-{self.replica_rank}"):
+        if fire(f"offer-{self.replica_rank}"):
             os._exit(7)
         return super().state_dict()
 

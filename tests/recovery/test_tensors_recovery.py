@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,47 +21,22 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from injected_faults import fire, unhandled  # noqa: E402
+
 import monarch  # noqa: E402
 import monarch.actor  # noqa: E402
-from monarch.actor import MeshFailure, this_host  # noqa: E402
+from monarch.actor import this_host  # noqa: E402
 from monarch.recovery import RecoveryError, TensorTrainer, WhenNoSpare  # noqa: E402
 
 IN, HIDDEN, BATCH, REPLICAS, STEPS = 8, 16, 16, 3, 8
 LR, MOMENTUM = 0.05, 0.9
-
-unhandled: list[MeshFailure] = []
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _no_unhandled_failures() -> Iterator[None]:
-    # The tensor engines handle their workers' failures; anything reaching the hook is a
-    # bug (recorded here and checked by each test, instead of ending the test run).
-    monarch.actor.unhandled_fault_hook = unhandled.append
-    yield
-
-
-@pytest.fixture
-def faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("FAULTS", str(tmp_path))
-    unhandled.clear()
-    return tmp_path
-
-
-def _fault(name: str) -> bool:
-    """Whether the fault file ``name`` was there (it is removed: a fault fires once)."""
-    path = Path(os.environ.get("FAULTS", "/nonexistent")) / name
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        return False
-    return True
 
 
 @monarch.remote(propagate=lambda step, rank: (torch.empty(BATCH, IN), torch.empty(BATCH, 1)))
 def batch(step: int, rank: Any) -> tuple[Any, Any]:
     """This rank's batch of ``step``; a rank with a fault file ``batch-<step>-<rank>``
     dies here, in the middle of the step (before the gradients' average)."""
-    if _fault(f"batch-{step}-{int(rank)}"):
+    if fire(f"batch-{step}-{int(rank)}"):
         os.kill(os.getpid(), signal.SIGKILL)
     g = torch.Generator().manual_seed(step * 1000 + int(rank))
     x = torch.randn(BATCH, IN, generator=g)
@@ -74,7 +48,7 @@ def die_in_update(step: int) -> None:
     """A rank with a fault file ``update-<step>-<rank>`` dies here, in its update."""
     from monarch.actor import context
 
-    if _fault(f"update-{step}-{context().actor_instance.rank.rank}"):
+    if fire(f"update-{step}-{context().actor_instance.rank.rank}"):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
