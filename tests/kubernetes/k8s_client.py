@@ -2,6 +2,7 @@
 
 ``state``: get the job's meshes (through the state cache ``--cache``), optionally
 spawn a proc per host and call an actor (``--call``: each proc answers its pod's IP);
+``--attach-to ADDRESS``: out of cluster, through that worker's port (a gateway);
 ``kill``: kill the job saved in ``--cache``. Prints ``RESULT <json>``; on an error,
 ``ERROR <message>`` and exits 1.
 """
@@ -36,6 +37,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=int)
     parser.add_argument("--cache")
     parser.add_argument("--call", action="store_true")
+    parser.add_argument("--attach-to")
     args = parser.parse_args()
     try:
         if args.action == "kill":
@@ -44,7 +46,10 @@ def main() -> int:
             print("RESULT " + json.dumps({"killed": True}), flush=True)
             return 0
         job = KubernetesJob(
-            args.namespace, timeout=args.timeout, kubeconfig=KubeConfig.from_path(args.kubeconfig)
+            args.namespace,
+            timeout=args.timeout,
+            kubeconfig=KubeConfig.from_path(args.kubeconfig),
+            attach_to=args.attach_to,
         )
         if args.image:
             job.add_mesh(args.mesh, args.replicas, image_spec=ImageSpec(args.image))
@@ -52,7 +57,9 @@ def main() -> int:
             job.add_mesh(args.mesh, args.replicas, label_selector=args.selector)
         state = job.state(cached_path=args.cache)
         hosts = state[args.mesh]
-        result: dict[str, object] = {"sizes": dict(hosts.sizes)}
+        from monarch._src.actor import process
+
+        result: dict[str, object] = {"sizes": dict(hosts.sizes), "client": process.get().proc_id}
         if args.call:
             procs = hosts.spawn_procs(per_host={"gpus": 1})
             where = procs.spawn("where", Where)

@@ -107,8 +107,13 @@ def test_argument_checks() -> None:
         job.add_mesh("a", 1, image_spec=ImageSpec("i"), label_selector="x=y")
     with pytest.raises(ValueError, match="provisioned mesh"):
         job.add_mesh("a", 1, labels={"x": "y"})
-    with pytest.raises(ValueError, match="gateway"):
-        KubernetesJob(NS, attach_to="tcp://127.0.0.1:26600")
+    # attach_to is a gateway's address (upstream's out-of-cluster mode).
+    assert KubernetesJob(NS, attach_to="tcp://127.0.0.1:26600")._attach_to == (
+        "tcp://127.0.0.1:26600"
+    )
+    for bad in ("127.0.0.1", "pod-0", 26600):
+        with pytest.raises(ValueError, match="port-forward"):
+            KubernetesJob(NS, attach_to=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no meshes"):
         KubernetesJob(NS).apply()
 

@@ -214,3 +214,45 @@ def test_ddp_example(fake_k8s: FakeK8s) -> None:
     )
     assert code == 0, out
     assert "same parameters everywhere: True" in out, out
+
+
+def test_out_of_cluster_client_through_one_pods_port(fake_k8s: FakeK8s) -> None:
+    """``KubernetesJob(attach_to=...)`` (upstream's out-of-cluster mode): a client whose
+    network reaches the API server and one pod only (every other pod's address is an
+    unreachable route in its namespace) attaches through that pod's worker, and drives
+    every pod of the mesh through it."""
+    fake = fake_k8s
+    code, result, out = fake.client(
+        "state", "--image", "monarch:test", "--cache", "job.pkl", "--timeout", "60"
+    )
+    assert code == 0, out
+    pods = sorted(
+        fake.api.pods(NAMESPACE, "monarch.pytorch.org/mesh-name=trainers"),
+        key=lambda p: p["metadata"]["name"],
+    )
+    gateway_ip = pods[0]["status"]["podIP"]
+    blocked = [h.ip for h in fake.cluster.hosts if h.ip != gateway_ip]
+    route = ["ip", "route"]
+    try:
+        for ip in blocked:
+            fake.cluster.client.run(
+                [*route, "add", "unreachable", f"{ip}/32"], timeout=10, check=True
+            )
+        code, result, out = fake.client(
+            "state",
+            "--image",
+            "monarch:test",
+            "--attach-to",
+            f"tcp://{gateway_ip}:26600",
+            "--call",
+            "--timeout",
+            "60",
+        )
+    finally:
+        for ip in blocked:
+            fake.cluster.client.run([*route, "del", "unreachable", f"{ip}/32"], timeout=10)
+    assert code == 0, out
+    assert result["client"].endswith(f"@tcp:{gateway_ip}:26600"), result
+    assert sorted(result["ips"]) == sorted(p["status"]["podIP"] for p in pods)
+    code, result, out = fake.client("kill", "--cache", "job.pkl")
+    assert code == 0, out

@@ -221,6 +221,51 @@ def add_mesh_reconnect(log_dir: str) -> None:
     _report("RESULT", {"answers": answers, "jobs": jobs})
 
 
+def _client_proc() -> str:
+    from monarch._src.actor import process
+
+    return process.get().proc_id
+
+
+def gateway_first(log_dir: str) -> None:
+    """Out of cluster (upstream's ``out_of_cluster=True``): the client attaches through
+    the first allocated worker and drives every node through it; the job is left
+    running for ``gateway-adopt``. Also: a Slurm job id as ``attach_to`` (its meaning
+    in earlier versions) is refused, pointing to ``slurm_job_id``."""
+    job = _job(log_dir, meshes={"trainers": 2}, job_start_timeout=60, out_of_cluster=True)
+    state = job.state(cached_path=None)
+    answers = _call_all(state, ["trainers"])
+    old_use = None
+    try:
+        _job(log_dir, meshes={"trainers": 2}, attach_to=job.slurm_job_id)
+    except ValueError as e:
+        old_use = str(e)
+    _report(
+        "RESULT",
+        {
+            "job": job.slurm_job_id,
+            "secret": job._secret,
+            "client": _client_proc(),
+            "hosts": state.trainers._handle.hosts(),
+            "answers": answers,
+            "old_use": old_use,
+        },
+    )
+
+
+def gateway_adopt(log_dir: str, job_id: str, gateway: str) -> None:
+    """A new client adopts the running Slurm job ``job_id`` (``slurm_job_id``, the
+    secret in ``MONARCH_CLUSTER_SECRET``) through the explicit gateway ``gateway``
+    (``attach_to``), calls every node, and kills the job."""
+    job = _job(log_dir, meshes={"trainers": 2}, slurm_job_id=job_id, attach_to=gateway)
+    state = job.state(cached_path=None)
+    answers = _call_all(state, ["trainers"])
+    client = _client_proc()
+    adopted = job.slurm_job_id
+    job.kill()
+    _report("RESULT", {"job": adopted, "client": client, "answers": answers})
+
+
 if __name__ == "__main__":
     scenario, *args = sys.argv[1:]
     scenarios: dict[str, Callable[..., None]] = {
@@ -234,5 +279,7 @@ if __name__ == "__main__":
         "batch-client": batch_client,
         "add-mesh": add_mesh,
         "add-mesh-reconnect": add_mesh_reconnect,
+        "gateway-first": gateway_first,
+        "gateway-adopt": gateway_adopt,
     }
     scenarios[scenario](*args)

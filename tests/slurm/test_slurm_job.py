@@ -266,3 +266,92 @@ def test_batch_mode_runs_the_client_inside_the_allocation(
     assert hosts_of(data["answers"]["trainers"]) == ["node0", "node1"]
     assert {a["job"] for a in data["answers"]["trainers"]} == {result["job"]}
     assert slurm.jobs() == [], "the job ends when the client script exits"
+
+
+@pytest.mark.timeout(180)
+def test_out_of_cluster_through_a_gateway_and_adopting_a_running_job(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """Upstream's meanings: ``out_of_cluster=True`` attaches the client through the first
+    allocated worker (its proc id carries that worker's address); a second client adopts
+    the running job by ``slurm_job_id`` through an explicit ``attach_to`` gateway (the
+    second node's worker). A Slurm job id as ``attach_to`` is refused naming the fix."""
+    first = run_client(slurm, "gateway-first", tmp_path)
+    hosts = [h.split("@", 1)[1] for h in first["hosts"]]
+    assert first["client"].endswith(f"@{hosts[0]}"), first
+    assert len(first["answers"]["trainers"]) == 2
+    assert first["old_use"] is not None and "slurm_job_id=" in first["old_use"], first
+    gateway = "tcp://" + hosts[1].removeprefix("tcp:")
+    proc = subprocess.Popen(
+        slurm.client_argv(
+            [
+                sys.executable,
+                str(HERE / "slurm_client.py"),
+                "gateway-adopt",
+                str(tmp_path),
+                first["job"],
+                gateway,
+            ]
+        ),
+        env={**client_env(slurm), "MONARCH_CLUSTER_SECRET": first["secret"]},
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    second = read_line(proc, "RESULT", 120)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert second["job"] == first["job"]
+    assert second["client"].endswith(f"@{hosts[1]}"), second
+    assert sorted(hosts_of(second["answers"]["trainers"])) == sorted(
+        hosts_of(first["answers"]["trainers"])
+    )
+    assert slurm.jobs() == [], "kill() cancelled the adopted job"
+
+
+def test_attach_to_takes_a_gateway_and_slurm_job_id_the_job() -> None:
+    """Argument checks (no Slurm needed): a job id given as ``attach_to`` names the fix;
+    a job saved when ``attach_to`` held a job id loads with it as ``slurm_job_id``. In a
+    subprocess: a ``SlurmJob`` chooses this process's transport."""
+    code = """
+import pickle
+from monarch.job import SlurmJob
+for old in (1234, "1234"):
+    try:
+        SlurmJob({"a": 1}, attach_to=old)
+    except ValueError as e:
+        assert "slurm_job_id='1234'" in str(e), e
+    else:
+        raise AssertionError("a job id as attach_to was accepted")
+for bad in ("node0:22222", ""):
+    try:
+        SlurmJob({"a": 1}, attach_to=bad)
+    except ValueError as e:
+        assert "tcp://127.0.0.1:22222" in str(e), e
+    else:
+        raise AssertionError(f"attach_to={bad!r} was accepted")
+try:
+    SlurmJob({"a": 1}, slurm_job_id="abc")
+except ValueError as e:
+    assert "running Slurm job" in str(e), e
+job = SlurmJob({"a": 1}, out_of_cluster=True, attach_to="tcp://127.0.0.1:22222")
+assert job._through_gateway and job._slurm_job_id is None
+old = SlurmJob({"a": 1}, slurm_job_id=77)
+state = dict(old.__dict__)
+state["_attach_to"] = "77"
+del state["_slurm_job_id"], state["_out_of_cluster"]
+loaded = object.__new__(SlurmJob)
+loaded.__setstate__(state)
+assert (loaded._slurm_job_id, loaded._attach_to, loaded._through_gateway) == ("77", None, False)
+assert pickle.loads(pickle.dumps(job))._spec() == job._spec()
+print("OK")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+    )
+    assert done.returncode == 0 and "OK" in done.stdout, done.stderr

@@ -25,6 +25,11 @@ Workers authenticate every TCP connection with the cluster secret
 ``MONARCH_CLUSTER_SECRET`` when set, else reads that Secret; provisioning creates the
 Secret (a random value) when it does not exist.
 
+Out of cluster (upstream's ``attach_to=``): a client that reaches the API server and
+one worker's port only (``kubectl port-forward``) attaches through that worker, its
+gateway (``monarch.actor.attach``), before any host mesh; the workers' answer (K8S-1)
+is then monarch's probe through the gateway, not a TCP connection to each pod.
+
 A job holds only plain data (no API client, no connection): it pickles into the state
 cache, and a later process reconnects to the same pods (``can_run`` checks they are
 still Ready and answering). The ``kubernetes`` package is imported on first use only.
@@ -270,11 +275,19 @@ class KubernetesJob(JobTrait):
     ``namespace`` is where the pods (and MonarchMesh resources) are; ``timeout`` is
     how many seconds ``state()`` waits for each mesh's workers (``None``: forever);
     ``kubeconfig`` says where the API is (default: the in-cluster account).
-    ``attach_to`` (a client gateway, upstream's out-of-cluster mode) is not available
-    here: the client must reach the pods' IPs (see [Kubernetes](../kubernetes.md)).
+
+    ``attach_to`` (upstream's out-of-cluster mode) is the address of one worker's port
+    as this machine reaches it, e.g. ``"tcp://127.0.0.1:26600"`` after ``kubectl
+    port-forward pod/<a worker pod> 26600:26600``: every worker's port doubles as a
+    gateway, and ``state()`` attaches this client through it
+    (``monarch.actor.attach``) before any host mesh, so the client needs no route to
+    the pods' IPs; it must then be the program's first monarch call. The workers'
+    readiness (K8S-1) is then checked through the gateway. Without it the client dials
+    the pods' IPs (see [Kubernetes](../kubernetes.md)).
 
     Raises:
         ImportError: the ``kubernetes`` package is missing (``pip install kubernetes``).
+        ValueError: an argument is invalid (``attach_to`` not an address).
     """
 
     #: Seconds ``kill()`` waits for the pods of deleted MonarchMesh resources to go.
@@ -283,6 +296,9 @@ class KubernetesJob(JobTrait):
     probe_timeout: float = 2.0
     #: Longest watch request (seconds); a watch is re-opened after it.
     watch_window: float = 30.0
+    #: The gateway of an out-of-cluster client (``attach_to``); a class default, so that
+    #: a job pickled before it existed still loads.
+    _attach_to: str | None = None
 
     def __init__(
         self,
@@ -296,17 +312,20 @@ class KubernetesJob(JobTrait):
             raise ValueError(f"KubernetesJob(namespace={namespace!r}): give a namespace name")
         if timeout is not None and not timeout > 0:
             raise ValueError(f"KubernetesJob(timeout={timeout!r}): give seconds > 0, or None")
-        if attach_to is not None:
+        if attach_to is not None and (
+            not isinstance(attach_to, str)
+            or ("://" not in attach_to and not attach_to.startswith(("tcp:", "unix:")))
+        ):
             raise ValueError(
-                f"KubernetesJob(attach_to={attach_to!r}): a client gateway (upstream's "
-                "monarch.actor.attach) is not available in this implementation; run the "
-                "client where it can reach the pods' IPs (a pod of the cluster, or a "
-                "network routed to the pod network) and leave attach_to=None"
+                f"KubernetesJob(attach_to={attach_to!r}): expected the address of a worker's "
+                "port as this machine reaches it, e.g. 'tcp://127.0.0.1:26600' after "
+                "`kubectl port-forward pod/<worker pod> 26600:26600`"
             )
         super().__init__()
         self._namespace = namespace
         self._timeout = timeout
         self._kubeconfig = kubeconfig or KubeConfig()
+        self._attach_to = attach_to
         self._meshes: dict[str, _MeshSpec] = {}
 
     def add_mesh(
@@ -514,6 +533,7 @@ class KubernetesJob(JobTrait):
                 name: _PodWatch(self, api_client, spec).wait_answering(deadline)
                 for name, spec in self._meshes.items()
             }
+        self._attach_gateway()
         from monarch._src.actor.workers import attach_to_workers
 
         meshes: dict[str, HostMesh] = {}
@@ -525,22 +545,45 @@ class KubernetesJob(JobTrait):
                 mesh.initialized.get(timeout=remaining)
             except Exception as e:
                 where = ", ".join(f"{p.name} at {p.address}" for p in found[name])
+                seen = (
+                    f"are Ready but do not answer through the gateway {self._attach_to}"
+                    if self._attach_to is not None
+                    else "accept TCP connections but monarch cannot attach to them"
+                )
                 raise RuntimeError(
-                    f"KubernetesJob: mesh {name!r}: the workers of pods {where} accept TCP "
-                    f"connections but monarch cannot attach to them: {e}; check that the "
-                    f"client and the pods share the cluster secret ({SECRET_ENV}, Secret "
-                    f"{self._namespace}/{SECRET_NAME}) and the pods' logs"
+                    f"KubernetesJob: mesh {name!r}: the workers of pods {where} {seen}: "
+                    f"{e}; check that the client and the pods share the cluster secret "
+                    f"({SECRET_ENV}, Secret {self._namespace}/{SECRET_NAME}) and the pods' "
+                    "logs"
                 ) from e
         return JobState(meshes)
 
+    def _attach_gateway(self) -> None:
+        """Out of cluster (``attach_to``): attach this client through the gateway before
+        any host mesh, with the credentials ``_use_cluster_secret`` set."""
+        if self._attach_to is None:
+            return
+        from monarch._src.actor.gateway import attach
+
+        logger.info("attaching this client through the gateway %s", self._attach_to)
+        attach(self._attach_to)
+
+    def _answers(self, pod: _Pod) -> bool:
+        """Whether ``pod``'s worker accepts a TCP connection (K8S-1). Out of cluster the
+        client cannot dial the pods: their workers' answer is monarch's attach probe
+        (``HostMesh.initialized``, through the gateway), so a Ready pod counts here."""
+        return self._attach_to is not None or _probe(pod, self.probe_timeout)
+
     def can_run(self, spec: JobTrait) -> bool:
-        """Whether ``spec`` asks for the same meshes in the same namespace and cluster,
-        and each has all its ranks Ready and answering now (no waiting)."""
+        """Whether ``spec`` asks for the same meshes in the same namespace and cluster
+        (through the same gateway), and each has all its ranks Ready and answering now
+        (no waiting)."""
         if not (
             isinstance(spec, KubernetesJob)
             and type(spec) is type(self)
             and spec._namespace == self._namespace
             and spec._kubeconfig == self._kubeconfig
+            and spec._attach_to == self._attach_to
             and spec._meshes == self._meshes
             and self.active
         ):
@@ -583,6 +626,8 @@ class KubernetesJob(JobTrait):
                     pods = _PodWatch(self, api_client, spec).answering_pods()
                     if pods:
                         workers[spec.name] = pods
+        if workers:
+            self._attach_gateway()
         for name, pods in workers.items():
             from monarch._src.actor.workers import attach_to_workers
 
@@ -706,7 +751,7 @@ class _PodWatch:
     def answering_pods(self) -> list[_Pod]:
         """The Ready pods whose workers answer now, in rank order."""
         by_rank = self._ranked(self._list())
-        return [by_rank[r] for r in sorted(by_rank) if _probe(by_rank[r], self.job.probe_timeout)]
+        return [by_rank[r] for r in sorted(by_rank) if self.job._answers(by_rank[r])]
 
     def answering_now(self) -> list[_Pod] | None:
         """Every rank's pod if all are Ready and answering now, else ``None``."""
@@ -714,7 +759,7 @@ class _PodWatch:
         if len(by_rank) != self.spec.num_replicas:
             return None
         pods = [by_rank[r] for r in range(self.spec.num_replicas)]
-        return pods if all(_probe(p, self.job.probe_timeout) for p in pods) else None
+        return pods if all(self.job._answers(p) for p in pods) else None
 
     def wait_answering(self, deadline: float | None) -> list[_Pod]:
         """Watch until every rank has a Ready pod whose worker answers (K8S-1); the pods
@@ -764,7 +809,7 @@ class _PodWatch:
             return None
         for pod in by_rank.values():
             key = (pod.name, pod.ip)
-            if key not in answered and _probe(pod, self.job.probe_timeout):
+            if key not in answered and self.job._answers(pod):
                 answered.add(key)
         if all((p.name, p.ip) in answered for p in by_rank.values()):
             return [by_rank[r] for r in range(self.spec.num_replicas)]

@@ -15,6 +15,12 @@ reason, node list), ``scontrol show hostnames LIST`` and ``scontrol show node -o
 node's ``NodeAddr``, the address the client dials). A job ``squeue`` no longer knows
 has ended.
 
+Out of cluster (upstream's ``out_of_cluster=True``, ``attach_to=``): a client whose
+network does not reach the nodes attaches through one worker, its gateway
+(``monarch.actor.attach``), before any host mesh: the first allocated worker, or the
+address ``attach_to`` gives (an SSH tunnel's local end). Every message then goes
+through that worker. A running job is adopted with ``slurm_job_id=``.
+
 Security: the job makes a random cluster secret; the client and every worker
 authenticate each TCP connection with it (``MONARCH_CLUSTER_SECRET``). It reaches the
 workers through ``sbatch``'s environment (never a command line), and is saved with the
@@ -182,14 +188,22 @@ class SlurmJob(JobTrait):
             timeout the job is cancelled.
         account: ``--account``.
         qos: ``--qos``.
-        out_of_cluster: Accepted for compatibility with upstream Monarch's signature;
-            the client always dials each node at its ``NodeAddr`` (Slurm's own address
-            for it), which works in and out of the cluster wherever the nodes are
-            routable.
-        attach_to: The id of a running Slurm job to use instead of submitting one: a job
-            whose tasks run ``monarch worker`` the way this class starts them (another
-            client's ``SlurmJob``, for instance). Its workers' secret must then be in
-            ``MONARCH_CLUSTER_SECRET``. ``kill()`` cancels it.
+        out_of_cluster: The client runs outside the cluster's network and reaches the
+            nodes through one gateway (upstream Monarch's meaning): ``state()`` attaches
+            this process to the first allocated worker (``monarch.actor.attach``) before
+            any host mesh, unless ``attach_to`` names the gateway. It must then be this
+            program's first monarch call. ``False``: the client dials each node at its
+            ``NodeAddr``.
+        attach_to: The gateway's address as this machine reaches it, e.g.
+            ``"tcp://127.0.0.1:22222"`` for an SSH tunnel to the first node's worker
+            (upstream Monarch's meaning): ``state()`` attaches through it, as with
+            ``out_of_cluster=True``. A Slurm job id here (what this parameter meant in
+            earlier versions of this implementation) raises ``ValueError`` pointing to
+            ``slurm_job_id``.
+        slurm_job_id: The id of a running Slurm job to use instead of submitting one: a
+            job whose tasks run ``monarch worker`` the way this class starts them
+            (another client's ``SlurmJob``, for instance). Its workers' secret must then
+            be in ``MONARCH_CLUSTER_SECRET``. ``kill()`` cancels it.
 
     Raises:
         ValueError: an argument is invalid (the message shows a valid call).
@@ -208,6 +222,9 @@ class SlurmJob(JobTrait):
     # running job still loads: the allocations of added meshes, and those known ready.
     _added: tuple[_Added, ...] = ()
     _added_ready: frozenset[str] = frozenset()
+    # Likewise for jobs pickled before the gateway options.
+    _out_of_cluster: bool = False
+    _slurm_job_id: str | None = None
 
     def __init__(
         self,
@@ -228,7 +245,8 @@ class SlurmJob(JobTrait):
         account: str | None = None,
         qos: str | None = None,
         out_of_cluster: bool = False,
-        attach_to: str | int | None = None,
+        attach_to: str | None = None,
+        slurm_job_id: str | int | None = None,
     ) -> None:
         if not isinstance(meshes, Mapping):
             raise ValueError(
@@ -258,6 +276,12 @@ class SlurmJob(JobTrait):
                 f"SlurmJob(job_start_timeout={job_start_timeout!r}): expected seconds > 0, "
                 "or None to wait as long as the job may start"
             )
+        _check_gateway(attach_to)
+        if slurm_job_id is not None and not str(slurm_job_id).strip().isdigit():
+            raise ValueError(
+                f"SlurmJob(slurm_job_id={slurm_job_id!r}): expected the id of a running "
+                "Slurm job, e.g. slurm_job_id='12345'"
+            )
         super().__init__()
         self._meshes: dict[str, int] = dict(meshes)
         self._python_exe = python_exe
@@ -275,20 +299,32 @@ class SlurmJob(JobTrait):
         self._job_start_timeout = job_start_timeout
         self._account = account
         self._qos = qos
-        self._out_of_cluster = out_of_cluster
-        self._attach_to = None if attach_to is None else str(attach_to)
+        self._out_of_cluster = bool(out_of_cluster)
+        self._attach_to = attach_to
+        self._slurm_job_id = None if slurm_job_id is None else str(slurm_job_id).strip()
         # The allocation (set by apply()).
         self._job_id: str | None = None
         self._secret: str | None = None
         self._batch = False
         self._ready = False
-        _use_tcp()
+        if not self._through_gateway:
+            _use_tcp()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # A job loaded from the cache (or in batch mode, inside the allocation) must
         # serve over TCP too, as __init__ arranged for the process that made it.
         self.__dict__.update(state)
-        _use_tcp()
+        attach_to = self.__dict__.get("_attach_to")
+        if isinstance(attach_to, str) and attach_to.isdigit():
+            # Saved when attach_to named a Slurm job (now slurm_job_id).
+            self._slurm_job_id, self._attach_to = attach_to, None
+        if not self._through_gateway:
+            _use_tcp()
+
+    @property
+    def _through_gateway(self) -> bool:
+        """Whether the client reaches the nodes through a gateway (out of cluster)."""
+        return self._out_of_cluster or self._attach_to is not None
 
     # ----------------------------------------------------------------------------------
     # Specification
@@ -352,6 +388,8 @@ class SlurmJob(JobTrait):
             self._mem,
             self._account,
             self._qos,
+            self._slurm_job_id,
+            self._out_of_cluster,
             self._attach_to,
         )
 
@@ -409,14 +447,20 @@ class SlurmJob(JobTrait):
                 "with job.add_mesh('trainers', 2) before apply()"
             )
         self._ready = False
-        if self._attach_to is not None:
+        if self._slurm_job_id is not None:
             if client_script is not None:
                 raise RuntimeError(
-                    "SlurmJob(attach_to=...) cannot run a client script: batch mode "
-                    "submits a job of its own; leave attach_to out"
+                    "SlurmJob(slurm_job_id=...) cannot run a client script: batch mode "
+                    "submits a job of its own; leave slurm_job_id out"
                 )
-            self._adopt(self._attach_to)
+            self._adopt(self._slurm_job_id)
             return
+        if self._through_gateway and client_script is not None:
+            raise RuntimeError(
+                "SlurmJob(out_of_cluster=True or attach_to=...) cannot run a client script: "
+                "batch mode runs the client inside the allocation, in the cluster; leave "
+                "out_of_cluster and attach_to out"
+            )
         self._secret = secrets.token_hex(32)
         if client_script is not None:
             self._save_for_batch(client_script)
@@ -435,6 +479,10 @@ class SlurmJob(JobTrait):
         if not self._ready:
             self._wait_workers_ready(job_id, nodes, deadline)
             self._ready = True
+        if self._through_gateway:
+            # Before any host mesh: the first allocated worker, unless attach_to names
+            # the gateway (an SSH tunnel's local end, say).
+            self._attach_gateway(self._attach_to or f"tcp://{addresses[0]}:{self._port}")
         meshes = self._attach(first, addresses, self._port)
         for added in self._added:
             nodes = self._wait_running(added.job_id, deadline, added.nodes)
@@ -651,15 +699,15 @@ class SlurmJob(JobTrait):
         secret = os.environ.get("MONARCH_CLUSTER_SECRET")
         if not secret:
             raise SlurmError(
-                f"SlurmJob(attach_to={job_id!r}) needs the workers' cluster secret in "
+                f"SlurmJob(slurm_job_id={job_id!r}) needs the workers' cluster secret in "
                 "MONARCH_CLUSTER_SECRET (the one the job's workers were started with)"
             )
         status = self._squeue(job_id)
         if not status.active:
             raise SlurmError(
-                f"SlurmJob(attach_to={job_id!r}): Slurm job {job_id} is "
-                f"{status.describe()}; expected a pending or running job; leave attach_to "
-                "out to submit a new one"
+                f"SlurmJob(slurm_job_id={job_id!r}): Slurm job {job_id} is "
+                f"{status.describe()}; expected a pending or running job; leave "
+                "slurm_job_id out to submit a new one"
             )
         self._secret = secret
         self._job_id = job_id
@@ -770,6 +818,18 @@ class SlurmJob(JobTrait):
             if name:
                 addrs[name[1]] = addr[1] if addr else name[1]
         return [addrs.get(node, node) for node in nodes]
+
+    def _attach_gateway(self, gateway: str) -> None:
+        """Attach this client to the worker at ``gateway`` (out of cluster), with the
+        job's secret."""
+        from monarch._rust_bindings import set_cluster_secret
+        from monarch._src.actor.gateway import attach
+
+        if not self._secret:
+            raise SlurmError("SlurmJob has no cluster secret: apply() it first")
+        set_cluster_secret(self._secret)
+        logger.info("SlurmJob: attaching this client through the gateway %s", gateway)
+        attach(gateway)
 
     def _attach(
         self, meshes: dict[str, int], addresses: list[str], port: int
@@ -886,6 +946,31 @@ class SlurmJob(JobTrait):
         if not lines:
             return f"\n(the job's log {path} is empty)"
         return f"\nthe job's log {path} ends with:\n" + "\n".join(lines)
+
+
+def _check_gateway(attach_to: object) -> None:
+    """``attach_to`` must be a gateway address (upstream's meaning), not a Slurm job id
+    (what it meant in earlier versions of this implementation)."""
+    if attach_to is None:
+        return
+    if isinstance(attach_to, int) or (
+        isinstance(attach_to, str) and attach_to.strip().replace("_", "").isdigit()
+    ):
+        raise ValueError(
+            f"SlurmJob(attach_to={attach_to!r}): attach_to is the gateway address of a "
+            "client outside the cluster (upstream Monarch's meaning, e.g. "
+            "attach_to='tcp://127.0.0.1:22222'), not a Slurm job id; to use the running "
+            f"Slurm job {attach_to}, pass slurm_job_id={str(attach_to).strip()!r} instead"
+        )
+    if not isinstance(attach_to, str) or (
+        "://" not in attach_to and not attach_to.startswith(("tcp:", "unix:"))
+    ):
+        raise ValueError(
+            f"SlurmJob(attach_to={attach_to!r}): expected the gateway's address as this "
+            "machine reaches it, e.g. 'tcp://127.0.0.1:22222' (a worker's port, through an "
+            "SSH tunnel); leave it out to attach through the first allocated worker with "
+            "out_of_cluster=True"
+        )
 
 
 def _check_mesh(name: object, count: object) -> None:
