@@ -30,6 +30,6 @@ def test_actor_api_names_of_the_contract() -> None:
         "Context", "current_actor_name", "current_rank", "current_size", "endpoint",
         "get_or_spawn_controller", "Port", "shutdown_context", "this_host", "this_proc",
         "Channel", "PortReceiver", "send", "Accumulator", "MeshFailure",
-        "unhandled_fault_hook",
+        "unhandled_fault_hook", "attach",
     ]:  # fmt: skip
         assert name in monarch.actor.__all__, name
