@@ -324,20 +324,6 @@ impl PyProcAgent {
             hyperactor::Proc::attach(&gateway, "client").await
         })?
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-        // Said once, where a script's user sees it: nothing reaches this client once
-        // its gateway's connection ends.
-        let watched = proc.clone();
-        runtime()?.spawn(async move {
-            let error = watched.gateway_lost().await;
-            if !watched.is_stopped() {
-                eprintln!(
-                    "monarch: this client's connection to its gateway ended ({error}); no \
-                     message reaches it any more (replies, failures, logs): calls now wait \
-                     until their timeouts; check the gateway (the worker, the port-forward \
-                     or tunnel) and start the client again"
-                );
-            }
-        });
         let options = AgentOptions::default()
             .stop_timeout(stop)
             .liveness(liveness);

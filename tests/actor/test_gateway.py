@@ -155,6 +155,41 @@ def test_attaching_to_something_that_is_not_a_worker_says_so(tmp_path: Path) -> 
     assert f"tcp:127.0.0.1:{port}" in r["error"] and "refused" in r["error"], r["error"]
 
 
+@pytest.mark.timeout(120)
+def test_when_the_gateway_dies_every_host_is_lost_and_the_fault_hook_hears(
+    workers: list[LocalWorker],
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, str(CLIENT), "gateway-dies", workers[0].address]
+        + [w.address for w in workers],
+        env=_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        line = proc.stdout.readline()
+        assert line.strip() == "READY", line + proc.stderr.read() if proc.stderr else line
+        workers[0].proc.kill()
+        workers[0].proc.wait(timeout=10)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    assert lines, err[-4000:]
+    r = json.loads(lines[-1][len("RESULT ") :])
+    # Both hosts' procs (the gateway's own, and those behind it) fail, promptly.
+    assert len(r["failures"]) == 4, r
+    assert all("lost" in f for f in r["failures"]), r["failures"]
+    assert r["detected_s"] < 10, r
+
+
 def test_attach_checks_its_address() -> None:
     from monarch.actor import attach
 

@@ -13,6 +13,8 @@ Scenarios:
   reported to the fault hook, the survivors, and ``HostMesh.shutdown()``.
 - ``late``: attach after monarch started (``this_proc()``) must raise ``RuntimeError``.
 - ``credentials``: attach with this process's (wrong) credentials must be refused.
+- ``gateway-dies``: spawn on every worker, say ``READY`` and wait for the test to kill
+  the gateway's worker, then report the failures that reached the fault hook.
 """
 
 from __future__ import annotations
@@ -185,6 +187,28 @@ def credentials(gateway: str) -> None:
     result({"error": None})
 
 
+def gateway_dies(gateway: str, workers: list[str]) -> None:
+    failures: list[str] = []
+    everything = threading.Event()
+
+    def hook(failure: object) -> None:
+        failures.append(str(failure))
+        if len(failures) >= 2 * len(workers):
+            everything.set()
+
+    monarch.actor.unhandled_fault_hook = hook
+    attach(gateway, ca=None)
+    hosts = attach_to_workers(workers=workers, ca=None, name="cluster")
+    procs = hosts.spawn_procs(per_host={"gpus": 2}, name="members")
+    members = procs.spawn("members", Member, gateway.split("//", 1)[1].rsplit(":", 1)[0])
+    members.pid.call().get(timeout=120)
+    print("READY", flush=True)
+    sys.stdin.readline()
+    killed_at = time.monotonic()
+    everything.wait(timeout=30)
+    result({"failures": failures, "detected_s": time.monotonic() - killed_at})
+
+
 def main() -> None:
     scenario, gateway, *rest = sys.argv[1:]
     if scenario == "drive":
@@ -194,6 +218,8 @@ def main() -> None:
         late(gateway)
     elif scenario == "credentials":
         credentials(gateway)
+    elif scenario == "gateway-dies":
+        gateway_dies(gateway, rest)
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
 

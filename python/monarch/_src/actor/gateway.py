@@ -17,8 +17,9 @@ After ``attach``, the client uses the cluster's hosts as any client does
 (``attach_to_workers`` with the workers' in-cluster addresses, or a job's ``state()``):
 spawning, calls, casts, supervision, logs and shutdown work unchanged. It has no host
 of its own (``this_host()`` raises); actors on its own proc (``this_proc().spawn``) are
-reached through the gateway too. If the gateway's connection ends, nothing reaches the
-client any more: it is reported once on stderr.
+reached through the gateway too. If the gateway's worker ends, the client reaches
+nothing: every host is found lost at once, and the failures of the procs it owns reach
+the fault hook.
 
 Upstream Monarch's API: ``monarch.actor.attach(address)``; the ``ca=`` and
 ``private_key=`` keywords (the credentials, as for ``attach_to_workers``) are this
