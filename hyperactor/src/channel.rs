@@ -99,6 +99,7 @@ pub use self::addr::{advertised, primary_ip};
 pub use self::error::ChannelError;
 pub use self::error::InheritedFdError;
 pub use self::error::SendError;
+pub use self::error::{AttachRefusal, NoRoute};
 pub use self::frame::max_frame_len;
 pub use self::frame::set_max_frame_len;
 pub use self::frame::Frame;

@@ -20,7 +20,8 @@ use tokio::sync::mpsc;
 use crate::actor::stats::ActorStatsSnapshot;
 use crate::channel::log_limit::LogLimit;
 use crate::channel::{
-    self, Attachment, ChannelAddr, ChannelError, ChannelServer, ChannelTransport, ChannelTx, Frame,
+    self, AttachRefusal, Attachment, ChannelAddr, ChannelError, ChannelServer, ChannelTransport,
+    ChannelTx, Frame, NoRoute,
 };
 use crate::error::{ProcError, SpawnError};
 use crate::id::{validate_name, ActorId, ProcId};
@@ -267,7 +268,7 @@ impl Proc {
         let returning = Arc::clone(slot);
         let accept: channel::AttachFn = Arc::new(move |uid: &str, link: ChannelTx| {
             let Some(inner) = accepting.get().and_then(Weak::upgrade) else {
-                return Err("the gateway is starting or stopping; attach again".to_string());
+                return Err(AttachRefusal::NotRunning);
             };
             Proc { inner }.accept_client(uid, link)
         });
@@ -281,23 +282,30 @@ impl Proc {
 
     /// Registers the link to the client `uid` attaching to this gateway; it is removed
     /// once the link fails.
-    fn accept_client(&self, uid: &str, link: ChannelTx) -> Result<ChannelAddr, String> {
+    fn accept_client(&self, uid: &str, link: ChannelTx) -> Result<ChannelAddr, AttachRefusal> {
+        let gateway = || self.inner.id.to_string();
         let Some(clients) = &self.inner.clients else {
-            return Err(format!("proc {} is not a gateway", self.inner.id));
+            return Err(AttachRefusal::NotGateway { gateway: gateway() });
         };
         if self.is_stopped() {
-            return Err(format!("the gateway {} is stopping", self.inner.id));
+            return Err(AttachRefusal::Stopping { gateway: gateway() });
         }
-        let id = ProcId::new(uid, self.inner.id.addr().clone()).map_err(|e| e.to_string())?;
+        let id =
+            ProcId::new(uid, self.inner.id.addr().clone()).map_err(|e| AttachRefusal::BadUid {
+                uid: uid.to_string(),
+                reason: e.to_string(),
+            })?;
         if id == self.inner.id {
-            return Err(format!("the client's uid {uid:?} is the gateway's own"));
+            return Err(AttachRefusal::OwnUid {
+                uid: uid.to_string(),
+            });
         }
         {
             let mut clients = clients.write();
             if clients.get(&id).is_some_and(|l| l.error().is_none()) {
-                return Err(format!(
-                    "a client {id} is attached already; every client needs a uid of its own"
-                ));
+                return Err(AttachRefusal::AlreadyAttached {
+                    client: id.to_string(),
+                });
             }
             clients.insert(id.clone(), link.clone());
         }
@@ -369,7 +377,7 @@ impl Proc {
         let link = match self.route(dest) {
             Ok(link) => link,
             Err(reason) => {
-                self.bounce(Undeliverable::new(envelope, reason));
+                self.bounce(Undeliverable::new(envelope, reason.to_string()));
                 return None;
             }
         };
@@ -386,16 +394,16 @@ impl Proc {
     /// the client's connection for a client attached to this gateway, else the link to
     /// `dest`'s address. A gateway refuses (with the reason) a proc at its own address
     /// that is neither itself nor an attached client.
-    fn route(&self, dest: &ProcId) -> Result<ChannelTx, String> {
+    fn route(&self, dest: &ProcId) -> Result<ChannelTx, NoRoute> {
         if let Some(clients) = &self.inner.clients {
             if let Some(link) = clients.read().get(dest) {
                 return Ok(link.clone());
             }
             if dest.addr() == self.inner.id.addr() {
-                return Err(format!(
-                    "no client {dest} is attached to the gateway {}",
-                    self.inner.id
-                ));
+                return Err(NoRoute::NotAttached {
+                    dest: dest.to_string(),
+                    gateway: self.inner.id.to_string(),
+                });
             }
         }
         Ok(self.link(self.inner.via.as_ref().unwrap_or(dest.addr())))

@@ -171,8 +171,11 @@ async fn attaching_to_a_proc_that_is_not_a_gateway_fails_naming_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_that_refuses_says_why_and_nothing_is_connected() {
-    let refuse: channel::AttachFn =
-        Arc::new(|uid: &str, _link| Err(format!("{uid} is not welcome here")));
+    let refuse: channel::AttachFn = Arc::new(|uid: &str, _link| {
+        Err(channel::AttachRefusal::Refused {
+            reason: format!("{uid} is not welcome here"),
+        })
+    });
     let handler = AttachHandler {
         accept: refuse,
         on_return: Arc::new(|_, _| {}),

@@ -263,3 +263,65 @@ pub struct SendError {
     #[source]
     pub error: ChannelError,
 }
+
+/// Why a gateway refuses a client that asks to attach; its text is the answer the client
+/// receives.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AttachRefusal {
+    /// The proc asked is not a gateway (it does not take attachments).
+    #[error("proc {gateway} is not a gateway")]
+    NotGateway {
+        /// The proc asked.
+        gateway: String,
+    },
+    /// The gateway is stopping.
+    #[error("the gateway {gateway} is stopping")]
+    Stopping {
+        /// The gateway.
+        gateway: String,
+    },
+    /// The gateway's proc is not running yet, or not any more.
+    #[error("the gateway is starting or stopping; attach again")]
+    NotRunning,
+    /// The client's uid cannot name a proc.
+    #[error("the client's uid {uid:?} cannot name a proc: {reason}")]
+    BadUid {
+        /// The uid given.
+        uid: String,
+        /// Why it cannot.
+        reason: String,
+    },
+    /// The client's uid is the gateway's own.
+    #[error("the client's uid {uid:?} is the gateway's own")]
+    OwnUid {
+        /// The uid given.
+        uid: String,
+    },
+    /// A client with this uid is attached already.
+    #[error("a client {client} is attached already; every client needs a uid of its own")]
+    AlreadyAttached {
+        /// The client's proc id.
+        client: String,
+    },
+    /// The gateway's own policy refused the client.
+    #[error("{reason}")]
+    Refused {
+        /// Why, in words.
+        reason: String,
+    },
+}
+
+/// A message for a proc that no route reaches from here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NoRoute {
+    /// The destination is at a gateway's address but is not a client attached to it.
+    #[error("no client {dest} is attached to the gateway {gateway}")]
+    NotAttached {
+        /// The destination proc.
+        dest: String,
+        /// The gateway.
+        gateway: String,
+    },
+}

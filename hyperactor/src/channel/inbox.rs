@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::ack::Delivery;
 use super::addr::ChannelAddr;
+use super::error::AttachRefusal;
 use super::frame::Frame;
 use super::tx::{ChannelTx, ReturnFn};
 
@@ -30,7 +31,8 @@ pub type DeliverFn = Arc<dyn Fn(Frame) + Send + Sync>;
 /// the link to it, registers the link and returns the address the gateway advertises
 /// (the client's id carries it, so that peers reach the client through the gateway),
 /// or refuses, saying why.
-pub type AttachFn = Arc<dyn Fn(&str, ChannelTx) -> Result<ChannelAddr, String> + Send + Sync>;
+pub type AttachFn =
+    Arc<dyn Fn(&str, ChannelTx) -> Result<ChannelAddr, AttachRefusal> + Send + Sync>;
 
 /// The gateway's side of attachments, installed on an endpoint with
 /// [`crate::channel::serve_gateway`]; the protocol is in `net::attach`.

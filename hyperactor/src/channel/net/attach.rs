@@ -344,22 +344,37 @@ async fn write_message<W: AsyncWrite + Unpin>(
 }
 
 /// Reads a text with its length (after its magic).
-async fn read_text<R: AsyncRead + Unpin>(read: &mut R) -> Result<String, String> {
-    let len = read
-        .read_u16_le()
-        .await
-        .map_err(|e| format!("reading a length failed: {e}"))?;
+async fn read_text<R: AsyncRead + Unpin>(read: &mut R) -> Result<String, TextError> {
+    let len = read.read_u16_le().await.map_err(|e| TextError::Read {
+        what: "a length",
+        source: Arc::new(e),
+    })?;
     let len = usize::from(len);
     if len > MAX_TEXT {
-        return Err(format!(
-            "a text of {len} bytes, over the limit of {MAX_TEXT}"
-        ));
+        return Err(TextError::TooLong { len });
     }
     let mut bytes = vec![0u8; len];
     read.read_exact(&mut bytes)
         .await
-        .map_err(|e| format!("reading a text failed: {e}"))?;
-    String::from_utf8(bytes).map_err(|_| "a text that is not UTF-8".to_string())
+        .map_err(|e| TextError::Read {
+            what: "a text",
+            source: Arc::new(e),
+        })?;
+    String::from_utf8(bytes).map_err(|_| TextError::NotUtf8)
+}
+
+/// A text of the attachment protocol that could not be read.
+#[derive(Debug, Clone, thiserror::Error)]
+enum TextError {
+    #[error("reading {what} failed: {source}")]
+    Read {
+        what: &'static str,
+        source: Arc<std::io::Error>,
+    },
+    #[error("a text of {len} bytes, over the limit of {MAX_TEXT}")]
+    TooLong { len: usize },
+    #[error("a text that is not UTF-8")]
+    NotUtf8,
 }
 
 /// Attaches this process to the gateway at `gateway` as the client `uid`: dials it,
@@ -412,7 +427,9 @@ pub(crate) async fn attach_with_auth(
                  is not a gateway (not a worker) does that"
             ))
         })?;
-        let text = read_text(&mut reader).await.map_err(protocol)?;
+        let text = read_text(&mut reader)
+            .await
+            .map_err(|e| protocol(e.to_string()))?;
         match &magic {
             m if m == ACCEPT => {
                 let advertised = text
@@ -475,7 +492,7 @@ pub(crate) async fn serve_attachment<R, W>(
         if &magic != ATTACH {
             return Err(format!("its request starts with {magic:?}"));
         }
-        read_text(&mut reader).await
+        read_text(&mut reader).await.map_err(|e| e.to_string())
     };
     let uid = match tokio::time::timeout(ATTACH_TIMEOUT, request).await {
         Ok(Ok(uid)) => uid,
@@ -524,9 +541,11 @@ pub(crate) async fn serve_attachment<R, W>(
         }
         Err(reason) => {
             tracing::warn!(%addr, %peer, client = %uid, "refused an attachment: {reason}");
-            let _ =
-                tokio::time::timeout(ATTACH_TIMEOUT, write_message(&mut write, REFUSE, &reason))
-                    .await;
+            let _ = tokio::time::timeout(
+                ATTACH_TIMEOUT,
+                write_message(&mut write, REFUSE, &reason.to_string()),
+            )
+            .await;
             let _ = write.shutdown().await;
             link::fail_unconnected(&link, ChannelError::closed(&peer), queue);
         }
