@@ -50,6 +50,7 @@
 
 mod capture;
 mod child;
+pub mod in_process;
 pub mod proc_handle;
 mod template;
 
@@ -68,7 +69,8 @@ use crate::bootstrap::{BootInfo, BootstrapCommand, ProcCommands, ProcReady};
 use crate::error::HostError;
 use crate::output::OutputOptions;
 pub use capture::{HostEvent, ProcOutput};
-use child::{ChildProc, OutputSetup};
+use child::OutputSetup;
+use in_process::{Child, ProcLauncher};
 pub use proc_handle::{ProcExit, ProcHandle, ProcStatus};
 pub use template::FORK_SERVER_FD_ENV;
 use template::{Template, TemplateKey};
@@ -109,6 +111,9 @@ pub struct Host {
     /// The fork servers running, by the commands they serve. The procs a template
     /// forked (and a spawn using it) hold it; it exits when the last of them is gone.
     templates: tokio::sync::Mutex<HashMap<TemplateKey, Weak<Template>>>,
+    /// Starts the procs in this process instead of as OS processes, if set
+    /// ([`Host::with_launcher`]).
+    launcher: Option<Arc<dyn ProcLauncher>>,
 }
 
 impl Host {
@@ -183,6 +188,7 @@ impl Host {
             log_dir: Some(crate::output::files::default_dir()),
             shut_down: AtomicBool::new(false),
             templates: tokio::sync::Mutex::new(HashMap::new()),
+            launcher: None,
         })
     }
 
@@ -198,6 +204,16 @@ impl Host {
     #[must_use]
     pub fn with_log_dir(mut self, dir: Option<std::path::PathBuf>) -> Self {
         self.log_dir = dir;
+        self
+    }
+
+    /// The same host, starting its procs in this process with `launcher` instead of as
+    /// OS processes (see [`in_process`]): a seam for simulating many hosts on one
+    /// machine through the production host code. The procs' commands go to the
+    /// launcher; nothing is forked or executed.
+    #[must_use]
+    pub fn with_launcher(mut self, launcher: Arc<dyn ProcLauncher>) -> Self {
+        self.launcher = Some(launcher);
         self
     }
 
@@ -384,6 +400,35 @@ impl Host {
     ) -> Result<Batch, HostError> {
         let host = self.proc.proc_id();
         let mut batch = Batch(Vec::with_capacity(count));
+        if let Some(launcher) = &self.launcher {
+            for rank in 0..count {
+                let cmd = commands
+                    .for_rank(rank)
+                    .ok_or_else(|| HostError::CommandCount {
+                        host: host.clone(),
+                        name: name.to_string(),
+                        count,
+                        commands: commands.ranks().unwrap_or(0),
+                    })?;
+                let info = BootInfo {
+                    name: name.to_string(),
+                    rank,
+                    count,
+                    report: report.port_id().clone(),
+                };
+                let child = in_process::start(&**launcher, cmd, &info, exited_tx.clone()).map_err(
+                    |source| HostError::Spawn {
+                        host: host.clone(),
+                        name: name.to_string(),
+                        rank,
+                        program: cmd.program.clone(),
+                        source,
+                    },
+                )?;
+                batch.0.push(Child::InProcess(child));
+            }
+            return Ok(batch);
+        }
         // One fork server for a shared command; per-rank commands look theirs up (a
         // cached one is found at once).
         let shared = match commands {
@@ -414,7 +459,7 @@ impl Host {
             if let Some(forker) = &template {
                 match child::start_forked(forker, cmd, &info, exited_tx.clone(), output).await {
                     Ok(child) => {
-                        batch.0.push(child);
+                        batch.0.push(Child::Os(child));
                         continue;
                     }
                     Err(e) => {
@@ -437,7 +482,7 @@ impl Host {
                     program: cmd.program.clone(),
                     source,
                 })?;
-            batch.0.push(child);
+            batch.0.push(Child::Os(child));
         }
         Ok(batch)
     }
@@ -474,10 +519,10 @@ impl Host {
     /// host cannot reach is lost (its exit then reports why). A child that is exiting
     /// closes its sockets just before it is reaped, so a failed link counts only if the
     /// child is still running [`LOST_GRACE`] later.
-    fn watch_link(&self, proc_id: &ProcId, child: &Arc<ChildProc>) {
+    fn watch_link(&self, proc_id: &ProcId, child: &Child) {
         let proc = self.proc.clone();
         let proc_id = proc_id.clone();
-        let child = Arc::clone(child);
+        let child = child.clone();
         tokio::spawn(async move {
             let error = proc.link_failed(&proc_id).await;
             let mut status = child.subscribe();
@@ -492,13 +537,13 @@ impl Host {
         });
     }
 
-    async fn exited_before_ready(&self, child: &ChildProc) -> HostError {
+    async fn exited_before_ready(&self, child: &Child) -> HostError {
         let status = child.status();
         HostError::ExitedBeforeReady {
             host: self.proc.proc_id().clone(),
-            name: child.name.clone(),
-            rank: child.rank,
-            pid: child.pid,
+            name: child.name().to_string(),
+            rank: child.rank(),
+            pid: child.pid(),
             status: status.to_string(),
             exit_status: status.exit_status(),
             stderr_tail: child.stderr_tail_at_close(STDERR_CLOSE_LIMIT).await,
@@ -559,7 +604,7 @@ impl Host {
 
 /// Accepts a ready report if it names a rank of this batch, from that rank's process.
 fn accept(batch: &Batch, ready: &mut [Option<ProcId>], report: ProcReady, name: &str) -> bool {
-    let expected = batch.0.get(report.rank).map(|c| c.pid);
+    let expected = batch.0.get(report.rank).map(Child::pid);
     match ready.get_mut(report.rank) {
         Some(slot @ None) if expected == Some(report.pid) => {
             *slot = Some(report.proc_id);
@@ -593,15 +638,16 @@ impl std::fmt::Debug for Host {
             .field("proc", self.proc.proc_id())
             .field("procs", &self.procs.lock().len())
             .field("ready_timeout", &self.ready_timeout)
+            .field("in_process", &self.launcher.is_some())
             .finish()
     }
 }
 
 /// The children of one `spawn_procs` call: killed on drop unless disarmed (HOST-1).
-struct Batch(Vec<Arc<ChildProc>>);
+struct Batch(Vec<Child>);
 
 impl Batch {
-    fn disarm(mut self) -> Vec<Arc<ChildProc>> {
+    fn disarm(mut self) -> Vec<Child> {
         std::mem::take(&mut self.0)
     }
 }

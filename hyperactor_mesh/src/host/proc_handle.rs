@@ -15,13 +15,12 @@
 
 use std::fmt;
 use std::process::ExitStatus;
-use std::sync::Arc;
 use std::time::Duration;
 
 use hyperactor::ProcId;
 use tokio::sync::watch;
 
-use crate::host::child::ChildProc;
+use crate::host::in_process::Child;
 
 /// The state of a proc's OS process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,22 +92,22 @@ impl fmt::Display for ProcExit {
 #[derive(Clone)]
 pub struct ProcHandle {
     proc_id: ProcId,
-    child: Arc<ChildProc>,
+    child: Child,
 }
 
 impl ProcHandle {
-    pub(crate) fn new(proc_id: ProcId, child: Arc<ChildProc>) -> Self {
+    pub(crate) fn new(proc_id: ProcId, child: Child) -> Self {
         Self { proc_id, child }
     }
 
     /// The proc name given to `spawn_procs`.
     pub fn name(&self) -> &str {
-        &self.child.name
+        self.child.name()
     }
 
     /// The proc's rank, `0..count`.
     pub fn rank(&self) -> usize {
-        self.child.rank
+        self.child.rank()
     }
 
     /// The proc's id: send to its actors through it.
@@ -116,9 +115,10 @@ impl ProcHandle {
         &self.proc_id
     }
 
-    /// The proc's OS process id (also the id of its process group).
+    /// The proc's OS process id (also the id of its process group); for a proc the
+    /// host started in its own process ([`crate::host::in_process`]), the host's.
     pub fn pid(&self) -> u32 {
-        self.child.pid
+        self.child.pid()
     }
 
     /// The proc's current status.
@@ -149,8 +149,9 @@ impl ProcHandle {
         status
     }
 
-    /// Sends `SIGKILL` to the proc's process group. Returns false if the process had
-    /// already exited. The exit is then published as usual (HOST-2).
+    /// Sends `SIGKILL` to the proc's process group (an in-process proc is killed by its
+    /// launcher instead). Returns false if the process had already exited. The exit is
+    /// then published as usual (HOST-2).
     pub fn kill(&self) -> bool {
         self.child.kill()
     }
@@ -195,10 +196,10 @@ impl ProcHandle {
 impl fmt::Debug for ProcHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ProcHandle")
-            .field("name", &self.child.name)
-            .field("rank", &self.child.rank)
+            .field("name", &self.child.name())
+            .field("rank", &self.child.rank())
             .field("proc_id", &self.proc_id)
-            .field("pid", &self.child.pid)
+            .field("pid", &self.child.pid())
             .field("status", &self.status())
             .finish()
     }
