@@ -52,6 +52,7 @@ mod capture;
 mod child;
 pub mod in_process;
 pub mod proc_handle;
+mod status;
 mod template;
 
 use hyperactor::sync::Mutex;
@@ -71,7 +72,8 @@ use crate::output::OutputOptions;
 pub use capture::{HostEvent, ProcOutput};
 use child::OutputSetup;
 use in_process::{Child, ProcLauncher};
-pub use proc_handle::{ProcExit, ProcHandle, ProcStatus};
+pub use proc_handle::ProcHandle;
+pub use status::{ProcExit, ProcStatus};
 pub use template::FORK_SERVER_FD_ENV;
 use template::{Template, TemplateKey};
 

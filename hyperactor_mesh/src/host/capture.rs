@@ -20,7 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 
 use crate::host::child::ChildProc;
-use crate::host::proc_handle::ProcExit;
+use crate::host::status::ProcExit;
 use crate::output::{files, OutputBatch, OutputLine, OutputOptions, OutputStream, MAX_LINE_BYTES};
 
 /// How much a drain task reads at once.

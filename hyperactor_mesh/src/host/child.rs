@@ -38,7 +38,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::bootstrap::{BootInfo, BootstrapCommand};
 use crate::host::capture::{self, Capture, HostEvent};
-use crate::host::proc_handle::{ProcExit, ProcStatus};
+use crate::host::status::{ProcExit, ProcStatus};
 use crate::host::template::{self, Template};
 use crate::output::{OutputOptions, OutputStream};
 

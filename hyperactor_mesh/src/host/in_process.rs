@@ -85,7 +85,7 @@ use tokio::sync::{mpsc, watch};
 use crate::bootstrap::{BootInfo, BootstrapCommand};
 use crate::host::capture::HostEvent;
 use crate::host::child::ChildProc;
-use crate::host::proc_handle::{ProcExit, ProcStatus};
+use crate::host::status::{ProcExit, ProcStatus};
 
 /// Starts the procs of a host inside its process (see the [module docs](self)).
 pub trait ProcLauncher: Send + Sync + 'static {

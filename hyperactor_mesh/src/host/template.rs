@@ -46,7 +46,7 @@ use tokio::sync::oneshot;
 
 use crate::bootstrap::BootstrapCommand;
 use crate::host::child::{set_parent_death_signal, spawn_on_spawner_thread};
-use crate::host::proc_handle::ProcStatus;
+use crate::host::status::ProcStatus;
 
 /// The variable holding the template's end of the socket pair (a file descriptor).
 pub const FORK_SERVER_FD_ENV: &str = "MONARCH_FORK_SERVER_FD";
