@@ -40,7 +40,7 @@ PY_LINT_PATHS := $(wildcard python tests examples benches tools)
 .DEFAULT_GOAL := help
 
 .PHONY: help install build-dev build-prod format lint lint-rust lint-python stubtest \
-	typecheck test test-deps test-rust loom test-python slurm-deps browser-deps demo demo-build bench bench-peers bench-multihost bench-rdma bench-tensors bench-ddp bench-recovery bench-workspace docs all \
+	typecheck test test-deps test-rust loom test-python slurm-deps browser-deps demo demo-build bench bench-scale bench-peers bench-multihost bench-rdma bench-tensors bench-ddp bench-recovery bench-workspace docs all \
 	clean distclean
 
 help: ## Show this list of targets
@@ -255,6 +255,9 @@ BENCH_UPSTREAM_STAMP := $(BENCH_UPSTREAM_VENV)/.installed-$(shell printf '%s' '$
 BENCH_RAY_STAMP := $(BENCH_RAY_VENV)/.installed-$(shell printf '%s' '$(BENCH_RAY_REQ)' | sha256sum | cut -c1-16)
 # Arguments for benches/compare.py, e.g. BENCH_ARGS="--reps 5" or "--impls ours,ray".
 BENCH_ARGS ?=
+# Arguments for the scale harness (hyperactor_mesh/benches/scale.rs), e.g.
+# BENCH_SCALE_ARGS="--quick" or "--hosts 256 --real 16,64"; `--help` lists them.
+BENCH_SCALE_ARGS ?=
 # Arguments for benches/multihost_bench.py, e.g. BENCH_MULTIHOST_ARGS="--reps 3".
 BENCH_MULTIHOST_ARGS ?=
 # Arguments for benches/rdma_bench.py, e.g. BENCH_RDMA_ARGS="--no-1g" or "--no-cross".
@@ -300,6 +303,16 @@ bench: install ## Release build; hyperactor messaging bench; ours vs upstream Mo
 	$(VENV_PYTHON) benches/log_bench.py
 	-$(VENV_PYTHON) benches/monitoring_bench.py
 	-$(VENV_PYTHON) benches/slurm_bench.py
+	-$(MAKE) --no-print-directory bench-scale
+
+# The scale harness: 1,024 simulated hosts x 8 procs through the production mesh code
+# (host agents, spawn, cast tree, codec, reply reduction, supervision, stop), the hosts
+# and their procs simulated by a few sim host processes, beside the same calls to 1 to
+# 256 real procs (one OS process each). Rust only, no venv; release build. Prints its
+# tables and writes .bench/results/scale.json (docs/benchmarks.md, "Scale: 1,024
+# simulated hosts"). About 2 minutes on the 2-core VM, plus its release build.
+bench-scale: ## Scale harness: 1,024 simulated hosts x 8 procs beside 1-256 real procs (Rust)
+	$(CARGO) bench -p hyperactor_mesh --bench scale -- $(BENCH_SCALE_ARGS)
 
 bench-multihost: install ## Multi-host bench, ours vs upstream, over network-namespace hosts (root)
 	-$(MAKE) --no-print-directory -k bench-peers
