@@ -1,6 +1,6 @@
 """The client's fault recorder, shared by the conftests of tests/actor and tests/rdma.
 
-For the whole session ``monarch.actor.unhandled_fault_hook`` is :data:`RECORDER` (the
+During each test ``monarch.actor.unhandled_fault_hook`` is :data:`RECORDER` (the
 default hook would stop the test run, as it stops a program); a test that provokes
 failures asserts on what reached the client through the ``faults`` fixture.
 """
@@ -46,10 +46,12 @@ class Faults:
 RECORDER = Faults()
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True)
 def _record_faults() -> Iterator[None]:
-    # Never restored during the session: failures arrive asynchronously, possibly after
-    # the test that caused them, and must never reach the default (exiting) hook.
+    # Installed before every test, never restored: failures arrive asynchronously,
+    # possibly after the test that caused them, and must never reach the default
+    # (exiting) hook. Before every test, because under pytest-xdist a worker also runs
+    # other directories' tests, which may install hooks of their own.
     monarch.actor.unhandled_fault_hook = RECORDER
     yield
 

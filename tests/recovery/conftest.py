@@ -11,13 +11,22 @@ import pytest
 from injected_faults import unhandled
 
 import monarch.actor
+from fault_recorder import RECORDER
+from monarch.actor import MeshFailure
+
+
+def _hook(failure: MeshFailure) -> None:
+    RECORDER(failure)  # what the other directories' tests wait on, in this same process
+    unhandled.append(failure)
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _no_unhandled_failures() -> Iterator[None]:
     # Never restored: failures may arrive after a test, and must not reach the default
-    # (exiting) hook. Each test checks that ``unhandled`` stayed empty.
-    monarch.actor.unhandled_fault_hook = unhandled.append
+    # (exiting) hook. Each test checks that ``unhandled`` stayed empty. The session's
+    # recorder (tests/fault_recorder.py) still gets every failure: under pytest-xdist a
+    # worker runs other directories' tests, which wait on it, in the same process.
+    monarch.actor.unhandled_fault_hook = _hook
     yield
 
 
