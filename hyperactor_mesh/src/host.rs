@@ -520,7 +520,9 @@ impl Host {
     /// Kills `child` if the host's link to it fails while it still runs: a proc the
     /// host cannot reach is lost (its exit then reports why). A child that is exiting
     /// closes its sockets just before it is reaped, so a failed link counts only if the
-    /// child is still running [`LOST_GRACE`] later.
+    /// child is still running [`LOST_GRACE`] later, and not at all once it was asked to
+    /// stop: then the stop's own timeout kills it if it does not exit (many procs
+    /// stopping at once on a busy host take longer than the grace to be reaped).
     fn watch_link(&self, proc_id: &ProcId, child: &Child) {
         let proc = self.proc.clone();
         let proc_id = proc_id.clone();
@@ -529,7 +531,7 @@ impl Host {
             let error = proc.link_failed(&proc_id).await;
             let mut status = child.subscribe();
             let exited = status.wait_for(|s| !s.is_running());
-            if tokio::time::timeout(LOST_GRACE, exited).await.is_ok() {
+            if tokio::time::timeout(LOST_GRACE, exited).await.is_ok() || child.stop_requested() {
                 return;
             }
             let reason = format!("the host lost its connection to it ({error}), and killed it");

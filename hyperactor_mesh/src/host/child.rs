@@ -132,6 +132,11 @@ impl ChildProc {
         self.stdin.lock().take();
     }
 
+    /// Whether the graceful stop request was made (its stdin is closed).
+    pub(crate) fn stop_requested(&self) -> bool {
+        self.stdin.lock().is_none()
+    }
+
     /// The last lines of the child's stderr, as read so far.
     pub(crate) fn stderr_tail(&self) -> String {
         if self.tail_lines == 0 {

@@ -195,6 +195,10 @@ impl InProcessChild {
         }
     }
 
+    fn stop_requested(&self) -> bool {
+        self.state.lock().stop_asked
+    }
+
     fn exit_event(&self, proc_id: &ProcId) -> ProcExit {
         ProcExit {
             name: self.name.clone(),
@@ -339,6 +343,14 @@ impl Child {
         }
     }
 
+    /// Whether the graceful stop request was made.
+    pub(crate) fn stop_requested(&self) -> bool {
+        match self {
+            Self::Os(c) => c.stop_requested(),
+            Self::InProcess(c) => c.stop_requested(),
+        }
+    }
+
     /// The last lines of its stderr (none for an in-process proc).
     pub(crate) fn stderr_tail(&self) -> String {
         match self {
@@ -447,6 +459,9 @@ mod tests {
         host: ProcId,
         index: usize,
         procs: Procs,
+        /// How long a stopped proc lingers, its links closed, before it ends (a child
+        /// process that is slow to be reaped).
+        linger: Duration,
     }
 
     impl ProcLauncher for Launcher {
@@ -455,7 +470,7 @@ mod tests {
             let control = Arc::new(Control(signal));
             let rank = self.index * PER_HOST + info.rank;
             self.procs.lock().insert(rank, Arc::clone(&control));
-            let (info, host) = (info.clone(), self.host.clone());
+            let (info, host, linger) = (info.clone(), self.host.clone(), self.linger);
             let run = tokio::spawn(async move {
                 let proc = info
                     .serve(ChannelTransport::Unix)
@@ -474,6 +489,10 @@ mod tests {
                 };
                 proc.stop(grace).await;
                 drop(agent);
+                drop(proc);
+                if signal == 1 {
+                    tokio::time::sleep(linger).await;
+                }
                 Ok::<i32, String>(if signal == 1 { 0 } else { libc::SIGKILL })
             });
             Ok(LaunchedProc {
@@ -502,6 +521,7 @@ mod tests {
                 host: host.proc().proc_id().clone(),
                 index,
                 procs: Arc::clone(&procs),
+                linger: Duration::ZERO,
             };
             hosts.push(host.proc().proc_id().clone());
             let host = host.with_launcher(Arc::new(launcher)).with_log_dir(None);
@@ -577,5 +597,50 @@ mod tests {
             let host = agent.host().unwrap();
             assert!(host.procs().iter().all(|p| !p.status().is_running()));
         }
+    }
+
+    /// A proc asked to stop that closes its links and is then slow to end (as when
+    /// hundreds of procs stop at once on a busy host) is stopped, not killed as lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stopping_proc_slow_to_end_is_not_killed_as_lost() {
+        let procs: Procs = Arc::default();
+        let host = Host::serve(ChannelTransport::Unix).await.unwrap();
+        let launcher = Launcher {
+            host: host.proc().proc_id().clone(),
+            index: 0,
+            procs: Arc::clone(&procs),
+            linger: crate::host::LOST_GRACE * 4,
+        };
+        let host_id = host.proc().proc_id().clone();
+        let host = host.with_launcher(Arc::new(launcher)).with_log_dir(None);
+        let proc = host.proc().clone();
+        let host_agent = ProcAgent::new(proc, AgentOptions::default().host(host)).unwrap();
+        let agent = ProcAgent::serve(ChannelTransport::Unix, "client", AgentOptions::default())
+            .await
+            .unwrap();
+        let client = agent.proc().client("client").unwrap();
+        let hosts = HostMesh::new(vec![host_id], Extent::new(["hosts"], [1]).unwrap()).unwrap();
+        let per_host = Extent::new(["procs"], [PER_HOST]).unwrap();
+        let mesh = hosts
+            .spawn_procs(
+                &client,
+                "sim",
+                &per_host,
+                &BootstrapCommand::new("in-process"),
+            )
+            .await
+            .unwrap();
+        let actors: ActorMesh<Answer> = mesh.spawn(&client, "answer", &()).unwrap();
+        let values = actors.call(&client, &Ask(3)).await.unwrap();
+        assert_eq!(values.len(), PER_HOST);
+        mesh.stop(&client, "test done").await.unwrap();
+        let host = host_agent.host().unwrap();
+        let statuses: Vec<ProcStatus> = host.procs().iter().map(|p| p.status()).collect();
+        assert!(
+            statuses
+                .iter()
+                .all(|s| matches!(s, ProcStatus::Exited(e) if e.code() == Some(0))),
+            "every proc stopped by its stop request: {statuses:?}"
+        );
     }
 }
