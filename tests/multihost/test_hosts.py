@@ -37,6 +37,9 @@ def _env(secret: str = SECRET) -> dict[str, str]:
         [str(HERE.parent.parent / "python"), env.get("PYTHONPATH", "")]
     )
     env.pop("MONARCH_CLUSTER_AUTH", None)
+    # A client that gives no answer in time is sent SIGABRT: its threads' stacks then
+    # end its stderr (what it was waiting on).
+    env["PYTHONFAULTHANDLER"] = "1"
     return env
 
 
@@ -162,9 +165,13 @@ class Client:
                 break
             if line.startswith(prefix):
                 return line[len(prefix) :].strip()
-        self.proc.kill()
-        _, err = self.proc.communicate(timeout=30)
-        raise AssertionError(f"client gave no {prefix!r} line; stderr:\n{err[-4000:]}")
+        self.proc.send_signal(signal.SIGABRT)  # its stacks, to stderr (PYTHONFAULTHANDLER)
+        try:
+            _, err = self.proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate(timeout=30)
+        raise AssertionError(f"client gave no {prefix!r} line; stderr:\n{err[-8000:]}")
 
     def result(self, timeout: float = 120) -> dict[str, Any]:
         value: dict[str, Any] = json.loads(self.expect("RESULT ", timeout))

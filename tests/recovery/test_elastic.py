@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,9 @@ class Net(Replica):
     def on_membership(self, membership: Membership) -> None:
         if fire(f"join-{membership.generation}-{membership.rank}") and self.step == 0:
             os._exit(7)
+        if fire(f"hang-join-{membership.rank}"):
+            (Path(os.environ["FAULTS"]) / "hung-pid").write_text(str(os.getpid()))
+            time.sleep(600)  # never answers the join (the test ends it before)
 
     def state_dict(self) -> dict[str, Any]:
         if fire(f"offer-{self.replica_rank}"):
@@ -129,6 +133,37 @@ def test_no_replica_left_is_an_error_naming_the_lost_ranks(faults: Path) -> None
         with pytest.raises(RecoveryError, match=r"every replica .* was lost \(ranks \[0\]\)"):
             trainer.step()
     assert not unhandled, [f.report() for f in unhandled]
+
+
+@pytest.mark.timeout(120)
+def test_a_replica_that_never_answers_is_a_timeout_naming_it_and_nothing_is_left(
+    faults: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller's calls other than a step are bounded: a start whose replica 1
+    never answers its join raises, names it, and stops every replica (none outlives the
+    failed start)."""
+    from monarch._src.recovery import trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "STARTUP_ALLOWANCE", 3.0)
+    (faults / "hang-join-1").touch()
+    trainer = ElasticTrainer(Net, this_host(), 2, timeout=2.0)
+    hung = r"replica\(s\) \[1\] .* did not answer the call to join"
+    with pytest.raises(TimeoutError, match=hung):
+        trainer.start()
+    pid = int((faults / "hung-pid").read_text())
+    deadline = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling the stopped proc's exit; nothing to wait on
+    assert not _alive(pid), f"the hung replica's process {pid} outlived the failed start"
+    assert not unhandled, [f.report() for f in unhandled]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def _ppid(pid: int) -> int:

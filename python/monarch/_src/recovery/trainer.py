@@ -46,6 +46,9 @@ R = TypeVar("R", bound=Replica)
 #: that says which replica was lost, before it treats the error as the step's own (a
 #: bug in the step, not a lost replica). Above the hosts' heartbeat timeout (2 s).
 REPORT_WAIT = 5.0
+#: Seconds allowed, beyond the trainer's timeouts, for a new replica's process to start
+#: and build its model before it answers the controller's first call.
+STARTUP_ALLOWANCE = 60.0
 
 
 class WhenNoSpare(enum.Enum):
@@ -251,6 +254,14 @@ class ElasticTrainer(Generic[R]):
         if self._started:
             raise RuntimeError("ElasticTrainer.start(): already started")
         self._started = True
+        try:
+            self._start()
+        except BaseException:
+            self.stop()  # the replicas spawned so far go; nothing is left running
+            raise
+        return self
+
+    def _start(self) -> None:
         import torch.distributed as dist
 
         self._store = dist.TCPStore(  # type: ignore[attr-defined]
@@ -267,7 +278,6 @@ class ElasticTrainer(Generic[R]):
         self._slots[0].has_state = True
         if len(self._slots) > 1:
             self._run_async(self._copy_state(self._slots[0], self._slots[1:]))
-        return self
 
     def step(self) -> StepResult:
         """Train one step on every replica; when replicas are lost, recover first and
@@ -431,18 +441,38 @@ class ElasticTrainer(Generic[R]):
     def _run_async(self, coro: Any) -> Any:
         return self._loop.run_until_complete(coro)
 
-    async def _all(self, futures: dict[int, Future[Any]]) -> dict[int, Any]:
+    async def _all(
+        self, futures: dict[int, Future[Any]], bound: tuple[str, float] | None = None
+    ) -> dict[int, Any]:
         """Every future's value by key; raises the first error as soon as it comes
-        (the others are left to finish on their own, their outcome ignored)."""
+        (the others are left to finish on their own, their outcome ignored). With
+        ``bound`` (what the calls do, and seconds), raises :class:`_CallsTimedOut` when
+        some have not answered in that time."""
         tasks = {key: asyncio.ensure_future(f.as_asyncio()) for key, f in futures.items()}
         for task in tasks.values():
             task.add_done_callback(_ignore_outcome)
-        done, _ = await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_EXCEPTION)
+        timeout = None if bound is None else bound[1]
+        done, pending = await asyncio.wait(
+            tasks.values(), timeout=timeout, return_when=asyncio.FIRST_EXCEPTION
+        )
         for task in done:
             error = task.exception()
             if error is not None:
                 raise error
+        if pending and bound is not None:
+            silent = sorted(key for key, task in tasks.items() if task in pending)
+            raise _CallsTimedOut(
+                f"replica(s) {silent} of the elastic run did not answer {bound[0]} within "
+                f"{bound[1]:g} s (the trainer's timeout is {self._timeout:g} s: "
+                "ElasticTrainer(timeout=...) bounds forming a group and each collective)"
+            )
         return {key: task.result() for key, task in tasks.items()}
+
+    def _bound(self, what: str) -> tuple[str, float]:
+        """The bound of the controller's calls that are not a step: each of them waits
+        at most twice the trainer's timeout inside a replica (forming a group connects
+        to the store and then to the peers), plus time for a new replica to start."""
+        return what, 2 * self._timeout + STARTUP_ALLOWANCE
 
     async def _train(self, step: int) -> tuple[float, ...]:
         """Compute ``step`` everywhere, then commit it everywhere."""
@@ -479,19 +509,30 @@ class ElasticTrainer(Generic[R]):
 
     async def _join_all(self) -> None:
         await self._all(
-            {s.rank: s.actor.recovery_join.call_one(self._membership(s)) for s in self._slots}
+            {s.rank: s.actor.recovery_join.call_one(self._membership(s)) for s in self._slots},
+            self._bound(f"the call to join generation {self._generation}"),
         )
 
     async def _copy_state(self, source: _Slot, targets: Sequence[_Slot]) -> None:
-        offer: StateOffer = await source.actor.recovery_offer_state.call_one()
+        offered = await self._all(
+            {source.rank: source.actor.recovery_offer_state.call_one()},
+            self._bound("the call to offer its state"),
+        )
+        offer: StateOffer = offered[source.rank]
         try:
-            await self._all({t.rank: t.actor.recovery_load_state.call_one(offer) for t in targets})
+            await self._all(
+                {t.rank: t.actor.recovery_load_state.call_one(offer) for t in targets},
+                self._bound(f"the call to copy replica {source.rank}'s state"),
+            )
             for t in targets:
                 t.has_state = True
         finally:
             try:
-                await source.actor.recovery_release_state.call_one()
-            except (ActorError, SupervisionError):
+                await self._all(
+                    {source.rank: source.actor.recovery_release_state.call_one()},
+                    self._bound("the call to release its state"),
+                )
+            except (ActorError, SupervisionError, _CallsTimedOut):
                 pass
 
     # ------------------------------------------------------------------ recovery
@@ -530,7 +571,7 @@ class ElasticTrainer(Generic[R]):
                     source = min(holders, key=lambda s: s.rank)
                     source_rank = source.rank
                     self._run_async(self._copy_state(source, targets))
-            except (ActorError, SupervisionError):
+            except (ActorError, SupervisionError, _CallsTimedOut):
                 self._wait_for_report(REPORT_WAIT)
                 continue
             if self._lost():
@@ -606,6 +647,10 @@ class ElasticTrainer(Generic[R]):
                 key=lambda h: sum(1 for s in taken if s.host == h),
             )
         return order
+
+
+class _CallsTimedOut(TimeoutError):
+    """Replicas did not answer a call of the controller (other than a step) in time."""
 
 
 def _ignore_outcome(task: asyncio.Future[Any]) -> None:
