@@ -1,4 +1,5 @@
-"""Failures the recovery tests inject, and the failures that reached the fault hook.
+"""Failures the recovery tests inject, the failures that reached the fault hook, and
+whether a process still runs.
 
 A test names a fault by creating a file in the directory of ``$FAULTS`` (the ``faults``
 fixture); the replica or rank that reaches that point calls :func:`fire`, which removes
@@ -25,3 +26,12 @@ def fire(name: str) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not yet waited for, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

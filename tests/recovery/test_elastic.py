@@ -20,7 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from injected_faults import fire, unhandled  # noqa: E402
+from injected_faults import alive, fire, unhandled  # noqa: E402
 
 from monarch.actor import endpoint, this_host  # noqa: E402
 from monarch.job import ProcessJob  # noqa: E402
@@ -152,18 +152,10 @@ def test_a_replica_that_never_answers_is_a_timeout_naming_it_and_nothing_is_left
         trainer.start()
     pid = int((faults / "hung-pid").read_text())
     deadline = time.monotonic() + 30
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)  # polling the stopped proc's exit; nothing to wait on
-    assert not _alive(pid), f"the hung replica's process {pid} outlived the failed start"
+    assert not alive(pid), f"the hung replica's process {pid} outlived the failed start"
     assert not unhandled, [f.report() for f in unhandled]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _ppid(pid: int) -> int:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from injected_faults import alive
 
 pytest.importorskip("torch")
 
@@ -37,14 +38,6 @@ def _lines_until(proc: subprocess.Popen[str], prefix: str, timeout: float) -> st
     raise AssertionError(f"no {prefix!r} line; output:\n{''.join(seen)}{rest}"[-4000:])
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _wait_gone(pids: list[int], timeout: float) -> list[int]:
     """Wait until every process of ``pids`` has exited (a pidfd becomes readable when
     its process exits); those still running after ``timeout``."""
@@ -60,7 +53,7 @@ def _wait_gone(pids: list[int], timeout: float) -> list[int]:
             for key, _ in sel.select(timeout=max(0.0, deadline - time.monotonic())):
                 sel.unregister(key.fileobj)
                 os.close(key.fd)
-        return [p for p in pids if _alive(p)]
+        return [p for p in pids if alive(p)]
     finally:
         for key in list(sel.get_map().values()):
             os.close(key.fd)

@@ -21,7 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from injected_faults import fire, unhandled  # noqa: E402
+from injected_faults import alive, fire, unhandled  # noqa: E402
 
 import monarch  # noqa: E402
 import monarch.actor  # noqa: E402
@@ -100,15 +100,6 @@ def _state_of_every_rank(t: TensorTrainer) -> Any:
     return states[0]
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, exited but not yet waited for, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def reference() -> Any:
     """Parameters and momentum after ``STEPS`` steps of 3 ranks without a failure."""
@@ -151,7 +142,7 @@ def test_a_killed_proc_is_replaced_and_the_run_equals_one_without_failures(
         got = _state_of_every_rank(t)
         print(f"kill -> next step done: {kill_to_step:.2f} s; recoveries: {t.recoveries}")
     assert (got - reference).abs().max() <= 1e-6
-    assert not any(_alive(p) for p in survivors), "a proc outlived the trainer"
+    assert not any(alive(p) for p in survivors), "a proc outlived the trainer"
     assert not unhandled, [f.report() for f in unhandled]
 
 
@@ -237,7 +228,7 @@ def test_a_composed_mesh_runs_actors_on_running_procs_and_stops_their_meshes() -
             t = torch.ones(2) * (c.rank_tensor("r") + 1)
         assert monarch.inspect(t, r=1).tolist() == [2.0, 2.0]
         c.stop().get(timeout=60)
-        assert not any(_alive(p) for p in pids), "stopping the composed mesh left a proc"
+        assert not any(alive(p) for p in pids), "stopping the composed mesh left a proc"
     finally:
         a.stop().get(timeout=60)
         b.stop().get(timeout=60)

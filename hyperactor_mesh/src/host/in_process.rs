@@ -510,20 +510,31 @@ mod tests {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn simulated_hosts_answer_every_call_and_report_every_killed_proc_once() {
+    /// Simulated hosts of [`PER_HOST`] procs each, a client, and the proc mesh spawned
+    /// on them.
+    struct Sim {
+        procs: Procs,
+        host_agents: Vec<ProcAgent>,
+        _agent: ProcAgent,
+        client: hyperactor::Client,
+        mesh: crate::ProcMesh,
+    }
+
+    /// `hosts` simulated hosts whose stopped procs linger for `linger` (see
+    /// [`Launcher`]), with the proc mesh `{hosts, procs: PER_HOST}` spawned on them.
+    async fn sim(hosts: usize, linger: Duration) -> Sim {
         let procs: Procs = Arc::default();
-        let mut hosts = Vec::new();
+        let mut ids = Vec::new();
         let mut host_agents = Vec::new();
-        for index in 0..HOSTS {
+        for index in 0..hosts {
             let host = Host::serve(ChannelTransport::Unix).await.unwrap();
             let launcher = Launcher {
                 host: host.proc().proc_id().clone(),
                 index,
                 procs: Arc::clone(&procs),
-                linger: Duration::ZERO,
+                linger,
             };
-            hosts.push(host.proc().proc_id().clone());
+            ids.push(host.proc().proc_id().clone());
             let host = host.with_launcher(Arc::new(launcher)).with_log_dir(None);
             let proc = host.proc().clone();
             host_agents.push(ProcAgent::new(proc, AgentOptions::default().host(host)).unwrap());
@@ -533,17 +544,31 @@ mod tests {
             .unwrap();
         agent.set_fanout(4);
         let client = agent.proc().client("client").unwrap();
-        let hosts = HostMesh::new(hosts, Extent::new(["hosts"], [HOSTS]).unwrap()).unwrap();
+        let hosts = HostMesh::new(ids, Extent::new(["hosts"], [hosts]).unwrap()).unwrap();
         let per_host = Extent::new(["procs"], [PER_HOST]).unwrap();
+        let command = BootstrapCommand::new("in-process");
         let mesh = hosts
-            .spawn_procs(
-                &client,
-                "sim",
-                &per_host,
-                &BootstrapCommand::new("in-process"),
-            )
+            .spawn_procs(&client, "sim", &per_host, &command)
             .await
             .unwrap();
+        Sim {
+            procs,
+            host_agents,
+            _agent: agent,
+            client,
+            mesh,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn simulated_hosts_answer_every_call_and_report_every_killed_proc_once() {
+        let Sim {
+            procs,
+            host_agents,
+            _agent,
+            client,
+            mesh,
+        } = sim(HOSTS, Duration::ZERO).await;
         assert_eq!(mesh.len(), HOSTS * PER_HOST);
         assert!(mesh.procs().iter().all(|p| p.pid == std::process::id()));
         let actors: ActorMesh<Answer> = mesh.spawn(&client, "answer", &()).unwrap();
@@ -603,38 +628,18 @@ mod tests {
     /// hundreds of procs stop at once on a busy host) is stopped, not killed as lost.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stopping_proc_slow_to_end_is_not_killed_as_lost() {
-        let procs: Procs = Arc::default();
-        let host = Host::serve(ChannelTransport::Unix).await.unwrap();
-        let launcher = Launcher {
-            host: host.proc().proc_id().clone(),
-            index: 0,
-            procs: Arc::clone(&procs),
-            linger: crate::host::LOST_GRACE * 4,
-        };
-        let host_id = host.proc().proc_id().clone();
-        let host = host.with_launcher(Arc::new(launcher)).with_log_dir(None);
-        let proc = host.proc().clone();
-        let host_agent = ProcAgent::new(proc, AgentOptions::default().host(host)).unwrap();
-        let agent = ProcAgent::serve(ChannelTransport::Unix, "client", AgentOptions::default())
-            .await
-            .unwrap();
-        let client = agent.proc().client("client").unwrap();
-        let hosts = HostMesh::new(vec![host_id], Extent::new(["hosts"], [1]).unwrap()).unwrap();
-        let per_host = Extent::new(["procs"], [PER_HOST]).unwrap();
-        let mesh = hosts
-            .spawn_procs(
-                &client,
-                "sim",
-                &per_host,
-                &BootstrapCommand::new("in-process"),
-            )
-            .await
-            .unwrap();
+        let Sim {
+            host_agents,
+            _agent,
+            client,
+            mesh,
+            ..
+        } = sim(1, crate::host::LOST_GRACE * 4).await;
         let actors: ActorMesh<Answer> = mesh.spawn(&client, "answer", &()).unwrap();
         let values = actors.call(&client, &Ask(3)).await.unwrap();
         assert_eq!(values.len(), PER_HOST);
         mesh.stop(&client, "test done").await.unwrap();
-        let host = host_agent.host().unwrap();
+        let host = host_agents[0].host().unwrap();
         let statuses: Vec<ProcStatus> = host.procs().iter().map(|p| p.status()).collect();
         assert!(
             statuses
