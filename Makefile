@@ -255,7 +255,7 @@ BENCH_UPSTREAM_STAMP := $(BENCH_UPSTREAM_VENV)/.installed-$(shell printf '%s' '$
 BENCH_RAY_STAMP := $(BENCH_RAY_VENV)/.installed-$(shell printf '%s' '$(BENCH_RAY_REQ)' | sha256sum | cut -c1-16)
 # Arguments for benches/compare.py, e.g. BENCH_ARGS="--reps 5" or "--impls ours,ray".
 BENCH_ARGS ?=
-# Arguments for the scale harness (hyperactor_mesh/benches/scale.rs), e.g.
+# Arguments for the scale harness (hyperactor_mesh/benches/scale/), e.g.
 # BENCH_SCALE_ARGS="--quick" or "--hosts 256 --real 16,64"; `--help` lists them.
 BENCH_SCALE_ARGS ?=
 # Arguments for benches/multihost_bench.py, e.g. BENCH_MULTIHOST_ARGS="--reps 3".
