@@ -176,7 +176,7 @@ def test_every_public_name_has_an_entry(site: Site) -> None:
         ("api/rdma.html", "monarch.rdma.RDMABuffer", "_src/rdma/buffer.py", "RDMABuffer"),
         ("api/monarch.html", "monarch.Stream", "_src/tensor_engine/client/stream.py", "Stream"),
         ("api/monarch.html", "monarch.Tensor", "_src/tensor_engine/client/tensor.py", "Tensor"),
-        ("api/job.html", "monarch.job.ProcessJob", "_src/job/job.py", "ProcessJob"),
+        ("api/job.html", "monarch.job.ProcessJob", "_src/job/process.py", "ProcessJob"),
     ],
 )
 def test_api_entry_shows_the_docstring(
