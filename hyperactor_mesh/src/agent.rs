@@ -86,6 +86,10 @@ pub const DEFAULT_FANOUT: usize = 16;
 /// worker's answer.
 const END_HOST_SLACK: Duration = Duration::from_secs(2);
 
+/// How long [`ProcAgent::settle_owned`] waits, beyond its timeout, for the host's report
+/// of a proc found unreachable (a killed proc's host, busy, may report it late).
+pub const SETTLE_UNREACHABLE_WAIT: Duration = Duration::from_secs(5);
+
 /// How an agent is set up.
 #[derive(Default)]
 pub struct AgentOptions {
@@ -516,37 +520,51 @@ impl ProcAgent {
     /// of its procs). A proc killed, or whose host was killed, before this call has its
     /// failures reported when this returns, whatever the timing of the reports. At most
     /// `timeout` (a frozen proc never answers; a silent host takes [`Liveness::timeout`]
-    /// to be found lost).
+    /// to be found lost), except for a proc found unreachable meanwhile (its link
+    /// failed: it died, or its host is going): its host's report of how it ended, which
+    /// a busy host may take longer to send, is waited for up to
+    /// [`SETTLE_UNREACHABLE_WAIT`] more.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe.
     pub async fn settle_owned(&self, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
         let by_host = self.inner.running_owned_procs();
         let waits = by_host.into_iter().map(|(host, procs)| {
             let inner = Arc::clone(&self.inner);
             async move {
                 let host_known = async {
                     if let Some(host) = &host {
-                        tokio::select! {
-                            () = inner.answered(host) => {}
-                            _ = inner.host_lost_wait(host) => {}
-                        }
+                        let known = async {
+                            tokio::select! {
+                                () = inner.answered(host) => {}
+                                _ = inner.host_lost_wait(host) => {}
+                            }
+                        };
+                        let _ = tokio::time::timeout_at(deadline, known).await;
                     }
                 };
                 let procs_known = futures::future::join_all(procs.iter().map(|proc| {
                     let inner = &inner;
                     async move {
-                        tokio::select! {
-                            () = inner.answered(proc) => {}
-                            () = inner.death_handled_wait(proc) => {}
+                        let known = async {
+                            tokio::select! {
+                                () = inner.answered(proc) => false,
+                                () = inner.death_handled_wait(proc) => false,
+                                _ = inner.link_failed_remote(proc) => true,
+                            }
+                        };
+                        if let Ok(true) = tokio::time::timeout_at(deadline, known).await {
+                            let reported = inner.death_handled_wait(proc);
+                            let _ = tokio::time::timeout(SETTLE_UNREACHABLE_WAIT, reported).await;
                         }
                     }
                 }));
                 futures::future::join(host_known, procs_known).await;
             }
         });
-        let _ = tokio::time::timeout(timeout, futures::future::join_all(waits)).await;
+        futures::future::join_all(waits).await;
     }
 
     /// Completes with the error when this proc's link to `proc` fails; never for this
@@ -559,11 +577,7 @@ impl ProcAgent {
         &self,
         proc: &ProcId,
     ) -> hyperactor::channel::ChannelError {
-        if proc == self.inner.proc.proc_id() {
-            std::future::pending().await
-        } else {
-            self.inner.proc.link_failed(proc).await
-        }
+        self.inner.link_failed_remote(proc).await
     }
 
     /// The fan-out of casts sent from this process.
@@ -642,6 +656,20 @@ impl Inner {
     /// # Cancel safety
     ///
     /// Cancel safe.
+    /// Completes with the error when this proc's link to `proc` fails; never for this
+    /// agent's own proc, which it reaches without a link.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    async fn link_failed_remote(&self, proc: &ProcId) -> hyperactor::channel::ChannelError {
+        if proc == self.proc.proc_id() {
+            std::future::pending().await
+        } else {
+            self.proc.link_failed(proc).await
+        }
+    }
+
     async fn answered(&self, proc: &ProcId) {
         let (port, receiver) = self.client.open_once_port::<Control>();
         self.send_control(
