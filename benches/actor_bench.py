@@ -54,12 +54,14 @@ from bench_common import (
     CALL_16,
     CALL_64,
     CALL_ONE,
+    CALL_ONE_CPU,
     CATALOGUE,
     ECHO_SIZES,
     FAILURE,
     FAILURE_TIMEOUT_S,
     FULL,
     PIPE,
+    PIPE_CPU,
     PIPELINED,
     QUICK,
     RSS,
@@ -73,6 +75,7 @@ from bench_common import (
     Params,
     Recorder,
     add_raw_fanout,
+    cpu_per_call,
     fmt,
     measure_pipe,
     other_rss_mib,
@@ -246,7 +249,12 @@ def measure_failure(rec: Recorder, kills: int) -> None:
 
 def run(p: Params, rec: Recorder) -> None:
     # The reference first, while the process has no monarch runtime yet.
-    rec.guard([PIPE], lambda: rec.add(Metric(PIPE, measure_pipe(p) * 1e6, "reference")))
+    def pipe() -> None:
+        median, cpu = measure_pipe(p)
+        rec.add(Metric(PIPE, median * 1e6, "reference"))
+        rec.add(Metric(PIPE_CPU, cpu * 1e6, f"reference, over {p.pipe_iters} round trips"))
+
+    rec.guard([PIPE, PIPE_CPU], pipe)
     add_raw_fanout(p, rec)
 
     this_host()  # bootstrap the client outside the timed part
@@ -268,6 +276,13 @@ def run(p: Params, rec: Recorder) -> None:
             call_one = measure_calls(actor.ping.call_one, p.call_one_warmup, p.call_one_iters)
             rec.add(Metric(CALL_ONE, call_one * 1e6, f"median of {p.call_one_iters}",
                            budget=BUDGETS[CALL_ONE]))  # fmt: skip
+            pid = actor.getpid.call_one().get(timeout=WAIT_TIMEOUT_S)
+            cpu = cpu_per_call(
+                lambda i: actor.ping.call_one(i).get(timeout=WAIT_TIMEOUT_S),
+                p.call_one_iters,
+                [os.getpid(), pid],
+            )
+            rec.add(Metric(CALL_ONE_CPU, cpu * 1e6, f"over {p.call_one_iters} calls"))
             call_1 = measure_calls(actor.ping.call, p.call_one_warmup, p.call_one_iters)
             rec.add(Metric(CALL_1, call_1 * 1e6, f"median of {p.call_one_iters}"))
             n4 = p.call_iters[4]
@@ -308,7 +323,8 @@ def run(p: Params, rec: Recorder) -> None:
         finally:
             stop(procs)
 
-    rec.guard([SPAWN_4, SPAWN_FIRST, CALL_ONE, CALL_1, CALL_4, PIPELINED, *ECHO_SIZES], small_mesh)
+    small_keys = [SPAWN_4, SPAWN_FIRST, CALL_ONE, CALL_ONE_CPU, CALL_1, CALL_4, PIPELINED]
+    rec.guard([*small_keys, *ECHO_SIZES], small_mesh)
     rec.guard([SPAWN_16, CALL_16, BROADCAST, RSS], lambda: mesh_of(16, SPAWN_16, CALL_16))
     rec.guard([SPAWN_64, CALL_64], lambda: mesh_of(64, SPAWN_64, CALL_64))
     # Last: a killed proc may leave the runtime in a worse state than the others need.

@@ -9,6 +9,7 @@ under every implementation's virtual environment.
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import multiprocessing
 import os
@@ -31,6 +32,7 @@ SPAWN_FIRST = "spawn_first"
 SPAWN_16 = "spawn_16"
 SPAWN_64 = "spawn_64"
 CALL_ONE = "call_one"
+CALL_ONE_CPU = "call_one_cpu"
 CALL_1 = "call_1"
 CALL_4 = "call_4"
 CALL_16 = "call_16"
@@ -43,6 +45,7 @@ ECHO_64M = "echo_64m"
 FAILURE = "failure"
 RSS = "rss"
 PIPE = "pipe"
+PIPE_CPU = "pipe_cpu"
 RAW_16 = "raw_fanout_16"
 RAW_64 = "raw_fanout_64"
 
@@ -52,6 +55,7 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
     SPAWN_16: ("spawn 16 procs -> first reply", "s", "lower"),
     SPAWN_64: ("spawn 64 procs -> first reply", "s", "lower"),
     CALL_ONE: ("call_one round trip", "us", "lower"),
+    CALL_ONE_CPU: ("CPU per call_one (client + proc)", "us", "lower"),
     CALL_1: ("call() to 1 actor", "us", "lower"),
     CALL_4: ("call() to 4 actors", "us", "lower"),
     CALL_16: ("call() to 16 actors", "us", "lower"),
@@ -64,6 +68,7 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
     FAILURE: ("failure detection (SIGKILL)", "s", "lower"),
     RSS: ("RSS per proc", "MiB", "lower"),
     PIPE: ("multiprocessing.Pipe round trip", "us", "lower"),
+    PIPE_CPU: ("CPU per Pipe round trip (both processes)", "us", "lower"),
     RAW_16: ("bare fan-out to 16 procs", "us", "lower"),
     RAW_64: ("bare fan-out to 64 procs", "us", "lower"),
 }
@@ -226,8 +231,45 @@ def _pipe_echo(conn: Connection) -> None:
     conn.close()
 
 
-def measure_pipe(p: Params) -> float:
-    """The median ``multiprocessing.Pipe`` round trip to a child process, in seconds.
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """The CPU time every thread of the processes ``pids`` has had so far, in seconds:
+    the scheduler's clock of each thread (``/proc/<pid>/task/<tid>/schedstat``), exact
+    to the nanosecond where ``/proc/<pid>/stat`` counts ticks of 10 ms. Threads that
+    already ended are not counted."""
+    total = 0
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except FileNotFoundError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+                pass  # the thread ended meanwhile
+    return total / 1e9
+
+
+def cpu_per_call(call: Callable[[int], object], iters: int, pids: Iterable[int]) -> float:
+    """The CPU time of the processes ``pids`` (every thread) per ``call(i)``, over
+    ``iters`` calls made one after another, in seconds."""
+    pids = list(pids)
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        before = cpu_seconds(pids)
+        for i in range(iters):
+            call(i)
+        return (cpu_seconds(pids) - before) / iters
+    finally:
+        if gc_was:
+            gc.enable()
+
+
+def measure_pipe(p: Params) -> tuple[float, float]:
+    """The median ``multiprocessing.Pipe`` round trip to a child process, and the CPU
+    time of both processes per round trip, in seconds.
 
     The child is started with the ``spawn`` method, so it does not inherit the monarch
     runtime's threads (``fork`` after they start is unsafe)."""
@@ -246,6 +288,13 @@ def measure_pipe(p: Params) -> float:
             parent.send(i)
             parent.recv()
             samples.append(time.perf_counter() - t0)
+
+        def round_trip(i: int) -> None:
+            parent.send(i)
+            parent.recv()
+
+        assert proc.pid is not None
+        cpu = cpu_per_call(round_trip, p.pipe_iters, [os.getpid(), proc.pid])
     finally:
         parent.send(None)
         proc.join(10)
@@ -253,7 +302,7 @@ def measure_pipe(p: Params) -> float:
             proc.kill()
             proc.join()
         parent.close()
-    return statistics.median(samples)
+    return statistics.median(samples), cpu
 
 
 #: The bare fan-out child: answer each datagram with a pickled ``(0, value)`` until the

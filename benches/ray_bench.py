@@ -46,12 +46,14 @@ from bench_common import (
     CALL_16,
     CALL_64,
     CALL_ONE,
+    CALL_ONE_CPU,
     CATALOGUE,
     ECHO_SIZES,
     FAILURE,
     FAILURE_TIMEOUT_S,
     FULL,
     PIPE,
+    PIPE_CPU,
     PIPELINED,
     QUICK,
     RSS,
@@ -65,6 +67,7 @@ from bench_common import (
     Params,
     Recorder,
     add_raw_fanout,
+    cpu_per_call,
     fmt,
     measure_pipe,
     other_rss_mib,
@@ -190,7 +193,12 @@ def measure_failure(rec: Recorder) -> None:
 
 
 def run(p: Params, rec: Recorder) -> None:
-    rec.guard([PIPE], lambda: rec.add(Metric(PIPE, measure_pipe(p) * 1e6, "reference")))
+    def pipe() -> None:
+        median, cpu = measure_pipe(p)
+        rec.add(Metric(PIPE, median * 1e6, "reference"))
+        rec.add(Metric(PIPE_CPU, cpu * 1e6, f"reference, over {p.pipe_iters} round trips"))
+
+    rec.guard([PIPE, PIPE_CPU], pipe)
     add_raw_fanout(p, rec)
 
     ray.init(
@@ -223,6 +231,14 @@ def _run(p: Params, rec: Recorder) -> None:
                 lambda i: actor.ping.remote(i), p.call_one_warmup, p.call_one_iters
             )
             rec.add(Metric(CALL_ONE, call_one * 1e6, f"median of {p.call_one_iters}"))
+            pid = ray.get(actor.getpid.remote(), timeout=WAIT_TIMEOUT_S)
+            cpu = cpu_per_call(
+                lambda i: ray.get(actor.ping.remote(i), timeout=WAIT_TIMEOUT_S),
+                p.call_one_iters,
+                [os.getpid(), pid],
+            )
+            note = f"over {p.call_one_iters} calls; the driver and the actor's worker only"
+            rec.add(Metric(CALL_ONE_CPU, cpu * 1e6, note))
             call_1 = measure_calls(
                 lambda i: [actor.ping.remote(i)], p.call_one_warmup, p.call_one_iters
             )
@@ -270,7 +286,8 @@ def _run(p: Params, rec: Recorder) -> None:
         finally:
             stop(actors)
 
-    rec.guard([SPAWN_4, SPAWN_FIRST, CALL_ONE, CALL_1, CALL_4, PIPELINED, *ECHO_SIZES], small)
+    small_keys = [SPAWN_4, SPAWN_FIRST, CALL_ONE, CALL_ONE_CPU, CALL_1, CALL_4, PIPELINED]
+    rec.guard([*small_keys, *ECHO_SIZES], small)
     rec.guard([SPAWN_16, CALL_16, BROADCAST, RSS], lambda: many(16, SPAWN_16, CALL_16))
     rec.guard([SPAWN_64, CALL_64], lambda: many(64, SPAWN_64, CALL_64))
     rec.guard([FAILURE], lambda: measure_failure(rec))
