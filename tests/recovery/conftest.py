@@ -16,6 +16,8 @@ from monarch.actor import MeshFailure
 
 
 def _hook(failure: MeshFailure) -> None:
+    """The recovery tests' fault hook: records a failure that reached it (each test
+    checks there is none) and passes it to the session's recorder."""
     RECORDER(failure)  # what the other directories' tests wait on, in this same process
     unhandled.append(failure)
 
