@@ -402,22 +402,27 @@ impl Host {
     ) -> Result<Batch, HostError> {
         let host = self.proc.proc_id();
         let mut batch = Batch(Vec::with_capacity(count));
+        // Each rank's command and boot info, for a child process or an in-process proc.
+        let rank_boot = |rank: usize| -> Result<(&BootstrapCommand, BootInfo), HostError> {
+            let cmd = commands
+                .for_rank(rank)
+                .ok_or_else(|| HostError::CommandCount {
+                    host: host.clone(),
+                    name: name.to_string(),
+                    count,
+                    commands: commands.ranks().unwrap_or(0),
+                })?;
+            let info = BootInfo {
+                name: name.to_string(),
+                rank,
+                count,
+                report: report.port_id().clone(),
+            };
+            Ok((cmd, info))
+        };
         if let Some(launcher) = &self.launcher {
             for rank in 0..count {
-                let cmd = commands
-                    .for_rank(rank)
-                    .ok_or_else(|| HostError::CommandCount {
-                        host: host.clone(),
-                        name: name.to_string(),
-                        count,
-                        commands: commands.ranks().unwrap_or(0),
-                    })?;
-                let info = BootInfo {
-                    name: name.to_string(),
-                    rank,
-                    count,
-                    report: report.port_id().clone(),
-                };
+                let (cmd, info) = rank_boot(rank)?;
                 let child = in_process::start(&**launcher, cmd, &info, exited_tx.clone()).map_err(
                     |source| HostError::Spawn {
                         host: host.clone(),
@@ -439,20 +444,7 @@ impl Host {
         };
         let mut forking = true;
         for rank in 0..count {
-            let cmd = commands
-                .for_rank(rank)
-                .ok_or_else(|| HostError::CommandCount {
-                    host: host.clone(),
-                    name: name.to_string(),
-                    count,
-                    commands: commands.ranks().unwrap_or(0),
-                })?;
-            let info = BootInfo {
-                name: name.to_string(),
-                rank,
-                count,
-                report: report.port_id().clone(),
-            };
+            let (cmd, info) = rank_boot(rank)?;
             let template = match commands {
                 _ if !forking => None,
                 ProcCommands::Same(_) => shared.clone(),
