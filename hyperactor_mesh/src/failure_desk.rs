@@ -16,13 +16,27 @@
 //!
 //! A task moves the failures from the client's port to the desk
 //! ([`FailureDesk::serve`]); the desk itself is plain locks, modelled under loom.
+//!
+//! A failure already delivered to the port but not yet moved must not be missed by the
+//! drain: the exit first learns that a killed proc's failure was *sent* (its death was
+//! handled), then drains. So a served desk's [`FailureDesk::drain`] first asks the task
+//! to move everything the port holds (a *flush*) and waits for its answer, bounded by
+//! [`FLUSH_WAIT`]: the task takes every failure that is ready before it answers.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hyperactor::sync::{Condvar, Mutex};
 use hyperactor::{Client, SupervisionEvent};
+
+/// How long a served desk's drain waits for its task to move what the port holds (a
+/// runtime too busy to answer in that time leaves the rest undrained rather than
+/// holding up the exit).
+pub const FLUSH_WAIT: Duration = Duration::from_secs(2);
+
+/// A request to move every failure the port holds now; answered on the sender.
+type Flush = std::sync::mpsc::Sender<()>;
 
 /// What [`FailureDesk::take`] got.
 #[derive(Debug, PartialEq, Eq)]
@@ -48,6 +62,8 @@ struct Desk<T> {
 pub struct FailureDesk<T = SupervisionEvent> {
     desk: Mutex<Desk<T>>,
     changed: Condvar,
+    /// The serving task's flush requests (a served desk only).
+    flush: Option<tokio::sync::mpsc::UnboundedSender<Flush>>,
 }
 
 impl<T> std::fmt::Debug for FailureDesk<T> {
@@ -79,6 +95,7 @@ impl<T> FailureDesk<T> {
                 closed: false,
             }),
             changed: Condvar::new(),
+            flush: None,
         }
     }
 
@@ -124,10 +141,23 @@ impl<T> FailureDesk<T> {
         self.changed.notify_all();
     }
 
-    /// Stops further takes, waits until no failure is in hand (unless `taker`: the
-    /// caller is the thread that holds it), and returns every failure still waiting,
-    /// oldest first. Not for runtime threads.
+    /// A served desk: waits (up to [`FLUSH_WAIT`]) until its task moved every failure
+    /// its port held when this was called. Nothing for a desk fed by hand.
+    fn flush(&self) {
+        let Some(requests) = &self.flush else { return };
+        let (done, answered) = std::sync::mpsc::channel();
+        if requests.send(done).is_ok() {
+            // An error: the task ended (the port closed), having moved everything.
+            let _ = answered.recv_timeout(FLUSH_WAIT);
+        }
+    }
+
+    /// Moves what a served desk's port holds (see the [module docs](self)), stops
+    /// further takes, waits until no failure is in hand (unless `taker`: the caller is
+    /// the thread that holds it), and returns every failure still waiting, oldest
+    /// first. Not for runtime threads.
     pub fn drain(&self, taker: bool) -> Vec<T> {
+        self.flush();
         let mut desk = self.desk.lock();
         desk.draining = true;
         self.changed.notify_all();
@@ -142,13 +172,35 @@ impl FailureDesk<SupervisionEvent> {
     /// A desk fed by `client`'s supervision port, from a task on the current tokio
     /// runtime (call it inside one); the desk closes when the port does.
     pub fn serve(client: Arc<Client>) -> Arc<Self> {
-        let desk = Arc::new(Self::new());
-        let feeding = Arc::clone(&desk);
+        let (requests, mut flushes) = tokio::sync::mpsc::unbounded_channel::<Flush>();
+        let desk = Arc::new(Self {
+            flush: Some(requests),
+            ..Self::new()
+        });
+        let feeding = Arc::downgrade(&desk);
         tokio::spawn(async move {
-            while let Some(event) = client.next_supervision_event().await {
-                feeding.put(event);
+            loop {
+                // Failures first: a flush is answered only once the port has none ready,
+                // so every failure delivered before the request is on the desk by then.
+                let event = tokio::select! {
+                    biased;
+                    event = client.next_supervision_event() => event,
+                    Some(done) = flushes.recv() => {
+                        let _ = done.send(());
+                        continue;
+                    }
+                };
+                let Some(desk) = feeding.upgrade() else {
+                    return;
+                };
+                match event {
+                    Some(event) => desk.put(event),
+                    None => {
+                        desk.close();
+                        return;
+                    }
+                }
             }
-            feeding.close();
         });
         desk
     }
@@ -157,6 +209,8 @@ impl FailureDesk<SupervisionEvent> {
 #[cfg(all(test, not(feature = "loom")))]
 mod tests {
     use std::time::Duration;
+
+    use hyperactor::SendContext;
 
     use super::*;
 
@@ -182,6 +236,56 @@ mod tests {
         );
         desk.close();
         assert_eq!(desk.take(None), Taken::Ended);
+    }
+
+    /// A failure delivered to the client's port just before the drain is drained, even
+    /// when the runtime has not moved it yet: the drain waits for the move.
+    #[test]
+    fn a_drain_takes_a_failure_still_on_the_port() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let proc = rt
+            .block_on(hyperactor::Proc::serve(
+                hyperactor::ChannelTransport::Local,
+                "desk",
+            ))
+            .expect("a proc");
+        let _in_runtime = rt.enter();
+        let client = Arc::new(proc.client("client").expect("a client"));
+        let desk = FailureDesk::serve(Arc::clone(&client));
+        // Hold the only worker, so that the desk's task cannot move the failure.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (holding, worker_held) = std::sync::mpsc::channel::<()>();
+        rt.spawn(async move {
+            holding.send(()).expect("the test waits");
+            let _ = held.recv();
+        });
+        worker_held.recv().expect("the worker is held");
+        let event = SupervisionEvent::new(client.actor_id().clone(), "killed");
+        client.proc().post(hyperactor::message::Envelope {
+            header: hyperactor::message::EnvelopeHeader {
+                sender: client.actor_id().clone(),
+                dest: client
+                    .actor_id()
+                    .port_id(hyperactor::message::SUPERVISION_PORT),
+                return_to: None,
+                extra: None,
+            },
+            payload: hyperactor::message::Serialized::encode(&event).expect("encodes"),
+        });
+        // Free the worker a little later: a drain that does not wait for the move
+        // returns before that, empty.
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            let _ = release.send(());
+        });
+        let drained = desk.drain(false);
+        releaser.join().expect("the releaser");
+        assert_eq!(drained.len(), 1, "the failure on the port was drained");
+        assert_eq!(drained[0].reason, "killed");
     }
 
     #[test]
