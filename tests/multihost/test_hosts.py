@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from output_lines import LineReader
+
 from .netns import Cluster, Host
 
 HERE = Path(__file__).parent
@@ -151,27 +153,20 @@ class Client:
 
     def expect(self, prefix: str, timeout: float = 120) -> str:
         """The next stdout line starting with ``prefix`` (other lines are skipped)."""
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        import selectors
-
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                break
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith(prefix):
-                return line[len(prefix) :].strip()
+        lines = LineReader.of(self.proc)
+        line = lines.until(prefix, timeout)
+        if line is not None:
+            return line[len(prefix) :].strip()
         self.proc.send_signal(signal.SIGABRT)  # its stacks, to stderr (PYTHONFAULTHANDLER)
         try:
             _, err = self.proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             _, err = self.proc.communicate(timeout=30)
-        raise AssertionError(f"client gave no {prefix!r} line; stderr:\n{err[-8000:]}")
+        out = "".join(lines.seen)
+        raise AssertionError(
+            f"client gave no {prefix!r} line; stdout:\n{out[-2000:]}\nstderr:\n{err[-8000:]}"
+        )
 
     def result(self, timeout: float = 120) -> dict[str, Any]:
         value: dict[str, Any] = json.loads(self.expect("RESULT ", timeout))

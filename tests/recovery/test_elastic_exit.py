@@ -13,29 +13,21 @@ from pathlib import Path
 import pytest
 from injected_faults import alive
 
+from output_lines import LineReader
+
 pytest.importorskip("torch")
 
 HERE = Path(__file__).parent
 
 
 def _lines_until(proc: subprocess.Popen[str], prefix: str, timeout: float) -> str:
-    assert proc.stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < deadline:
-        if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-            break
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if prefix in line:
-            return line.split(prefix, 1)[1].strip()
+    lines = LineReader.of(proc)
+    line = lines.until(prefix, timeout, prefix=False)
+    if line is not None:
+        return line.split(prefix, 1)[1].strip()
     proc.kill()
     rest = proc.communicate(timeout=30)[0]
-    raise AssertionError(f"no {prefix!r} line; output:\n{''.join(seen)}{rest}"[-4000:])
+    raise AssertionError(f"no {prefix!r} line; output:\n{''.join(lines.seen)}{rest}"[-4000:])
 
 
 def _wait_gone(pids: list[int], timeout: float) -> list[int]:

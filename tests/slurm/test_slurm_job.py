@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import selectors
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from output_lines import LineReader
 
 from .harness import SlurmCluster
 
@@ -53,23 +54,15 @@ def start_client(
 
 def read_line(proc: subprocess.Popen[str], tag: str, timeout: float) -> dict[str, Any]:
     """The JSON of the next ``TAG <json>`` line the client prints (other lines skipped)."""
-    assert proc.stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < deadline:
-        if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-            break
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if line.startswith(f"{tag} "):
-            return dict(json.loads(line[len(tag) + 1 :]))
+    lines = LineReader.of(proc)
+    line = lines.until(f"{tag} ", timeout)
+    if line is not None:
+        return dict(json.loads(line[len(tag) + 1 :]))
     proc.kill()
     _, err = proc.communicate(timeout=30)
-    raise AssertionError(f"no {tag} line from the client; stdout: {''.join(seen)}\nstderr: {err}")
+    raise AssertionError(
+        f"no {tag} line from the client; stdout: {''.join(lines.seen)}\nstderr: {err}"
+    )
 
 
 def run_client(
