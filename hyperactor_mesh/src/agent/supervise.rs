@@ -86,16 +86,49 @@ struct SupervisorState {
     hosts: HashMap<ProcId, ProcId>,
     /// Procs whose death this agent has handled (its reports to the owners sent).
     handled: HashSet<ProcId>,
+    /// Where each proc is a member of the meshes owned here: the mesh's id and the
+    /// position in its ranks. A death looks up its proc's meshes here instead of
+    /// scanning every rank of every mesh (which made `n` deaths cost `n` times the
+    /// size of the meshes).
+    members: HashMap<ProcId, Vec<(u64, usize)>>,
 }
 
 impl SupervisorState {
     /// Whether `proc` belongs to a proc mesh owned here that was stopped.
     fn in_stopped_proc_mesh(&self, proc: &ProcId) -> bool {
-        self.owned.values().any(|m| {
-            m.stopped
-                && matches!(m.kind, OwnedKind::Procs)
-                && m.ranks.iter().any(|(t, _)| &t.proc == proc)
-        })
+        self.meshes_of(proc)
+            .any(|(m, _)| m.stopped && matches!(m.kind, OwnedKind::Procs))
+    }
+
+    /// The meshes owned here that `proc` is a member of, each with its position there.
+    fn meshes_of<'a>(&'a self, proc: &ProcId) -> impl Iterator<Item = (&'a OwnedMesh, usize)> + 'a {
+        self.members
+            .get(proc)
+            .into_iter()
+            .flatten()
+            .filter_map(|&(id, at)| Some((self.owned.get(&id)?, at)))
+    }
+
+    /// Records `mesh`, replacing a mesh of the same id.
+    fn own(&mut self, mesh: OwnedMesh) {
+        let id = mesh.mesh.id;
+        if let Some(old) = self.owned.remove(&id) {
+            for (target, _) in &old.ranks {
+                if let Some(places) = self.members.get_mut(&target.proc) {
+                    places.retain(|&(mesh, _)| mesh != id);
+                    if places.is_empty() {
+                        self.members.remove(&target.proc);
+                    }
+                }
+            }
+        }
+        for (at, (target, _)) in mesh.ranks.iter().enumerate() {
+            self.members
+                .entry(target.proc.clone())
+                .or_default()
+                .push((id, at));
+        }
+        self.owned.insert(id, mesh);
     }
 }
 
@@ -258,7 +291,7 @@ impl Supervisor {
 
     /// Records the mesh `mesh` owned here.
     pub(super) fn own(&self, mesh: OwnedMesh) {
-        self.state.lock().owned.insert(mesh.mesh.id, mesh);
+        self.state.lock().own(mesh);
     }
 
     /// Marks mesh `id` stopped; its info if it was running.
@@ -325,26 +358,25 @@ impl Supervisor {
     ) -> Vec<(ActorId, MeshFailure)> {
         let state = self.state.lock();
         let mut failures = Vec::new();
-        for owned in state.owned.values() {
+        for (owned, at) in state.meshes_of(proc) {
             if owned.stopped || !matches!(owned.kind, OwnedKind::Actors { .. }) {
                 continue;
             }
-            for (target, pid) in &owned.ranks {
-                if &target.proc == proc {
-                    failures.push((
-                        owned.owner.clone(),
-                        MeshFailure {
-                            mesh: owned.mesh.clone(),
-                            rank: target.index as usize,
-                            actor_id: None,
-                            proc_id: proc.clone(),
-                            pid: pid.or(Some(death.pid)),
-                            cause: death.end.cause(),
-                            caused_by: None,
-                        },
-                    ));
-                }
-            }
+            let Some((target, pid)) = owned.ranks.get(at) else {
+                continue;
+            };
+            failures.push((
+                owned.owner.clone(),
+                MeshFailure {
+                    mesh: owned.mesh.clone(),
+                    rank: target.index as usize,
+                    actor_id: None,
+                    proc_id: proc.clone(),
+                    pid: pid.or(Some(death.pid)),
+                    cause: death.end.cause(),
+                    caused_by: None,
+                },
+            ));
         }
         failures
     }
@@ -861,5 +893,96 @@ impl Inner {
             Vec::new(),
         );
         let _ = tokio::time::timeout(timeout, replies.wait()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::supervision::ProcEnd;
+
+    fn proc(i: u32) -> ProcId {
+        format!("p{i}@unix:/tmp/p{i}.sock").parse().unwrap()
+    }
+
+    fn mesh(id: u64, kind: OwnedKind, procs: &[u32]) -> OwnedMesh {
+        OwnedMesh {
+            mesh: MeshInfo {
+                id,
+                name: format!("m{id}"),
+                class: "Test".into(),
+            },
+            owner: proc(100).actor_id("owner", 0).unwrap(),
+            kind,
+            ranks: procs
+                .iter()
+                .enumerate()
+                .map(|(i, &p)| {
+                    let target = CastTarget {
+                        index: i as u32,
+                        proc: proc(p),
+                        host: None,
+                    };
+                    (target, Some(p))
+                })
+                .collect(),
+            view: ViewExtent::default(),
+            stopped: false,
+            created: 0.0,
+        }
+    }
+
+    fn actors() -> OwnedKind {
+        OwnedKind::Actors { actor: "a".into() }
+    }
+
+    fn death(p: u32) -> ProcDeath {
+        ProcDeath {
+            proc_id: proc(p),
+            pid: p,
+            end: ProcEnd::Signaled { signal: 9 },
+            expected: false,
+        }
+    }
+
+    fn ranks_failed(s: &Supervisor, p: u32) -> Vec<(u64, usize)> {
+        let mut got: Vec<(u64, usize)> = s
+            .failures_on(&proc(p), &death(p))
+            .into_iter()
+            .map(|(_, f)| (f.mesh.id, f.rank))
+            .collect();
+        got.sort_unstable();
+        got
+    }
+
+    #[test]
+    fn a_death_fails_the_ranks_of_running_actor_meshes_on_its_proc_only() {
+        let s = Supervisor::default();
+        s.own(mesh(1, actors(), &[1, 2, 3]));
+        s.own(mesh(2, actors(), &[3, 4]));
+        s.own(mesh(3, OwnedKind::Procs, &[1, 2, 3, 4]));
+        assert_eq!(ranks_failed(&s, 3), vec![(1, 2), (2, 0)]);
+        assert_eq!(ranks_failed(&s, 4), vec![(2, 1)]);
+        assert_eq!(ranks_failed(&s, 9), vec![]);
+        s.mark_stopped(1);
+        assert_eq!(
+            ranks_failed(&s, 3),
+            vec![(2, 0)],
+            "a stopped mesh has no failures"
+        );
+        assert!(!s.in_stopped_proc_mesh(&proc(1)));
+        s.mark_stopped(3);
+        assert!(s.in_stopped_proc_mesh(&proc(1)));
+        assert!(!s.in_stopped_proc_mesh(&proc(9)));
+    }
+
+    #[test]
+    fn a_mesh_registered_again_under_its_id_replaces_its_members() {
+        let s = Supervisor::default();
+        s.own(mesh(1, actors(), &[1, 2]));
+        s.own(mesh(1, actors(), &[2, 3]));
+        assert_eq!(ranks_failed(&s, 1), vec![]);
+        assert_eq!(ranks_failed(&s, 2), vec![(1, 0)]);
+        assert_eq!(ranks_failed(&s, 3), vec![(1, 1)]);
     }
 }
