@@ -31,6 +31,34 @@ def test_import_does_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=50)
 
 
+#: A proc that only runs a plain (synchronous) actor imports none of these: they serve
+#: features it does not use (workspace sync, async actors, TLS), and each costs start-up
+#: time and memory in every proc.
+NOT_IN_A_PLAIN_PROC = ["asyncio", "ssl", "hashlib", "monarch._src.actor.code_sync"]
+
+PROC_MODULES = """
+import sys
+from monarch.actor import Actor, endpoint, this_host
+
+class Modules(Actor):
+    @endpoint
+    def loaded(self, names: list) -> list:
+        return [n for n in names if n in sys.modules]
+
+procs = this_host().spawn_procs(per_host={"gpus": 1})
+loaded = procs.spawn("modules", Modules).loaded.call_one(NAMES).get(timeout=60)
+procs.stop().get(timeout=60)
+assert not loaded, f"a plain proc imported {loaded}"
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_plain_proc_does_not_import_what_it_does_not_use() -> None:
+    code = f"NAMES = {NOT_IN_A_PLAIN_PROC!r}\n" + PROC_MODULES
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 def _module_imports(package_dir: Path, package: str) -> dict[str, set[str]]:
     """For every module of ``package`` (a directory), the modules of the same package
     it imports when it runs: at module level or inside functions (a cycle through a

@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 from monarch._rust_bindings import Extent as _Extent
 from monarch._rust_bindings import HostMeshHandle, ProcMeshHandle
 from monarch._src import config
-from monarch._src.actor import code_sync, cpu_threads, cuda_devices, extensions, logs, process
 from monarch._src.actor import context as _context
+from monarch._src.actor import cpu_threads, cuda_devices, extensions, logs, process
 from monarch._src.actor import proc_bind as proc_binding
 from monarch._src.actor.actor import Actor
 from monarch._src.actor.actor_mesh import spawn_actor_mesh
@@ -38,6 +38,15 @@ from monarch._src.actor.point import Point
 from monarch._src.actor.replies import RustWork
 from monarch._src.actor.shape import MeshTrait, Shape
 from monarch._src.actor.workspace import Workspace
+
+
+def _code_sync() -> Any:
+    """The workspace-sync module, imported on first use: it brings asyncio, ssl and
+    hashlib, which a proc that never syncs a workspace should not pay for."""
+    from monarch._src.actor import code_sync
+
+    return code_sync
+
 
 # How a host starts a proc by default, and how it starts that entry point's fork
 # server (a template interpreter every proc is forked from).
@@ -639,7 +648,7 @@ class HostMesh(MeshTrait):
         _validate_spawn(per_host, list(self._hm_shape.labels), name, proc_bind, bootstrap)
         extra = _check_env(user_env)
         env = child_environment(bootstrap)
-        env.update(code_sync.spawn_variables(self))
+        env.update(_code_sync().spawn_variables(self))
         python = self._python or sys.executable
         if self._python is not None:
             env[PYTHON_EXECUTABLE_ENV] = self._python
@@ -709,7 +718,7 @@ class HostMesh(MeshTrait):
             RuntimeError: The mesh is a slice or a received reference (sync with the
                 mesh that owns the hosts).
         """
-        await code_sync.sync_workspace(self, workspace, conda, auto_reload)
+        await _code_sync().sync_workspace(self, workspace, conda, auto_reload)
 
     @property
     def initialized(self) -> Future[bool]:

@@ -33,7 +33,7 @@ from monarch._rust_bindings import (
 )
 from monarch._src import config
 from monarch._src.actor import (
-    code_sync,
+    code_sync_base,
     cpu_threads,
     cuda_devices,
     extensions,
@@ -190,7 +190,7 @@ def serve_child() -> None:
     from monarch._src.actor.debugger import remote_pdb
 
     remote_pdb.install()
-    code_sync.apply_to_this_proc()  # a synced workspace on sys.path
+    code_sync_base.apply_to_this_proc()  # a synced workspace on sys.path
     blob = os.environ.get(BOOTSTRAP_FN_ENV)
     if blob is not None:
         run_bootstrap(loads(base64.b64decode(blob)))
