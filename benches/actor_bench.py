@@ -61,7 +61,6 @@ from bench_common import (
     FAILURE_TIMEOUT_S,
     FULL,
     PIPE,
-    PIPE_CPU,
     PIPELINED,
     QUICK,
     RSS,
@@ -74,10 +73,10 @@ from bench_common import (
     Metric,
     Params,
     Recorder,
+    add_pipe,
     add_raw_fanout,
     cpu_per_call,
     fmt,
-    measure_pipe,
     other_rss_mib,
     print_rows,
     rss_mib,
@@ -249,12 +248,7 @@ def measure_failure(rec: Recorder, kills: int) -> None:
 
 def run(p: Params, rec: Recorder) -> None:
     # The reference first, while the process has no monarch runtime yet.
-    def pipe() -> None:
-        median, cpu = measure_pipe(p)
-        rec.add(Metric(PIPE, median * 1e6, "reference"))
-        rec.add(Metric(PIPE_CPU, cpu * 1e6, f"reference, over {p.pipe_iters} round trips"))
-
-    rec.guard([PIPE, PIPE_CPU], pipe)
+    add_pipe(p, rec)
     add_raw_fanout(p, rec)
 
     this_host()  # bootstrap the client outside the timed part

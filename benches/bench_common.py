@@ -378,6 +378,17 @@ def measure_raw_fanout(n: int, iters: int) -> float:
                 child.wait()
 
 
+def add_pipe(p: Params, rec: Recorder) -> None:
+    """Measure the ``multiprocessing.Pipe`` references: its round trip and its CPU."""
+
+    def pipe() -> None:
+        median, cpu = measure_pipe(p)
+        rec.add(Metric(PIPE, median * 1e6, "reference"))
+        rec.add(Metric(PIPE_CPU, cpu * 1e6, f"reference, over {p.pipe_iters} round trips"))
+
+    rec.guard([PIPE, PIPE_CPU], pipe)
+
+
 def add_raw_fanout(p: Params, rec: Recorder) -> None:
     """Measure the bare fan-out references ``p`` asks for (the others: skipped)."""
     for n, key in RAW_FANOUT.items():

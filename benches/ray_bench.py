@@ -52,8 +52,6 @@ from bench_common import (
     FAILURE,
     FAILURE_TIMEOUT_S,
     FULL,
-    PIPE,
-    PIPE_CPU,
     PIPELINED,
     QUICK,
     RSS,
@@ -66,10 +64,10 @@ from bench_common import (
     Metric,
     Params,
     Recorder,
+    add_pipe,
     add_raw_fanout,
     cpu_per_call,
     fmt,
-    measure_pipe,
     other_rss_mib,
     print_rows,
     rss_mib,
@@ -193,12 +191,7 @@ def measure_failure(rec: Recorder) -> None:
 
 
 def run(p: Params, rec: Recorder) -> None:
-    def pipe() -> None:
-        median, cpu = measure_pipe(p)
-        rec.add(Metric(PIPE, median * 1e6, "reference"))
-        rec.add(Metric(PIPE_CPU, cpu * 1e6, f"reference, over {p.pipe_iters} round trips"))
-
-    rec.guard([PIPE, PIPE_CPU], pipe)
+    add_pipe(p, rec)
     add_raw_fanout(p, rec)
 
     ray.init(

@@ -650,12 +650,6 @@ impl Inner {
         }
     }
 
-    /// Sends the agent of `proc` a heartbeat and completes once it answered (never, if
-    /// it does not).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe.
     /// Completes with the error when this proc's link to `proc` fails; never for this
     /// agent's own proc, which it reaches without a link.
     ///
@@ -670,6 +664,12 @@ impl Inner {
         }
     }
 
+    /// Sends the agent of `proc` a heartbeat and completes once it answered (never, if
+    /// it does not).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
     async fn answered(&self, proc: &ProcId) {
         let (port, receiver) = self.client.open_once_port::<Control>();
         self.send_control(

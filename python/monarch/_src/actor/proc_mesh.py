@@ -39,15 +39,6 @@ from monarch._src.actor.replies import RustWork
 from monarch._src.actor.shape import MeshTrait, Shape
 from monarch._src.actor.workspace import Workspace
 
-
-def _code_sync() -> Any:
-    """The workspace-sync module, imported on first use: it brings asyncio, ssl and
-    hashlib, which a proc that never syncs a workspace should not pay for."""
-    from monarch._src.actor import code_sync
-
-    return code_sync
-
-
 # How a host starts a proc by default, and how it starts that entry point's fork
 # server (a template interpreter every proc is forked from).
 _BOOTSTRAP_ARGS = ["-m", "monarch._src.actor.bootstrap"]
@@ -648,7 +639,11 @@ class HostMesh(MeshTrait):
         _validate_spawn(per_host, list(self._hm_shape.labels), name, proc_bind, bootstrap)
         extra = _check_env(user_env)
         env = child_environment(bootstrap)
-        env.update(_code_sync().spawn_variables(self))
+        # Imported here, not at the top: it brings asyncio, ssl and hashlib, which a
+        # proc that never spawns or syncs should not pay for.
+        from monarch._src.actor import code_sync
+
+        env.update(code_sync.spawn_variables(self))
         python = self._python or sys.executable
         if self._python is not None:
             env[PYTHON_EXECUTABLE_ENV] = self._python
@@ -718,7 +713,9 @@ class HostMesh(MeshTrait):
             RuntimeError: The mesh is a slice or a received reference (sync with the
                 mesh that owns the hosts).
         """
-        await _code_sync().sync_workspace(self, workspace, conda, auto_reload)
+        from monarch._src.actor import code_sync  # on first use (see spawn_procs)
+
+        await code_sync.sync_workspace(self, workspace, conda, auto_reload)
 
     @property
     def initialized(self) -> Future[bool]:
