@@ -69,6 +69,7 @@ from bench_common import (
     SPAWN_16,
     SPAWN_64,
     SPAWN_FIRST,
+    STOP_64,
     WAIT_TIMEOUT_S,
     Metric,
     Params,
@@ -125,12 +126,15 @@ def spawn_timed(n: int):
     return procs, mesh, seconds
 
 
-def stop(procs) -> None:
-    """Stop a proc mesh, waiting a bounded time (what is left, the driver cleans up)."""
+def stop(procs) -> bool:
+    """Stop a proc mesh, waiting a bounded time (what is left, the driver cleans up).
+    Whether the stop completed."""
     try:
         procs.stop().get(timeout=30)
     except Exception as e:
         print(f"warning: stopping a proc mesh failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return False
+    return True
 
 
 def measure_calls(endpoint_call, warmup: int, iters: int) -> float:
@@ -298,7 +302,8 @@ def run(p: Params, rec: Recorder) -> None:
 
     def mesh_of(n: int, spawn_key: str, call_key: str) -> None:
         if n not in p.call_iters:
-            rec.fail([spawn_key, call_key] + ([BROADCAST, RSS] if n == 16 else []), SKIPPED)
+            extra = {16: [BROADCAST, RSS], 64: [STOP_64]}.get(n, [])
+            rec.fail([spawn_key, call_key, *extra], SKIPPED)
             return
         procs, mesh, seconds = spawn_timed(n)
         try:
@@ -315,12 +320,15 @@ def run(p: Params, rec: Recorder) -> None:
                 note = f"median of {len(rss)} procs; other child processes {other:.0f} MiB in all"
                 rec.add(Metric(RSS, statistics.median(rss), note, samples=rss))
         finally:
-            stop(procs)
+            t0 = time.perf_counter()
+            stopped = stop(procs)
+            if n == 64 and stopped:
+                rec.add(Metric(STOP_64, time.perf_counter() - t0, "until every proc exited"))
 
     small_keys = [SPAWN_4, SPAWN_FIRST, CALL_ONE, CALL_ONE_CPU, CALL_1, CALL_4, PIPELINED]
     rec.guard([*small_keys, *ECHO_SIZES], small_mesh)
     rec.guard([SPAWN_16, CALL_16, BROADCAST, RSS], lambda: mesh_of(16, SPAWN_16, CALL_16))
-    rec.guard([SPAWN_64, CALL_64], lambda: mesh_of(64, SPAWN_64, CALL_64))
+    rec.guard([SPAWN_64, CALL_64, STOP_64], lambda: mesh_of(64, SPAWN_64, CALL_64))
     # Last: a killed proc may leave the runtime in a worse state than the others need.
     rec.guard([FAILURE], lambda: measure_failure(rec, p.failure_kills))
 

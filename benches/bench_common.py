@@ -31,6 +31,7 @@ SPAWN_4 = "spawn_4"
 SPAWN_FIRST = "spawn_first"
 SPAWN_16 = "spawn_16"
 SPAWN_64 = "spawn_64"
+STOP_64 = "stop_64"
 CALL_ONE = "call_one"
 CALL_ONE_CPU = "call_one_cpu"
 CALL_1 = "call_1"
@@ -54,6 +55,7 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
     SPAWN_FIRST: ("first spawn of 4 (cold)", "s", "lower"),
     SPAWN_16: ("spawn 16 procs -> first reply", "s", "lower"),
     SPAWN_64: ("spawn 64 procs -> first reply", "s", "lower"),
+    STOP_64: ("stop 64 procs -> all exited", "s", "lower"),
     CALL_ONE: ("call_one round trip", "us", "lower"),
     CALL_ONE_CPU: ("CPU per call_one (client + proc)", "us", "lower"),
     CALL_1: ("call() to 1 actor", "us", "lower"),

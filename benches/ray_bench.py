@@ -60,6 +60,7 @@ from bench_common import (
     SPAWN_16,
     SPAWN_64,
     SPAWN_FIRST,
+    STOP_64,
     WAIT_TIMEOUT_S,
     Metric,
     Params,
@@ -105,9 +106,10 @@ def spawn_timed(n: int):
     return actors, seconds
 
 
-def stop(actors) -> None:
+def stop(actors) -> bool:
     """Kill the actors and wait (bounded) for their worker processes to exit, so that
-    the next measurement does not share the CPUs with their teardown."""
+    the next measurement does not share the CPUs with their teardown. Whether they all
+    exited."""
     try:
         pids = ray.get([a.getpid.remote() for a in actors], timeout=30)
     except Exception:
@@ -116,6 +118,8 @@ def stop(actors) -> None:
         ray.kill(a)
     if not wait_gone(pids, 30):
         print("warning: Ray actor processes still alive 30 s after ray.kill", file=sys.stderr)
+        return False
+    return bool(pids)
 
 
 def measure_calls(issue, warmup: int, iters: int) -> float:
@@ -255,7 +259,8 @@ def _run(p: Params, rec: Recorder) -> None:
 
     def many(n: int, spawn_key: str, call_key: str) -> None:
         if n not in p.call_iters:
-            rec.fail([spawn_key, call_key] + ([BROADCAST, RSS] if n == 16 else []), SKIPPED)
+            extra = {16: [BROADCAST, RSS], 64: [STOP_64]}.get(n, [])
+            rec.fail([spawn_key, call_key, *extra], SKIPPED)
             return
         actors, seconds = spawn_timed(n)
         try:
@@ -277,12 +282,16 @@ def _run(p: Params, rec: Recorder) -> None:
                 )
                 rec.add(Metric(RSS, statistics.median(rss), note, samples=rss))
         finally:
-            stop(actors)
+            t0 = time.perf_counter()
+            stopped = stop(actors)
+            if n == 64 and stopped:
+                note = "ray.kill of each actor, until its worker process exited"
+                rec.add(Metric(STOP_64, time.perf_counter() - t0, note))
 
     small_keys = [SPAWN_4, SPAWN_FIRST, CALL_ONE, CALL_ONE_CPU, CALL_1, CALL_4, PIPELINED]
     rec.guard([*small_keys, *ECHO_SIZES], small)
     rec.guard([SPAWN_16, CALL_16, BROADCAST, RSS], lambda: many(16, SPAWN_16, CALL_16))
-    rec.guard([SPAWN_64, CALL_64], lambda: many(64, SPAWN_64, CALL_64))
+    rec.guard([SPAWN_64, CALL_64, STOP_64], lambda: many(64, SPAWN_64, CALL_64))
     rec.guard([FAILURE], lambda: measure_failure(rec))
 
 

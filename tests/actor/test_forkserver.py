@@ -9,6 +9,7 @@ reported and reaped, that the template never outlives its procs or its host, and
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -45,6 +46,15 @@ class Probe(Actor):
     @endpoint
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    @endpoint
+    def collector(self) -> tuple[int, int]:
+        """How many objects the collector ignores, and how many of a fresh cycle it
+        collects."""
+        cycle: list[object] = []
+        cycle.append(cycle)
+        del cycle
+        return gc.get_freeze_count(), gc.collect()
 
 
 def _cmdline(pid: int) -> str:
@@ -133,6 +143,27 @@ def test_a_killed_template_fails_its_procs_and_the_next_spawn_gets_a_new_one(
     finally:
         fresh.stop().get(timeout=30)
         pm.stop().get(timeout=30)
+
+
+def test_a_forked_procs_collector_leaves_the_templates_objects_alone() -> None:
+    """What the template imported is frozen before each fork: a proc's collections do
+    not write to those objects (which would copy their shared pages) and are cheap,
+    which is most of a stopping proc's work. Its own garbage is still collected."""
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, name="frozen")
+    try:
+        frozen, collected = pm.spawn("probe", Probe).collector.call_one().get(timeout=60)
+    finally:
+        pm.stop().get(timeout=30)
+    # The template holds the runtime's modules: tens of thousands of objects.
+    assert frozen > 10_000, f"the template froze only {frozen} objects"
+    assert collected >= 1, "the proc's own cycle was not collected"
+    with config.configured(spawn_fork_server=False):
+        plain = this_host().spawn_procs(per_host={"gpus": 1}, name="not_frozen")
+    try:
+        frozen, _ = plain.spawn("probe", Probe).collector.call_one().get(timeout=60)
+    finally:
+        plain.stop().get(timeout=30)
+    assert frozen == 0, "a fresh interpreter freezes nothing"
 
 
 def test_fork_server_off_starts_a_fresh_interpreter_per_proc() -> None:
