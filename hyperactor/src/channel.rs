@@ -118,6 +118,7 @@ pub use self::socket_dir::socket_dir;
 pub use self::socket_dir::MAX_SOCKET_DIR_LEN;
 pub use self::tx::any_link_over_budget;
 pub use self::tx::ChannelTx;
+pub use self::tx::QueueWrites;
 pub use self::tx::ReturnFn;
 pub use self::tx::FRAME_COST_OVERHEAD;
 pub use self::tx::LINK_BUDGET_BYTES;

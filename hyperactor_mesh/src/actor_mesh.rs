@@ -453,8 +453,12 @@ impl<A: Actor> ActorMesh<A> {
             port: handler_port::<M>(),
         };
         let to = Some(replies.reply_to().clone());
-        self.inner
-            .cast_parts(&agent, cx.actor_id(), kind, ReplyMode::Reduce, to, parts);
+        {
+            // Calls issued without waiting for each other go out in batches.
+            let _batched = hyperactor::channel::QueueWrites::new(replies.follows_pending());
+            self.inner
+                .cast_parts(&agent, cx.actor_id(), kind, ReplyMode::Reduce, to, parts);
+        }
         let items = replies.wait().await;
         let what = format!(
             "call of {} on {:?}",

@@ -401,3 +401,29 @@ async fn ord1_a_cast_followed_by_a_direct_send_keeps_its_order() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_call_opened_while_the_previous_one_is_unanswered_follows_it() {
+    let caller = node(ChannelTransport::Local, "pipeliner").await;
+    let first = CallReplies::open(&caller.agent, 0..1);
+    assert!(
+        !first.follows_pending(),
+        "the agent's first call follows nothing"
+    );
+    let second = CallReplies::open(&caller.agent, 0..2);
+    assert!(second.follows_pending(), "the first call is unanswered");
+    second.answer(vec![ReplyItem::ok(0, vec![Bytes::from_static(b"v")])]);
+    let third = CallReplies::open(&caller.agent, 0..1);
+    assert!(
+        third.follows_pending(),
+        "the second call still owes index 1"
+    );
+    third.answer(vec![ReplyItem::ok(0, vec![Bytes::from_static(b"v")])]);
+    assert!(third.is_done());
+    let fourth = CallReplies::open(&caller.agent, 0..1);
+    assert!(!fourth.follows_pending(), "the third call was complete");
+    drop(fourth);
+    let fifth = CallReplies::open(&caller.agent, 0..1);
+    assert!(!fifth.follows_pending(), "a dropped call waits for nothing");
+    drop((first, second));
+}

@@ -445,6 +445,9 @@ impl PyDelivery {
             index,
         };
         let _guard = runtime()?.enter();
+        // More calls wait for this actor (a caller pipelines them): its replies go out
+        // in batches, written by the link task.
+        let _batched = hyperactor::channel::QueueWrites::new(self.actor.queued() > 0);
         port.post(&self.actor, item);
         Ok(())
     }

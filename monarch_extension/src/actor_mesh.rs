@@ -326,6 +326,8 @@ impl PyActorMesh {
         let mode = *mode;
         // The indices a call expects: every rank of the view, or the chosen one.
         let n = count.unwrap_or(0);
+        // A call issued while the previous one is unanswered: pipelined (see below).
+        let mut pipelined = false;
         let (cast_mode, reply, out): (ReplyMode, Reply, Option<Py<PyAny>>) = match mode {
             PyCastMode::Broadcast => (ReplyMode::None, Reply::None, None),
             PyCastMode::Call | PyCastMode::One | PyCastMode::Choose => {
@@ -334,7 +336,9 @@ impl PyActorMesh {
                     (PyCastMode::One, _) => vec![0],
                     _ => (0..n).collect(),
                 };
-                let replies = PyCallReplies::new(CallReplies::open(&agent, indices));
+                let replies = CallReplies::open(&agent, indices);
+                pipelined = replies.follows_pending();
+                let replies = PyCallReplies::new(replies);
                 let shared = replies.shared();
                 let reduce = match mode {
                     PyCastMode::Call => ReplyMode::Reduce,
@@ -385,6 +389,8 @@ impl PyActorMesh {
                 }
                 _ => all,
             };
+            // Pipelined calls go to the link tasks, which write them in batches.
+            let _batched = hyperactor::channel::QueueWrites::new(pipelined);
             agent.cast(
                 sender.actor_id(),
                 mesh.actor_name(),

@@ -45,6 +45,9 @@ pub(super) enum Slot {
 pub(super) struct Router {
     slots: Ranked<HashMap<u64, Slot>>,
     next_key: AtomicU64,
+    /// The call opened last: whether it is still unanswered when the next one opens
+    /// says whether calls are pipelined (see [`CallReplies::follows_pending`]).
+    last_call: Ranked<Weak<CallInner>>,
 }
 
 impl Default for Router {
@@ -52,6 +55,7 @@ impl Default for Router {
         Self {
             slots: Ranked::new(Rank::Component),
             next_key: AtomicU64::new(1),
+            last_call: Ranked::new(Rank::Component),
         }
     }
 }
@@ -70,6 +74,16 @@ impl Router {
     /// What waits under `key`, if anything does.
     fn get(&self, key: u64) -> Option<Slot> {
         self.slots.lock().get(&key).cloned()
+    }
+
+    /// Records `call` as the call opened last; whether the one opened before it is
+    /// still unanswered.
+    fn follow(&self, call: &Arc<CallInner>) -> bool {
+        // The router's lock is released before the collector's is taken.
+        let previous = std::mem::replace(&mut *self.last_call.lock(), Arc::downgrade(call));
+        previous
+            .upgrade()
+            .is_some_and(|previous| !previous.state.lock().done())
     }
 
     /// Nothing waits under `key` any more.
@@ -356,6 +370,7 @@ pub struct CallReplies {
     agent: Weak<Inner>,
     to: ReplyTo,
     inner: Arc<CallInner>,
+    follows_pending: bool,
 }
 
 impl std::fmt::Debug for CallReplies {
@@ -395,13 +410,24 @@ impl CallReplies {
             }),
             signal: Signal::new(),
         });
+        let follows_pending = agent.inner.replies.follow(&inner);
         Self {
             agent: Arc::downgrade(&agent.inner),
             to: agent
                 .inner
                 .sink_address(Arc::clone(&inner) as Arc<dyn ReplySink>),
             inner,
+            follows_pending,
         }
+    }
+
+    /// Whether the call this agent opened just before this one was still unanswered
+    /// when this one opened: the caller issues calls without waiting for each (pipelined
+    /// calls), so more are likely to follow at once. Its frames are best queued for the
+    /// link tasks, which write them in batches (see [`hyperactor::channel::QueueWrites`]),
+    /// rather than written one system call at a time on the caller's thread.
+    pub fn follows_pending(&self) -> bool {
+        self.follows_pending
     }
 
     /// Where the replies go.
