@@ -59,6 +59,11 @@ def _sync_fanout() -> None:
         _fanout[:] = [fanout]
 
 
+def _only(values: list[Any]) -> Any:
+    """The result of a call to one actor: its value."""
+    return values[0]
+
+
 class _Shared:
     """What every view of one actor mesh shares."""
 
@@ -183,18 +188,16 @@ class ActorMesh(MeshTrait, Generic[A]):
         if out is None:
             return None
         assert isinstance(out, CallReplies)
-        shape = self._mesh_shape
         finish: Callable[[list[Any]], Any]
         if mode is CastMode.CALL:
+            shape = self._mesh_shape
 
             def finish(values: list[Any]) -> Any:
                 vm = ValueMesh(shape, values)
                 return collect(vm) if collect is not None else vm
 
         else:
-
-            def finish(values: list[Any]) -> Any:
-                return values[0]
+            finish = _only
 
         return Future(impl=CallFuture(out, self._view_info(), endpoint, finish))
 

@@ -421,7 +421,7 @@ class Endpoint(Generic[P, R]):
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the only actor of the view (ValueError if there are several)."""
-        n = len(self._mesh)
+        n = self._mesh._count
         if n != 1:
             raise ValueError(
                 f"call_one() needs a mesh of exactly 1 actor, but {self._mesh._describe()} "
