@@ -13,10 +13,12 @@ The server stays single-threaded and never starts monarch's runtime, so a fork c
 no threads or sockets. It freezes what it holds (``gc.freeze``) before each fork: the
 preloaded modules' objects are outside every collection of its children, so a proc's
 collections neither scan them nor copy the pages they share with the server; a stopping
-proc's collections and finalization cost about a third as much. A forked child makes itself a process group leader, asks for
-``SIGKILL`` when the server dies, takes its stdin, stdout and stderr from the
-descriptors the host sent (pipes the host reads: see ``docs/logging.md``), sets the
-variables, and runs the same entry point as ``python -m monarch._src.actor.bootstrap``.
+proc's collections and finalization cost about a third as much.
+
+A forked child makes itself a process group leader, asks for ``SIGKILL`` when the server
+dies, takes its stdin, stdout and stderr from the descriptors the host sent (pipes the
+host reads: see ``docs/logging.md``), sets the variables, and runs the same entry point
+as ``python -m monarch._src.actor.bootstrap``.
 """
 
 from __future__ import annotations
