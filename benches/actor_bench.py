@@ -324,6 +324,8 @@ def run(p: Params, rec: Recorder) -> None:
             stopped = stop(procs)
             if n == 64 and stopped:
                 rec.add(Metric(STOP_64, time.perf_counter() - t0, "until every proc exited"))
+            elif n == 64:
+                rec.fail([STOP_64], "the stop did not complete within 30 s")
 
     small_keys = [SPAWN_4, SPAWN_FIRST, CALL_ONE, CALL_ONE_CPU, CALL_1, CALL_4, PIPELINED]
     rec.guard([*small_keys, *ECHO_SIZES], small_mesh)

@@ -287,6 +287,8 @@ def _run(p: Params, rec: Recorder) -> None:
             if n == 64 and stopped:
                 note = "ray.kill of each actor, until its worker process exited"
                 rec.add(Metric(STOP_64, time.perf_counter() - t0, note))
+            elif n == 64:
+                rec.fail([STOP_64], "the worker processes did not all exit within 30 s")
 
     small_keys = [SPAWN_4, SPAWN_FIRST, CALL_ONE, CALL_ONE_CPU, CALL_1, CALL_4, PIPELINED]
     rec.guard([*small_keys, *ECHO_SIZES], small)

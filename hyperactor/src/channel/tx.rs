@@ -209,12 +209,13 @@ thread_local! {
 }
 
 /// While alive (and made with `true`), the frames this thread sends are queued for their
-/// links' tasks rather than written on this thread (see [`Direct`]): for a sender that
-/// knows more frames follow at once, such as a call issued while its predecessor is
-/// still unanswered (pipelined calls) or a reply while more calls wait for the actor.
-/// The link tasks then write them in batches, and their receiver reads several per
-/// wake-up, instead of one system call and one wake-up per frame. A sender that waits
-/// for an answer after each frame is better served by direct writes (the default).
+/// links' tasks rather than written on this thread (a connected, idle link otherwise
+/// takes a sender's frame on the sender's own thread, one system call per frame): for a
+/// sender that knows more frames follow at once, such as a call issued while its
+/// predecessor is still unanswered (pipelined calls) or a reply while more calls wait for
+/// the actor. The link tasks then write them in batches, and their receiver reads several
+/// per wake-up, instead of one system call and one wake-up per frame. A sender that
+/// waits for an answer after each frame is better served by direct writes (the default).
 ///
 /// ```
 /// use hyperactor::channel::QueueWrites;
