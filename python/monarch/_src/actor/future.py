@@ -86,9 +86,8 @@ class Future(Generic[R]):
                 later ``get``/``await`` still sees its result.
             ValueError: ``timeout`` is negative or not finite.
         """
-        if timeout is not None:
-            _check_timeout(timeout)
-        if self._value is not _UNSET or self._error is not None:
+        _check_timeout(timeout)
+        if self._settled():
             return self._outcome()
         # asyncio is imported lazily (it is slow to import): not imported, no loop runs.
         running = getattr(sys.modules.get("asyncio"), "_get_running_loop", None)

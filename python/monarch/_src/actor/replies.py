@@ -139,9 +139,6 @@ class CallFuture(Generic[R]):
                 f"{self._endpoint}: not all replies arrived within {timeout} s; the call "
                 "goes on: get() again or await to collect it"
             ) from None
-        if len(items) == 1 and items[0].status is OK and not self._raw:
-            # The common case of call_one, without the general loop.
-            return self._finish([loads_parts(items[0].parts)])
         return self._finish(decode(items, self._mesh, self._endpoint, self._raw))
 
     async def wait_async(self) -> R:
