@@ -66,7 +66,7 @@ use serde::de::DeserializeOwned;
 pub use address::{agent_id, cast_port, control_port, reply_port, AGENT_NAME};
 use address::{CAST_PORT, CONTROL_PORT, REPLY_PORT};
 pub use cast_out::{CastOutcome, CastTarget};
-pub use control::{Control, ProcInfo, SpawnProcsRequest};
+pub use control::{Control, MemberAnswer, ProcInfo, SpawnProcsRequest};
 pub use liveness::Liveness;
 pub use local::{ForeignSpawn, ForeignSpawner, Registry};
 pub use output::OutputSink;
@@ -401,6 +401,12 @@ impl ProcAgent {
     /// the procs of it this agent knows of (see [`liveness`]). Idempotent.
     pub fn monitor_host(&self, host: &ProcId) {
         self.inner.monitor_host(host);
+    }
+
+    /// How many heartbeats this agent sent to the hosts it monitors, directly and
+    /// through relays (see [`liveness`]).
+    pub fn heartbeat_counts(&self) -> liveness::HeartbeatCounts {
+        self.inner.liveness.counts()
     }
 
     /// Sends one heartbeat to the agent of `proc` and waits for its answer: `Ok` once

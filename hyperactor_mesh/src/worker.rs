@@ -558,6 +558,7 @@ mod tests {
             interval: Duration::from_millis(20),
             timeout: Duration::from_millis(500),
             lease: Duration::from_secs(10),
+            ..crate::agent::Liveness::default()
         }
     }
 

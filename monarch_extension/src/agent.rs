@@ -101,6 +101,7 @@ fn liveness(interval: f64, timeout: f64, lease: f64) -> PyResult<Liveness> {
         interval: duration("heartbeat_interval", interval)?.max(Duration::from_millis(1)),
         timeout: duration("heartbeat_timeout", timeout)?,
         lease: duration("client_lease", lease)?,
+        ..Liveness::default()
     })
 }
 

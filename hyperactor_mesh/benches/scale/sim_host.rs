@@ -132,6 +132,7 @@ pub(crate) fn sim_liveness() -> Liveness {
         interval: SIM_HEARTBEAT_INTERVAL,
         timeout: Duration::from_secs(30),
         lease: Duration::from_secs(60),
+        ..Liveness::default()
     }
 }
 

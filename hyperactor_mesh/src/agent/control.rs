@@ -151,6 +151,44 @@ pub enum Control {
         /// The refusal, as the failure the owner gets if it is one.
         failure: MeshFailure,
     },
+    /// A heartbeat to relay (see [`super::liveness`]): the receiver takes it as a
+    /// [`Control::Heartbeat`] from `from`, except that it answers with
+    /// [`Control::HeartbeatAcks`], which also says how long ago each of `members`
+    /// answered the heartbeat the receiver last relayed to it; then it sends each
+    /// member a [`Control::RelayedHeartbeat`].
+    HeartbeatRelay {
+        /// The monitoring agent's control port.
+        from: PortId,
+        /// The hosts to relay the heartbeat to.
+        members: Vec<ProcId>,
+    },
+    /// A heartbeat relayed on behalf of `client`'s agent: a host agent renews the lease
+    /// of `client` on the procs it owns there, and every agent answers `ack_to` (the
+    /// relay's control port) with [`Control::HeartbeatAck`].
+    RelayedHeartbeat {
+        /// The proc of the agent that sent the heartbeat to the relay.
+        client: ProcId,
+        /// Where the answer goes.
+        ack_to: PortId,
+    },
+    /// The answer to a [`Control::HeartbeatRelay`], from the relay's agent (`proc`).
+    HeartbeatAcks {
+        /// The relay's proc.
+        proc: ProcId,
+        /// When each member last answered the relay.
+        members: Vec<MemberAnswer>,
+    },
+}
+
+/// When a member of a relayed heartbeat last answered its relay
+/// ([`Control::HeartbeatAcks`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberAnswer {
+    /// The member's proc.
+    pub proc: ProcId,
+    /// How long before the relay's answer the member last answered it, in milliseconds;
+    /// `None` if it has not answered yet.
+    pub age_ms: Option<u64>,
 }
 
 /// A request to spawn `count` procs named `name` running `commands`, owned by `owner`.
@@ -363,6 +401,9 @@ impl Inner {
             Control::KillProc { proc, reason } => self.on_kill_proc(&proc, &reason),
             Control::Heartbeat { from } => self.on_heartbeat(from),
             Control::HeartbeatAck { proc } => self.on_heartbeat_ack(&proc),
+            Control::HeartbeatRelay { from, members } => self.on_heartbeat_relay(from, members),
+            Control::RelayedHeartbeat { client, ack_to } => self.on_heartbeat_from(&client, ack_to),
+            Control::HeartbeatAcks { proc, members } => self.on_heartbeat_acks(&proc, &members),
             Control::SpawnRefused { owner, failure } => self.on_spawn_refused(&owner, &failure),
             Control::Abandon { reason } => self.on_abandon(&reason, from),
             Control::Singleton {

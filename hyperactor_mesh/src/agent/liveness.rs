@@ -17,6 +17,23 @@
 //! also told to exit ([`Control::Abandon`]), so that a proc of a frozen host does not
 //! keep running unseen; a host that comes back is monitored afresh when used again.
 //!
+//! **Relayed heartbeats.** An agent that monitors many hosts does not send each a
+//! heartbeat of its own: its cost would grow with the hosts (at 1,024 hosts, four
+//! heartbeats a second each took a fifth of the client's core). When more than
+//! [`Liveness::relay_group`] of its hosts answered within half of [`Liveness::timeout`]
+//! (*fresh* hosts), it splits them, in order, into groups of that size and sends the
+//! first host of each group one [`Control::HeartbeatRelay`] naming the others. That
+//! relay forwards the heartbeat to each of them ([`Control::RelayedHeartbeat`], which
+//! renews the monitoring agent's leases there as a heartbeat would), and answers at
+//! once with [`Control::HeartbeatAcks`]: how long ago each member answered the heartbeat
+//! it last relayed. The monitoring agent takes those times as the members' answers.
+//! Every host that is not fresh — one whose relay stopped answering, or one that
+//! stopped answering its relay — gets direct heartbeats again, so a host is
+//! given up for lost only after it left direct heartbeats unanswered for at least half
+//! of the timeout: a relay's loss makes its members go direct, not lost. Relaying needs
+//! a timeout of at least six intervals (a member's answer reaches the monitoring agent
+//! up to two intervals late); with a shorter one every heartbeat is direct.
+//!
 //! A lost host is remembered as lost until then: stopping procs there and ending it
 //! ([`super::ProcAgent::end_host`]) do not wait for an answer from it, and a wait for
 //! one ends as soon as the host is found lost (LIVE-3), so a host that stops answering
@@ -34,7 +51,9 @@ use std::time::{Duration, Instant};
 
 use hyperactor::{PortId, ProcId};
 
-use super::control::HostService;
+use tokio::task::AbortHandle;
+
+use super::control::{HostService, MemberAnswer};
 use super::lock::{Rank, Ranked};
 use super::{Control, Inner};
 use crate::supervision::{ProcDeath, ProcEnd};
@@ -45,6 +64,10 @@ pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(250);
 pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default [`Liveness::lease`].
 pub const DEFAULT_CLIENT_LEASE: Duration = Duration::from_secs(10);
+/// Default [`Liveness::relay_group`].
+pub const DEFAULT_RELAY_GROUP: usize = 32;
+/// How long a relay remembers a member it has not been asked to relay to.
+const MEMBER_MEMORY: Duration = Duration::from_secs(60);
 
 /// The timing of heartbeats and leases (see the [module docs](self)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +78,10 @@ pub struct Liveness {
     pub timeout: Duration,
     /// How long a host keeps the procs of a client that sends no heartbeat.
     pub lease: Duration,
+    /// How many hosts share one relayed heartbeat (the relay and the members it
+    /// forwards to); heartbeats are relayed only to an agent monitoring more fresh hosts
+    /// than this (see the [module docs](self)). 0 or 1: never relayed.
+    pub relay_group: usize,
 }
 
 impl Default for Liveness {
@@ -63,8 +90,37 @@ impl Default for Liveness {
             interval: DEFAULT_HEARTBEAT_INTERVAL,
             timeout: DEFAULT_HEARTBEAT_TIMEOUT,
             lease: DEFAULT_CLIENT_LEASE,
+            relay_group: DEFAULT_RELAY_GROUP,
         }
     }
+}
+
+impl Liveness {
+    /// How long since a host's last answer before it gets direct heartbeats again.
+    fn fresh_for(&self) -> Duration {
+        self.timeout / 2
+    }
+
+    /// Whether heartbeats may be relayed: groups of two or more, and a timeout that
+    /// leaves a member's late answers (up to two intervals) and then direct heartbeats
+    /// time to arrive.
+    fn relays(&self) -> bool {
+        self.relay_group >= 2 && self.fresh_for() >= self.interval * 3
+    }
+}
+
+/// How many heartbeats an agent sent, for tests and diagnostics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeartbeatCounts {
+    /// Rounds of the heartbeat task (one every [`Liveness::interval`] while hosts are
+    /// monitored).
+    pub rounds: u64,
+    /// Heartbeats sent to a host directly.
+    pub direct: u64,
+    /// Heartbeats sent to relays ([`Control::HeartbeatRelay`]).
+    pub relayed: u64,
+    /// Hosts reached through relays (the members named in them).
+    pub members: u64,
 }
 
 /// The hosts an agent monitors, and those it gave up for lost or asked to end: the host
@@ -79,14 +135,50 @@ pub(super) struct HostLiveness {
 
 #[derive(Default)]
 struct HostsState {
-    /// Hosts this agent monitors, and when each last answered a heartbeat.
+    /// Hosts this agent monitors, and when each last answered a heartbeat (directly or
+    /// through a relay).
     monitored: HashMap<ProcId, Instant>,
+    /// The tasks watching the connections to monitored hosts, aborted when a host is no
+    /// longer monitored.
+    watchers: HashMap<ProcId, AbortHandle>,
+    /// Whether the heartbeat task runs (it ends when no host is monitored).
+    ticking: bool,
+    /// As a relay: the members this agent relayed heartbeats to.
+    members: HashMap<ProcId, Member>,
+    counts: HeartbeatCounts,
     /// Hosts given up for lost, and why, until they are monitored afresh (see the
     /// [module docs](self)): stopping and ending never wait on them.
     lost: HashMap<ProcId, String>,
     /// Hosts asked to end ([`super::ProcAgent::end_host`]), until monitored afresh:
     /// their loss fails none of their procs.
     ending: HashSet<ProcId>,
+}
+
+/// A member of relayed heartbeats, at its relay.
+struct Member {
+    /// When the relay last forwarded it a heartbeat.
+    forwarded: Instant,
+    /// When it last answered one (`None`: not yet).
+    answered: Option<Instant>,
+}
+
+/// What one round of the heartbeat task does.
+#[derive(Default)]
+struct Round {
+    /// Hosts that answered nothing for the timeout.
+    lost: Vec<ProcId>,
+    /// Hosts that get a heartbeat of their own.
+    direct: Vec<ProcId>,
+    /// The heartbeats sent to relays.
+    relayed: Vec<RelayGroup>,
+}
+
+/// A group of hosts reached through one relayed heartbeat.
+struct RelayGroup {
+    /// The host the heartbeat goes to.
+    relay: ProcId,
+    /// The hosts it forwards the heartbeat to.
+    members: Vec<ProcId>,
 }
 
 impl HostLiveness {
@@ -103,29 +195,154 @@ impl HostLiveness {
         self.config
     }
 
-    /// Starts monitoring `host`; false if it is monitored already. Monitored afresh, a
-    /// host lost before (or ended) is in use again.
-    fn start_monitoring(&self, host: &ProcId) -> bool {
+    /// Starts monitoring `host`: `None` if it is monitored already, else whether the
+    /// heartbeat task must be started. Monitored afresh, a host lost before (or ended)
+    /// is in use again.
+    fn start_monitoring(&self, host: &ProcId) -> Option<bool> {
         let mut state = self.state.lock();
         if state.monitored.contains_key(host) {
-            return false;
+            return None;
         }
         state.lost.remove(host);
         state.ending.remove(host);
         state.monitored.insert(host.clone(), Instant::now());
-        true
+        let start = !state.ticking;
+        state.ticking = true;
+        Some(start)
+    }
+
+    /// Keeps `watcher` (the task watching `host`'s connection) to abort it when `host`
+    /// is no longer monitored (at once if it is not any more).
+    fn keep_watcher(&self, host: &ProcId, watcher: AbortHandle) {
+        let mut state = self.state.lock();
+        if state.monitored.contains_key(host) {
+            if let Some(old) = state.watchers.insert(host.clone(), watcher) {
+                old.abort();
+            }
+        } else {
+            watcher.abort();
+        }
     }
 
     /// Stops monitoring `host`.
     fn stop_monitoring(&self, host: &ProcId) {
-        self.state.lock().monitored.remove(host);
+        let mut state = self.state.lock();
+        state.monitored.remove(host);
+        if let Some(watcher) = state.watchers.remove(host) {
+            watcher.abort();
+        }
     }
 
-    /// `host` answered a heartbeat (if it is monitored).
+    /// `host` answered a heartbeat (if it is monitored, or a member relayed to).
     fn acked(&self, host: &ProcId) {
-        if let Some(at) = self.state.lock().monitored.get_mut(host) {
-            *at = Instant::now();
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        if let Some(at) = state.monitored.get_mut(host) {
+            *at = now;
         }
+        if let Some(member) = state.members.get_mut(host) {
+            member.answered = Some(now);
+        }
+    }
+
+    /// A relay (`relay`, which answered now) says when its members last answered.
+    fn relay_acked(&self, relay: &ProcId, members: &[MemberAnswer]) {
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        if let Some(at) = state.monitored.get_mut(relay) {
+            *at = now;
+        }
+        for member in members {
+            let Some(age) = member.age_ms else { continue };
+            let Some(answered) = now.checked_sub(Duration::from_millis(age)) else {
+                continue;
+            };
+            if let Some(at) = state.monitored.get_mut(&member.proc) {
+                *at = (*at).max(answered);
+            }
+        }
+    }
+
+    /// As a relay: when each of `members` last answered (see [`Control::HeartbeatAcks`]),
+    /// noting that they are now sent a heartbeat. Members not relayed to for a long
+    /// time are forgotten.
+    fn relay(&self, members: &[ProcId]) -> Vec<MemberAnswer> {
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        state
+            .members
+            .retain(|_, m| now.duration_since(m.forwarded) < MEMBER_MEMORY);
+        members
+            .iter()
+            .map(|proc| {
+                let member = state.members.entry(proc.clone()).or_insert(Member {
+                    forwarded: now,
+                    answered: None,
+                });
+                member.forwarded = now;
+                MemberAnswer {
+                    proc: proc.clone(),
+                    age_ms: member.answered.map(|at| {
+                        u64::try_from(now.duration_since(at).as_millis()).unwrap_or(u64::MAX)
+                    }),
+                }
+            })
+            .collect()
+    }
+
+    /// The next round of the heartbeat task: the hosts found lost, and where the
+    /// heartbeats go (see the [module docs](self)); `None` when no host is monitored
+    /// (the task ends).
+    fn round(&self) -> Option<Round> {
+        let config = self.config;
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        if state.monitored.is_empty() {
+            state.ticking = false;
+            return None;
+        }
+        let mut round = Round::default();
+        let mut fresh = Vec::new();
+        for (host, at) in &state.monitored {
+            let silent = now.saturating_duration_since(*at);
+            if silent > config.timeout {
+                round.lost.push(host.clone());
+            } else if silent <= config.fresh_for() {
+                fresh.push(host.clone());
+            } else {
+                round.direct.push(host.clone());
+            }
+        }
+        if config.relays() && fresh.len() > config.relay_group {
+            fresh.sort_unstable();
+            for group in fresh.chunks(config.relay_group) {
+                match group {
+                    [single] => round.direct.push(single.clone()),
+                    [relay, members @ ..] => round.relayed.push(RelayGroup {
+                        relay: relay.clone(),
+                        members: members.to_vec(),
+                    }),
+                    [] => {}
+                }
+            }
+        } else {
+            round.direct.append(&mut fresh);
+        }
+        let counts = &mut state.counts;
+        counts.rounds += 1;
+        counts.direct += round.direct.len() as u64;
+        counts.relayed += round.relayed.len() as u64;
+        counts.members += round
+            .relayed
+            .iter()
+            .map(|group| group.members.len() as u64)
+            .sum::<u64>();
+        Some(round)
+    }
+
+    /// How many heartbeats were sent.
+    pub(super) fn counts(&self) -> HeartbeatCounts {
+        self.state.lock().counts
     }
 
     /// When `host` last answered, if it is monitored.
@@ -191,16 +408,30 @@ impl HostLiveness {
     }
 }
 
+impl Drop for HostLiveness {
+    fn drop(&mut self) {
+        for watcher in self.state.lock().watchers.values() {
+            watcher.abort();
+        }
+    }
+}
+
 impl Inner {
-    /// Starts monitoring `host` (once; never this agent's own proc).
+    /// Starts monitoring `host` (once; never this agent's own proc): a first heartbeat
+    /// now, then the heartbeat task's.
     pub(super) fn monitor_host(self: &Arc<Self>, host: &ProcId) {
         if host == self.proc.proc_id() {
             return;
         }
-        if !self.liveness.start_monitoring(host) {
+        let Some(start_ticking) = self.liveness.start_monitoring(host) else {
             return;
+        };
+        let watcher = tokio::spawn(watch_link(Arc::downgrade(self), host.clone()));
+        self.liveness.keep_watcher(host, watcher.abort_handle());
+        if start_ticking {
+            tokio::spawn(heartbeats(Arc::downgrade(self)));
         }
-        tokio::spawn(monitor(Arc::downgrade(self), host.clone()));
+        self.send_heartbeat(host);
     }
 
     fn send_heartbeat(&self, host: &ProcId) {
@@ -213,19 +444,54 @@ impl Inner {
     }
 
     pub(super) fn on_heartbeat(&self, from: PortId) {
+        let client = from.actor().proc_id().clone();
+        self.on_heartbeat_from(&client, from);
+    }
+
+    /// A heartbeat from `client`'s agent (directly, or through a relay): renews its
+    /// lease here and answers `ack_to`.
+    pub(super) fn on_heartbeat_from(&self, client: &ProcId, ack_to: PortId) {
         if let Some(host) = &self.host {
-            host.renew_lease(from.actor().proc_id(), self.proc.proc_id());
+            host.renew_lease(client, self.proc.proc_id());
         }
         self.send_control_to(
-            from,
+            ack_to,
             &Control::HeartbeatAck {
                 proc: self.proc.proc_id().clone(),
             },
         );
     }
 
+    /// A heartbeat to relay to `members`: answered first (with when they last
+    /// answered), then forwarded.
+    pub(super) fn on_heartbeat_relay(&self, from: PortId, members: Vec<ProcId>) {
+        let client = from.actor().proc_id().clone();
+        if let Some(host) = &self.host {
+            host.renew_lease(&client, self.proc.proc_id());
+        }
+        let answers = self.liveness.relay(&members);
+        self.send_control_to(
+            from,
+            &Control::HeartbeatAcks {
+                proc: self.proc.proc_id().clone(),
+                members: answers,
+            },
+        );
+        let relayed = Control::RelayedHeartbeat {
+            client,
+            ack_to: self.id.port_id(super::CONTROL_PORT),
+        };
+        for member in members.iter().filter(|m| *m != self.proc.proc_id()) {
+            self.send_control(member, &relayed);
+        }
+    }
+
     pub(super) fn on_heartbeat_ack(&self, proc: &ProcId) {
         self.liveness.acked(proc);
+    }
+
+    pub(super) fn on_heartbeat_acks(&self, relay: &ProcId, members: &[MemberAnswer]) {
+        self.liveness.relay_acked(relay, members);
     }
 
     pub(super) fn on_abandon(&self, reason: &str, from: &hyperactor::ActorId) {
@@ -308,50 +574,89 @@ impl Inner {
     }
 }
 
-/// The monitor of one host (see the [module docs](self)).
-async fn monitor(weak: Weak<Inner>, host: ProcId) {
-    let (proc, liveness) = match weak.upgrade() {
-        Some(inner) => (inner.proc.clone(), inner.liveness.config()),
-        None => return,
+/// The heartbeat task of an agent: every [`Liveness::interval`], gives up the hosts
+/// that answered nothing for [`Liveness::timeout`] and sends the others heartbeats,
+/// directly or through relays (see the [module docs](self)). It ends when no host is
+/// monitored (the next [`Inner::monitor_host`] starts it again) or the agent is gone.
+async fn heartbeats(weak: Weak<Inner>) {
+    let Some(interval) = weak.upgrade().map(|inner| inner.liveness.config().interval) else {
+        return;
     };
-    let mut ticker = tokio::time::interval(liveness.interval);
+    let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // When the connection failed, and the last answer seen then.
-    let mut broken: Option<Instant> = None;
+    // The first tick is at once; monitor_host sent the first heartbeat.
+    ticker.tick().await;
     loop {
-        let failed = tokio::select! {
-            _ = ticker.tick() => None,
-            error = proc.link_failed(&host) => Some(error),
-        };
+        ticker.tick().await;
         let Some(inner) = weak.upgrade() else { return };
-        // Not monitored any more: this monitor ends.
-        let Some(last_ack) = inner.liveness.last_ack(&host) else {
+        if !inner.heartbeat_round() {
             return;
-        };
-        if let Some(error) = failed {
-            match broken {
-                // A second failure with no answer since the first: it is gone.
-                Some(at) if last_ack <= at => {
-                    return inner.host_lost(&host, &format!("its connection failed: {error}"));
-                }
-                _ => {
-                    broken = Some(Instant::now());
-                    inner.send_heartbeat(&host);
-                    continue;
-                }
-            }
         }
-        if last_ack.elapsed() > liveness.timeout {
-            return inner.host_lost(
-                &host,
+    }
+}
+
+impl Inner {
+    /// One round of the heartbeat task; false when no host is monitored.
+    fn heartbeat_round(self: &Arc<Self>) -> bool {
+        let Some(round) = self.liveness.round() else {
+            return false;
+        };
+        let timeout = self.liveness.config().timeout;
+        for host in &round.lost {
+            self.host_lost(
+                host,
                 &format!(
-                    "it answered no heartbeat for {:?} (its network may be cut, or its \
-                     agent frozen)",
-                    liveness.timeout
+                    "it answered no heartbeat for {timeout:?} (its network may be cut, or \
+                     its agent frozen)"
                 ),
             );
         }
-        inner.send_heartbeat(&host);
+        let from = self.id.port_id(super::CONTROL_PORT);
+        // One batch of writes per round: each link writes what gathered together.
+        let _batched = hyperactor::channel::QueueWrites::new(true);
+        for host in &round.direct {
+            self.send_heartbeat(host);
+        }
+        for RelayGroup { relay, members } in round.relayed {
+            self.send_control(
+                &relay,
+                &Control::HeartbeatRelay {
+                    from: from.clone(),
+                    members,
+                },
+            );
+        }
+        true
+    }
+}
+
+/// Watches the connection to a monitored host: when it fails, a direct heartbeat goes
+/// out at once (which connects again); a second failure with no answer since the
+/// first gives the host up for lost. Aborted when the host is no longer monitored.
+async fn watch_link(weak: Weak<Inner>, host: ProcId) {
+    let proc = match weak.upgrade() {
+        Some(inner) => inner.proc.clone(),
+        None => return,
+    };
+    // When the connection failed, and the last answer seen then.
+    let mut broken: Option<Instant> = None;
+    loop {
+        let error = proc.link_failed(&host).await;
+        let Some(inner) = weak.upgrade() else { return };
+        // Not monitored any more: this watcher ends.
+        let Some(last_ack) = inner.liveness.last_ack(&host) else {
+            return;
+        };
+        match broken {
+            // A second failure with no answer since the first: it is gone.
+            Some(at) if last_ack <= at => {
+                return inner.host_lost(&host, &format!("its connection failed: {error}"));
+            }
+            _ => {
+                broken = Some(Instant::now());
+                inner.send_heartbeat(&host);
+            }
+        }
     }
 }
 
@@ -415,5 +720,200 @@ impl HostService {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+
+    use hyperactor::ChannelTransport;
+
+    use super::*;
+    use crate::agent::{AgentOptions, ProcAgent};
+    use crate::host::Host;
+
+    /// Heartbeats every 20 ms in groups of 3; a host silent for 1.2 s is lost.
+    fn relaying() -> Liveness {
+        Liveness {
+            interval: Duration::from_millis(20),
+            timeout: Duration::from_millis(1200),
+            lease: Duration::from_secs(10),
+            relay_group: 3,
+        }
+    }
+
+    /// A client agent monitoring `n` host agents (each with a host, so that
+    /// heartbeats renew the client's lease there), in the order of their ids.
+    async fn monitoring(n: usize, liveness: Liveness) -> (ProcAgent, Vec<ProcAgent>) {
+        let mut hosts = Vec::new();
+        for _ in 0..n {
+            let host = Host::serve(ChannelTransport::Unix).await.unwrap();
+            let proc = host.proc().clone();
+            hosts.push(ProcAgent::new(proc, AgentOptions::default().host(host)).unwrap());
+        }
+        hosts.sort_by(|a, b| a.proc().proc_id().cmp(b.proc().proc_id()));
+        let client = ProcAgent::serve(
+            ChannelTransport::Unix,
+            "client",
+            AgentOptions::default().liveness(liveness),
+        )
+        .await
+        .unwrap();
+        for host in &hosts {
+            client.monitor_host(host.proc().proc_id());
+        }
+        (client, hosts)
+    }
+
+    /// Waits, at most 30 s, until `done` holds.
+    async fn until(what: &str, mut done: impl FnMut() -> bool) {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while !done() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("waited 30 s for {what}"));
+    }
+
+    /// Waits until the client's heartbeat task ran `rounds` more rounds.
+    fn rounds_later(client: &ProcAgent, rounds: u64) -> impl Future<Output = ()> + '_ {
+        let target = client.heartbeat_counts().rounds + rounds;
+        async move {
+            until("heartbeat rounds", || {
+                client.heartbeat_counts().rounds >= target
+            })
+            .await;
+        }
+    }
+
+    /// How long ago each host answered, as the client knows it.
+    fn ages(client: &ProcAgent, hosts: &[ProcAgent]) -> Vec<Option<Duration>> {
+        let acks = client.inner.liveness.acks();
+        hosts
+            .iter()
+            .map(|h| acks.get(h.proc().proc_id()).map(Instant::elapsed))
+            .collect()
+    }
+
+    /// How long ago `host` renewed `client`'s lease.
+    fn lease_age(host: &ProcAgent, client: &ProcAgent) -> Option<Duration> {
+        let service = host.inner.host.as_ref().expect("a host agent");
+        let state = service.state.lock();
+        state
+            .leases
+            .get(client.proc().proc_id())
+            .map(Instant::elapsed)
+    }
+
+    /// Seven hosts in groups of three: two relays each forward to two members, and the
+    /// seventh gets its own heartbeat. Every host's answer reaches the client, and the
+    /// relayed heartbeats renew the client's leases on the members.
+    #[tokio::test]
+    async fn heartbeats_to_many_hosts_go_through_relays() {
+        let (client, hosts) = monitoring(7, relaying()).await;
+        rounds_later(&client, 5).await;
+        let before = client.heartbeat_counts();
+        rounds_later(&client, 20).await;
+        let after = client.heartbeat_counts();
+        let rounds = after.rounds - before.rounds;
+        let direct = after.direct - before.direct;
+        let relayed = after.relayed - before.relayed;
+        let members = after.members - before.members;
+        // Direct to all seven, it would be 7 per round.
+        assert!(
+            direct <= rounds * 2,
+            "{direct} direct heartbeats in {rounds} rounds"
+        );
+        assert!(
+            relayed >= rounds,
+            "{relayed} relayed heartbeats in {rounds} rounds"
+        );
+        assert!(
+            members >= rounds * 2,
+            "{members} members reached in {rounds} rounds"
+        );
+        // Every host answered within the time that keeps it fresh.
+        let fresh = relaying().fresh_for();
+        for (host, age) in hosts.iter().zip(ages(&client, &hosts)) {
+            let age = age.expect("monitored");
+            assert!(age <= fresh, "{} last answered {age:?} ago", host.id());
+            let lease = lease_age(host, &client).expect("a lease");
+            assert!(
+                lease <= fresh,
+                "{} renewed the lease {lease:?} ago",
+                host.id()
+            );
+        }
+        assert!(hosts
+            .iter()
+            .all(|h| client.inner.lost_reason(h.proc().proc_id()).is_none()));
+    }
+
+    /// A relay and a member of the other group go away: those two are found lost, and
+    /// the relay's members, whose answers stopped coming through it, get direct
+    /// heartbeats and stay monitored.
+    #[tokio::test]
+    async fn a_lost_relay_loses_only_itself() {
+        let (client, mut hosts) = monitoring(7, relaying()).await;
+        rounds_later(&client, 5).await;
+        assert!(client.heartbeat_counts().relayed > 0);
+        // Groups [0, 1, 2], [3, 4, 5], [6]: 0 relays to 1 and 2, 4 is a member of 3.
+        let member = hosts.remove(4);
+        let relay = hosts.remove(0);
+        let gone = [
+            relay.proc().proc_id().clone(),
+            member.proc().proc_id().clone(),
+        ];
+        relay.proc().stop(Duration::from_secs(1)).await;
+        member.proc().stop(Duration::from_secs(1)).await;
+        drop((relay, member));
+        until("the two hosts found lost", || {
+            gone.iter().all(|h| client.inner.lost_reason(h).is_some())
+        })
+        .await;
+        // Long enough for the others to have been lost too, had they been: the
+        // timeout's worth of rounds twice over.
+        let rounds = 2 * (relaying().timeout.as_millis() / relaying().interval.as_millis());
+        rounds_later(&client, rounds as u64).await;
+        for host in &hosts {
+            let id = host.proc().proc_id();
+            assert_eq!(client.inner.lost_reason(id), None, "{id} was found lost");
+        }
+        let fresh = relaying().fresh_for();
+        for (host, age) in hosts.iter().zip(ages(&client, &hosts)) {
+            let age = age.expect("still monitored");
+            assert!(age <= fresh, "{} last answered {age:?} ago", host.id());
+        }
+    }
+
+    /// Fewer fresh hosts than a group, or a timeout too short to leave a member's late
+    /// answers time: every heartbeat is direct.
+    #[test]
+    fn relaying_needs_enough_hosts_and_time() {
+        assert!(relaying().relays());
+        assert!(!Liveness {
+            timeout: Duration::from_millis(100),
+            ..relaying()
+        }
+        .relays());
+        assert!(!Liveness {
+            relay_group: 1,
+            ..relaying()
+        }
+        .relays());
+        let liveness = HostLiveness::new(relaying());
+        for port in 0..3 {
+            let host = ProcId::new(
+                format!("h{port}"),
+                hyperactor::ChannelAddr::any(ChannelTransport::Local),
+            )
+            .unwrap();
+            liveness.start_monitoring(&host);
+        }
+        let round = liveness.round().expect("hosts are monitored");
+        assert_eq!(round.direct.len(), 3);
+        assert!(round.relayed.is_empty());
     }
 }

@@ -56,7 +56,9 @@ KEYS: list[Key] = [
             250 * MS,
             "How often a process sends a heartbeat to each host whose procs it uses.",
             effect="How often a process sends a heartbeat to each host whose procs it uses "
-            "(never to itself).",
+            "(never to itself). A process that uses more than 32 hosts sends one heartbeat "
+            "per group of 32, which a host of the group relays to the others (see the "
+            "hosts guide, 'When a host fails').",
         ),
         Key(
             "host_heartbeat_timeout",
