@@ -49,14 +49,18 @@ from dataclasses import asdict
 
 from bench_common import (
     BROADCAST,
+    BROADCAST_256,
     CALL_1,
     CALL_4,
     CALL_16,
     CALL_64,
+    CALL_256,
     CALL_ONE,
     CALL_ONE_CPU,
     CATALOGUE,
     ECHO_SIZES,
+    EDGE,
+    EDGE_KEYS,
     FAILURE,
     FAILURE_TIMEOUT_S,
     FULL,
@@ -68,8 +72,10 @@ from bench_common import (
     SPAWN_4,
     SPAWN_16,
     SPAWN_64,
+    SPAWN_256,
     SPAWN_FIRST,
     STOP_64,
+    STOP_256,
     WAIT_TIMEOUT_S,
     Metric,
     Params,
@@ -77,6 +83,7 @@ from bench_common import (
     add_pipe,
     add_raw_fanout,
     cpu_per_call,
+    edge_unfit,
     fmt,
     other_rss_mib,
     print_rows,
@@ -301,9 +308,14 @@ def run(p: Params, rec: Recorder) -> None:
             stop(procs)
 
     def mesh_of(n: int, spawn_key: str, call_key: str) -> None:
+        extra = {16: [BROADCAST, RSS], 64: [STOP_64], EDGE: [BROADCAST_256, STOP_256]}
+        keys = [spawn_key, call_key, *extra.get(n, [])]
         if n not in p.call_iters:
-            extra = {16: [BROADCAST, RSS], 64: [STOP_64]}.get(n, [])
-            rec.fail([spawn_key, call_key, *extra], SKIPPED)
+            rec.fail(keys, SKIPPED)
+            return
+        unfit = edge_unfit(rec.value(RSS)) if n == EDGE else None
+        if unfit is not None:
+            rec.fail(keys, unfit)
             return
         procs, mesh, seconds = spawn_timed(n)
         try:
@@ -319,18 +331,24 @@ def run(p: Params, rec: Recorder) -> None:
                 other = other_rss_mib(pids)
                 note = f"median of {len(rss)} procs; other child processes {other:.0f} MiB in all"
                 rec.add(Metric(RSS, statistics.median(rss), note, samples=rss))
+            if n == EDGE:
+                rate = measure_broadcast(mesh, p.broadcasts_edge)
+                note = f"{p.broadcasts_edge} broadcasts, then one call()"
+                rec.add(Metric(BROADCAST_256, rate, note))
         finally:
             t0 = time.perf_counter()
             stopped = stop(procs)
-            if n == 64 and stopped:
-                rec.add(Metric(STOP_64, time.perf_counter() - t0, "until every proc exited"))
-            elif n == 64:
-                rec.fail([STOP_64], "the stop did not complete within 30 s")
+            stop_key = {64: STOP_64, EDGE: STOP_256}.get(n)
+            if stop_key is not None and stopped:
+                rec.add(Metric(stop_key, time.perf_counter() - t0, "until every proc exited"))
+            elif stop_key is not None:
+                rec.fail([stop_key], "the stop did not complete within 30 s")
 
     small_keys = [SPAWN_4, SPAWN_FIRST, CALL_ONE, CALL_ONE_CPU, CALL_1, CALL_4, PIPELINED]
     rec.guard([*small_keys, *ECHO_SIZES], small_mesh)
     rec.guard([SPAWN_16, CALL_16, BROADCAST, RSS], lambda: mesh_of(16, SPAWN_16, CALL_16))
     rec.guard([SPAWN_64, CALL_64, STOP_64], lambda: mesh_of(64, SPAWN_64, CALL_64))
+    rec.guard(EDGE_KEYS, lambda: mesh_of(EDGE, SPAWN_256, CALL_256))
     # Last: a killed proc may leave the runtime in a worse state than the others need.
     rec.guard([FAILURE], lambda: measure_failure(rec, p.failure_kills))
 

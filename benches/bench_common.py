@@ -32,6 +32,10 @@ SPAWN_FIRST = "spawn_first"
 SPAWN_16 = "spawn_16"
 SPAWN_64 = "spawn_64"
 STOP_64 = "stop_64"
+SPAWN_256 = "spawn_256"
+CALL_256 = "call_256"
+BROADCAST_256 = "broadcast_256"
+STOP_256 = "stop_256"
 CALL_ONE = "call_one"
 CALL_ONE_CPU = "call_one_cpu"
 CALL_1 = "call_1"
@@ -56,14 +60,18 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
     SPAWN_16: ("spawn 16 procs -> first reply", "s", "lower"),
     SPAWN_64: ("spawn 64 procs -> first reply", "s", "lower"),
     STOP_64: ("stop 64 procs -> all exited", "s", "lower"),
+    SPAWN_256: ("spawn 256 procs -> first reply", "s", "lower"),
+    STOP_256: ("stop 256 procs -> all exited", "s", "lower"),
     CALL_ONE: ("call_one round trip", "us", "lower"),
     CALL_ONE_CPU: ("CPU per call_one (client + proc)", "us", "lower"),
     CALL_1: ("call() to 1 actor", "us", "lower"),
     CALL_4: ("call() to 4 actors", "us", "lower"),
     CALL_16: ("call() to 16 actors", "us", "lower"),
     CALL_64: ("call() to 64 actors", "us", "lower"),
+    CALL_256: ("call() to 256 actors", "us", "lower"),
     PIPELINED: ("pipelined call_one", "calls/s", "higher"),
     BROADCAST: ("broadcast to 16 actors", "casts/s", "higher"),
+    BROADCAST_256: ("broadcast to 256 actors", "casts/s", "higher"),
     ECHO_1K: ("echo 1 KiB", "GB/s", "higher"),
     ECHO_1M: ("echo 1 MiB", "GB/s", "higher"),
     ECHO_64M: ("echo 64 MiB", "GB/s", "higher"),
@@ -86,6 +94,40 @@ FAILURE_TIMEOUT_S = 20.0
 
 #: Why a metric has no value in a ``--quick`` run.
 SKIPPED = "skipped in --quick runs"
+
+#: The metrics of the largest mesh, the edge of one machine (procs, keys).
+EDGE = 256
+EDGE_KEYS = [SPAWN_256, CALL_256, BROADCAST_256, STOP_256]
+
+
+def edge_unfit(rss_per_proc_mib: float | None, n: int = EDGE) -> str | None:
+    """Why ``n`` procs of ``rss_per_proc_mib`` each (the RSS measured on the 16-proc
+    mesh) are not run here: more than three quarters of the memory available now.
+    ``None`` when they fit."""
+    if rss_per_proc_mib is None:
+        return "not run: no RSS per proc was measured to size it by"
+    available = mem_available_mib()
+    need = rss_per_proc_mib * n
+    if available is None or need > 0.75 * available:
+        have = "unknown" if available is None else f"{available / 1024:.1f} GiB"
+        return (
+            f"not run: {n} procs of {rss_per_proc_mib:.0f} MiB need {need / 1024:.1f} GiB, "
+            f"over three quarters of the memory available ({have})"
+        )
+    return None
+
+
+def mem_available_mib() -> float | None:
+    """``MemAvailable`` of this machine in MiB, ``None`` if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
 
 #: An upper bound on any single wait for replies (spawns included), so that a hang
 #: becomes an error in the table instead of a stuck run.
@@ -187,6 +229,8 @@ class Params:
     pipelined_runs: int
     # Broadcasts to the 16-actor mesh per run (then one call() that follows them all).
     broadcasts: int = 2000
+    # The same, to the 256-actor mesh.
+    broadcasts_edge: int = 200
     # Metric key -> number of timed echoes (after one warm-up echo).
     echo_iters: dict[str, int] = field(default_factory=dict)
     pipe_warmup: int = 500
@@ -202,7 +246,7 @@ FULL = Params(
     spawn_repeats=3,
     call_one_warmup=200,
     call_one_iters=2000,
-    call_iters={4: 500, 16: 200, 64: 200},
+    call_iters={4: 500, 16: 200, 64: 200, EDGE: 30},
     pipelined_calls=5000,
     pipelined_runs=3,
     echo_iters={ECHO_1K: 500, ECHO_1M: 50, ECHO_64M: 5},
@@ -563,6 +607,10 @@ class Recorder:
         self.metrics = [m for m in self.metrics if m.key != metric.key] + [metric]
         self.flush()
         return metric
+
+    def value(self, key: str) -> float | None:
+        """The value recorded for ``key``, ``None`` if none (yet, or it failed)."""
+        return next((m.value for m in self.metrics if m.key == key), None)
 
     def fail(self, keys: Iterable[str], error: str) -> None:
         """Record ``keys`` as not measured, for ``error``, unless already recorded."""

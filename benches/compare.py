@@ -36,6 +36,7 @@ from bench_common import (
     CALL_4,
     CALL_16,
     CALL_64,
+    CALL_256,
     CALL_ONE,
     CATALOGUE,
     ECHO_64M,
@@ -46,6 +47,7 @@ from bench_common import (
     SPAWN_4,
     SPAWN_16,
     SPAWN_64,
+    SPAWN_256,
     cpu_busy,
     fmt,
     loadavg,
@@ -275,7 +277,15 @@ def growth_text(impls: list[Impl], aggs: dict[str, dict[str, dict]]) -> str | No
         parts.append(f"bare fan-out floor {statistics.median(floors):.1f}x")
     if not parts:
         return None
-    return "growth from 16 to 64 actors (4x; below 4x is sub-linear): " + ", ".join(parts)
+    text = "growth from 16 to 64 actors (4x; below 4x is sub-linear): " + ", ".join(parts)
+    edge = [
+        f"{i.title} {aggs[i.key][CALL_256]['value'] / aggs[i.key][CALL_16]['value']:.1f}x"
+        for i in impls
+        if aggs[i.key][CALL_16]["value"] and aggs[i.key][CALL_256]["value"]
+    ]
+    if edge:
+        text += "; from 16 to 256 actors (16x): " + ", ".join(edge)
+    return text
 
 
 def plot(labels: dict[str, str], aggs: dict[str, dict[str, dict]], path: Path, title: str) -> None:
@@ -287,8 +297,8 @@ def plot(labels: dict[str, str], aggs: dict[str, dict[str, dict]], path: Path, t
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=100)
-    calls = [(1, CALL_1), (4, CALL_4), (16, CALL_16), (64, CALL_64)]
-    spawns = [(4, SPAWN_4), (16, SPAWN_16), (64, SPAWN_64)]
+    calls = [(1, CALL_1), (4, CALL_4), (16, CALL_16), (64, CALL_64), (256, CALL_256)]
+    spawns = [(4, SPAWN_4), (16, SPAWN_16), (64, SPAWN_64), (256, SPAWN_256)]
     for key, label in labels.items():
         a = aggs[key]
         for ax, series, scale in ((left, calls, 1e-3), (right, spawns, 1.0)):
@@ -314,7 +324,7 @@ def plot(labels: dict[str, str], aggs: dict[str, dict[str, dict]], path: Path, t
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("number of actors (one per proc)")
-        ax.set_xticks([1, 4, 16, 64] if ax is left else [4, 16, 64])
+        ax.set_xticks([1, 4, 16, 64, 256] if ax is left else [4, 16, 64, 256])
         ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())

@@ -41,14 +41,18 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import ray
 from bench_common import (
     BROADCAST,
+    BROADCAST_256,
     CALL_1,
     CALL_4,
     CALL_16,
     CALL_64,
+    CALL_256,
     CALL_ONE,
     CALL_ONE_CPU,
     CATALOGUE,
     ECHO_SIZES,
+    EDGE,
+    EDGE_KEYS,
     FAILURE,
     FAILURE_TIMEOUT_S,
     FULL,
@@ -59,8 +63,10 @@ from bench_common import (
     SPAWN_4,
     SPAWN_16,
     SPAWN_64,
+    SPAWN_256,
     SPAWN_FIRST,
     STOP_64,
+    STOP_256,
     WAIT_TIMEOUT_S,
     Metric,
     Params,
@@ -68,6 +74,7 @@ from bench_common import (
     add_pipe,
     add_raw_fanout,
     cpu_per_call,
+    edge_unfit,
     fmt,
     other_rss_mib,
     print_rows,
@@ -258,9 +265,14 @@ def _run(p: Params, rec: Recorder) -> None:
             stop(actors)
 
     def many(n: int, spawn_key: str, call_key: str) -> None:
+        extra = {16: [BROADCAST, RSS], 64: [STOP_64], EDGE: [BROADCAST_256, STOP_256]}
+        keys = [spawn_key, call_key, *extra.get(n, [])]
         if n not in p.call_iters:
-            extra = {16: [BROADCAST, RSS], 64: [STOP_64]}.get(n, [])
-            rec.fail([spawn_key, call_key, *extra], SKIPPED)
+            rec.fail(keys, SKIPPED)
+            return
+        unfit = edge_unfit(rec.value(RSS)) if n == EDGE else None
+        if unfit is not None:
+            rec.fail(keys, unfit)
             return
         actors, seconds = spawn_timed(n)
         try:
@@ -281,19 +293,25 @@ def _run(p: Params, rec: Recorder) -> None:
                     f"{other:.0f} MiB in all"
                 )
                 rec.add(Metric(RSS, statistics.median(rss), note, samples=rss))
+            if n == EDGE:
+                rate = measure_broadcast(actors, p.broadcasts_edge)
+                note = f"{p.broadcasts_edge} rounds, then one call each"
+                rec.add(Metric(BROADCAST_256, rate, note))
         finally:
             t0 = time.perf_counter()
             stopped = stop(actors)
-            if n == 64 and stopped:
+            stop_key = {64: STOP_64, EDGE: STOP_256}.get(n)
+            if stop_key is not None and stopped:
                 note = "ray.kill of each actor, until its worker process exited"
-                rec.add(Metric(STOP_64, time.perf_counter() - t0, note))
-            elif n == 64:
-                rec.fail([STOP_64], "the worker processes did not all exit within 30 s")
+                rec.add(Metric(stop_key, time.perf_counter() - t0, note))
+            elif stop_key is not None:
+                rec.fail([stop_key], "the worker processes did not all exit within 30 s")
 
     small_keys = [SPAWN_4, SPAWN_FIRST, CALL_ONE, CALL_ONE_CPU, CALL_1, CALL_4, PIPELINED]
     rec.guard([*small_keys, *ECHO_SIZES], small)
     rec.guard([SPAWN_16, CALL_16, BROADCAST, RSS], lambda: many(16, SPAWN_16, CALL_16))
     rec.guard([SPAWN_64, CALL_64, STOP_64], lambda: many(64, SPAWN_64, CALL_64))
+    rec.guard(EDGE_KEYS, lambda: many(EDGE, SPAWN_256, CALL_256))
     rec.guard([FAILURE], lambda: measure_failure(rec))
 
 

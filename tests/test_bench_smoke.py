@@ -126,6 +126,11 @@ def test_growth_line_compares_each_implementation_with_the_floor() -> None:
     assert "Monarch (this) 3.0x" in line
     assert "Ray" not in line.split("floor")[0]  # no 64-actor value: left out
     assert "bare fan-out floor 4.0x" in line  # the median of 4.5x and 3.5x
+    assert "256" not in line  # no 256-actor value: no such clause
+    aggs["ours"]["call_256"] = {"value": 12000.0}
+    line = compare.growth_text(impls, aggs)
+    assert line is not None
+    assert line.endswith("from 16 to 256 actors (16x): Monarch (this) 12.0x"), line
     assert compare.growth_text(impls, {"ours": agg(), "ray": agg()}) is None
 
 
@@ -198,3 +203,17 @@ def test_tensor_bench_quick_upstream(tmp_path: Path) -> None:
     assert up["dispatch_ops"]["value"] > 0
     assert up["reduce_ms"] == {"value": None, "values": [], "error": "cannot run on CPU"}
     assert "upstream's reduce (1 of 1 runs)" in stdout
+
+
+def test_the_edge_mesh_runs_only_where_it_fits_in_memory() -> None:
+    sys.path.insert(0, str(BENCHES))
+    try:
+        import bench_common
+    finally:
+        sys.path.remove(str(BENCHES))
+
+    assert bench_common.edge_unfit(0.001) is None  # 256 procs of 1 KiB fit anywhere
+    huge = bench_common.edge_unfit(1024.0 * 1024)  # 256 procs of 1 TiB do not
+    assert huge is not None and huge.startswith("not run: 256 procs of"), huge
+    unknown = bench_common.edge_unfit(None)
+    assert unknown is not None and "no RSS" in unknown, unknown
