@@ -53,6 +53,7 @@ PIPE = "pipe"
 PIPE_CPU = "pipe_cpu"
 RAW_16 = "raw_fanout_16"
 RAW_64 = "raw_fanout_64"
+RAW_256 = "raw_fanout_256"
 
 CATALOGUE: dict[str, tuple[str, str, str]] = {
     SPAWN_4: ("spawn 4 procs -> first reply", "s", "lower"),
@@ -81,10 +82,11 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
     PIPE_CPU: ("CPU per Pipe round trip (both processes)", "us", "lower"),
     RAW_16: ("bare fan-out to 16 procs", "us", "lower"),
     RAW_64: ("bare fan-out to 64 procs", "us", "lower"),
+    RAW_256: ("bare fan-out to 256 procs", "us", "lower"),
 }
 
 #: The bare fan-out references, by number of procs.
-RAW_FANOUT = {16: RAW_16, 64: RAW_64}
+RAW_FANOUT = {16: RAW_16, 64: RAW_64, 256: RAW_256}
 
 #: Echo payload sizes, by metric key.
 ECHO_SIZES = {ECHO_1K: 1 << 10, ECHO_1M: 1 << 20, ECHO_64M: 64 << 20}
@@ -237,7 +239,7 @@ class Params:
     pipe_iters: int = 5000
     # Number of procs -> timed rounds of the bare fan-out reference (after a tenth as
     # many warm-up rounds). Sizes left out are not measured.
-    raw_fanout_iters: dict[int, int] = field(default_factory=lambda: {16: 1000, 64: 500})
+    raw_fanout_iters: dict[int, int] = field(default_factory=lambda: {16: 1000, 64: 500, 256: 100})
     # Procs killed, one after another, for failure detection (the median is reported).
     failure_kills: int = 10
 

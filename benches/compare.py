@@ -44,6 +44,8 @@ from bench_common import (
     PIPELINED,
     RAW_16,
     RAW_64,
+    RAW_256,
+    RAW_FANOUT,
     SPAWN_4,
     SPAWN_16,
     SPAWN_64,
@@ -283,6 +285,13 @@ def growth_text(impls: list[Impl], aggs: dict[str, dict[str, dict]]) -> str | No
         for i in impls
         if aggs[i.key][CALL_16]["value"] and aggs[i.key][CALL_256]["value"]
     ]
+    edge_floors = [
+        aggs[i.key][RAW_256]["value"] / aggs[i.key][RAW_16]["value"]
+        for i in impls
+        if aggs[i.key][RAW_16]["value"] and aggs[i.key][RAW_256]["value"]
+    ]
+    if edge and edge_floors:
+        edge.append(f"bare fan-out floor {statistics.median(edge_floors):.1f}x")
     if edge:
         text += "; from 16 to 256 actors (16x): " + ", ".join(edge)
     return text
@@ -308,9 +317,10 @@ def plot(labels: dict[str, str], aggs: dict[str, dict[str, dict]], path: Path, t
                 ax.plot(xs, ys, marker="o", label=label)
     floor = next((a for a in aggs.values() if a[RAW_16]["value"] and a[RAW_64]["value"]), None)
     if floor is not None:
+        points = [(n, floor[k]["value"]) for n, k in RAW_FANOUT.items() if floor[k]["value"]]
         left.plot(
-            [16, 64],
-            [floor[RAW_16]["value"] * 1e-3, floor[RAW_64]["value"] * 1e-3],
+            [n for n, _ in points],
+            [v * 1e-3 for _, v in points],
             linestyle="--",
             color="gray",
             marker="x",

@@ -131,6 +131,10 @@ def test_growth_line_compares_each_implementation_with_the_floor() -> None:
     line = compare.growth_text(impls, aggs)
     assert line is not None
     assert line.endswith("from 16 to 256 actors (16x): Monarch (this) 12.0x"), line
+    aggs["ray"]["raw_fanout_256"] = {"value": 4000.0}
+    line = compare.growth_text(impls, aggs)
+    assert line is not None
+    assert line.endswith("Monarch (this) 12.0x, bare fan-out floor 20.0x"), line
     assert compare.growth_text(impls, {"ours": agg(), "ray": agg()}) is None
 
 

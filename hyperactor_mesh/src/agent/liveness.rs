@@ -19,7 +19,7 @@
 //!
 //! **Relayed heartbeats.** An agent that monitors many hosts does not send each a
 //! heartbeat of its own: its cost would grow with the hosts (at 1,024 hosts, four
-//! heartbeats a second each took a fifth of the client's core). When more than
+//! heartbeats a second each took about a quarter of the client's core). When more than
 //! [`Liveness::relay_group`] of its hosts answered within half of [`Liveness::timeout`]
 //! (*fresh* hosts), it splits them, in order, into groups of that size and sends the
 //! first host of each group one [`Control::HeartbeatRelay`] naming the others. That
