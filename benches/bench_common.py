@@ -121,14 +121,7 @@ def edge_unfit(rss_per_proc_mib: float | None, n: int = EDGE) -> str | None:
 
 def mem_available_mib() -> float | None:
     """``MemAvailable`` of this machine in MiB, ``None`` if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+    return _kib_field_mib("/proc/meminfo", "MemAvailable:")
 
 
 #: An upper bound on any single wait for replies (spawns included), so that a hang
@@ -457,16 +450,22 @@ def add_raw_fanout(p: Params, rec: Recorder) -> None:
 # /proc
 
 
-def rss_mib(pid: int) -> float | None:
-    """The resident set size of process ``pid`` in MiB (``VmRSS``), ``None`` if gone."""
+def _kib_field_mib(path: str, field: str) -> float | None:
+    """The value of the ``field`` line (in kiB) of a /proc file, in MiB; ``None`` if the
+    file or the line is missing."""
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field):
                     return int(line.split()[1]) / 1024
     except OSError:
         return None
     return None
+
+
+def rss_mib(pid: int) -> float | None:
+    """The resident set size of process ``pid`` in MiB (``VmRSS``), ``None`` if gone."""
+    return _kib_field_mib(f"/proc/{pid}/status", "VmRSS:")
 
 
 def _parent_of(pid: int) -> int | None:
