@@ -102,6 +102,22 @@ EDGE = 256
 EDGE_KEYS = [SPAWN_256, CALL_256, BROADCAST_256, STOP_256]
 
 
+#: The metrics a mesh of n procs records besides its spawn and call() rows.
+MESH_EXTRA_KEYS = {16: [BROADCAST, RSS], 64: [STOP_64], EDGE: [BROADCAST_256, STOP_256]}
+#: The stop metric of a mesh of n procs, for the sizes that have one.
+STOP_KEYS = {64: STOP_64, EDGE: STOP_256}
+
+
+def mesh_not_run(p: Params, rec: Recorder, n: int) -> str | None:
+    """Why the mesh of ``n`` procs is not measured in this run (not asked for, or too
+    big for the memory), ``None`` when it is."""
+    if n not in p.call_iters:
+        return SKIPPED
+    if n == EDGE:
+        return edge_unfit(rec.value(RSS))
+    return None
+
+
 def edge_unfit(rss_per_proc_mib: float | None, n: int = EDGE) -> str | None:
     """Why ``n`` procs of ``rss_per_proc_mib`` each (the RSS measured on the 16-proc
     mesh) are not run here: more than three quarters of the memory available now.

@@ -56,6 +56,7 @@ from bench_common import (
     FAILURE,
     FAILURE_TIMEOUT_S,
     FULL,
+    MESH_EXTRA_KEYS,
     PIPELINED,
     QUICK,
     RSS,
@@ -66,7 +67,7 @@ from bench_common import (
     SPAWN_256,
     SPAWN_FIRST,
     STOP_64,
-    STOP_256,
+    STOP_KEYS,
     WAIT_TIMEOUT_S,
     Metric,
     Params,
@@ -74,8 +75,8 @@ from bench_common import (
     add_pipe,
     add_raw_fanout,
     cpu_per_call,
-    edge_unfit,
     fmt,
+    mesh_not_run,
     other_rss_mib,
     print_rows,
     rss_mib,
@@ -265,14 +266,9 @@ def _run(p: Params, rec: Recorder) -> None:
             stop(actors)
 
     def many(n: int, spawn_key: str, call_key: str) -> None:
-        extra = {16: [BROADCAST, RSS], 64: [STOP_64], EDGE: [BROADCAST_256, STOP_256]}
-        keys = [spawn_key, call_key, *extra.get(n, [])]
-        if n not in p.call_iters:
-            rec.fail(keys, SKIPPED)
-            return
-        unfit = edge_unfit(rec.value(RSS)) if n == EDGE else None
-        if unfit is not None:
-            rec.fail(keys, unfit)
+        why = mesh_not_run(p, rec, n)
+        if why is not None:
+            rec.fail([spawn_key, call_key, *MESH_EXTRA_KEYS.get(n, [])], why)
             return
         actors, seconds = spawn_timed(n)
         try:
@@ -300,7 +296,7 @@ def _run(p: Params, rec: Recorder) -> None:
         finally:
             t0 = time.perf_counter()
             stopped = stop(actors)
-            stop_key = {64: STOP_64, EDGE: STOP_256}.get(n)
+            stop_key = STOP_KEYS.get(n)
             if stop_key is not None and stopped:
                 note = "ray.kill of each actor, until its worker process exited"
                 rec.add(Metric(stop_key, time.perf_counter() - t0, note))

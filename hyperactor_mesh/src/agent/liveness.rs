@@ -451,9 +451,7 @@ impl Inner {
     /// A heartbeat from `client`'s agent (directly, or through a relay): renews its
     /// lease here and answers `ack_to`.
     pub(super) fn on_heartbeat_from(&self, client: &ProcId, ack_to: PortId) {
-        if let Some(host) = &self.host {
-            host.renew_lease(client, self.proc.proc_id());
-        }
+        self.renew_lease(client);
         self.send_control_to(
             ack_to,
             &Control::HeartbeatAck {
@@ -462,13 +460,18 @@ impl Inner {
         );
     }
 
+    /// On a host agent: `client` showed it is alive (see [`HostService::renew_lease`]).
+    fn renew_lease(&self, client: &ProcId) {
+        if let Some(host) = &self.host {
+            host.renew_lease(client, self.proc.proc_id());
+        }
+    }
+
     /// A heartbeat to relay to `members`: answered first (with when they last
     /// answered), then forwarded.
     pub(super) fn on_heartbeat_relay(&self, from: PortId, members: Vec<ProcId>) {
         let client = from.actor().proc_id().clone();
-        if let Some(host) = &self.host {
-            host.renew_lease(&client, self.proc.proc_id());
-        }
+        self.renew_lease(&client);
         let answers = self.liveness.relay(&members);
         self.send_control_to(
             from,
