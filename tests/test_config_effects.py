@@ -26,6 +26,7 @@ from monarch._src.actor import pickling, runtime
 from monarch._src.monitoring import dashboard
 from monarch.actor import Actor, endpoint
 from monarch.config import clear_runtime_config, configured
+from proc_state import running
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -262,6 +263,8 @@ def test_the_channel_keys_reach_the_runtime(monkeypatch: pytest.MonkeyPatch) -> 
 
 DELIVERY = """
 import os, signal, sys, time
+sys.path.insert(0, TESTS)
+from proc_state import freeze
 from monarch.actor import Actor, endpoint, this_host
 
 class Echo(Actor):
@@ -272,7 +275,7 @@ class Echo(Actor):
 procs = this_host().spawn_procs(per_host={"gpus": 1}, name="frozen")
 echo = procs.spawn("echo", Echo)
 pid = echo.pid.call_one().get(timeout=60)
-os.kill(pid, signal.SIGSTOP)
+freeze(pid)  # every thread stopped, not only the signal queued
 start = time.monotonic()
 try:
     echo.pid.call_one().get(timeout=60)
@@ -286,8 +289,9 @@ finally:
 
 @pytest.mark.timeout(180)
 def test_a_message_a_frozen_proc_never_takes_fails_after_the_delivery_timeout() -> None:
+    script = textwrap.dedent(DELIVERY).replace("TESTS", repr(str(ROOT / "tests")))
     out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(DELIVERY)],
+        [sys.executable, "-c", script],
         env=_env(HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT="2s"),
         capture_output=True,
         text=True,
@@ -342,15 +346,6 @@ class Stuck(Actor):
         time.sleep(300)
 
 
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        # Gone before the open, or reaped between the open and the read (ESRCH).
-        return False
-
-
 @pytest.mark.timeout(180)
 def test_process_exit_timeout_bounds_the_wait_for_a_stopping_proc() -> None:
     """The proc's actors get 60 s to stop (stop_actor_timeout), but stopping the mesh
@@ -367,4 +362,4 @@ def test_process_exit_timeout_bounds_the_wait_for_a_stopping_proc() -> None:
         procs.stop().get(timeout=90)
     elapsed = time.monotonic() - start
     assert elapsed < 8, f"stopping took {elapsed:.1f} s"
-    assert not _running(pid)
+    assert not running(pid)

@@ -859,6 +859,7 @@ def test_procs_stopped_before_their_host_is_lost_are_no_failure() -> None:
     loss before the running mesh's: the running mesh's failure arriving means theirs
     would have arrived too."""
     from fault_recorder import Faults
+    from proc_state import freeze
 
     recorder = Faults()
     monarch.actor.unhandled_fault_hook = recorder  # never restored, as FAULTS
@@ -870,7 +871,7 @@ def test_procs_stopped_before_their_host_is_lost_are_no_failure() -> None:
         running = hosts.spawn_procs(per_host={"gpus": 1})
         running.spawn("running-then-lost", Where).where.call().get(timeout=60)
         worker = _workers(job)[0].pid
-        os.kill(worker, signal.SIGSTOP)
+        freeze(worker)
         try:
             # The stop waits for the frozen worker until its timeout; the client finds
             # the host lost meanwhile.

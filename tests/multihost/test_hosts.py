@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from output_lines import LineReader
+from proc_state import freeze
 
 from .netns import Cluster, Host
 
@@ -240,7 +241,7 @@ def _break_and_check(
         victim.proc.kill()
         victim.proc.wait(10)
     elif breaker == "stop":
-        os.kill(victim.proc.pid, signal.SIGSTOP)
+        freeze(victim.proc.pid)
     elif breaker == "cut":
         cluster.hosts[2].cut()
     client.go()
