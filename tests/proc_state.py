@@ -61,3 +61,13 @@ def freeze(pid: int, timeout: float = 30.0) -> None:
 def state_of_thread(pid: int, tid: str) -> str | None:
     """The state letter of thread ``tid`` of process ``pid``, or ``None`` if it is gone."""
     return _state_in(f"/proc/{pid}/task/{tid}/stat")
+
+
+def voluntary_switches(tid: int) -> int:
+    """How many times thread ``tid`` of this process slept (gave up its core to wait):
+    its ``voluntary_ctxt_switches``."""
+    with open(f"/proc/self/task/{tid}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches line")

@@ -25,6 +25,7 @@ from monarch._rust_bindings import (
     ReplyItem,
     WouldBlockRuntime,
 )
+from proc_state import voluntary_switches
 
 
 @dataclass
@@ -373,14 +374,6 @@ def test_a_signal_handler_interrupts_a_blocking_get_on_the_main_thread(
         signal.signal(signal.SIGALRM, previous)
 
 
-def _voluntary_switches(tid: int) -> int:
-    with open(f"/proc/self/task/{tid}/status") as f:
-        for line in f:
-            if line.startswith("voluntary_ctxt_switches:"):
-                return int(line.split()[1])
-    raise AssertionError("no voluntary_ctxt_switches line")
-
-
 @pytest.mark.timeout(30)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_blocking_get_off_the_main_thread_sleeps_until_woken(port: Port) -> None:
@@ -403,9 +396,9 @@ def test_a_blocking_get_off_the_main_thread_sleeps_until_woken(port: Port) -> No
     thread = threading.Thread(target=waiter, daemon=True)
     thread.start()
     assert started.wait(10)
-    before = _voluntary_switches(tid[0])
+    before = voluntary_switches(tid[0])
     thread.join(0.6)  # an observation window: the waiter must stay asleep in it
-    after = _voluntary_switches(tid[0])
+    after = voluntary_switches(tid[0])
     assert after - before <= 2, f"the waiting thread woke {after - before} times in 0.6 s"
     queue.port(9).send(state.client, 0, [b"wake"])
     thread.join(10)

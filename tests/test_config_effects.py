@@ -24,9 +24,9 @@ import pytest
 from monarch._src import config as registry
 from monarch._src.actor import pickling, runtime
 from monarch._src.monitoring import dashboard
-from monarch.actor import Actor, endpoint
+from monarch.actor import Actor, ActorMesh, endpoint
 from monarch.config import clear_runtime_config, configured
-from proc_state import running
+from proc_state import running, voluntary_switches
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -241,8 +241,11 @@ def test_an_ending_worker_gives_its_procs_the_terminate_timeout(tmp_path: Path) 
 
 def test_the_channel_keys_reach_the_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[dict[str, object]] = []
+    spins: list[float] = []
     monkeypatch.setattr(runtime, "set_channel_settings", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(runtime, "set_call_spin", spins.append)
     runtime.apply_channel_settings()
+    assert spins[-1] == pytest.approx(200e-6)
     assert calls[-1] == {
         "delivery_timeout": 30.0,
         "tcp_keepalive_idle": 60.0,
@@ -259,6 +262,48 @@ def test_the_channel_keys_reach_the_runtime(monkeypatch: pytest.MonkeyPatch) -> 
         "tcp_keepalive_idle": 20.0,
         "tcp_congestion": "bbr",
     }
+    with configured(call_spin="0s"):
+        runtime.apply_channel_settings()
+    assert spins[-1] == 0.0
+
+
+class Ping(Actor):
+    @endpoint
+    def ping(self) -> int:
+        return 1
+
+
+def _sleeps_per_call(ping: ActorMesh[Ping], calls: int) -> float:
+    """How often the calling thread slept per call_one, over ``calls`` calls."""
+    tid = threading.get_native_id()
+    before = voluntary_switches(tid)
+    for _ in range(calls):
+        ping.ping.call_one().get(timeout=30)
+    return (voluntary_switches(tid) - before) / calls
+
+
+@pytest.mark.timeout(180)
+def test_call_spin_keeps_the_caller_of_short_calls_awake() -> None:
+    """With call_spin 0 the caller sleeps until each reply wakes it; with a limit above
+    the round trip it watches for the reply instead, and sleeps in few calls."""
+    from monarch.actor import this_host
+
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        ping = procs.spawn("spin-ping", Ping)
+        ping.ping.call_one().get(timeout=60)
+        with configured(call_spin="0s"):
+            runtime.apply_channel_settings()
+            off = _sleeps_per_call(ping, 300)
+        with configured(call_spin="20ms"):
+            runtime.apply_channel_settings()
+            _sleeps_per_call(ping, 50)  # the average of recent waits settles
+            on = _sleeps_per_call(ping, 300)
+    finally:
+        runtime.apply_channel_settings()
+        procs.stop().get(timeout=60)
+    assert off >= 0.5, f"without spinning the caller slept in only {off:.2f} of the calls"
+    assert on < off / 2, f"spinning: slept {on:.2f} per call, against {off:.2f} without"
 
 
 DELIVERY = """

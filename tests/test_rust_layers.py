@@ -35,7 +35,7 @@ ALLOWED_LOOPS: dict[str, list[tuple[frozenset[str], str]]] = {}
 
 #: hyperactor's layers, bottom to top; `channel/...` modules are all on the first.
 HYPERACTOR_LAYERS: list[set[str]] = [
-    {"sync", "id", "error", "message", "supervision", "channel"},
+    {"sync", "sync/spin", "id", "error", "message", "supervision", "channel"},
     {"actor/work_queue", "actor/stats", "mailbox"},
     {"router"},
     {"port", "context"},

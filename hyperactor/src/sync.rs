@@ -31,6 +31,8 @@ use std::sync::PoisonError;
 use std::sync::TryLockError;
 use std::time::{Duration, Instant};
 
+pub mod spin;
+
 #[cfg(not(feature = "loom"))]
 use std::sync as imp;
 

@@ -136,6 +136,7 @@ pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(agent::primary_ip, m)?)?;
     m.add_function(wrap_pyfunction!(set_max_frame_len, m)?)?;
     m.add_function(wrap_pyfunction!(set_channel_settings, m)?)?;
+    m.add_function(wrap_pyfunction!(set_call_spin, m)?)?;
     m.add_function(wrap_pyfunction!(lend_bytearray, m)?)?;
     m.add(
         "WouldBlockRuntime",
@@ -187,6 +188,19 @@ fn set_channel_settings(
     hyperactor::channel::set_delivery_timeout(delivery);
     hyperactor::channel::set_tcp_keepalive_idle(keepalive);
     hyperactor::channel::set_tcp_congestion(tcp_congestion);
+    Ok(())
+}
+
+/// Sets the longest a thread of this process blocked on a call's replies spins before it
+/// sleeps, in seconds (the `call_spin` config key; 0: never); see
+/// [`hyperactor::sync::spin`].
+///
+/// # Errors
+///
+/// `ValueError` if `seconds` is negative or not finite.
+#[pyfunction]
+fn set_call_spin(seconds: f64) -> PyResult<()> {
+    hyperactor::sync::spin::set_spin_limit(agent::duration("call_spin", seconds)?);
     Ok(())
 }
 

@@ -89,6 +89,7 @@ __all__ = [
     "rdma_registered",
     "rdma_serve",
     "rdma_write",
+    "set_call_spin",
     "set_channel_settings",
     "set_cluster_secret",
     "set_max_frame_len",
@@ -140,6 +141,11 @@ def set_channel_settings(
     (``channel_tcp_keepalive_idle``) in seconds (``None``: no limit, the kernel's
     default), ``tcp_congestion`` (``channel_tcp_congestion``; empty or ``None``: the
     kernel's default). ``ValueError`` for a negative or infinite duration."""
+
+def set_call_spin(seconds: float) -> None:
+    """Set the longest a thread of this process blocked on a call's replies spins before
+    it sleeps, in seconds (``call_spin``; 0: never). ``ValueError`` for a negative or
+    infinite duration."""
 
 def set_cluster_secret(secret: str) -> None:
     """Authenticate this process's TCP connections with ``secret`` from now on."""

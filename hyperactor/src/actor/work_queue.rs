@@ -15,8 +15,10 @@
 //!   reading until then ([`crate::channel::backpressure`]), so a slow reader slows its senders
 //!   down instead of growing the queue without bound.
 
+use crate::sync::spin::{spin_then_lock, Spin, WakeCount};
 use crate::sync::{Condvar, Mutex, MutexGuard};
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 
 use std::time::Instant;
 
@@ -81,6 +83,11 @@ pub(crate) struct WorkQueue<T> {
     /// Woken when the queue drops under half its high water mark, or closes.
     room: Notify,
     high_water: usize,
+    /// Bumped after each push and the close: what a spinning reader watches.
+    wakes: WakeCount,
+    /// How long the blocking reader's recent waits took: how long it spins before it
+    /// sleeps (see [`crate::sync::spin`]).
+    spin: Spin,
 }
 
 impl<T> std::fmt::Debug for WorkQueue<T> {
@@ -109,6 +116,8 @@ impl<T> WorkQueue<T> {
             notify: Notify::new(),
             room: Notify::new(),
             high_water,
+            wakes: WakeCount::new(0),
+            spin: Spin::default(),
         }
     }
 
@@ -135,6 +144,7 @@ impl<T> WorkQueue<T> {
         state.cost += cost;
         let over = state.cost > self.high_water;
         drop(state);
+        self.wakes.fetch_add(1, Ordering::Release);
         self.ready.notify_one();
         self.notify.notify_one();
         Ok(over)
@@ -185,8 +195,27 @@ impl<T> WorkQueue<T> {
 
     /// Blocks the calling thread until an item comes, the queue closes, or `deadline`
     /// passes (`None`: no deadline). Not for runtime threads.
+    ///
+    /// Before it sleeps, the thread spins for a while if its recent waits were that
+    /// short (see [`crate::sync::spin`]): an actor answering calls one after another
+    /// then takes the next message without being woken.
     pub(crate) fn pop_blocking(&self, deadline: Option<Instant>) -> Popped<T> {
-        let mut state = self.lock();
+        let start = Instant::now();
+        let popped = self.pop_blocking_inner(deadline);
+        self.spin.waited(start.elapsed());
+        popped
+    }
+
+    fn pop_blocking_inner(&self, deadline: Option<Instant>) -> Popped<T> {
+        let state = self.lock();
+        let mut state = spin_then_lock(
+            &self.state,
+            state,
+            &self.wakes,
+            self.spin.budget(),
+            deadline,
+            |s| s.closed || !s.items.is_empty(),
+        );
         loop {
             if let Some(item) = self.take_front(&mut state) {
                 return Popped::Item(item);
@@ -223,6 +252,7 @@ impl<T> WorkQueue<T> {
     /// Closes the queue (WQ-2) and wakes every reader.
     pub(crate) fn close(&self) {
         self.lock().closed = true;
+        self.wakes.fetch_add(1, Ordering::Release);
         self.room.notify_waiters();
         self.ready.notify_all();
         self.notify.notify_waiters();
@@ -238,6 +268,7 @@ impl<T> WorkQueue<T> {
         state.cost = 0;
         let items = state.items.drain(..).map(|(item, _)| item).collect();
         drop(state);
+        self.wakes.fetch_add(1, Ordering::Release);
         self.room.notify_waiters();
         self.ready.notify_all();
         self.notify.notify_waiters();

@@ -10,11 +10,12 @@
 //!   died, and a call from this process is answered for every rank whose message went
 //!   through a dead proc, as soon as the death is known.
 
-use hyperactor::sync::{Condvar, Mutex};
+use hyperactor::sync::spin::{spin_then_lock, Spin, WakeCount};
+use hyperactor::sync::{Condvar, Mutex, MutexGuard};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hyperactor::ProcId;
@@ -48,6 +49,8 @@ pub(super) struct Router {
     /// The call opened last: whether it is still unanswered when the next one opens
     /// says whether calls are pipelined (see [`CallReplies::follows_pending`]).
     last_call: Ranked<Weak<CallInner>>,
+    /// How long this process's blocked callers spin before they sleep.
+    spin: Spin,
 }
 
 impl Default for Router {
@@ -56,6 +59,7 @@ impl Default for Router {
             slots: Ranked::new(Rank::Component),
             next_key: AtomicU64::new(1),
             last_call: Ranked::new(Rank::Component),
+            spin: Spin::default(),
         }
     }
 }
@@ -287,6 +291,8 @@ pub enum Waited<T> {
 struct Signal {
     ready: Condvar,
     notify: Notify,
+    /// How many times [`Signal::wake`] was called: what a spinning waiter watches.
+    wakes: WakeCount,
 }
 
 impl Signal {
@@ -294,22 +300,32 @@ impl Signal {
         Self {
             ready: Condvar::new(),
             notify: Notify::new(),
+            wakes: WakeCount::new(0),
         }
     }
 
+    /// The state changed in a way a waiter may be waiting for (called after its lock is
+    /// released).
     fn wake(&self) {
+        self.wakes.fetch_add(1, Ordering::Release);
         self.ready.notify_all();
         self.notify.notify_waiters();
         self.notify.notify_one();
     }
 
-    /// Blocks on `m` until `done(state)` or the deadline.
+    /// Blocks until `done(state)` or the deadline; returns the state locked, or `None`
+    /// at the deadline. With a `spin` budget the thread first watches for a wake-up for
+    /// that long, without the lock and without sleeping (see
+    /// [`hyperactor::sync::spin`]), then sleeps on the condition variable as without one.
     fn wait_blocking<'a, S>(
         &self,
-        mut guard: hyperactor::sync::MutexGuard<'a, S>,
+        state: &'a Mutex<S>,
         deadline: Option<Instant>,
+        spin: Option<Duration>,
         done: impl Fn(&S) -> bool,
-    ) -> Option<hyperactor::sync::MutexGuard<'a, S>> {
+    ) -> Option<MutexGuard<'a, S>> {
+        let guard = state.lock();
+        let mut guard = spin_then_lock(state, guard, &self.wakes, spin, deadline, &done);
         loop {
             if done(&guard) {
                 return Some(guard);
@@ -459,13 +475,22 @@ impl CallReplies {
 
     /// Blocks until the call is complete or `deadline` passes; then returns the items
     /// by index (all of them, or fewer when one failed). Not for runtime threads.
+    ///
+    /// Before it sleeps, the thread spins for a while if this process's recent calls
+    /// were answered that fast (see [`hyperactor::sync::spin`]): a reply that comes within the
+    /// budget then costs no wake-up of a sleeping thread.
     pub fn wait_blocking(&self, deadline: Option<Instant>) -> Waited<Vec<ReplyItem>> {
-        let guard = self.inner.state.lock();
-        match self
-            .inner
-            .signal
-            .wait_blocking(guard, deadline, CallState::done)
-        {
+        let agent = self.agent.upgrade();
+        let spin = agent.as_ref().and_then(|a| a.replies.spin.budget());
+        let start = Instant::now();
+        let got =
+            self.inner
+                .signal
+                .wait_blocking(&self.inner.state, deadline, spin, CallState::done);
+        if let Some(agent) = agent {
+            agent.replies.spin.waited(start.elapsed());
+        }
+        match got {
             Some(mut state) => Waited::Ready(Self::take(&mut state)),
             None => Waited::Timeout,
         }
@@ -561,11 +586,10 @@ impl ReplyQueue {
 
     /// Blocks for the next item until `deadline`. Not for runtime threads.
     pub fn next_blocking(&self, deadline: Option<Instant>) -> Waited<ReplyItem> {
-        let guard = self.inner.items.lock();
         match self
             .inner
             .signal
-            .wait_blocking(guard, deadline, |s| !s.0.is_empty())
+            .wait_blocking(&self.inner.items, deadline, None, |s| !s.0.is_empty())
         {
             Some(mut state) => match state.0.pop_front() {
                 Some(item) => Waited::Ready(item),
@@ -636,8 +660,16 @@ mod loom_models {
     }
 
     fn wait(call: &CallInner) -> Vec<ReplyItem> {
-        let guard = call.state.lock();
-        match call.signal.wait_blocking(guard, None, CallState::done) {
+        wait_spinning(call, None)
+    }
+
+    /// The caller's wait, spinning first when `spin` says so (under loom the spin is
+    /// bounded by a count of yields, not by time).
+    fn wait_spinning(call: &CallInner, spin: Option<Duration>) -> Vec<ReplyItem> {
+        match call
+            .signal
+            .wait_blocking(&call.state, None, spin, CallState::done)
+        {
             Some(mut state) => CallReplies::take(&mut state),
             None => unreachable!("no deadline was given"),
         }
@@ -668,6 +700,25 @@ mod loom_models {
             let indices: Vec<u32> = items.iter().map(|i| i.index).collect();
             assert_eq!(indices, [0, 1]);
             assert_eq!(call.state.lock().messages, 2);
+        });
+    }
+
+    /// The same with a caller that spins first: whether the replies land before, during
+    /// or after its spin, it wakes with one item per rank (the spin's early look never
+    /// loses a wake-up).
+    #[test]
+    fn loom_a_spinning_caller_wakes_with_one_item_per_rank() {
+        loom::model(|| {
+            let call = collector(&[0, 1], true);
+            let first = deliver_from_thread(&call, vec![ReplyItem::ok(0, vec![Bytes::from("a")])]);
+            let second = deliver_from_thread(&call, vec![ReplyItem::ok(1, vec![Bytes::from("b")])]);
+            let items = wait_spinning(&call, Some(Duration::from_micros(1)));
+            assert_eq!(
+                items.iter().map(|i| i.index).collect::<Vec<_>>(),
+                vec![0, 1]
+            );
+            first.join().unwrap();
+            second.join().unwrap();
         });
     }
 

@@ -28,6 +28,7 @@ import time
 from monarch._rust_bindings import (
     ProcAgent,
     monitor_stack_fd,
+    set_call_spin,
     set_channel_settings,
     set_max_frame_len,
 )
@@ -68,12 +69,14 @@ def _set_frame_limit() -> None:
 def apply_channel_settings() -> None:
     """Give the runtime the config's channel settings, before its first link (spawned
     procs get the client's config, and do the same): ``message_delivery_timeout``,
-    ``channel_tcp_keepalive_idle`` and ``channel_tcp_congestion``."""
+    ``channel_tcp_keepalive_idle`` and ``channel_tcp_congestion``; and how long a caller
+    spins for its replies, ``call_spin``."""
     set_channel_settings(
         delivery_timeout=_seconds("message_delivery_timeout"),
         tcp_keepalive_idle=_seconds("channel_tcp_keepalive_idle"),
         tcp_congestion=str(config.get("channel_tcp_congestion")).strip() or None,
     )
+    set_call_spin(_seconds("call_spin"))
 
 
 #: A lease that never runs out in practice (``mesh_orphan_timeout=None``): ten years.

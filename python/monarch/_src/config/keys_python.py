@@ -7,7 +7,7 @@ The registry (:mod:`monarch._src.config.keys`) lists them in this order.
 from __future__ import annotations
 
 from monarch._src.config.keys_base import POSITIVE, Key, in_group
-from monarch._src.config.kinds import BOOL, optional
+from monarch._src.config.kinds import BOOL, DURATION, US, optional
 
 #: The docs section these keys are listed in.
 GROUP = "Python actors and the runtime"
@@ -44,6 +44,24 @@ KEYS: list[Key] = [
             "Dispatch messages to Python actors through a queue.",
             ignored="Messages always reach Python actors here through the actor's own ordered "
             "queue, read by its thread.",
+        ),
+        Key(
+            "call_spin",
+            "MONARCH_CALL_SPIN",
+            DURATION,
+            200 * US,
+            "The longest a thread waiting for a call's replies, or an actor's thread waiting "
+            "for its next message, spins before it sleeps (0: never).",
+            effect="A thread blocked in a call's get() (call_one, call and their kin), and an "
+            "actor's own thread waiting for its next message, first watch for what they "
+            "wait for, yielding the core between looks, for up to twice the average of "
+            "their recent waits and at most this long; then they sleep. What comes within "
+            "that time skips the wake-up of a sleeping thread: a call_one to an actor on "
+            "the same host takes about half as long. A thread whose recent waits took "
+            "longer than this sleeps at once, so long calls and idle actors spend nothing "
+            "on it. 0 turns it off (for instance where every core is busy with other "
+            "work). Read when a process starts its runtime, and passed to the procs it "
+            "spawns.",
         ),
     ),
 ]
