@@ -38,9 +38,12 @@ from bench_common import (
     CALL_64,
     CALL_256,
     CALL_ONE,
+    CALL_ONE_CPU,
     CATALOGUE,
     ECHO_64M,
     FAILURE,
+    PIPE,
+    PIPE_CPU,
     PIPELINED,
     RAW_16,
     RAW_64,
@@ -297,6 +300,36 @@ def growth_text(impls: list[Impl], aggs: dict[str, dict[str, dict]]) -> str | No
     return text
 
 
+#: The issue's bound on our call_one, in round trips of the Pipe measured beside it.
+CALL_ONE_OVER_PIPE = 1.5
+
+
+def floor_text(impls: list[Impl], aggs: dict[str, dict[str, dict]]) -> str | None:
+    """Each implementation's call_one, and its CPU, over the multiprocessing.Pipe round
+    trip measured in the same runs (the floor), with our target for the first."""
+    clauses = []
+    for key, floor, what in (
+        (CALL_ONE, PIPE, "call_one"),
+        (CALL_ONE_CPU, PIPE_CPU, "CPU per call_one"),
+    ):
+        parts = [
+            f"{i.title} {aggs[i.key][key]['value'] / aggs[i.key][floor]['value']:.2f}x"
+            for i in impls
+            if aggs[i.key][key]["value"] and aggs[i.key][floor]["value"]
+        ]
+        if parts:
+            clauses.append(f"{what} " + ", ".join(parts))
+    if not clauses:
+        return None
+    text = "over the Pipe round trip of the same runs: " + "; ".join(clauses)
+    ours = aggs.get("ours", {})
+    if ours.get(CALL_ONE, {}).get("value") and ours.get(PIPE, {}).get("value"):
+        over = ours[CALL_ONE]["value"] / ours[PIPE]["value"]
+        verdict = "met" if over <= CALL_ONE_OVER_PIPE else "missed"
+        text += f" (target for our call_one <= {CALL_ONE_OVER_PIPE}x: {verdict})"
+    return text
+
+
 def plot(labels: dict[str, str], aggs: dict[str, dict[str, dict]], path: Path, title: str) -> None:
     """Call latency and spawn time against the number of actors, one line for each
     implementation (``labels``: implementation key -> legend text)."""
@@ -435,6 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     growth = growth_text(impls, aggs)
     if growth:
         print(growth)
+    over_floor = floor_text(impls, aggs)
+    if over_floor:
+        print(over_floor)
 
     result = {
         "date": started.isoformat(timespec="seconds"),
@@ -462,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         "plot_title": f"{started:%Y-%m-%d}, {machine}; {load_text}",
         "notes": notes,
         "growth": growth,
+        "over_floor": over_floor,
     }
     (out / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
     png = out / "latency.png"

@@ -138,6 +138,38 @@ def test_growth_line_compares_each_implementation_with_the_floor() -> None:
     assert compare.growth_text(impls, {"ours": agg(), "ray": agg()}) is None
 
 
+def test_floor_line_divides_call_one_by_the_pipe_of_the_same_runs() -> None:
+    sys.path.insert(0, str(BENCHES))
+    try:
+        import compare
+    finally:
+        sys.path.remove(str(BENCHES))
+
+    def agg(**values: float | None) -> dict[str, dict]:
+        out = {key: {"value": None} for key in compare.CATALOGUE}
+        out.update({k: {"value": v} for k, v in values.items()})
+        return out
+
+    impls = [
+        compare.Impl("ours", "Monarch (this)", Path("x"), Path("y")),
+        compare.Impl("ray", "Ray", Path("x"), Path("y")),
+    ]
+    aggs = {
+        "ours": agg(call_one=140.0, pipe=100.0, call_one_cpu=300.0, pipe_cpu=100.0),
+        "ray": agg(call_one=1000.0, pipe=125.0),
+    }
+    line = compare.floor_text(impls, aggs)
+    assert line is not None
+    assert "call_one Monarch (this) 1.40x, Ray 8.00x" in line, line
+    assert "CPU per call_one Monarch (this) 3.00x;" not in line  # the last clause
+    assert "CPU per call_one Monarch (this) 3.00x" in line, line
+    assert line.endswith("(target for our call_one <= 1.5x: met)"), line
+    aggs["ours"]["call_one"] = {"value": 151.0}
+    line = compare.floor_text(impls, aggs)
+    assert line is not None and line.endswith("<= 1.5x: missed)"), line
+    assert compare.floor_text(impls, {"ours": agg(), "ray": agg()}) is None
+
+
 @pytest.mark.timeout(120)
 def test_log_bench_quick(tmp_path: Path) -> None:
     out = tmp_path / "log.json"
