@@ -108,6 +108,10 @@ _READY = re.compile(r"^\s*(\d+): monarch worker ready at ", re.MULTILINE)
 _LOG_TAIL_LINES = 20
 #: Time limit of each Slurm command.
 _COMMAND_TIMEOUT = 30.0
+#: How long an error about a COMPLETING job waits for the job to end, so that it gives
+#: the job's final state and a log tail that holds the reason (Slurm writes who
+#: cancelled it, or which task failed, while the job completes).
+_COMPLETING_SETTLE = 5.0
 #: The environment variable a batch-mode client runs with.
 _BATCH_ENV = "MONARCH_BATCH_JOB"
 #: Variables of other authentication modes, removed from the workers' environment.
@@ -725,6 +729,18 @@ class SlurmJob(JobTrait):
     def _inside_own_batch_job(self, job_id: str) -> bool:
         return os.environ.get(_BATCH_ENV) == "1" and os.environ.get("SLURM_JOB_ID") == job_id
 
+    def _settled(self, job_id: str, status: _Status) -> _Status:
+        """``status``; if the job is COMPLETING, its status once it has ended, waiting at
+        most ``_COMPLETING_SETTLE`` seconds (for an error that names its final state
+        and quotes a log that says why it ended)."""
+        deadline = time.monotonic() + _COMPLETING_SETTLE
+        delay = 0.02
+        while status.state == "COMPLETING" and time.monotonic() < deadline:
+            time.sleep(delay)  # polling squeue: Slurm has no wait-for-end command
+            delay = min(delay * 2, self.max_poll_interval)
+            status = self._squeue(job_id)
+        return status
+
     def _wait_running(self, job_id: str, deadline: float | None, expected: int) -> list[str]:
         """Wait until the job runs; return its ``expected`` nodes (SLURM-4)."""
         delay = 0.02
@@ -734,6 +750,7 @@ class SlurmJob(JobTrait):
             if status.state == "RUNNING":
                 return self._hostnames(job_id, status.nodelist, expected)
             if not status.active:
+                status = self._settled(job_id, status)
                 check = (
                     f"check python_exe={self._python_exe!r}, which must run monarch on the nodes"
                 )
@@ -788,6 +805,7 @@ class SlurmJob(JobTrait):
                 return
             status = self._squeue(job_id)
             if status.state != "RUNNING":
+                status = self._settled(job_id, status)
                 raise SlurmError(
                     f"Slurm job {job_id} is {status.describe()} before all its workers "
                     f"were ready ({len(ready)} of {expected}); expected every task to run "
