@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,7 +103,9 @@ def test_compare_quick_ours_only(tmp_path: Path) -> None:
     assert (tmp_path / "latency.png").stat().st_size > 0
 
 
-def test_growth_line_compares_each_implementation_with_the_floor() -> None:
+def _compare_fixture() -> tuple[Any, list[Any], Callable[..., dict[str, dict]]]:
+    """compare.py as a module, two implementations (ours and Ray), and a maker of one
+    implementation's medians (every metric ``None`` but those given)."""
     sys.path.insert(0, str(BENCHES))
     try:
         import compare
@@ -109,7 +113,7 @@ def test_growth_line_compares_each_implementation_with_the_floor() -> None:
         sys.path.remove(str(BENCHES))
 
     def agg(**values: float | None) -> dict[str, dict]:
-        out = {key: {"value": None} for key in compare.CATALOGUE}
+        out: dict[str, dict] = {key: {"value": None} for key in compare.CATALOGUE}
         out.update({k: {"value": v} for k, v in values.items()})
         return out
 
@@ -117,6 +121,11 @@ def test_growth_line_compares_each_implementation_with_the_floor() -> None:
         compare.Impl("ours", "Monarch (this)", Path("x"), Path("y")),
         compare.Impl("ray", "Ray", Path("x"), Path("y")),
     ]
+    return compare, impls, agg
+
+
+def test_growth_line_compares_each_implementation_with_the_floor() -> None:
+    compare, impls, agg = _compare_fixture()
     aggs = {
         "ours": agg(call_16=1000.0, call_64=3000.0, raw_fanout_16=200.0, raw_fanout_64=900.0),
         "ray": agg(call_16=10.0, call_64=None, raw_fanout_16=200.0, raw_fanout_64=700.0),
@@ -139,21 +148,7 @@ def test_growth_line_compares_each_implementation_with_the_floor() -> None:
 
 
 def test_floor_line_divides_call_one_by_the_pipe_of_the_same_runs() -> None:
-    sys.path.insert(0, str(BENCHES))
-    try:
-        import compare
-    finally:
-        sys.path.remove(str(BENCHES))
-
-    def agg(**values: float | None) -> dict[str, dict]:
-        out = {key: {"value": None} for key in compare.CATALOGUE}
-        out.update({k: {"value": v} for k, v in values.items()})
-        return out
-
-    impls = [
-        compare.Impl("ours", "Monarch (this)", Path("x"), Path("y")),
-        compare.Impl("ray", "Ray", Path("x"), Path("y")),
-    ]
+    compare, impls, agg = _compare_fixture()
     aggs = {
         "ours": agg(call_one=140.0, pipe=100.0, call_one_cpu=300.0, pipe_cpu=100.0),
         "ray": agg(call_one=1000.0, pipe=125.0),

@@ -65,6 +65,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from monarch._src.job.job import DEFAULT_JOB_PATH, JobState, JobTrait
+from monarch._src.job.slurm_status import _NEVER_STARTS, _Status
 
 if TYPE_CHECKING:
     from monarch.actor import HostMesh
@@ -73,35 +74,6 @@ __all__ = ["SlurmJob"]
 
 logger = logging.getLogger(__name__)
 
-#: States of a job that may still run its workers.
-_ACTIVE = frozenset(
-    {
-        "PENDING",
-        "CONFIGURING",
-        "RUNNING",
-        "SUSPENDED",
-        "REQUEUED",
-        "REQUEUE_HOLD",
-        "REQUEUE_FED",
-        "RESIZING",
-        "SIGNALING",
-        "STAGE_OUT",
-        "STOPPED",
-        "RESV_DEL_HOLD",
-    }
-)
-#: Pending reasons that no waiting fixes: the job as submitted can never start.
-_NEVER_STARTS = {
-    "BadConstraints": "its constraints match no node",
-    "DependencyNeverSatisfied": "a job it depends on failed",
-    "PartitionConfig": "the partition cannot satisfy it (node count, time or size)",
-    "PartitionNodeLimit": "it asks for more nodes than the partition allows",
-    "PartitionTimeLimit": "its time limit exceeds the partition's",
-    "InvalidAccount": "the account is invalid",
-    "InvalidQOS": "the QOS is invalid",
-    "AccountNotAllowed": "the partition does not allow the account",
-    "QOSNotAllowed": "the partition does not allow the QOS",
-}
 #: What each worker prints once it serves (see ``monarch.actor.run_worker_loop_forever``).
 _READY = re.compile(r"^\s*(\d+): monarch worker ready at ", re.MULTILINE)
 #: How many lines of the job's log errors quote.
@@ -120,28 +92,6 @@ _OTHER_AUTH = ("MONARCH_CLUSTER_AUTH", "MONARCH_TLS_CA", "MONARCH_TLS_KEY", "MON
 
 class SlurmError(RuntimeError):
     """A Slurm command failed, or the job cannot (or no longer does) run the workers."""
-
-
-@dataclass(frozen=True)
-class _Status:
-    """One line of ``squeue -o '%T|%r|%N'``; ``state`` is ``None`` when squeue no
-    longer knows the job (it ended long enough ago)."""
-
-    state: str | None
-    reason: str = ""
-    nodelist: str = ""
-
-    @property
-    def active(self) -> bool:
-        return self.state in _ACTIVE
-
-    def describe(self) -> str:
-        if self.state is None:
-            return "no longer known to squeue (it ended)"
-        if self.state == "COMPLETING":
-            return "COMPLETING (it is ending: cancelled, failed or finished)"
-        reason = f" (reason: {self.reason})" if self.reason and self.reason != "None" else ""
-        return f"{self.state}{reason}"
 
 
 @dataclass(frozen=True)
