@@ -317,7 +317,7 @@ class HostedActor:
         except Exception as e:
             problem = TypeError(f"the endpoint's return value cannot be pickled: {e}")
         else:
-            size = sum(len(p) for p in parts)
+            size = sum(map(len, parts))
             if size > max_message_len():
                 problem = ValueError(
                     f"the endpoint's return value is {size} bytes pickled, over the largest "

@@ -363,17 +363,22 @@ class Endpoint(Generic[P, R]):
         self._explicit = explicit
         #: ``as_endpoint(..., propagate=)``'s (an ``@endpoint``'s own is on its property).
         self._propagate = propagate
+        info = mesh._info
+        #: The method's ``@endpoint`` property, when this process knows the class (a
+        #: mesh's class never changes: looked up once, not per call).
+        self._prop: EndpointProperty[..., Any] | None = (
+            info.endpoints.get(name) if info is not None else None
+        )
 
     def _qualname(self) -> str:
         return f"{self._mesh._class_name}.{self._name}"
 
     def _property(self) -> EndpointProperty[..., Any] | None:
-        info = self._mesh._info
-        return info.endpoints.get(self._name) if info is not None else None
+        return self._prop
 
     def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Raise ``TypeError`` if the arguments do not fit the endpoint's signature."""
-        ep = self._property()
+        ep = self._prop
         if ep is not None:
             try:
                 ep._check_args(args, kwargs)

@@ -73,13 +73,14 @@ def dumps(obj: Any) -> bytes:
     return _dumps(obj, None)
 
 
-def _dumps(obj: Any, oob: list[pickle.PickleBuffer] | None) -> bytes:
+def _dumps(obj: Any, oob: list[pickle.PickleBuffer] | None, limit: int | None = None) -> bytes:
     """Pickle with the standard pickler when it can, cloudpickle otherwise: for what the
     standard pickler refuses (lambdas, closures) and for references into ``__main__``.
-    Both load with ``pickle.loads``. With ``oob``, buffers of at least
-    :func:`out_of_band_min` bytes are appended to it instead of being pickled."""
+    Both load with ``pickle.loads``. With ``oob``, buffers of at least ``limit`` bytes
+    (default :func:`out_of_band_min`) are appended to it instead of being pickled."""
 
-    limit = out_of_band_min()
+    if limit is None:
+        limit = out_of_band_min()
 
     def callback(buffer: pickle.PickleBuffer) -> bool:
         if buffer.raw().nbytes < limit:
@@ -121,11 +122,12 @@ def _pickle_with(pickler: Any, obj: Any, callback: Any) -> bytes:
     return out.getvalue()
 
 
-def dumps_parts(obj: Any) -> list[bytes | bytearray]:
+def dumps_parts(obj: Any, limit: int | None = None) -> list[bytes | bytearray]:
     """The payload parts of ``obj``: its pickle; then, if it has buffers of at least
-    :func:`out_of_band_min` bytes, the kinds part and the buffers (module docs)."""
+    ``limit`` bytes (default :func:`out_of_band_min`), the kinds part and the buffers
+    (module docs)."""
     oob: list[pickle.PickleBuffer] = []
-    data = _dumps(obj, oob)
+    data = _dumps(obj, oob, limit)
     if not oob:
         return [data]
     kinds = bytearray()
@@ -178,9 +180,24 @@ def dumps_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes | by
     """The payload parts of a call: ``(args, kwargs)`` by :func:`dumps_parts`, where a
     top-level argument that is a ``bytes`` object of at least :func:`out_of_band_min`
     bytes also travels out of band (the object itself: shared, not copied)."""
+    limit = out_of_band_min()
+    # The common case first: no large bytes argument, one pickle.
+    for v in args:
+        if type(v) is bytes and len(v) >= limit:
+            return _dumps_call_sharing(args, kwargs, limit)
+    for v in kwargs.values():
+        if type(v) is bytes and len(v) >= limit:
+            return _dumps_call_sharing(args, kwargs, limit)
+    return dumps_parts((args, kwargs), limit)
+
+
+def _dumps_call_sharing(
+    args: tuple[Any, ...], kwargs: dict[str, Any], limit: int
+) -> list[bytes | bytearray]:
+    """:func:`dumps_call` of a call with a large ``bytes`` argument: each such object
+    travels out of band, unless it is passed twice."""
     big: dict[int, bytes] = {}
     seen_twice: set[int] = set()
-    limit = out_of_band_min()
     for v in (*args, *kwargs.values()):
         if type(v) is bytes and len(v) >= limit:
             if id(v) in big:
@@ -191,22 +208,25 @@ def dumps_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes | by
     for key in seen_twice:
         del big[key]
     if not big:
-        return dumps_parts((args, kwargs))
+        return dumps_parts((args, kwargs), limit)
     wrapped = {key: pickle.PickleBuffer(v) for key, v in big.items()}
 
     def wrap(v: Any) -> Any:
         return wrapped.get(id(v), v) if type(v) is bytes else v
 
-    return dumps_parts((tuple(wrap(a) for a in args), {k: wrap(v) for k, v in kwargs.items()}))
+    return dumps_parts(
+        (tuple(wrap(a) for a in args), {k: wrap(v) for k, v in kwargs.items()}), limit
+    )
 
 
 def dumps_value(value: Any) -> list[bytes | bytearray]:
     """The parts of a reply's value: :func:`dumps_parts`, where the value itself, when
     it is a ``bytes`` object of at least :func:`out_of_band_min` bytes, travels out of
     band."""
-    if type(value) is bytes and len(value) >= out_of_band_min():
-        return dumps_parts(pickle.PickleBuffer(value))
-    return dumps_parts(value)
+    limit = out_of_band_min()
+    if type(value) is bytes and len(value) >= limit:
+        return dumps_parts(pickle.PickleBuffer(value), limit)
+    return dumps_parts(value, limit)
 
 
 def _reduce_tensor(t: Any) -> Any:
