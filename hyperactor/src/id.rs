@@ -60,8 +60,18 @@ pub fn validate_name(name: &str) -> Result<(), IdError> {
 
 /// The id of a proc: a unique id plus the address it listens on. Clones share one
 /// allocation (ids are copied into every message header).
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ProcId(Arc<ProcIdInner>);
+///
+/// Hashing a proc id costs one word after the first time: the hash of its contents is
+/// kept in the shared allocation. (A proc id is a key of the tables a cast goes
+/// through once per receiver, and its address, a socket path, is slow to hash.)
+#[derive(Clone)]
+pub struct ProcId(Arc<ProcIdCell>);
+
+struct ProcIdCell {
+    id: ProcIdInner,
+    /// The hash of `id`, once computed; 0 until then.
+    hash: AtomicU64,
+}
 
 #[derive(PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 struct ProcIdInner {
@@ -69,15 +79,64 @@ struct ProcIdInner {
     addr: ChannelAddr,
 }
 
+impl ProcId {
+    fn of(id: ProcIdInner) -> Self {
+        Self(Arc::new(ProcIdCell {
+            id,
+            hash: AtomicU64::new(0),
+        }))
+    }
+
+    /// The hash of the id's contents: the same for equal ids in this process (a hasher
+    /// with fixed keys), computed once per allocation.
+    fn content_hash(&self) -> u64 {
+        let cached = self.0.hash.load(Ordering::Relaxed);
+        if cached != 0 {
+            return cached;
+        }
+        let mut hasher = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(&self.0.id, &mut hasher);
+        let hash = std::hash::Hasher::finish(&hasher).max(1);
+        self.0.hash.store(hash, Ordering::Relaxed);
+        hash
+    }
+}
+
+impl PartialEq for ProcId {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.id == other.0.id
+    }
+}
+
+impl Eq for ProcId {}
+
+impl PartialOrd for ProcId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ProcId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.id.cmp(&other.0.id)
+    }
+}
+
+impl std::hash::Hash for ProcId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.content_hash());
+    }
+}
+
 impl Serialize for ProcId {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(serializer)
+        self.0.id.serialize(serializer)
     }
 }
 
 impl<'de> Deserialize<'de> for ProcId {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Ok(Self(Arc::new(ProcIdInner::deserialize(deserializer)?)))
+        Ok(Self::of(ProcIdInner::deserialize(deserializer)?))
     }
 }
 
@@ -90,7 +149,7 @@ impl ProcId {
     pub fn new(uid: impl Into<String>, addr: ChannelAddr) -> Result<Self, IdError> {
         let uid = uid.into();
         validate_name(&uid)?;
-        Ok(Self(Arc::new(ProcIdInner { uid, addr })))
+        Ok(Self::of(ProcIdInner { uid, addr }))
     }
 
     /// Creates a proc id whose uid is `prefix` followed by a suffix unique to this
@@ -106,12 +165,12 @@ impl ProcId {
 
     /// The unique id part.
     pub fn uid(&self) -> &str {
-        &self.0.uid
+        &self.0.id.uid
     }
 
     /// The address the proc listens on.
     pub fn addr(&self) -> &ChannelAddr {
-        &self.0.addr
+        &self.0.id.addr
     }
 
     /// The id of the actor `name[index]` in this proc.
@@ -218,7 +277,7 @@ fn unique_suffix() -> String {
 
 impl fmt::Display for ProcId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}@{}", self.0.uid, self.0.addr)
+        write!(f, "{}@{}", self.0.id.uid, self.0.id.addr)
     }
 }
 
@@ -307,6 +366,39 @@ mod tests {
             "tcp:127.0.0.1:4000".parse().unwrap(),
             "tcp:[::1]:4000".parse().unwrap(),
         ]
+    }
+
+    fn hash_of<T: std::hash::Hash>(value: &T) -> u64 {
+        use std::hash::{BuildHasher, RandomState};
+        // One state for every value: a map's hasher, not the id's own.
+        thread_local!(static STATE: RandomState = RandomState::new());
+        STATE.with(|s| s.hash_one(value))
+    }
+
+    #[test]
+    fn equal_proc_ids_hash_alike_whichever_allocation_and_whenever_hashed() {
+        let addr: ChannelAddr = "unix:/tmp/hyperactor-0/1-0-ab.sock".parse().unwrap();
+        let a = ProcId::new("worker-1", addr.clone()).unwrap();
+        let parsed: ProcId = a.to_string().parse().unwrap();
+        let decoded: ProcId = bincode::deserialize(&bincode::serialize(&a).unwrap()).unwrap();
+        // The first hash of `a` computes and keeps it; the others compute their own.
+        let first = hash_of(&a);
+        assert_eq!(hash_of(&a), first, "the kept hash differs from the computed one");
+        assert_eq!(hash_of(&parsed), first);
+        assert_eq!(hash_of(&decoded), first);
+        assert_eq!(a, parsed);
+        assert_eq!(a, decoded);
+        let other = ProcId::new("worker-2", addr).unwrap();
+        assert_ne!(a, other);
+        assert_ne!(hash_of(&other), first);
+        // As keys: an id found through an equal id of another allocation.
+        let mut seqs = std::collections::HashMap::new();
+        seqs.insert(a.clone(), 1);
+        seqs.insert(other.clone(), 2);
+        assert_eq!(seqs.get(&decoded), Some(&1));
+        let mut ids = vec![other.clone(), a.clone()];
+        ids.sort();
+        assert_eq!(ids, vec![a, other], "ids order by uid, then address");
     }
 
     #[test]

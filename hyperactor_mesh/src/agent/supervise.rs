@@ -226,7 +226,10 @@ impl Supervisor {
         let mut new = Vec::new();
         for t in targets {
             if let Some(host) = &t.host {
-                if state.watched.insert(t.proc.clone()) {
+                // Looked up before inserting: a view is cast to again and again, and
+                // cloning each id for an insert that finds it there costs two atomics.
+                if !state.watched.contains(&t.proc) {
+                    state.watched.insert(t.proc.clone());
                     new.push((host.clone(), t.proc.clone()));
                 }
             }
