@@ -383,7 +383,11 @@ mod tests {
         let decoded: ProcId = bincode::deserialize(&bincode::serialize(&a).unwrap()).unwrap();
         // The first hash of `a` computes and keeps it; the others compute their own.
         let first = hash_of(&a);
-        assert_eq!(hash_of(&a), first, "the kept hash differs from the computed one");
+        assert_eq!(
+            hash_of(&a),
+            first,
+            "the kept hash differs from the computed one"
+        );
         assert_eq!(hash_of(&parsed), first);
         assert_eq!(hash_of(&decoded), first);
         assert_eq!(a, parsed);
