@@ -67,6 +67,18 @@ pub(crate) struct MeshCore {
 pub struct ActorMeshRef {
     core: Arc<MeshCore>,
     shape: Shape,
+    /// The view's cast targets, computed at its first cast and shared by its clones.
+    targets: TargetsOnce,
+}
+
+/// A view's cast targets once computed (not part of the reference: not sent, not shown).
+#[derive(Clone, Default)]
+struct TargetsOnce(Arc<std::sync::OnceLock<Arc<[CastTarget]>>>);
+
+impl std::fmt::Debug for TargetsOnce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("..")
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -87,6 +99,7 @@ impl<'de> Deserialize<'de> for ActorMeshRef {
         Ok(Self {
             core: Arc::new(core),
             shape,
+            targets: TargetsOnce::default(),
         })
     }
 }
@@ -107,6 +120,7 @@ impl ActorMeshRef {
                 extent,
             }),
             shape,
+            targets: TargetsOnce::default(),
         }
     }
 
@@ -165,6 +179,7 @@ impl ActorMeshRef {
         Ok(Self {
             core: Arc::clone(&self.core),
             shape,
+            targets: TargetsOnce::default(),
         })
     }
 
@@ -175,6 +190,12 @@ impl ActorMeshRef {
             .enumerate()
             .map(|(index, rank)| self.core.procs[rank].target(index as u32))
             .collect()
+    }
+
+    /// [`ActorMeshRef::targets`], computed once per view (a view is usually cast to
+    /// many times).
+    fn cast_targets(&self) -> &[CastTarget] {
+        self.targets.0.get_or_init(|| self.targets().into())
     }
 
     /// The view's extent as casts carry it.
@@ -215,14 +236,14 @@ impl ActorMeshRef {
         reply: Option<ReplyTo>,
         parts: Vec<Bytes>,
     ) -> CastOutcome {
-        let targets = self.targets();
-        agent.watch(&targets);
+        let targets = self.cast_targets();
+        agent.watch(targets);
         agent.cast(
             origin,
             &self.core.actor,
             kind,
             &self.view_extent(),
-            &targets,
+            targets,
             mode,
             reply,
             parts,
