@@ -30,6 +30,27 @@ def test_the_spmd_guide_runs(tmp_path: Path) -> None:
     assert "rank 1 of 2: ['--lr', '0.1']" in out.stdout
 
 
+def _client(notebook: Any, cwd: Path) -> Any:
+    """A client that runs ``notebook`` in a fresh python3 kernel in ``cwd``, 120 s per
+    cell. The kernel listens on Unix sockets in ``cwd`` (an absolute path: the kernel
+    runs in ``cwd`` and its client does not): over TCP, jupyter picks five free ports
+    and the kernel binds them later, and a port taken in between (the other tests' procs
+    bind ports all the time) killed the kernel with "Address already in use"."""
+    import nbclient
+    from traitlets.config import Config
+
+    config = Config()
+    config.KernelManager.transport = "ipc"
+    config.KernelManager.ip = str(cwd / "kernel")  # sockets kernel-1 ... kernel-5
+    return nbclient.NotebookClient(
+        notebook,
+        timeout=120,  # per cell
+        kernel_name="python3",
+        resources={"metadata": {"path": str(cwd)}},
+        config=config,
+    )
+
+
 def _text(cell: Any) -> str:
     """Everything a code cell printed or displayed; an error fails the test."""
     parts = []
@@ -47,16 +68,10 @@ def _text(cell: Any) -> str:
 def test_the_ddp_notebook_runs_in_a_kernel(tmp_path: Path) -> None:
     # In the Makefile's DEV_REQUIREMENTS: `make install` puts them in the venv.
     import ipykernel  # noqa: F401  # the kernel nbclient starts
-    import nbclient
     import nbformat
 
     notebook = nbformat.read(ROOT / "docs" / "notebooks" / "ddp.ipynb", as_version=4)
-    client = nbclient.NotebookClient(
-        notebook,
-        timeout=120,  # per cell
-        kernel_name="python3",
-        resources={"metadata": {"path": str(tmp_path)}},
-    )
+    client = _client(notebook, tmp_path)
     # Starts the kernel, runs every cell, and shuts the kernel down (its procs end
     # with it; the leak check of conftest.py fails the test if one is left).
     client.execute()
@@ -75,7 +90,6 @@ def test_the_ddp_notebook_runs_in_a_kernel(tmp_path: Path) -> None:
 def test_actor_output_appears_in_the_cell_that_caused_it(tmp_path: Path) -> None:
     """What an actor prints during a cell is part of that cell's output, prefixed with
     its mesh and rank, and not of a later cell's."""
-    import nbclient
     import nbformat
 
     cells = [
@@ -93,12 +107,7 @@ def test_actor_output_appears_in_the_cell_that_caused_it(tmp_path: Path) -> None
         "procs.stop().get()",
     ]
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    nbclient.NotebookClient(
-        notebook,
-        timeout=120,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(tmp_path)}},
-    ).execute()
+    _client(notebook, tmp_path).execute()
     second, third = _text(notebook.cells[1]), _text(notebook.cells[2])
     for rank in (0, 1):
         assert f"[talkers {rank}] actor says first" in second, second
