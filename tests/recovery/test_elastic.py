@@ -185,6 +185,13 @@ def test_a_lost_host_without_a_spare_follows_the_policy(faults: Path, policy: Wh
             trainer.step()
             victim = trainer.replicas[1].pid.call_one().get(timeout=60)
             os.kill(_worker_of(job, victim), signal.SIGKILL)  # host 1, with replica 1
+            # The replica's proc ends once it sees its host gone; a step issued before
+            # that could still be answered by it (a CI run's was, and recovered
+            # nothing). The loss is what this test is about: wait for it.
+            deadline = time.monotonic() + 30
+            while alive(victim) and time.monotonic() < deadline:
+                time.sleep(0.05)  # polling the killed host's proc; nothing to wait on
+            assert not alive(victim), f"replica 1's proc {victim} outlived its host"
             if policy is WhenNoSpare.FAIL:
                 with pytest.raises(RecoveryError, match=r"replica 1 was lost .*no host"):
                     trainer.step()
