@@ -182,12 +182,10 @@ def dumps_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes | by
     bytes also travels out of band (the object itself: shared, not copied)."""
     limit = out_of_band_min()
     # The common case first: no large bytes argument, one pickle.
-    for v in args:
-        if type(v) is bytes and len(v) >= limit:
-            return _dumps_call_sharing(args, kwargs, limit)
-    for v in kwargs.values():
-        if type(v) is bytes and len(v) >= limit:
-            return _dumps_call_sharing(args, kwargs, limit)
+    for values in (args, kwargs.values()):
+        for v in values:
+            if type(v) is bytes and len(v) >= limit:
+                return _dumps_call_sharing(args, kwargs, limit)
     return dumps_parts((args, kwargs), limit)
 
 
