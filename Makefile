@@ -124,7 +124,15 @@ format: $(DEV_STAMP) ## Format Rust and Python sources in place
 	$(CARGO) fmt --all
 	$(VENV)/bin/ruff format $(PY_LINT_PATHS)
 
-lint: lint-rust lint-python typecheck stubtest ## Run every linter
+# The linters run side by side, each one's output printed together when it ends: clippy
+# keeps both cores busy, while mypy and stubtest use one each. Measured on 2 cores from a
+# clean checkout (after `make install`): one after the other, clippy 134 s, mypy 53 s,
+# the guides' code 42 s and stubtest 33 s.
+LINT_JOBS ?= 3
+
+lint: ## Run every linter
+	$(MAKE) --no-print-directory -j$(LINT_JOBS) --output-sync=target \
+		lint-rust lint-python typecheck stubtest
 
 lint-rust: | $(VENV_PYTHON) ## cargo fmt --check and clippy with warnings denied
 	$(CARGO) fmt --all --check

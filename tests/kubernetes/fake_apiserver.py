@@ -490,7 +490,7 @@ _MESHES = re.compile(
 
 
 class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.0"  # one request per connection; a watch ends by closing
+    protocol_version = "HTTP/1.0"  # one request per connection (a watch: see _watch)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -577,15 +577,23 @@ class _Handler(BaseHTTPRequestHandler):
         selector = query.get("labelSelector")
         parse_selector(selector or "")  # a bad selector is a 400 before the stream
         timeout = float(query.get("timeoutSeconds") or 1800)
+        # As the real API server streams a watch: HTTP/1.1, each event a chunk of its own.
+        # The client reads a response without chunks in blocks of 64 KiB, so it would see
+        # no event before the watch's end.
+        self.protocol_version = "HTTP/1.1"
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Connection", "close")
         self.end_headers()
         with contextlib.suppress(OSError):
             for event in self.api.watch_pods(
                 namespace, selector, query.get("resourceVersion"), timeout
             ):
-                self.wfile.write(json.dumps(event).encode() + b"\n")
+                line = json.dumps(event).encode() + b"\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
                 self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
 
     def do_GET(self) -> None:
         self._dispatch("GET")

@@ -26,6 +26,7 @@ with its status.
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -91,6 +92,19 @@ def write_snippets(guides: list[Path], outdir: Path) -> dict[Path, Path]:
     return written
 
 
+def seeded_cache(cache_dir: Path) -> Path:
+    """A mypy cache for a run over temporary files, ``cache_dir``: a copy of the
+    repository's own cache (the one ``make typecheck``'s first run leaves) where there is
+    one, so the run checks only its own files and takes the monarch package, the standard
+    library and torch from the copy (2 s instead of 32 s on 2 cores). The temporary files
+    are not in that cache, so their errors are reported with their own paths. A copy, not
+    the cache itself: mypy writes what it checks back into the cache it reads."""
+    repo_cache = ROOT / ".mypy_cache"
+    if repo_cache.is_dir():
+        shutil.copytree(repo_cache, cache_dir, dirs_exist_ok=True)
+    return cache_dir
+
+
 def run_mypy(guides: list[Path]) -> int:
     """Type-check the guides' code with the repository's mypy configuration; print the
     report with the guides' paths; mypy's exit status."""
@@ -106,10 +120,8 @@ def run_mypy(guides: list[Path]) -> int:
                 "--config-file",
                 str(ROOT / "pyproject.toml"),
                 "--show-absolute-path",
-                # A fresh cache: a cached module reports its errors with the path it had
-                # then, another temporary directory's.
                 "--cache-dir",
-                str(Path(tmp) / ".mypy_cache"),
+                str(seeded_cache(Path(tmp) / ".mypy_cache")),
                 *map(str, written),
             ]
         )

@@ -1,7 +1,7 @@
 """Endpoint calls are typed: mypy checks them against the endpoint method's signature.
 
 Each snippet below is a small program, written to a file of its own; one mypy run (the
-repository's configuration, a fresh cache) checks them all. A snippet line ending in
+repository's configuration, a copy of its cache) checks them all. A snippet line ending in
 ``# reveal: T`` must make ``reveal_type`` show ``T`` (module prefixes removed), one
 ending in ``# error: CODE`` must get a mypy error with that code, and no other line may
 get an error: so a correct call is shown to type-check, and each wrong one to fail.
@@ -210,7 +210,7 @@ def mypy_run(
             "--config-file",
             str(ROOT / "pyproject.toml"),
             "--cache-dir",
-            str(tmp / ".mypy_cache"),
+            str(extract_doc_snippets.seeded_cache(tmp / ".mypy_cache")),
             *(str(s.path) for s in snippets.values()),
         ]
     )
