@@ -126,16 +126,14 @@ format: $(DEV_STAMP) ## Format Rust and Python sources in place
 	$(VENV)/bin/ruff format $(PY_LINT_PATHS)
 
 # The linters run side by side, each one's output printed together when it ends, and
-# beside `install` (stubtest needs the extension): clippy keeps both cores busy, the
-# extension's release build about one for most of its time, and mypy and stubtest one
-# each. Measured on 2 cores from a clean checkout, one after the other: the release build
-# 190 s, clippy 134 s, mypy 53 s, the guides' code 42 s (2 s now, see
-# tests/typecheck/extract_doc_snippets.py) and stubtest 33 s.
+# beside `install` (stubtest needs the extension): clippy keeps both cores busy, mypy and
+# stubtest one each, and they fill the gaps of the extension's release build. Measured
+# in CI (2 cores, a clean clone): `install` then the linters one after the other 207 s +
+# 262 s; the linters side by side 207 s + 183 s. clippy and the release build take
+# turns (cargo lets one build at a time use target/; a build directory of clippy's own
+# was tried: both side by side took 357 s, no faster, and the test build then compiled
+# the proc-macros and build scripts clippy had built again, 45 s more).
 LINT_JOBS ?= 3
-# clippy and `cargo doc` only check the crates (no code is generated): their build lives
-# apart from the release and test builds, so that clippy does not wait for cargo's lock
-# on target/ while the release build holds it. `make docs` reuses what clippy checked.
-CHECK_TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)/check
 
 lint: ## Run every linter
 	$(MAKE) --no-print-directory -j$(LINT_JOBS) --output-sync=target \
@@ -143,7 +141,7 @@ lint: ## Run every linter
 
 lint-rust: | $(VENV_PYTHON) ## cargo fmt --check and clippy with warnings denied
 	$(CARGO) fmt --all --check
-	CARGO_TARGET_DIR=$(CHECK_TARGET_DIR) $(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 lint-python: $(DEV_STAMP) ## ruff check and ruff format --check
 	$(VENV)/bin/ruff check $(PY_LINT_PATHS)
@@ -369,7 +367,7 @@ bench-workspace: install ## sync_workspace: 1,000 files to 3 hosts, then 10 chan
 DOCS_REQUIREMENTS := mkdocs>=1.6,<2 mkdocstrings[python]>=0.29 pymdown-extensions pygments
 DOCS_STAMP := $(VENV)/.docs-requirements-$(shell printf '%s' '$(DOCS_REQUIREMENTS)' | sha256sum | cut -c1-16)
 DOCS_RUST ?= 1
-CARGO_DOC_DIR := $(abspath $(CHECK_TARGET_DIR)/doc)
+CARGO_DOC_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target)/doc)
 DOCS_RUST_ENV := MONARCH_DOCS_RUST=$(if $(filter 1,$(DOCS_RUST)),$(CARGO_DOC_DIR))
 
 $(DOCS_STAMP): | $(VENV_PYTHON)
@@ -378,12 +376,12 @@ $(DOCS_STAMP): | $(VENV_PYTHON)
 	touch $@
 
 docs: $(DOCS_STAMP) ## Build the documentation site into site/ (DOCS_RUST=0: without the Rust API)
-	$(if $(filter 1,$(DOCS_RUST)),RUSTDOCFLAGS="-D warnings" CARGO_TARGET_DIR=$(CHECK_TARGET_DIR) $(CARGO) doc --workspace --no-deps)
+	$(if $(filter 1,$(DOCS_RUST)),RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps)
 	$(DOCS_RUST_ENV) $(VENV)/bin/mkdocs build --strict --site-dir site
 
 .PHONY: docs-serve
 docs-serve: $(DOCS_STAMP) ## Serve the documentation site on localhost:8000, rebuilt on each change
-	$(if $(filter 1,$(DOCS_RUST)),CARGO_TARGET_DIR=$(CHECK_TARGET_DIR) $(CARGO) doc --workspace --no-deps)
+	$(if $(filter 1,$(DOCS_RUST)),$(CARGO) doc --workspace --no-deps)
 	$(DOCS_RUST_ENV) $(VENV)/bin/mkdocs serve --strict
 
 all: lint test ## Lint and test everything
