@@ -125,14 +125,11 @@ format: $(DEV_STAMP) ## Format Rust and Python sources in place
 	$(CARGO) fmt --all
 	$(VENV)/bin/ruff format $(PY_LINT_PATHS)
 
-# The linters run side by side, each one's output printed together when it ends, and
-# beside `install` (stubtest needs the extension): clippy keeps both cores busy, mypy and
-# stubtest one each. Measured in CI (2 cores, a clean clone): `install` then the linters
-# one after the other 207 s + 262 s; the linters side by side 207 s + 183 s; with
-# `install` beside them 357 s and 388 s (no faster beyond the machine's own variation,
-# but one step less to run). clippy and the release build take turns (cargo lets one build at a time use target/; a build directory of clippy's own
-# was tried: both side by side took 357 s, no faster, and the test build then compiled
-# the proc-macros and build scripts clippy had built again, 45 s more).
+# The linters run side by side, each one's output printed together when it ends:
+# clippy keeps both cores busy, mypy and stubtest one each. Measured in CI (2 cores, a
+# clean clone): one after the other 262 s, side by side 183 s. On a new checkout
+# stubtest's `install` runs beside them too, but no faster than before them (clippy and
+# the release build take turns on target/, and both are CPU-bound).
 LINT_JOBS ?= 3
 
 lint: ## Run every linter
