@@ -152,15 +152,19 @@ pub enum Control {
         failure: MeshFailure,
     },
     /// A heartbeat to relay (see [`super::liveness`]): the receiver takes it as a
-    /// [`Control::Heartbeat`] from `from`, except that it answers with
-    /// [`Control::HeartbeatAcks`], which also says how long ago each of `members`
-    /// answered the heartbeat the receiver last relayed to it; then it sends each
-    /// member a [`Control::RelayedHeartbeat`].
+    /// heartbeat from `client`'s agent (a host agent renews `client`'s lease), answers
+    /// `ack_to` with [`Control::HeartbeatAcks`], which says how long ago each host of
+    /// `members` and of their own members answered it, and then passes the heartbeat
+    /// on: a [`Control::RelayedHeartbeat`] to each member with no members of its own,
+    /// a [`Control::HeartbeatRelay`] (answered to the receiver) to each other.
     HeartbeatRelay {
-        /// The monitoring agent's control port.
-        from: PortId,
+        /// The proc of the monitoring agent.
+        client: ProcId,
+        /// Where the answer goes: the monitoring agent's control port, or the control
+        /// port of the relay one level up.
+        ack_to: PortId,
         /// The hosts to relay the heartbeat to.
-        members: Vec<ProcId>,
+        members: Vec<RelayTarget>,
     },
     /// A heartbeat relayed on behalf of `client`'s agent: a host agent renews the lease
     /// of `client` on the procs it owns there, and every agent answers `ack_to` (the
@@ -175,9 +179,40 @@ pub enum Control {
     HeartbeatAcks {
         /// The relay's proc.
         proc: ProcId,
-        /// When each member last answered the relay.
+        /// When each host below the relay (its members, and theirs) last answered, as
+        /// far as the relay knows.
         members: Vec<MemberAnswer>,
     },
+}
+
+/// A host a relayed heartbeat goes to ([`Control::HeartbeatRelay`]), and the hosts it
+/// relays the heartbeat on to (none: it only answers).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelayTarget {
+    /// The host's proc (its agent relays or answers).
+    pub proc: ProcId,
+    /// The hosts it relays the heartbeat to.
+    pub members: Vec<RelayTarget>,
+}
+
+impl RelayTarget {
+    /// A host that only answers.
+    pub fn leaf(proc: ProcId) -> Self {
+        Self {
+            proc,
+            members: Vec::new(),
+        }
+    }
+
+    /// Every host below this one (not this one), depth first.
+    pub fn below(&self) -> impl Iterator<Item = &ProcId> + '_ {
+        let mut stack: Vec<&RelayTarget> = self.members.iter().rev().collect();
+        std::iter::from_fn(move || {
+            let next = stack.pop()?;
+            stack.extend(next.members.iter().rev());
+            Some(&next.proc)
+        })
+    }
 }
 
 /// When a member of a relayed heartbeat last answered its relay
@@ -401,7 +436,11 @@ impl Inner {
             Control::KillProc { proc, reason } => self.on_kill_proc(&proc, &reason),
             Control::Heartbeat { from } => self.on_heartbeat(from),
             Control::HeartbeatAck { proc } => self.on_heartbeat_ack(&proc),
-            Control::HeartbeatRelay { from, members } => self.on_heartbeat_relay(from, members),
+            Control::HeartbeatRelay {
+                client,
+                ack_to,
+                members,
+            } => self.on_heartbeat_relay(client, ack_to, members),
             Control::RelayedHeartbeat { client, ack_to } => self.on_heartbeat_from(&client, ack_to),
             Control::HeartbeatAcks { proc, members } => self.on_heartbeat_acks(&proc, &members),
             Control::SpawnRefused { owner, failure } => self.on_spawn_refused(&owner, &failure),

@@ -27,12 +27,23 @@
 //! renews the monitoring agent's leases there as a heartbeat would), and answers at
 //! once with [`Control::HeartbeatAcks`]: how long ago each member answered the heartbeat
 //! it last relayed. The monitoring agent takes those times as the members' answers.
+//! With more fresh hosts than a group of groups (1,024 with groups of 32), the relays
+//! are themselves reached through relays: the first host of each block of
+//! `relay_group²` hosts gets the heartbeat and relays it to the first host of each
+//! group of the block, which relays it to its group, and so on for as many levels as
+//! keep the monitoring agent's relays at most [`Liveness::relay_group`] (and as the
+//! timeout allows, below). A relay's answer covers every host below it, from what the
+//! relays below it last told it.
+//!
 //! Every host that is not fresh — one whose relay stopped answering, or one that
 //! stopped answering its relay — gets direct heartbeats again, so a host is
 //! given up for lost only after it left direct heartbeats unanswered for at least half
-//! of the timeout: a relay's loss makes its members go direct, not lost. Relaying needs
-//! a timeout of at least six intervals (a member's answer reaches the monitoring agent
-//! up to two intervals late); with a shorter one every heartbeat is direct.
+//! of the timeout: a relay's loss makes the hosts below it go direct, not lost. Each
+//! level makes a member's answer reach the monitoring agent up to one interval later,
+//! so relaying needs a timeout of at least six intervals for one level (a member's
+//! answer arrives up to two intervals late), eight for two (the default: 250 ms and
+//! 2 s), and two more for each further level; with a shorter one every heartbeat is
+//! direct.
 //!
 //! A lost host is remembered as lost until then: stopping procs there and ending it
 //! ([`super::ProcAgent::end_host`]) do not wait for an answer from it, and a wait for
@@ -53,7 +64,7 @@ use hyperactor::{PortId, ProcId};
 
 use tokio::task::AbortHandle;
 
-use super::control::{HostService, MemberAnswer};
+use super::control::{HostService, MemberAnswer, RelayTarget};
 use super::lock::{Rank, Ranked};
 use super::{Control, Inner};
 use crate::supervision::{ProcDeath, ProcEnd};
@@ -68,6 +79,9 @@ pub const DEFAULT_CLIENT_LEASE: Duration = Duration::from_secs(10);
 pub const DEFAULT_RELAY_GROUP: usize = 32;
 /// How long a relay remembers a member it has not been asked to relay to.
 const MEMBER_MEMORY: Duration = Duration::from_secs(60);
+/// The most levels of relays between a monitoring agent and a host (four levels of 32
+/// reach a million hosts).
+const MAX_RELAY_LEVELS: usize = 4;
 
 /// The timing of heartbeats and leases (see the [module docs](self)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,12 +115,50 @@ impl Liveness {
         self.timeout / 2
     }
 
-    /// Whether heartbeats may be relayed: groups of two or more, and a timeout that
-    /// leaves a member's late answers (up to two intervals) and then direct heartbeats
-    /// time to arrive.
-    fn relays(&self) -> bool {
-        self.relay_group >= 2 && self.fresh_for() >= self.interval * 3
+    /// How many levels of relays the timing allows (0: none): groups of two or more,
+    /// and a timeout that leaves a member's late answers (up to one interval per level,
+    /// and one more) and then direct heartbeats time to arrive.
+    fn max_relay_levels(&self) -> usize {
+        if self.relay_group < 2 || self.interval.is_zero() {
+            return 0;
+        }
+        let intervals = (self.fresh_for().as_nanos() / self.interval.as_nanos()) as usize;
+        intervals.saturating_sub(2).min(MAX_RELAY_LEVELS)
     }
+
+    /// How many levels of relays heartbeats to `hosts` fresh hosts go through: the
+    /// fewest that leave the monitoring agent at most [`Liveness::relay_group`] relays,
+    /// as far as the timing allows; 0 for a group's worth or fewer.
+    fn relay_levels(&self, hosts: usize) -> usize {
+        let most = self.max_relay_levels();
+        if most == 0 || hosts <= self.relay_group {
+            return 0;
+        }
+        let mut levels = 1;
+        let mut block = self.relay_group;
+        while levels < most && hosts.div_ceil(block) > self.relay_group {
+            levels += 1;
+            block = block.saturating_mul(self.relay_group);
+        }
+        levels
+    }
+}
+
+/// The heartbeat's way to `hosts` (in order) through `levels` levels of relays in
+/// groups of `group`: each block of `group^levels` hosts is reached through its first
+/// host, which relays to the rest of its block the same way, one level fewer.
+fn relay_tree(hosts: &[ProcId], group: usize, levels: usize) -> Vec<RelayTarget> {
+    if levels == 0 {
+        return hosts.iter().cloned().map(RelayTarget::leaf).collect();
+    }
+    let block = group.saturating_pow(levels as u32);
+    hosts
+        .chunks(block)
+        .map(|block| RelayTarget {
+            proc: block[0].clone(),
+            members: relay_tree(&block[1..], group, levels - 1),
+        })
+        .collect()
 }
 
 /// How many heartbeats an agent sent, for tests and diagnostics.
@@ -117,9 +169,10 @@ pub struct HeartbeatCounts {
     pub rounds: u64,
     /// Heartbeats sent to a host directly.
     pub direct: u64,
-    /// Heartbeats sent to relays ([`Control::HeartbeatRelay`]).
+    /// Heartbeats sent to relays ([`Control::HeartbeatRelay`]) by this agent as a
+    /// monitoring agent (not those it passed on as a relay).
     pub relayed: u64,
-    /// Hosts reached through relays (the members named in them).
+    /// Hosts reached through those relays (every host below them).
     pub members: u64,
 }
 
@@ -169,16 +222,8 @@ struct Round {
     lost: Vec<ProcId>,
     /// Hosts that get a heartbeat of their own.
     direct: Vec<ProcId>,
-    /// The heartbeats sent to relays.
-    relayed: Vec<RelayGroup>,
-}
-
-/// A group of hosts reached through one relayed heartbeat.
-struct RelayGroup {
-    /// The host the heartbeat goes to.
-    relay: ProcId,
-    /// The hosts it forwards the heartbeat to.
-    members: Vec<ProcId>,
+    /// The heartbeats sent to relays, each with the hosts below it.
+    relayed: Vec<RelayTarget>,
 }
 
 impl HostLiveness {
@@ -245,12 +290,18 @@ impl HostLiveness {
         }
     }
 
-    /// A relay (`relay`, which answered now) says when its members last answered.
+    /// A relay (`relay`, which answered now) says when the hosts below it last
+    /// answered: taken as their answers by a monitoring agent, and by a relay one level
+    /// up as its members' answers.
     fn relay_acked(&self, relay: &ProcId, members: &[MemberAnswer]) {
         let now = Instant::now();
         let mut state = self.state.lock();
+        let state = &mut *state;
         if let Some(at) = state.monitored.get_mut(relay) {
             *at = now;
+        }
+        if let Some(member) = state.members.get_mut(relay) {
+            member.answered = Some(now);
         }
         for member in members {
             let Some(age) = member.age_ms else { continue };
@@ -260,20 +311,22 @@ impl HostLiveness {
             if let Some(at) = state.monitored.get_mut(&member.proc) {
                 *at = (*at).max(answered);
             }
+            if let Some(known) = state.members.get_mut(&member.proc) {
+                known.answered = Some(known.answered.map_or(answered, |at| at.max(answered)));
+            }
         }
     }
 
-    /// As a relay: when each of `members` last answered (see [`Control::HeartbeatAcks`]),
-    /// noting that they are now sent a heartbeat. Members not relayed to for a long
-    /// time are forgotten.
-    fn relay(&self, members: &[ProcId]) -> Vec<MemberAnswer> {
+    /// As a relay: when each of `members` (every host below this relay) last answered
+    /// (see [`Control::HeartbeatAcks`]), noting that they are now sent a heartbeat.
+    /// Members not relayed to for a long time are forgotten.
+    fn relay<'a>(&self, members: impl Iterator<Item = &'a ProcId>) -> Vec<MemberAnswer> {
         let now = Instant::now();
         let mut state = self.state.lock();
         state
             .members
             .retain(|_, m| now.duration_since(m.forwarded) < MEMBER_MEMORY);
         members
-            .iter()
             .map(|proc| {
                 let member = state.members.entry(proc.clone()).or_insert(Member {
                     forwarded: now,
@@ -313,16 +366,14 @@ impl HostLiveness {
                 round.direct.push(host.clone());
             }
         }
-        if config.relays() && fresh.len() > config.relay_group {
+        let levels = config.relay_levels(fresh.len());
+        if levels > 0 {
             fresh.sort_unstable();
-            for group in fresh.chunks(config.relay_group) {
-                match group {
-                    [single] => round.direct.push(single.clone()),
-                    [relay, members @ ..] => round.relayed.push(RelayGroup {
-                        relay: relay.clone(),
-                        members: members.to_vec(),
-                    }),
-                    [] => {}
+            for target in relay_tree(&fresh, config.relay_group, levels) {
+                if target.members.is_empty() {
+                    round.direct.push(target.proc);
+                } else {
+                    round.relayed.push(target);
                 }
             }
         } else {
@@ -335,7 +386,7 @@ impl HostLiveness {
         counts.members += round
             .relayed
             .iter()
-            .map(|group| group.members.len() as u64)
+            .map(|target| target.below().count() as u64)
             .sum::<u64>();
         Some(round)
     }
@@ -467,25 +518,51 @@ impl Inner {
         }
     }
 
-    /// A heartbeat to relay to `members`: answered first (with when they last
-    /// answered), then forwarded.
-    pub(super) fn on_heartbeat_relay(&self, from: PortId, members: Vec<ProcId>) {
-        let client = from.actor().proc_id().clone();
+    /// A heartbeat from `client`'s agent to relay to `members`: answered first (with
+    /// when every host below this one last answered), then passed on, as a heartbeat
+    /// to members with no members of their own and as a relayed heartbeat to the
+    /// others.
+    pub(super) fn on_heartbeat_relay(
+        &self,
+        client: ProcId,
+        ack_to: PortId,
+        members: Vec<RelayTarget>,
+    ) {
         self.renew_lease(&client);
-        let answers = self.liveness.relay(&members);
+        let below = members
+            .iter()
+            .flat_map(|member| std::iter::once(&member.proc).chain(member.below()));
+        let answers = self.liveness.relay(below);
         self.send_control_to(
-            from,
+            ack_to,
             &Control::HeartbeatAcks {
                 proc: self.proc.proc_id().clone(),
                 members: answers,
             },
         );
+        let own = self.id.port_id(super::CONTROL_PORT);
         let relayed = Control::RelayedHeartbeat {
-            client,
-            ack_to: self.id.port_id(super::CONTROL_PORT),
+            client: client.clone(),
+            ack_to: own.clone(),
         };
-        for member in members.iter().filter(|m| *m != self.proc.proc_id()) {
-            self.send_control(member, &relayed);
+        // One batch of writes: each link writes what gathered together.
+        let _batched = hyperactor::channel::QueueWrites::new(true);
+        for member in members {
+            if &member.proc == self.proc.proc_id() {
+                continue;
+            }
+            if member.members.is_empty() {
+                self.send_control(&member.proc, &relayed);
+            } else {
+                self.send_control(
+                    &member.proc,
+                    &Control::HeartbeatRelay {
+                        client: client.clone(),
+                        ack_to: own.clone(),
+                        members: member.members,
+                    },
+                );
+            }
         }
     }
 
@@ -614,17 +691,18 @@ impl Inner {
                 ),
             );
         }
-        let from = self.id.port_id(super::CONTROL_PORT);
+        let ack_to = self.id.port_id(super::CONTROL_PORT);
         // One batch of writes per round: each link writes what gathered together.
         let _batched = hyperactor::channel::QueueWrites::new(true);
         for host in &round.direct {
             self.send_heartbeat(host);
         }
-        for RelayGroup { relay, members } in round.relayed {
+        for RelayTarget { proc, members } in round.relayed {
             self.send_control(
-                &relay,
+                &proc,
                 &Control::HeartbeatRelay {
-                    from: from.clone(),
+                    client: self.proc.proc_id().clone(),
+                    ack_to: ack_to.clone(),
                     members,
                 },
             );
@@ -895,17 +973,23 @@ mod tests {
     /// answers time: every heartbeat is direct.
     #[test]
     fn relaying_needs_enough_hosts_and_time() {
-        assert!(relaying().relays());
-        assert!(!Liveness {
-            timeout: Duration::from_millis(100),
-            ..relaying()
-        }
-        .relays());
-        assert!(!Liveness {
-            relay_group: 1,
-            ..relaying()
-        }
-        .relays());
+        assert!(relaying().max_relay_levels() > 0);
+        assert_eq!(
+            Liveness {
+                timeout: Duration::from_millis(100),
+                ..relaying()
+            }
+            .max_relay_levels(),
+            0
+        );
+        assert_eq!(
+            Liveness {
+                relay_group: 1,
+                ..relaying()
+            }
+            .max_relay_levels(),
+            0
+        );
         let liveness = HostLiveness::new(relaying());
         for port in 0..3 {
             let host = ProcId::new(
@@ -918,5 +1002,148 @@ mod tests {
         let round = liveness.round().expect("hosts are monitored");
         assert_eq!(round.direct.len(), 3);
         assert!(round.relayed.is_empty());
+    }
+
+    /// The default timing (250 ms, 2 s) allows two levels of relays; six intervals of
+    /// timeout one; each level needs two intervals more.
+    #[test]
+    fn levels_of_relays_follow_the_hosts_and_the_timing() {
+        let default = Liveness::default();
+        assert_eq!(default.max_relay_levels(), 2);
+        let levels: Vec<usize> = [1, 32, 33, 1024, 1025, 32 * 1024, 100_000]
+            .iter()
+            .map(|&n| default.relay_levels(n))
+            .collect();
+        assert_eq!(levels, [0, 0, 1, 1, 2, 2, 2]);
+        let six = Liveness {
+            timeout: default.interval * 6,
+            ..default
+        };
+        assert_eq!(six.max_relay_levels(), 1);
+        assert_eq!(six.relay_levels(100_000), 1);
+        let twelve = Liveness {
+            timeout: default.interval * 12,
+            ..default
+        };
+        assert_eq!(twelve.max_relay_levels(), 4);
+        assert_eq!(twelve.relay_levels(32 * 1024 + 1), 3);
+    }
+
+    /// Every host is in the tree once; the monitoring agent has at most a group of
+    /// relays, and each relay at most a group of members.
+    #[test]
+    fn a_relay_tree_reaches_each_host_once() {
+        let hosts: Vec<ProcId> = (0..1100)
+            .map(|i| {
+                ProcId::new(
+                    format!("h{i:04}"),
+                    hyperactor::ChannelAddr::any(ChannelTransport::Local),
+                )
+                .unwrap()
+            })
+            .collect();
+        let tree = relay_tree(&hosts, 32, 2);
+        assert_eq!(tree.len(), 2);
+        let mut seen: Vec<&ProcId> = Vec::new();
+        let mut stack: Vec<&RelayTarget> = tree.iter().collect();
+        while let Some(target) = stack.pop() {
+            assert!(
+                target.members.len() <= 32,
+                "{} members",
+                target.members.len()
+            );
+            seen.push(&target.proc);
+            stack.extend(&target.members);
+        }
+        seen.sort();
+        assert_eq!(seen, hosts.iter().collect::<Vec<_>>());
+        // The first block: its relay, 32 relays below it, and their members.
+        assert_eq!(tree[0].proc, hosts[0]);
+        assert_eq!(tree[0].members.len(), 32);
+        assert_eq!(tree[0].below().count(), 1023);
+        assert_eq!(tree[1].below().count(), 1100 - 1024 - 1);
+        assert!(tree[0].members.iter().all(|m| !m.members.is_empty()));
+    }
+
+    /// Thirteen hosts in groups of three: two levels. The client sends two relayed
+    /// heartbeats a round and nothing direct; every host answers, and each renews the
+    /// client's lease, through one or two relays.
+    #[tokio::test]
+    async fn heartbeats_to_more_hosts_go_through_two_levels_of_relays() {
+        let (client, hosts) = monitoring(13, relaying()).await;
+        rounds_later(&client, 5).await;
+        let before = client.heartbeat_counts();
+        rounds_later(&client, 20).await;
+        let after = client.heartbeat_counts();
+        let rounds = after.rounds - before.rounds;
+        let direct = after.direct - before.direct;
+        let relayed = after.relayed - before.relayed;
+        let members = after.members - before.members;
+        // Blocks of nine: [0 | 1: 2 3 | 4: 5 6 | 7: 8] and [9 | 10: 11 12].
+        assert!(
+            direct <= rounds,
+            "{direct} direct heartbeats in {rounds} rounds"
+        );
+        assert!(
+            relayed <= rounds * 2 + 2,
+            "{relayed} relayed heartbeats in {rounds} rounds"
+        );
+        assert!(
+            members >= rounds * 10,
+            "{members} hosts reached through relays in {rounds} rounds"
+        );
+        let fresh = relaying().fresh_for();
+        for (host, age) in hosts.iter().zip(ages(&client, &hosts)) {
+            let age = age.expect("monitored");
+            assert!(age <= fresh, "{} last answered {age:?} ago", host.id());
+            let lease = lease_age(host, &client).expect("a lease");
+            assert!(
+                lease <= fresh,
+                "{} renewed the lease {lease:?} ago",
+                host.id()
+            );
+        }
+    }
+
+    /// A relay of the second level (1) and one of the first (9) go away: only they are
+    /// found lost; the hosts below them get direct heartbeats, then relayed ones again,
+    /// and stay monitored.
+    #[tokio::test]
+    async fn a_lost_relay_at_either_level_loses_only_itself() {
+        let (client, mut hosts) = monitoring(13, relaying()).await;
+        rounds_later(&client, 5).await;
+        assert!(client.heartbeat_counts().relayed > 0);
+        let top = hosts.remove(9);
+        let second = hosts.remove(1);
+        let gone = [
+            top.proc().proc_id().clone(),
+            second.proc().proc_id().clone(),
+        ];
+        top.proc().stop(Duration::from_secs(1)).await;
+        second.proc().stop(Duration::from_secs(1)).await;
+        drop((top, second));
+        until("the two relays found lost", || {
+            gone.iter().all(|h| client.inner.lost_reason(h).is_some())
+        })
+        .await;
+        let rounds = 2 * (relaying().timeout.as_millis() / relaying().interval.as_millis());
+        rounds_later(&client, rounds as u64).await;
+        for host in &hosts {
+            let id = host.proc().proc_id();
+            assert_eq!(client.inner.lost_reason(id), None, "{id} was found lost");
+        }
+        let fresh = relaying().fresh_for();
+        for (host, age) in hosts.iter().zip(ages(&client, &hosts)) {
+            let age = age.expect("still monitored");
+            assert!(age <= fresh, "{} last answered {age:?} ago", host.id());
+        }
+        // Eleven fresh hosts are relayed to again: two levels, no host direct.
+        let before = client.heartbeat_counts();
+        rounds_later(&client, 10).await;
+        let after = client.heartbeat_counts();
+        assert!(
+            after.members - before.members >= (after.rounds - before.rounds) * 8,
+            "relaying did not resume: {before:?} then {after:?}"
+        );
     }
 }
