@@ -66,7 +66,9 @@ use serde::de::DeserializeOwned;
 pub use address::{agent_id, cast_port, control_port, reply_port, AGENT_NAME};
 use address::{CAST_PORT, CONTROL_PORT, REPLY_PORT};
 pub use cast_out::{CastOutcome, CastTarget};
-pub use control::{Control, MemberAnswer, ProcInfo, RelayTarget, SpawnProcsRequest};
+pub use control::{
+    Control, MemberAnswer, ProcInfo, RelayAnswer, RelayMembers, RelayTarget, SpawnProcsRequest,
+};
 pub use liveness::Liveness;
 pub use local::{ForeignSpawn, ForeignSpawner, Registry};
 pub use output::OutputSink;

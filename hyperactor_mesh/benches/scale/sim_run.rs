@@ -355,10 +355,23 @@ pub(crate) async fn heartbeat_cost(hosts: &[ProcId], sims: &[Sim]) -> Res<(f64, 
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let before = cpu_snapshot(sims);
+    let counts = agent.heartbeat_counts();
     let t = Instant::now();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let delta = cpu_delta(&cpu_snapshot(sims), &before);
     let secs = t.elapsed().as_secs_f64();
+    let after = agent.heartbeat_counts();
+    eprintln!(
+        "[scale] heartbeats to {} hosts over {:.1} s: {} rounds, {} direct, {} relayed \
+         reaching {} hosts, {} hosts named to relays",
+        hosts.len(),
+        secs,
+        after.rounds - counts.rounds,
+        after.direct - counts.direct,
+        after.relayed - counts.relayed,
+        after.members - counts.members,
+        after.named - counts.named,
+    );
     drop(agent);
     let pct = |label: &str| delta.get(label).copied().unwrap_or(0) as f64 / 1e9 / secs * 100.0;
     Ok((pct("client"), pct("hosts")))

@@ -153,18 +153,21 @@ pub enum Control {
     },
     /// A heartbeat to relay (see [`super::liveness`]): the receiver takes it as a
     /// heartbeat from `client`'s agent (a host agent renews `client`'s lease), answers
-    /// `ack_to` with [`Control::HeartbeatAcks`], which says how long ago each host of
-    /// `members` and of their own members answered it, and then passes the heartbeat
-    /// on: a [`Control::RelayedHeartbeat`] to each member with no members of its own,
-    /// a [`Control::HeartbeatRelay`] (answered to the receiver) to each other.
+    /// `ack_to` with [`Control::HeartbeatAcks`], which says when the hosts below it
+    /// (its members, and theirs) last answered it, and then passes the heartbeat on: a
+    /// [`Control::RelayedHeartbeat`] to each member with no members of its own, a
+    /// [`Control::HeartbeatRelay`] (answered to the receiver) to each other.
     HeartbeatRelay {
         /// The proc of the monitoring agent.
         client: ProcId,
         /// Where the answer goes: the monitoring agent's control port, or the control
         /// port of the relay one level up.
         ack_to: PortId,
+        /// Hosts below that answered longer ago than this are named in the answer;
+        /// the others are answered for together.
+        quiet_ms: u64,
         /// The hosts to relay the heartbeat to.
-        members: Vec<RelayTarget>,
+        members: RelayMembers,
     },
     /// A heartbeat relayed on behalf of `client`'s agent: a host agent renews the lease
     /// of `client` on the procs it owns there, and every agent answers `ack_to` (the
@@ -179,9 +182,58 @@ pub enum Control {
     HeartbeatAcks {
         /// The relay's proc.
         proc: ProcId,
-        /// When each host below the relay (its members, and theirs) last answered, as
-        /// far as the relay knows.
-        members: Vec<MemberAnswer>,
+        /// The proc of the monitoring agent the heartbeat came from.
+        client: ProcId,
+        /// The relay tree answered for ([`RelayMembers`]).
+        tree: u64,
+        /// When the hosts below the relay last answered, as far as it knows.
+        answer: RelayAnswer,
+    },
+}
+
+/// The hosts a relay passes a heartbeat on to ([`Control::HeartbeatRelay`]). A relay
+/// keeps the members it was last given by each sender, so a sender names them only
+/// when they change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RelayMembers {
+    /// The members given with tree `tree` before.
+    Same {
+        /// The tree's number (the monitoring agent's).
+        tree: u64,
+    },
+    /// New members, for tree `tree`.
+    New {
+        /// The tree's number (the monitoring agent's).
+        tree: u64,
+        /// The hosts to relay the heartbeat to.
+        members: Vec<RelayTarget>,
+    },
+}
+
+impl RelayMembers {
+    /// The tree's number.
+    pub fn tree(&self) -> u64 {
+        match self {
+            Self::Same { tree } | Self::New { tree, .. } => *tree,
+        }
+    }
+}
+
+/// A relay's answer ([`Control::HeartbeatAcks`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RelayAnswer {
+    /// The relay does not know the members of the tree it was asked to relay to (it
+    /// was given them by another sender, or forgot them): it relayed nothing, and
+    /// needs them named again.
+    UnknownTree,
+    /// When the hosts below the relay last answered it.
+    Below {
+        /// Every host below not in `quiet` answered within this many milliseconds
+        /// (`None`: every host is in `quiet`).
+        within_ms: Option<u64>,
+        /// The hosts that answered longer ago than the heartbeat's `quiet_ms`, or
+        /// never.
+        quiet: Vec<MemberAnswer>,
     },
 }
 
@@ -439,10 +491,16 @@ impl Inner {
             Control::HeartbeatRelay {
                 client,
                 ack_to,
+                quiet_ms,
                 members,
-            } => self.on_heartbeat_relay(client, ack_to, members),
+            } => self.on_heartbeat_relay(client, ack_to, quiet_ms, members),
             Control::RelayedHeartbeat { client, ack_to } => self.on_heartbeat_from(&client, ack_to),
-            Control::HeartbeatAcks { proc, members } => self.on_heartbeat_acks(&proc, &members),
+            Control::HeartbeatAcks {
+                proc,
+                client,
+                tree,
+                answer,
+            } => self.on_heartbeat_acks(&proc, &client, tree, answer),
             Control::SpawnRefused { owner, failure } => self.on_spawn_refused(&owner, &failure),
             Control::Abandon { reason } => self.on_abandon(&reason, from),
             Control::Singleton {

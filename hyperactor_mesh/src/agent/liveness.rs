@@ -21,19 +21,32 @@
 //! heartbeat of its own: its cost would grow with the hosts (at 1,024 hosts, four
 //! heartbeats a second each took about a quarter of the client's core). When more than
 //! [`Liveness::relay_group`] of its hosts answered within half of [`Liveness::timeout`]
-//! (*fresh* hosts), it splits them, in order, into groups of that size and sends the
-//! first host of each group one [`Control::HeartbeatRelay`] naming the others. That
+//! (*fresh* hosts), it splits the hosts it monitors, in order, into groups of that size
+//! and sends the first fresh host of each group one [`Control::HeartbeatRelay`] naming
+//! the group's other fresh hosts (the groups are cut from all the monitored hosts, so a
+//! host that stops being fresh changes only its own group). That
 //! relay forwards the heartbeat to each of them ([`Control::RelayedHeartbeat`], which
 //! renews the monitoring agent's leases there as a heartbeat would), and answers at
 //! once with [`Control::HeartbeatAcks`]: how long ago each member answered the heartbeat
 //! it last relayed. The monitoring agent takes those times as the members' answers.
-//! With more fresh hosts than a group of groups (1,024 with groups of 32), the relays
-//! are themselves reached through relays: the first host of each block of
-//! `relay_group²` hosts gets the heartbeat and relays it to the first host of each
-//! group of the block, which relays it to its group, and so on for as many levels as
+//! With more hosts than a group of groups (1,024 with groups of 32), the relays are
+//! themselves reached through relays: the first fresh host of each block of
+//! `relay_group²` hosts gets the heartbeat and relays it to the relay of each group of
+//! the block, which relays it to its group, and so on for as many levels as
 //! keep the monitoring agent's relays at most [`Liveness::relay_group`] (and as the
 //! timeout allows, below). A relay's answer covers every host below it, from what the
 //! relays below it last told it.
+//!
+//! So that the monitoring agent's work per round grows with its relays, not its hosts,
+//! a relay keeps the members it was given ([`RelayMembers`]): they are named only when
+//! they change (the fresh hosts changed: a new tree, numbered) or the relay says it does
+//! not know them
+//! ([`RelayAnswer::UnknownTree`]: it restarted, or forgot them after a minute unused);
+//! otherwise the heartbeat names only the tree. And a relay's answer
+//! ([`RelayAnswer::Below`]) names only the hosts below it that answered longer ago
+//! than the heartbeat's `quiet_ms` (or never), with when; for all the others it says
+//! one time they all answered within. `quiet_ms` is half an interval more than an
+//! answer's usual lag through the levels, so the hosts answered for together stay fresh.
 //!
 //! Every host that is not fresh — one whose relay stopped answering, or one that
 //! stopped answering its relay — gets direct heartbeats again, so a host is
@@ -64,7 +77,7 @@ use hyperactor::{PortId, ProcId};
 
 use tokio::task::AbortHandle;
 
-use super::control::{HostService, MemberAnswer, RelayTarget};
+use super::control::{HostService, MemberAnswer, RelayAnswer, RelayMembers, RelayTarget};
 use super::lock::{Rank, Ranked};
 use super::{Control, Inner};
 use crate::supervision::{ProcDeath, ProcEnd};
@@ -144,19 +157,36 @@ impl Liveness {
     }
 }
 
-/// The heartbeat's way to `hosts` (in order) through `levels` levels of relays in
-/// groups of `group`: each block of `group^levels` hosts is reached through its first
-/// host, which relays to the rest of its block the same way, one level fewer.
-fn relay_tree(hosts: &[ProcId], group: usize, levels: usize) -> Vec<RelayTarget> {
+/// The heartbeat's way to the hosts of `hosts` (in order) that are `fresh`, through
+/// `levels` levels of relays in groups of `group`: each block of `group^levels` hosts
+/// is reached through its first fresh host, which relays to the rest of its block the
+/// same way, one level fewer. The blocks are cut from `hosts`, not from the fresh
+/// hosts, so that a host that stops being fresh changes only the groups it is in:
+/// the others keep their relays, and their relays' knowledge of when they answered.
+fn relay_tree(
+    hosts: &[ProcId],
+    fresh: &dyn Fn(&ProcId) -> bool,
+    group: usize,
+    levels: usize,
+) -> Vec<RelayTarget> {
     if levels == 0 {
-        return hosts.iter().cloned().map(RelayTarget::leaf).collect();
+        return hosts
+            .iter()
+            .filter(|host| fresh(host))
+            .cloned()
+            .map(RelayTarget::leaf)
+            .collect();
     }
     let block = group.saturating_pow(levels as u32);
     hosts
         .chunks(block)
-        .map(|block| RelayTarget {
-            proc: block[0].clone(),
-            members: relay_tree(&block[1..], group, levels - 1),
+        .filter_map(|block| {
+            let relay = block.iter().find(|host| fresh(host))?;
+            let rest = |host: &ProcId| host != relay && fresh(host);
+            Some(RelayTarget {
+                proc: relay.clone(),
+                members: relay_tree(&block[1..], &rest, group, levels - 1),
+            })
         })
         .collect()
 }
@@ -174,6 +204,10 @@ pub struct HeartbeatCounts {
     pub relayed: u64,
     /// Hosts reached through those relays (every host below them).
     pub members: u64,
+    /// Hosts named in those relayed heartbeats: a relay is told the hosts below it
+    /// only when they change (or it forgot them), else the number of the tree it was
+    /// given.
+    pub named: u64,
 }
 
 /// The hosts an agent monitors, and those it gave up for lost or asked to end: the host
@@ -198,6 +232,19 @@ struct HostsState {
     ticking: bool,
     /// As a relay: the members this agent relayed heartbeats to.
     members: HashMap<ProcId, Member>,
+    /// As a monitoring agent: the monitored hosts in order (empty when they changed).
+    order: Vec<ProcId>,
+    /// As a monitoring agent: the relay tree of the last rounds, rebuilt when the
+    /// fresh hosts change.
+    tree: Option<Tree>,
+    /// The number of the next tree built.
+    next_tree: u64,
+    /// As a sender of relayed heartbeats (a monitoring agent, or a relay passing one
+    /// on): what each relay was last given, by (monitoring agent, relay).
+    sent: HashMap<(ProcId, ProcId), Sent>,
+    /// As a relay: the members each sender last gave, by (monitoring agent, the port
+    /// the answers go to).
+    given: HashMap<(ProcId, PortId), Given>,
     counts: HeartbeatCounts,
     /// Hosts given up for lost, and why, until they are monitored afresh (see the
     /// [module docs](self)): stopping and ending never wait on them.
@@ -215,6 +262,85 @@ struct Member {
     answered: Option<Instant>,
 }
 
+/// A monitoring agent's relay tree (see [`relay_tree`]).
+struct Tree {
+    /// Its number, which relays are given it by.
+    number: u64,
+    /// Its levels of relays.
+    levels: usize,
+    /// The fresh hosts it was built for.
+    hosts: HashSet<ProcId>,
+    /// Its top level: the hosts the monitoring agent sends to.
+    targets: Vec<RelayTarget>,
+    /// How many hosts are below the relays of the top level.
+    below: u64,
+}
+
+/// What a relay was last given by this agent (see [`RelayMembers`]).
+struct Sent {
+    /// The tree's number.
+    tree: u64,
+    /// Its members in that tree.
+    members: Vec<RelayTarget>,
+    /// Every host below the relay in that tree.
+    below: Vec<ProcId>,
+    /// False once the relay answered that it does not know the tree: it is given the
+    /// members again.
+    known: bool,
+    /// When it was last sent a heartbeat.
+    used: Instant,
+}
+
+/// The members a relay was last given by one sender.
+struct Given {
+    /// The tree's number.
+    tree: u64,
+    /// The members.
+    members: Arc<Vec<RelayTarget>>,
+    /// When it was last used.
+    used: Instant,
+}
+
+/// What `relay` is sent for `client`'s tree `tree`, in which its members are
+/// `members`: only the number of the tree it was given them with, if it was.
+fn members_for(
+    sent: &mut HashMap<(ProcId, ProcId), Sent>,
+    client: &ProcId,
+    relay: &ProcId,
+    tree: u64,
+    members: &[RelayTarget],
+    now: Instant,
+) -> RelayMembers {
+    let key = (client.clone(), relay.clone());
+    match sent.get_mut(&key) {
+        Some(last) if last.known && (last.tree == tree || last.members == members) => {
+            last.used = now;
+            RelayMembers::Same { tree: last.tree }
+        }
+        _ => {
+            let below = members
+                .iter()
+                .flat_map(|m| std::iter::once(&m.proc).chain(m.below()))
+                .cloned()
+                .collect();
+            sent.insert(
+                key,
+                Sent {
+                    tree,
+                    members: members.to_vec(),
+                    below,
+                    known: true,
+                    used: now,
+                },
+            );
+            RelayMembers::New {
+                tree,
+                members: members.to_vec(),
+            }
+        }
+    }
+}
+
 /// What one round of the heartbeat task does.
 #[derive(Default)]
 struct Round {
@@ -222,8 +348,10 @@ struct Round {
     lost: Vec<ProcId>,
     /// Hosts that get a heartbeat of their own.
     direct: Vec<ProcId>,
-    /// The heartbeats sent to relays, each with the hosts below it.
-    relayed: Vec<RelayTarget>,
+    /// The heartbeats sent to relays: each relay, and its members.
+    relayed: Vec<(ProcId, RelayMembers)>,
+    /// The levels of relays.
+    levels: usize,
 }
 
 impl HostLiveness {
@@ -251,6 +379,7 @@ impl HostLiveness {
         state.lost.remove(host);
         state.ending.remove(host);
         state.monitored.insert(host.clone(), Instant::now());
+        state.order.clear();
         let start = !state.ticking;
         state.ticking = true;
         Some(start)
@@ -273,6 +402,7 @@ impl HostLiveness {
     fn stop_monitoring(&self, host: &ProcId) {
         let mut state = self.state.lock();
         state.monitored.remove(host);
+        state.order.clear();
         if let Some(watcher) = state.watchers.remove(host) {
             watcher.abort();
         }
@@ -290,63 +420,147 @@ impl HostLiveness {
         }
     }
 
-    /// A relay (`relay`, which answered now) says when the hosts below it last
-    /// answered: taken as their answers by a monitoring agent, and by a relay one level
-    /// up as its members' answers.
-    fn relay_acked(&self, relay: &ProcId, members: &[MemberAnswer]) {
+    /// A relay (`relay`, which answered now) says when the hosts below it in
+    /// `client`'s tree `tree` last answered: taken as their answers by a monitoring
+    /// agent, and by a relay one level up as its members' answers.
+    fn relay_acked(&self, relay: &ProcId, client: &ProcId, tree: u64, answer: RelayAnswer) {
         let now = Instant::now();
         let mut state = self.state.lock();
-        let state = &mut *state;
-        if let Some(at) = state.monitored.get_mut(relay) {
-            *at = now;
-        }
-        if let Some(member) = state.members.get_mut(relay) {
-            member.answered = Some(now);
-        }
-        for member in members {
-            let Some(age) = member.age_ms else { continue };
-            let Some(answered) = now.checked_sub(Duration::from_millis(age)) else {
-                continue;
-            };
-            if let Some(at) = state.monitored.get_mut(&member.proc) {
+        let HostsState {
+            monitored,
+            members,
+            sent,
+            ..
+        } = &mut *state;
+        // Moves what is known of `host`'s last answer up to `answered`.
+        let mut answered_at = |host: &ProcId, answered: Instant| {
+            if let Some(at) = monitored.get_mut(host) {
                 *at = (*at).max(answered);
             }
-            if let Some(known) = state.members.get_mut(&member.proc) {
+            if let Some(known) = members.get_mut(host) {
                 known.answered = Some(known.answered.map_or(answered, |at| at.max(answered)));
+            }
+        };
+        answered_at(relay, now);
+        let last = sent
+            .get_mut(&(client.clone(), relay.clone()))
+            .filter(|last| last.tree == tree);
+        match answer {
+            RelayAnswer::UnknownTree => {
+                if let Some(last) = last {
+                    last.known = false;
+                }
+            }
+            RelayAnswer::Below { within_ms, quiet } => {
+                let ago = |ms: u64| now.checked_sub(Duration::from_millis(ms));
+                for member in &quiet {
+                    if let Some(answered) = member.age_ms.and_then(ago) {
+                        answered_at(&member.proc, answered);
+                    }
+                }
+                if let (Some(last), Some(answered)) = (last, within_ms.and_then(ago)) {
+                    let named: HashSet<&ProcId> = quiet.iter().map(|m| &m.proc).collect();
+                    for host in &last.below {
+                        if !named.contains(host) {
+                            answered_at(host, answered);
+                        }
+                    }
+                }
             }
         }
     }
 
-    /// As a relay: when each of `members` (every host below this relay) last answered
-    /// (see [`Control::HeartbeatAcks`]), noting that they are now sent a heartbeat.
-    /// Members not relayed to for a long time are forgotten.
-    fn relay<'a>(&self, members: impl Iterator<Item = &'a ProcId>) -> Vec<MemberAnswer> {
+    /// As a relay: the members that `client`'s heartbeat, answered to `ack_to`, goes on
+    /// to, with their tree's number; `None` if they are given as a tree this relay does
+    /// not know. Members not used for a long time are forgotten.
+    fn take_members(
+        &self,
+        client: &ProcId,
+        ack_to: &PortId,
+        members: RelayMembers,
+    ) -> Option<(u64, Arc<Vec<RelayTarget>>)> {
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        state
+            .given
+            .retain(|_, given| now.duration_since(given.used) < MEMBER_MEMORY);
+        let key = (client.clone(), ack_to.clone());
+        match members {
+            RelayMembers::New { tree, members } => {
+                let members = Arc::new(members);
+                state.given.insert(
+                    key,
+                    Given {
+                        tree,
+                        members: members.clone(),
+                        used: now,
+                    },
+                );
+                Some((tree, members))
+            }
+            RelayMembers::Same { tree } => {
+                let given = state.given.get_mut(&key).filter(|g| g.tree == tree)?;
+                given.used = now;
+                Some((tree, given.members.clone()))
+            }
+        }
+    }
+
+    /// As a relay passing `client`'s heartbeat on: what `relay` is sent for tree `tree`
+    /// (see [`members_for`]).
+    fn members_for(
+        &self,
+        client: &ProcId,
+        relay: &ProcId,
+        tree: u64,
+        members: &[RelayTarget],
+    ) -> RelayMembers {
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        state
+            .sent
+            .retain(|_, last| now.duration_since(last.used) < MEMBER_MEMORY);
+        members_for(&mut state.sent, client, relay, tree, members, now)
+    }
+
+    /// As a relay: when the hosts below it (`below`) last answered (see
+    /// [`RelayAnswer`]; those silent for longer than `quiet` are named), noting that
+    /// they are now sent a heartbeat. Members not relayed to for a long time are
+    /// forgotten.
+    fn relay<'a>(&self, below: impl Iterator<Item = &'a ProcId>, quiet: Duration) -> RelayAnswer {
         let now = Instant::now();
         let mut state = self.state.lock();
         state
             .members
             .retain(|_, m| now.duration_since(m.forwarded) < MEMBER_MEMORY);
-        members
-            .map(|proc| {
-                let member = state.members.entry(proc.clone()).or_insert(Member {
-                    forwarded: now,
-                    answered: None,
-                });
-                member.forwarded = now;
-                MemberAnswer {
+        let mut within: Option<Duration> = None;
+        let mut named = Vec::new();
+        for proc in below {
+            let member = state.members.entry(proc.clone()).or_insert(Member {
+                forwarded: now,
+                answered: None,
+            });
+            member.forwarded = now;
+            let age = member.answered.map(|at| now.saturating_duration_since(at));
+            match age {
+                Some(age) if age <= quiet => within = Some(within.map_or(age, |w| w.max(age))),
+                _ => named.push(MemberAnswer {
                     proc: proc.clone(),
-                    age_ms: member.answered.map(|at| {
-                        u64::try_from(now.duration_since(at).as_millis()).unwrap_or(u64::MAX)
-                    }),
-                }
-            })
-            .collect()
+                    age_ms: age.map(|age| u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
+                }),
+            }
+        }
+        RelayAnswer::Below {
+            // Rounded up: the hosts answered no longer ago than this.
+            within_ms: within.map(|w| u64::try_from(w.as_millis()).unwrap_or(u64::MAX) + 1),
+            quiet: named,
+        }
     }
 
-    /// The next round of the heartbeat task: the hosts found lost, and where the
-    /// heartbeats go (see the [module docs](self)); `None` when no host is monitored
-    /// (the task ends).
-    fn round(&self) -> Option<Round> {
+    /// The next round of the heartbeat task of `me`'s agent: the hosts found lost,
+    /// and where the heartbeats go (see the [module docs](self)); `None` when no host
+    /// is monitored (the task ends).
+    fn round(&self, me: &ProcId) -> Option<Round> {
         let config = self.config;
         let now = Instant::now();
         let mut state = self.state.lock();
@@ -366,28 +580,82 @@ impl HostLiveness {
                 round.direct.push(host.clone());
             }
         }
-        let levels = config.relay_levels(fresh.len());
+        // The levels follow the monitored hosts, not the fresh ones, so that the
+        // groups stay when some hosts stop being fresh.
+        let levels = if fresh.len() > config.relay_group {
+            config.relay_levels(state.monitored.len())
+        } else {
+            0
+        };
+        round.levels = levels;
+        let state = &mut *state;
+        let mut below = 0;
+        let mut named = 0;
         if levels > 0 {
-            fresh.sort_unstable();
-            for target in relay_tree(&fresh, config.relay_group, levels) {
-                if target.members.is_empty() {
-                    round.direct.push(target.proc);
-                } else {
-                    round.relayed.push(target);
+            let same = state.tree.as_ref().is_some_and(|tree| {
+                tree.levels == levels
+                    && tree.hosts.len() == fresh.len()
+                    && fresh.iter().all(|host| tree.hosts.contains(host))
+            });
+            if !same {
+                if state.order.len() != state.monitored.len() {
+                    state.order = state.monitored.keys().cloned().collect();
+                    state.order.sort_unstable();
+                }
+                let fresh_set: HashSet<ProcId> = fresh.into_iter().collect();
+                let targets = relay_tree(
+                    &state.order,
+                    &|host| fresh_set.contains(host),
+                    config.relay_group,
+                    levels,
+                );
+                let number = state.next_tree;
+                state.next_tree += 1;
+                state.tree = Some(Tree {
+                    number,
+                    levels,
+                    below: targets
+                        .iter()
+                        .map(|target| target.below().count() as u64)
+                        .sum(),
+                    hosts: fresh_set,
+                    targets,
+                });
+            }
+            state
+                .sent
+                .retain(|_, last| now.duration_since(last.used) < MEMBER_MEMORY);
+            if let Some(tree) = &state.tree {
+                below = tree.below;
+                for target in &tree.targets {
+                    if target.members.is_empty() {
+                        round.direct.push(target.proc.clone());
+                        continue;
+                    }
+                    let members = members_for(
+                        &mut state.sent,
+                        me,
+                        &target.proc,
+                        tree.number,
+                        &target.members,
+                        now,
+                    );
+                    if matches!(members, RelayMembers::New { .. }) {
+                        named += target.below().count() as u64;
+                    }
+                    round.relayed.push((target.proc.clone(), members));
                 }
             }
         } else {
+            state.tree = None;
             round.direct.append(&mut fresh);
         }
         let counts = &mut state.counts;
         counts.rounds += 1;
         counts.direct += round.direct.len() as u64;
         counts.relayed += round.relayed.len() as u64;
-        counts.members += round
-            .relayed
-            .iter()
-            .map(|target| target.below().count() as u64)
-            .sum::<u64>();
+        counts.members += below;
+        counts.named += named;
         Some(round)
     }
 
@@ -519,25 +787,42 @@ impl Inner {
     }
 
     /// A heartbeat from `client`'s agent to relay to `members`: answered first (with
-    /// when every host below this one last answered), then passed on, as a heartbeat
+    /// when the hosts below this one last answered), then passed on, as a heartbeat
     /// to members with no members of their own and as a relayed heartbeat to the
     /// others.
     pub(super) fn on_heartbeat_relay(
         &self,
         client: ProcId,
         ack_to: PortId,
-        members: Vec<RelayTarget>,
+        quiet_ms: u64,
+        members: RelayMembers,
     ) {
         self.renew_lease(&client);
+        let me = self.proc.proc_id().clone();
+        let asked = members.tree();
+        let Some((tree, members)) = self.liveness.take_members(&client, &ack_to, members) else {
+            self.send_control_to(
+                ack_to,
+                &Control::HeartbeatAcks {
+                    proc: me,
+                    client,
+                    tree: asked,
+                    answer: RelayAnswer::UnknownTree,
+                },
+            );
+            return;
+        };
         let below = members
             .iter()
             .flat_map(|member| std::iter::once(&member.proc).chain(member.below()));
-        let answers = self.liveness.relay(below);
+        let answer = self.liveness.relay(below, Duration::from_millis(quiet_ms));
         self.send_control_to(
             ack_to,
             &Control::HeartbeatAcks {
-                proc: self.proc.proc_id().clone(),
-                members: answers,
+                proc: me.clone(),
+                client: client.clone(),
+                tree,
+                answer,
             },
         );
         let own = self.id.port_id(super::CONTROL_PORT);
@@ -547,22 +832,23 @@ impl Inner {
         };
         // One batch of writes: each link writes what gathered together.
         let _batched = hyperactor::channel::QueueWrites::new(true);
-        for member in members {
-            if &member.proc == self.proc.proc_id() {
-                continue;
-            }
+        for member in members.iter().filter(|member| member.proc != me) {
             if member.members.is_empty() {
                 self.send_control(&member.proc, &relayed);
-            } else {
-                self.send_control(
-                    &member.proc,
-                    &Control::HeartbeatRelay {
-                        client: client.clone(),
-                        ack_to: own.clone(),
-                        members: member.members,
-                    },
-                );
+                continue;
             }
+            let members = self
+                .liveness
+                .members_for(&client, &member.proc, tree, &member.members);
+            self.send_control(
+                &member.proc,
+                &Control::HeartbeatRelay {
+                    client: client.clone(),
+                    ack_to: own.clone(),
+                    quiet_ms,
+                    members,
+                },
+            );
         }
     }
 
@@ -570,8 +856,14 @@ impl Inner {
         self.liveness.acked(proc);
     }
 
-    pub(super) fn on_heartbeat_acks(&self, relay: &ProcId, members: &[MemberAnswer]) {
-        self.liveness.relay_acked(relay, members);
+    pub(super) fn on_heartbeat_acks(
+        &self,
+        relay: &ProcId,
+        client: &ProcId,
+        tree: u64,
+        answer: RelayAnswer,
+    ) {
+        self.liveness.relay_acked(relay, client, tree, answer);
     }
 
     pub(super) fn on_abandon(&self, reason: &str, from: &hyperactor::ActorId) {
@@ -678,10 +970,20 @@ async fn heartbeats(weak: Weak<Inner>) {
 impl Inner {
     /// One round of the heartbeat task; false when no host is monitored.
     fn heartbeat_round(self: &Arc<Self>) -> bool {
-        let Some(round) = self.liveness.round() else {
+        let me = self.proc.proc_id().clone();
+        let Some(round) = self.liveness.round(&me) else {
             return false;
         };
-        let timeout = self.liveness.config().timeout;
+        let config = self.liveness.config();
+        let timeout = config.timeout;
+        // Hosts below a relay that answered it longer ago than this are named in its
+        // answer, the others answered for together: an answer normally reaches a relay
+        // up to one interval per level below it late, so this is half an interval more
+        // than that, and leaves the others an interval before they would stop being
+        // fresh here.
+        let quiet = (config.interval * round.levels as u32 + config.interval / 2)
+            .min(config.fresh_for().saturating_sub(config.interval));
+        let quiet_ms = u64::try_from(quiet.as_millis()).unwrap_or(u64::MAX);
         for host in &round.lost {
             self.host_lost(
                 host,
@@ -697,12 +999,13 @@ impl Inner {
         for host in &round.direct {
             self.send_heartbeat(host);
         }
-        for RelayTarget { proc, members } in round.relayed {
+        for (relay, members) in round.relayed {
             self.send_control(
-                &proc,
+                &relay,
                 &Control::HeartbeatRelay {
-                    client: self.proc.proc_id().clone(),
+                    client: me.clone(),
                     ack_to: ack_to.clone(),
+                    quiet_ms,
                     members,
                 },
             );
@@ -910,12 +1213,19 @@ mod tests {
             after.relayed - before.relayed,
             after.members - before.members,
         );
+        let named = after.named - before.named;
         assert!(
             sent.0 <= (rounds + 1) * direct
                 && sent.1 <= (rounds + 1) * relayed
                 && sent.1 >= rounds
                 && sent.2 >= rounds * (members - 1),
             "in {rounds} rounds, (direct, relayed, hosts reached through relays): {sent:?}"
+        );
+        // The relays keep their members: naming them all every round would be sent.2.
+        assert!(
+            named * 4 <= sent.2,
+            "{named} hosts named to relays in {rounds} rounds, for {} reached",
+            sent.2
         );
         let fresh = relaying().fresh_for();
         for (host, age) in hosts.iter().zip(ages(&client, &hosts)) {
@@ -1015,7 +1325,12 @@ mod tests {
             .unwrap();
             liveness.start_monitoring(&host);
         }
-        let round = liveness.round().expect("hosts are monitored");
+        let me = ProcId::new(
+            "me".to_string(),
+            hyperactor::ChannelAddr::any(ChannelTransport::Local),
+        )
+        .unwrap();
+        let round = liveness.round(&me).expect("hosts are monitored");
         assert_eq!(round.direct.len(), 3);
         assert!(round.relayed.is_empty());
     }
@@ -1058,7 +1373,7 @@ mod tests {
                 .unwrap()
             })
             .collect();
-        let tree = relay_tree(&hosts, 32, 2);
+        let tree = relay_tree(&hosts, &|_| true, 32, 2);
         assert_eq!(tree.len(), 2);
         let mut seen: Vec<&ProcId> = Vec::new();
         let mut stack: Vec<&RelayTarget> = tree.iter().collect();
@@ -1079,6 +1394,22 @@ mod tests {
         assert_eq!(tree[0].below().count(), 1023);
         assert_eq!(tree[1].below().count(), 1100 - 1024 - 1);
         assert!(tree[0].members.iter().all(|m| !m.members.is_empty()));
+
+        // A relay of the second level (host 33) and a member (host 100) stop being
+        // fresh: their groups change, and no other.
+        let gone = [&hosts[33], &hosts[100]];
+        let fewer = relay_tree(&hosts, &|host| !gone.contains(&host), 32, 2);
+        assert_eq!(fewer[1], tree[1]);
+        let (before, after) = (&tree[0].members, &fewer[0].members);
+        assert_eq!(before.len(), after.len());
+        let changed: Vec<usize> = (0..before.len())
+            .filter(|&i| before[i] != after[i])
+            .collect();
+        // Groups of 32 from host 1: host 33 starts the second, host 100 is in the fourth.
+        assert_eq!(changed, [1, 3]);
+        assert_eq!(after[1].proc, hosts[34]);
+        assert_eq!(after[1].members.len(), before[1].members.len() - 1);
+        assert_eq!(after[3].members.len(), before[3].members.len() - 1);
     }
 
     /// Thirteen hosts in groups of three: two levels. The client sends two relayed
@@ -1107,5 +1438,140 @@ mod tests {
             after.members - before.members >= (after.rounds - before.rounds) * 8,
             "relaying did not resume: {before:?} then {after:?}"
         );
+    }
+
+    /// `n` proc ids, in order.
+    fn ids(n: usize) -> Vec<ProcId> {
+        (0..n)
+            .map(|i| {
+                ProcId::new(
+                    format!("h{i:04}"),
+                    hyperactor::ChannelAddr::any(ChannelTransport::Local),
+                )
+                .unwrap()
+            })
+            .collect()
+    }
+
+    /// A sender names a relay's members when they change, and again when the relay
+    /// says it does not know them; a relay relays only for a tree it was given.
+    #[test]
+    fn a_relay_is_named_its_members_only_when_they_change() {
+        let liveness = HostLiveness::new(relaying());
+        let ids = ids(4);
+        let (client, relay) = (&ids[0], &ids[1]);
+        let members = vec![
+            RelayTarget::leaf(ids[2].clone()),
+            RelayTarget::leaf(ids[3].clone()),
+        ];
+        let named = |m: &RelayMembers| matches!(m, RelayMembers::New { .. });
+        assert!(named(&liveness.members_for(client, relay, 1, &members)));
+        assert_eq!(
+            liveness.members_for(client, relay, 1, &members),
+            RelayMembers::Same { tree: 1 }
+        );
+        // Another client's tree 1 is another tree.
+        assert!(named(&liveness.members_for(relay, relay, 1, &members)));
+        // A new tree in which this relay's members are the same: the tree it knows.
+        assert_eq!(
+            liveness.members_for(client, relay, 2, &members),
+            RelayMembers::Same { tree: 1 }
+        );
+        let fewer = &members[..1];
+        assert!(named(&liveness.members_for(client, relay, 3, fewer)));
+        liveness.relay_acked(relay, client, 3, RelayAnswer::UnknownTree);
+        assert!(named(&liveness.members_for(client, relay, 3, fewer)));
+        assert_eq!(
+            liveness.members_for(client, relay, 3, fewer),
+            RelayMembers::Same { tree: 3 }
+        );
+
+        let ack_to = crate::agent::agent_id(client).port_id(crate::agent::CONTROL_PORT);
+        assert!(liveness
+            .take_members(client, &ack_to, RelayMembers::Same { tree: 1 })
+            .is_none());
+        let given = RelayMembers::New {
+            tree: 1,
+            members: members.clone(),
+        };
+        let (tree, kept) = liveness.take_members(client, &ack_to, given).unwrap();
+        assert_eq!((tree, kept.as_slice()), (1, members.as_slice()));
+        let (_, again) = liveness
+            .take_members(client, &ack_to, RelayMembers::Same { tree: 1 })
+            .unwrap();
+        assert_eq!(again.as_slice(), members.as_slice());
+        assert!(liveness
+            .take_members(client, &ack_to, RelayMembers::Same { tree: 2 })
+            .is_none());
+        assert!(liveness
+            .take_members(relay, &ack_to, RelayMembers::Same { tree: 1 })
+            .is_none());
+    }
+
+    /// A relay names the hosts below it that answered longer ago than `quiet`, or
+    /// never, and answers for the others together; the monitoring agent takes that
+    /// time for each host below that relay that is not named.
+    #[test]
+    fn a_relay_answers_together_for_the_hosts_that_answered() {
+        let ids = ids(5);
+        let (me, relay) = (&ids[0], &ids[1]);
+        let below = &ids[2..];
+        let quiet = Duration::from_millis(300);
+
+        let at_relay = HostLiveness::new(relaying());
+        let RelayAnswer::Below {
+            within_ms,
+            quiet: named,
+        } = at_relay.relay(below.iter(), quiet)
+        else {
+            panic!("not an answer for the hosts below");
+        };
+        assert_eq!(within_ms, None);
+        assert_eq!(named.len(), 3);
+        assert!(named.iter().all(|m| m.age_ms.is_none()));
+        at_relay.acked(&below[0]);
+        at_relay.acked(&below[1]);
+        at_relay
+            .state
+            .lock()
+            .members
+            .get_mut(&below[1])
+            .unwrap()
+            .answered = Instant::now().checked_sub(Duration::from_secs(1));
+        let answer = at_relay.relay(below.iter(), quiet);
+        let RelayAnswer::Below {
+            within_ms,
+            quiet: named,
+        } = &answer
+        else {
+            panic!("not an answer for the hosts below");
+        };
+        assert!(within_ms.is_some_and(|ms| ms <= 300), "{within_ms:?}");
+        let named: Vec<(&ProcId, bool)> = named
+            .iter()
+            .map(|m| (&m.proc, m.age_ms.is_some()))
+            .collect();
+        assert_eq!(named, [(&below[1], true), (&below[2], false)]);
+
+        // At the monitoring agent: each host below silent for 10 s.
+        let monitor = HostLiveness::new(relaying());
+        let tree: Vec<RelayTarget> = below.iter().cloned().map(RelayTarget::leaf).collect();
+        let long_ago = Instant::now().checked_sub(Duration::from_secs(10)).unwrap();
+        {
+            let mut state = monitor.state.lock();
+            for host in below {
+                state.monitored.insert(host.clone(), long_ago);
+            }
+        }
+        monitor.members_for(me, relay, 7, &tree);
+        // An answer for another tree says nothing of the hosts not named.
+        monitor.relay_acked(relay, me, 6, answer.clone());
+        assert_eq!(monitor.last_ack(&below[0]), Some(long_ago));
+        monitor.relay_acked(relay, me, 7, answer);
+        let age = |host| monitor.last_ack(host).unwrap().elapsed();
+        assert!(age(&below[0]) < Duration::from_millis(400));
+        let named_age = age(&below[1]);
+        assert!(named_age >= Duration::from_millis(900) && named_age < Duration::from_secs(5));
+        assert!(age(&below[2]) >= Duration::from_secs(10));
     }
 }
