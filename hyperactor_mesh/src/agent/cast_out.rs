@@ -2,7 +2,7 @@
 //! receivers on dead procs (reporting them), cut the rest into chunks and post one
 //! frame per chunk head; remember what a call waits for, so a death fails it at once.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -78,7 +78,7 @@ pub(super) struct CastsOut {
 struct CastsOutState {
     outgoing: Outgoing,
     /// Calls from this process still waiting: what they were cast to.
-    calls: HashMap<u64, CallWatch>,
+    calls: FxHashMap<u64, CallWatch>,
 }
 
 impl Default for CastsOut {

@@ -12,7 +12,8 @@
 
 use hyperactor::sync::spin::{spin_then_lock, Spin, WakeCount};
 use hyperactor::sync::{Condvar, Mutex, MutexGuard};
-use std::collections::{HashMap, HashSet};
+use rustc_hash::FxHashMap;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -44,7 +45,8 @@ pub(super) enum Slot {
 /// calls anything else while holding it (see [`super::lock`]): a slot is copied out
 /// before anything is delivered to it.
 pub(super) struct Router {
-    slots: Ranked<HashMap<u64, Slot>>,
+    /// Looked up for every reply: hashed with FxHash (the keys are a counter).
+    slots: Ranked<FxHashMap<u64, Slot>>,
     next_key: AtomicU64,
     /// The call opened last: whether it is still unanswered when the next one opens
     /// says whether calls are pipelined (see [`CallReplies::follows_pending`]).
@@ -338,9 +340,71 @@ impl Signal {
     }
 }
 
+/// A call's items, at most one per expected index (REP-1), in index order: `expected`
+/// is sorted without duplicates and `items[i]` holds the item of `expected[i]`. A
+/// reply finds its place without hashing (directly when the indices have no gaps, as
+/// in `0..n`), and the caller takes the items already in order.
+struct Collected {
+    expected: Vec<u32>,
+    items: Vec<Option<ReplyItem>>,
+    /// How many of `items` are set.
+    got: usize,
+}
+
+impl Collected {
+    fn new(indices: impl IntoIterator<Item = u32>) -> Self {
+        let mut expected: Vec<u32> = indices.into_iter().collect();
+        if !expected.is_sorted() {
+            expected.sort_unstable();
+        }
+        expected.dedup();
+        let items = std::iter::repeat_with(|| None)
+            .take(expected.len())
+            .collect();
+        Self {
+            expected,
+            items,
+            got: 0,
+        }
+    }
+
+    /// Where the item of `index` goes, if `index` is expected.
+    fn slot(&self, index: u32) -> Option<usize> {
+        let first = *self.expected.first()?;
+        let at = index.checked_sub(first)? as usize;
+        if self.expected.get(at) == Some(&index) {
+            return Some(at);
+        }
+        self.expected.binary_search(&index).ok()
+    }
+
+    /// Keeps `item` if its index is expected and has no item yet; whether it did.
+    fn keep(&mut self, item: ReplyItem) -> bool {
+        let Some(at) = self.slot(item.index) else {
+            return false;
+        };
+        let place = &mut self.items[at];
+        if place.is_some() {
+            return false;
+        }
+        *place = Some(item);
+        self.got += 1;
+        true
+    }
+
+    fn complete(&self) -> bool {
+        self.got == self.expected.len()
+    }
+
+    /// The items kept, in index order; none are kept afterwards.
+    fn take(&mut self) -> Vec<ReplyItem> {
+        self.got = 0;
+        self.items.iter_mut().filter_map(Option::take).collect()
+    }
+}
+
 struct CallState {
-    expected: HashSet<u32>,
-    items: HashMap<u32, ReplyItem>,
+    collected: Collected,
     /// A rank cannot answer: the call is over (when failing fast).
     failed: bool,
     fail_fast: bool,
@@ -350,7 +414,7 @@ struct CallState {
 
 impl CallState {
     fn done(&self) -> bool {
-        self.failed || self.items.len() == self.expected.len()
+        self.failed || self.collected.complete()
     }
 }
 
@@ -364,9 +428,9 @@ impl ReplySink for CallInner {
         let mut state = self.state.lock();
         state.messages += 1;
         for item in items {
-            if state.expected.contains(&item.index) && !state.items.contains_key(&item.index) {
-                state.failed |= state.fail_fast && item.is_unanswered();
-                state.items.insert(item.index, item);
+            let unanswered = item.is_unanswered();
+            if state.collected.keep(item) {
+                state.failed |= state.fail_fast && unanswered;
             }
         }
         let done = state.done();
@@ -394,8 +458,8 @@ impl std::fmt::Debug for CallReplies {
         let state = self.inner.state.lock();
         f.debug_struct("CallReplies")
             .field("key", &self.to.key)
-            .field("expected", &state.expected.len())
-            .field("got", &state.items.len())
+            .field("expected", &state.collected.expected.len())
+            .field("got", &state.collected.got)
             .finish()
     }
 }
@@ -418,8 +482,7 @@ impl CallReplies {
     ) -> Self {
         let inner = Arc::new(CallInner {
             state: Mutex::new(CallState {
-                expected: indices.into_iter().collect(),
-                items: HashMap::new(),
+                collected: Collected::new(indices),
                 failed: false,
                 fail_fast,
                 messages: 0,
@@ -468,9 +531,7 @@ impl CallReplies {
     }
 
     fn take(state: &mut CallState) -> Vec<ReplyItem> {
-        let mut items: Vec<ReplyItem> = state.items.drain().map(|(_, v)| v).collect();
-        items.sort_unstable_by_key(|i| i.index);
-        items
+        state.collected.take()
     }
 
     /// Blocks until the call is complete or `deadline` passes; then returns the items
@@ -637,6 +698,75 @@ impl Drop for ReplyQueue {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(index: u32, value: &'static str) -> ReplyItem {
+        ReplyItem::ok(index, vec![Bytes::from(value)])
+    }
+
+    fn taken(c: &mut Collected) -> Vec<(u32, Bytes)> {
+        c.take()
+            .into_iter()
+            .map(|i| (i.index, i.parts[0].clone()))
+            .collect()
+    }
+
+    /// REP-1 in the collector: one item per expected index, the first that came; other
+    /// indices are ignored; the items come out in index order, whatever order they
+    /// arrived in and whether the indices have gaps, repeats or come unsorted.
+    #[test]
+    fn a_collector_keeps_the_first_item_of_each_expected_index_in_order() {
+        for indices in [vec![0, 1, 2, 3], vec![7, 3, 3, 12, 5], vec![4], vec![]] {
+            let mut c = Collected::new(indices.iter().copied());
+            let mut want: Vec<u32> = indices.clone();
+            want.sort_unstable();
+            want.dedup();
+            assert_eq!(c.complete(), want.is_empty());
+            for &i in want.iter().rev() {
+                assert!(c.keep(ok(i, "first")), "index {i} of {indices:?}");
+                assert!(!c.keep(ok(i, "late")), "a second item for {i} is ignored");
+            }
+            for stranger in [1, 6, 13, u32::MAX] {
+                if !want.contains(&stranger) {
+                    assert!(
+                        !c.keep(ok(stranger, "stranger")),
+                        "{stranger} in {indices:?}"
+                    );
+                }
+            }
+            assert!(c.complete());
+            let got = taken(&mut c);
+            assert_eq!(got.iter().map(|(i, _)| *i).collect::<Vec<_>>(), want);
+            assert!(got.iter().all(|(_, v)| v == "first"));
+            assert_eq!(
+                c.complete(),
+                want.is_empty(),
+                "nothing is kept after a take"
+            );
+        }
+    }
+
+    /// A collector of 8,192 indices, as a call to 8,192 actors: each reply lands in its
+    /// place, and the call completes only with the last.
+    #[test]
+    fn a_large_collector_completes_with_its_last_index() {
+        let n = 8192;
+        let mut c = Collected::new(0..n);
+        for i in (0..n)
+            .filter(|i| i % 2 == 1)
+            .chain((0..n).filter(|i| i % 2 == 0))
+        {
+            assert!(!c.complete());
+            assert!(c.keep(ReplyItem::ok(i, Vec::new())));
+        }
+        assert!(c.complete());
+        let got: Vec<u32> = c.take().into_iter().map(|i| i.index).collect();
+        assert_eq!(got, (0..n).collect::<Vec<_>>());
+    }
+}
+
 /// Models of a call's collector under loom (`make loom`): replies delivered by other
 /// threads (connection tasks) while the caller blocks.
 #[cfg(all(test, feature = "loom"))]
@@ -649,8 +779,7 @@ mod loom_models {
     fn collector(indices: &[u32], fail_fast: bool) -> Arc<CallInner> {
         Arc::new(CallInner {
             state: Mutex::new(CallState {
-                expected: indices.iter().copied().collect(),
-                items: HashMap::new(),
+                collected: Collected::new(indices.iter().copied()),
                 failed: false,
                 fail_fast,
                 messages: 0,
