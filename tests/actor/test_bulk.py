@@ -96,6 +96,29 @@ def test_tensors_are_out_of_band_with_dtype_shape_and_grad() -> None:
     assert isinstance(q, torch.nn.Parameter) and q.requires_grad and torch.equal(q, p)
 
 
+def test_tensors_travel_out_of_band_beside_what_only_cloudpickle_pickles() -> None:
+    """A payload the standard pickler refuses (a lambda) goes through cloudpickle: its
+    tensors still travel out of band, and cloudpickle's own reducers still apply. The
+    pickler with the tensor reducer is made once per pickler class, not per message."""
+    t = torch.randn(128, 256)
+    scale = 3
+    payload = {"t": t, "f": lambda x: x * scale, "m": memoryview(b"abc")}
+    parts = pickling.dumps_parts(payload)
+    assert parts[1] == b"w" and len(parts[0]) < 4096, "the tensor is not in the pickle"
+    back = pickling.loads_parts(parts)
+    assert torch.equal(back["t"], t) and back["f"](2) == 6 and bytes(back["m"]) == b"abc"
+    import pickle
+
+    import cloudpickle
+
+    for base in (pickle.Pickler, cloudpickle.Pickler):
+        made = pickling._tensor_pickler(base, torch)
+        assert made is pickling._tensor_pickler(base, torch)
+        assert issubclass(made, base)
+        assert made.dispatch_table[torch.Tensor] is pickling._reduce_tensor
+    assert memoryview in pickling._tensor_pickler(cloudpickle.Pickler, torch).dispatch_table
+
+
 def test_arrays_and_tensors_reach_an_actor_and_come_back(procs: ProcMesh) -> None:
     store = procs.spawn("bulk_store", Store)
     a = np.random.default_rng(0).standard_normal((256, 256))

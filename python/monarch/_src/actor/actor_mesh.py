@@ -174,12 +174,14 @@ class ActorMesh(MeshTrait, Generic[A]):
     ) -> Any:
         """Cast ``method(payload)`` to the view: the future of its replies (``CALL``,
         ``ONE``, ``CHOOSE``), or ``None`` (``BROADCAST``, ``PORT``)."""
-        error = self._stopped_error(method)
-        if error is not None:
+        shared = self._shared
+        if shared.broken is not None or shared.stopped is not None:
+            error = self._stopped_error(method)
+            assert error is not None
             if mode is CastMode.BROADCAST or mode is CastMode.PORT:
                 raise error
             return Future(impl=Failed(error))
-        endpoint = f"{self._class_name}.{method}"
+        endpoint = f"{shared.class_name}.{method}"
         _sync_fanout()
         n = self._count
         if mode is CastMode.CHOOSE:

@@ -86,9 +86,12 @@ class Future(Generic[R]):
                 later ``get``/``await`` still sees its result.
             ValueError: ``timeout`` is negative or not finite.
         """
-        _check_timeout(timeout)
-        if self._settled():
-            return self._outcome()
+        if timeout is not None:
+            _check_timeout(timeout)
+        if self._value is not _UNSET:
+            return self._value  # type: ignore[no-any-return]
+        if self._error is not None:
+            raise self._error
         # asyncio is imported lazily (it is slow to import): not imported, no loop runs.
         running = getattr(sys.modules.get("asyncio"), "_get_running_loop", None)
         if running is not None and running() is not None:

@@ -31,6 +31,7 @@ import io
 import pickle
 import sys
 from collections import ChainMap
+from collections.abc import MutableMapping
 from typing import Any
 
 from monarch._rust_bindings import find as _find
@@ -111,15 +112,31 @@ def _pickle_with(pickler: Any, obj: Any, callback: Any) -> bytes:
     torch = sys.modules.get("torch")
     if torch is None and pickler is pickle.Pickler:
         return pickle.dumps(obj, protocol=5, buffer_callback=callback)
-    out = io.BytesIO()
-    p = pickler(out, protocol=5, buffer_callback=callback)
     if torch is not None:
-        p.dispatch_table = ChainMap(
-            {torch.Tensor: _reduce_tensor},
-            getattr(p, "dispatch_table", copyreg.dispatch_table),
-        )
-    p.dump(obj)
+        pickler = _tensor_pickler(pickler, torch)
+    out = io.BytesIO()
+    pickler(out, protocol=5, buffer_callback=callback).dump(obj)
     return out.getvalue()
+
+
+#: Each pickler class used since torch was imported, with its subclass that also
+#: reduces CPU tensors (:func:`_tensor_pickler`).
+_tensor_picklers: dict[Any, Any] = {}
+
+
+def _tensor_pickler(pickler: Any, torch: Any) -> Any:
+    """A subclass of ``pickler`` whose dispatch table sends ``torch.Tensor`` to
+    :func:`_reduce_tensor` before the pickler's own table (``copyreg``'s if it has
+    none). Made once per pickler class, not per message."""
+    cls = _tensor_picklers.get(pickler)
+    if cls is None:
+        base: Any = getattr(pickler, "dispatch_table", None)
+        if not isinstance(base, MutableMapping):  # the C pickler's is a per-instance slot
+            base = copyreg.dispatch_table
+        table: ChainMap[Any, Any] = ChainMap({torch.Tensor: _reduce_tensor}, base)
+        cls = type(f"{pickler.__name__}WithTensors", (pickler,), {"dispatch_table": table})
+        _tensor_picklers[pickler] = cls
+    return cls
 
 
 def dumps_parts(obj: Any, limit: int | None = None) -> list[bytes | bytearray]:

@@ -105,7 +105,7 @@ def decode(items: list[ReplyItem], mesh: MeshInfo, endpoint: str, raw: bool = Fa
         raise error
     if raw:
         return [item.parts for item in items]
-    return [_value(item) for item in items]
+    return [loads_parts(item.parts) for item in items]
 
 
 class CallFuture(Generic[R]):
