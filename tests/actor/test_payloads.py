@@ -68,6 +68,57 @@ def test_the_parts_of_a_call_with_large_bytes() -> None:
     assert x is y and x == big
 
 
+def test_plain_scalars_travel_marshalled_and_everything_else_pickled() -> None:
+    """A call whose arguments are all plain scalars of their exact types, and a value
+    that is one, travel as the plain tag and a marshal; anything else (a container, a
+    subclass, a bytearray, which marshal would turn into bytes) is a pickle, and both
+    come back equal and of the same types."""
+    import enum
+
+    class Color(enum.IntEnum):
+        RED = 1
+
+    class Name(str):
+        pass
+
+    plain_calls = [
+        ((), {}),
+        ((7,), {}),
+        ((1.5, "é\ud800", None, True, b"ab", 10**40, -0.0), {"k": "v", "n": None}),
+    ]
+    for args, kwargs in plain_calls:
+        parts = pickling.dumps_call(args, kwargs)
+        assert len(parts) == 1 and parts[0][:1] == pickling._PLAIN_TAG, (args, kwargs)
+        back = pickling.loads_parts(parts)
+        assert back == (args, kwargs)
+        assert [type(v) for v in back[0]] == [type(v) for v in args]
+    pickled_calls = [
+        (([1, 2],), {}),
+        ((Color.RED,), {}),
+        ((Name("x"),), {}),
+        ((bytearray(b"ab"),), {}),
+        ((1,), {"k": (2,)}),
+    ]
+    for args, kwargs in pickled_calls:
+        parts = pickling.dumps_call(args, kwargs)
+        assert parts[0][:1] == b"\x80", (args, kwargs)
+        back = pickling.loads_parts(parts)
+        assert back == (args, kwargs) and type(back[0][0]) is type(args[0])
+    for value in [0, 2.5, "s", None, False, b"x" * 100]:
+        parts = pickling.dumps_value(value)
+        assert parts[0][:1] == pickling._PLAIN_TAG
+        assert pickling.loads_parts(parts) == value
+    for value in [Color.RED, bytearray(b"ab"), (1,), {"a": 1}]:
+        parts = pickling.dumps_value(value)
+        assert parts[0][:1] == b"\x80"
+        back = pickling.loads_parts(parts)
+        assert back == value and type(back) is type(value)
+    # A large bytes value still travels out of band, as itself.
+    big = os.urandom(BIG)
+    parts = pickling.dumps_value(big)
+    assert len(parts) == 3 and parts[2] is big
+
+
 def test_large_bytes_arguments_reach_the_endpoint_intact(procs: ProcMesh) -> None:
     mesh = procs.spawn("payload_sink", Sink)
     big, other = os.urandom(3 * BIG), os.urandom(BIG)

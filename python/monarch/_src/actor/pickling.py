@@ -22,12 +22,20 @@ writable) and the buffers:
 The receiving side gets read-only buffers as ``bytes`` and writable ones as
 ``bytearray`` objects (recycled too), so an array or tensor rebuilt on one is writable,
 as it would be from an in-band pickle, and shares its memory (:func:`loads_parts`).
+
+A call whose arguments are all plain scalars of exactly the types in
+:data:`_PLAIN_TYPES`, and such a return value, are one part instead: the byte
+:data:`_PLAIN_TAG`, then their ``marshal``: cheaper than a pickle, which allocates a
+pickler object and a 4 KiB output buffer for each message. Only exact
+scalar types qualify, because ``marshal`` writes any buffer (a ``bytearray``, an array)
+as ``bytes`` and refuses subclasses; :func:`loads` tells the two apart by that byte.
 """
 
 from __future__ import annotations
 
 import copyreg
 import io
+import marshal
 import pickle
 import sys
 from collections import ChainMap
@@ -63,6 +71,16 @@ def out_of_band_min() -> int:
     """The size from which buffers travel out of band: ``small_write_threshold``."""
     return int(config.cached("small_write_threshold"))
 
+
+#: The first byte of a plain payload: calls whose arguments, and values, are only plain
+#: scalars (:data:`_PLAIN_TYPES`) travel as this byte and then their marshal (module
+#: docs). No pickle starts with it (protocol 5 starts with the PROTO opcode, 0x80), nor
+#: does a marshal.
+_PLAIN_TAG = b"\x00"
+#: The exact types (no subclass, no container) a plain payload may hold.
+_PLAIN_TYPES = frozenset({int, float, str, bool, bytes, type(None)})
+#: The marshal format of plain payloads: stable since Python 3.4.
+_MARSHAL_VERSION = 4
 
 _READ_ONLY = ord("r")
 _WRITABLE = ord("w")
@@ -169,6 +187,8 @@ def dumps_parts(obj: Any, limit: int | None = None) -> list[bytes | bytearray]:
 
 def loads(data: bytes, buffers: Any = ()) -> Any:
     """Unpickle ``data``; ``buffers``: its out-of-band buffers, in order."""
+    if data[:1] == _PLAIN_TAG:
+        return marshal.loads(data[1:])  # a small copy: cheaper than a memoryview
     torch = sys.modules.get("torch")
     if torch is not None and torch._C._len_torch_dispatch_stack():
         # Under a torch dispatch mode (a mesh activated for distributed tensors),
@@ -198,11 +218,22 @@ def dumps_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes | by
     top-level argument that is a ``bytes`` object of at least :func:`out_of_band_min`
     bytes also travels out of band (the object itself: shared, not copied)."""
     limit = out_of_band_min()
-    # The common case first: no large bytes argument, one pickle.
-    for values in (args, kwargs.values()):
+    # The common case first: no large bytes argument, one pickle (or one marshal, when
+    # every argument is a plain scalar).
+    plain = True
+    for values in (args, kwargs.values()) if kwargs else (args,):
         for v in values:
-            if type(v) is bytes and len(v) >= limit:
-                return _dumps_call_sharing(args, kwargs, limit)
+            kind = type(v)
+            if kind is bytes:
+                if len(v) >= limit:
+                    return _dumps_call_sharing(args, kwargs, limit)
+            elif kind not in _PLAIN_TYPES:
+                plain = False
+    if plain:
+        try:
+            return [_PLAIN_TAG + marshal.dumps((args, kwargs), _MARSHAL_VERSION)]
+        except ValueError:  # a tuple or dict subclass: pickled
+            pass
     return dumps_parts((args, kwargs), limit)
 
 
@@ -239,7 +270,10 @@ def dumps_value(value: Any) -> list[bytes | bytearray]:
     it is a ``bytes`` object of at least :func:`out_of_band_min` bytes, travels out of
     band."""
     limit = out_of_band_min()
-    if type(value) is bytes and len(value) >= limit:
+    kind = type(value)
+    if kind in _PLAIN_TYPES:
+        if kind is not bytes or len(value) < limit:
+            return [_PLAIN_TAG + marshal.dumps(value, _MARSHAL_VERSION)]
         return dumps_parts(pickle.PickleBuffer(value), limit)
     return dumps_parts(value, limit)
 
