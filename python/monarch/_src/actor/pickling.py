@@ -186,7 +186,8 @@ def dumps_parts(obj: Any, limit: int | None = None) -> list[bytes | bytearray]:
 
 
 def loads(data: bytes, buffers: Any = ()) -> Any:
-    """Unpickle ``data``; ``buffers``: its out-of-band buffers, in order."""
+    """Decode ``data``, a pickle or a plain payload (module docs); ``buffers``: its
+    out-of-band buffers, in order."""
     if data[:1] == _PLAIN_TAG:
         return marshal.loads(data[1:])  # a small copy: cheaper than a memoryview
     torch = sys.modules.get("torch")
@@ -216,7 +217,8 @@ def loads_parts(parts: list[Any]) -> Any:
 def dumps_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes | bytearray]:
     """The payload parts of a call: ``(args, kwargs)`` by :func:`dumps_parts`, where a
     top-level argument that is a ``bytes`` object of at least :func:`out_of_band_min`
-    bytes also travels out of band (the object itself: shared, not copied)."""
+    bytes also travels out of band (the object itself: shared, not copied); a plain
+    payload (module docs) when every argument is a plain scalar."""
     limit = out_of_band_min()
     # The common case first: no large bytes argument, one pickle (or one marshal, when
     # every argument is a plain scalar).
@@ -268,7 +270,7 @@ def _dumps_call_sharing(
 def dumps_value(value: Any) -> list[bytes | bytearray]:
     """The parts of a reply's value: :func:`dumps_parts`, where the value itself, when
     it is a ``bytes`` object of at least :func:`out_of_band_min` bytes, travels out of
-    band."""
+    band; a plain payload (module docs) when it is a plain scalar."""
     limit = out_of_band_min()
     kind = type(value)
     if kind in _PLAIN_TYPES:
