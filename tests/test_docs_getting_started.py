@@ -112,6 +112,7 @@ def test_getting_started_runs() -> None:
         "stream: 16",
     ]
     assert "Traceback of where the remote call failed" in out
+    assert "Actor call counters.fail failed." in lines, out
     assert any(line.startswith("after stop: actor mesh 'counters'") for line in lines), out
     assert lines[-1] == "done"
 

@@ -30,6 +30,7 @@ def test_the_supervision_guide_runs(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("actor mesh 'workers' (") and "rank 1 on proc" in lines[0]
+    assert lines[0].startswith("MeshFailure(mesh_name=workers, rank=1, crashed_ranks=[1], ")
+    assert "event=actor mesh 'workers' (" in lines[0] and "rank 1 on proc" in lines[0]
     assert "worker gave up" in lines[0]
     assert lines[1:] == ["rank 1: SupervisionError", "rank 0: 0"]

@@ -298,6 +298,18 @@ pub struct ProcDeath {
     pub expected: bool,
 }
 
+impl ProcDeath {
+    /// Why calls to actors on the dead proc cannot be answered, as their callers read
+    /// it: a stopped proc mesh says so, a death names itself a process failure.
+    pub fn unanswered_reason(&self) -> String {
+        if self.expected {
+            format!("{self}: the actor mesh is stopped due to proc mesh shutdown")
+        } else {
+            format!("process failure: {self}")
+        }
+    }
+}
+
 impl fmt::Display for ProcDeath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "proc {}", self.proc_id)?;

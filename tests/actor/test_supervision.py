@@ -170,6 +170,9 @@ def test_exception_in_broadcast_fails_the_rank_and_reports_to_the_owner(
     [failure] = faults.wait_for(1, "bcast")
     assert failure.rank == 1 and "boom in broadcast" in failure.report()
     assert "bcast" in str(failure) and "rank 1" in str(failure)
+    # One record, as upstream Monarch prints it: which mesh and rank, then the event.
+    assert str(failure).startswith("MeshFailure(mesh_name=bcast, rank=1, crashed_ranks=[1], ")
+    assert repr(failure) == str(failure)
     assert failure.mesh is not None and failure.mesh.sizes == {"gpus": 2}
     with pytest.raises(SupervisionError, match="failed"):
         w.slice(gpus=1).ok.call_one().get(timeout=30)
@@ -183,7 +186,15 @@ def test_base_exception_fails_the_actor_and_the_call(procs: ProcMesh, faults: Fa
     with pytest.raises(SupervisionError, match="KeyboardInterrupt") as info:
         w.slice(gpus=0).base_exception.call_one().get(timeout=30)
     assert info.value.endpoint is not None and "base_exception" in info.value.endpoint
+    # The message says what failed and why in the words upstream Monarch's callers match.
+    first = str(info.value)
+    assert "The actor base_exc[0] and all its descendants have failed." in first, first
+    assert re.search(
+        r"Actor base_exc\[0\] exited because of the following reason: KeyboardInterrupt", first
+    )
     assert faults.wait_for(1, "base_exc")[0].rank == 0
+    with pytest.raises(SupervisionError, match=r"Actor .* exited because of the following reason:"):
+        w.slice(gpus=0).ok.call_one().get(timeout=30)
 
 
 def test_exception_in_explicit_port_endpoint_fails_the_actor(
@@ -233,7 +244,10 @@ def test_a_dead_proc_fails_pending_and_later_calls_from_its_exit(
         pending = w.slice(gpus=1).exit_hard.call_one()
     else:
         pending = w.slice(gpus=1).segfault.call_one()
-    with pytest.raises(SupervisionError, match="died"):
+    with pytest.raises(
+        SupervisionError,
+        match=r"exited because of the following reason: process failure: proc .* died",
+    ):
         pending.get(timeout=30)
     print(f"{how}: the pending call failed after {time.monotonic() - start:.3f} s")
     failure = faults.wait_for(1, name)[0]
@@ -272,7 +286,7 @@ def test_supervise_handles_failures_of_owned_meshes(procs: ProcMesh, faults: Fau
     sup.spawn_children.call_one(procs).get(timeout=30)
     sup.break_children.call_one().get(timeout=30)
     reports = [seen_rx.recv().get(timeout=30) for _ in range(2)]  # one per failed rank
-    assert all(r.startswith("actor mesh 'supervised'") for r in reports)
+    assert all(r.startswith("MeshFailure(mesh_name=supervised, ") for r in reports)
     # Handled: the supervisor answers (its messages come after the two failures), and
     # nothing reached the client.
     assert sup.ok.call_one().get(timeout=30) == 1

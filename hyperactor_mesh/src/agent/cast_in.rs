@@ -205,7 +205,7 @@ impl Inner {
         let (mut live, mut lost) = (Vec::with_capacity(entries.len()), Vec::new());
         for (at, e) in entries.iter().enumerate() {
             match deaths.next_if(|(dead, _)| *dead == at) {
-                Some((_, death)) => lost.push((e.index, death.to_string(), death.expected)),
+                Some((_, death)) => lost.push((e.index, death.unanswered_reason(), death.expected)),
                 None => live.push(e.clone()),
             }
         }

@@ -177,7 +177,7 @@ impl Inner {
             match deaths.next_if(|(dead, _)| *dead == at) {
                 Some((_, death)) => lost.push(ReplyItem::unanswered(
                     t.index,
-                    &death.to_string(),
+                    &death.unanswered_reason(),
                     death.expected,
                 )),
                 None => live.push(t),

@@ -714,7 +714,7 @@ impl Inner {
     /// it are sent their failures.
     fn handle_death(self: &Arc<Self>, proc: &ProcId, death: &ProcDeath) {
         let proc = proc.clone();
-        let reason = death.to_string();
+        let reason = death.unanswered_reason();
         self.release_held();
         self.replies_after_death(&proc, &reason, death.expected);
         if death.expected {

@@ -46,7 +46,7 @@ from monarch._rust_bindings import (
 from monarch._src.actor import process
 from monarch._src.actor.actor import _class_info, _ClassInfo
 from monarch._src.actor.channel import Port
-from monarch._src.actor.context import Context, Instance, _current
+from monarch._src.actor.context import Context, Creator, Instance, _current
 from monarch._src.actor.errors import ActorError
 from monarch._src.actor.pickling import dumps, dumps_value, format_exception, loads, loads_parts
 from monarch._src.actor.point import Point
@@ -198,7 +198,7 @@ class HostedActor:
         if self.ended:
             return
         self.ended = True
-        self._end = (FAILED, f"The actor {self.name!r} failed: {reason}")
+        self._end = (FAILED, reason)
         print(
             f"monarch: actor {self.name!r} rank {self.driven.rank} ({self.class_name}) on "
             f"proc {self.driven.proc_id} failed: {reason.rstrip()}",
@@ -246,7 +246,7 @@ class HostedActor:
                 actor_id=driven.actor_id,
                 proc_id=driven.proc_id,
                 rank=Point(driven.rank, driven.extent()),
-                creator=driven.creator,
+                creator=Creator(driven.creator_name, driven.creator),
                 hosted=self,
             )
             token = _current.set(Context(self.instance))
@@ -292,7 +292,8 @@ class HostedActor:
             parts = d.args
             args, kwargs = loads_parts(parts)
         except Exception as e:  # cannot unpickle, or no such method: the caller hears
-            d.reply(ERROR, [dumps(ActorError._from_local(e, f"before {method} ran")._to_wire())])
+            err = ActorError._of_call(e, self.name, method, " before it ran")
+            d.reply(ERROR, [dumps(err._to_wire())])
             return None
         if method in self._explicit:
             args = (Port(d.port()), *args)
@@ -325,7 +326,7 @@ class HostedActor:
                     "codec_max_frame_length config key in every process"
                 )
         if problem is not None:  # tell the caller why
-            err = ActorError._from_local(problem, "while sending the reply")
+            err = ActorError._of_call(problem, self.name, d.method, " while sending the reply")
             d.reply(ERROR, [dumps(err._to_wire())])
             return
         d.reply(OK, parts)
@@ -339,13 +340,10 @@ class HostedActor:
             how = "broadcast to" if not d.has_reply else "in"
             reason = f"{type(e).__name__} escaped {how} endpoint {method}:\n{format_exception(e)}"
             if d.has_reply and not explicit:
-                d.reply(
-                    FAILED,
-                    [f"The actor {self.name!r} failed: {reason}".encode()],
-                )
+                d.reply(FAILED, [reason.encode()])
             self.fail(reason)
             return
-        d.reply(ERROR, [dumps(ActorError(e)._to_wire())])
+        d.reply(ERROR, [dumps(ActorError._of_call(e, self.name, method)._to_wire())])
 
     # --- supervision ---------------------------------------------------------------------------
 
@@ -359,8 +357,8 @@ class HostedActor:
             )
         elif not handled:
             self.fail(
-                f"it owns actor mesh {failure.mesh_name!r}, which failed, and "
-                "__supervise__ did not handle it",
+                f"__supervise__ on {self.instance} did not handle a supervision event, "
+                f"propagating to next owner. Original event: {failure.headline()}",
                 raw,
             )
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import pickle
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import (
@@ -321,11 +322,14 @@ def concurrent_endpoint(
     def wrap(m: Callable[..., Any]) -> EndpointProperty[..., Any]:
         if isinstance(m, EndpointProperty):
             raise ValueError(
-                f"@concurrent_endpoint cannot be stacked on @endpoint ({m.__name__}); use "
-                "one of them"
+                f"@concurrent_endpoint does not wrap @endpoint ({m.__name__}): use one of "
+                "them, not both"
             )
         if not inspect.iscoroutinefunction(m):
-            raise ValueError(f"@concurrent_endpoint needs an async method; {m.__name__} is sync")
+            raise ValueError(
+                f"@concurrent_endpoint can only wrap async endpoints; {m.__name__} is sync "
+                "(define it with `async def`)"
+            )
         return EndpointProperty(
             m,
             propagate=propagate,
@@ -398,10 +402,15 @@ class Endpoint(Generic[P, R]):
             if _carries_tensors(args, kwargs):
                 raise _TensorArguments(self._qualname()) from None
             culprit = _find_unpicklable(args, kwargs)
-            raise TypeError(
-                f"cannot send a call to endpoint {self._qualname()}: argument {culprit} "
-                f"cannot be pickled ({type(e).__name__}: {e})"
-            ) from e
+            what = f"cannot send a call to endpoint {self._qualname()}: argument {culprit}"
+            if isinstance(e, (TypeError, pickle.PicklingError)):
+                raise TypeError(f"{what} cannot be pickled ({type(e).__name__}: {e})") from e
+            # The argument's own code raised while it was pickled (a __reduce__ or
+            # __getstate__): its exception goes to the caller as it is, told where.
+            add_note = getattr(e, "add_note", None)  # Python 3.11 and later
+            if add_note is not None:
+                add_note(f"(raised while pickling it: {what} cannot be sent)")
+            raise
 
     def _routed(self, adverb: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """What the tensor engine's route of this mesh does with the call, if the mesh

@@ -12,7 +12,8 @@ class ActorError(Exception):
     """An exception raised inside a remote endpoint; the actor lives on.
 
     ``exception`` is the original exception object (or a ``RuntimeError`` describing it
-    when it could not be pickled), ``exception_formatted`` its remote traceback.
+    when it could not be pickled), ``exception_formatted`` its remote traceback and
+    ``message`` which call failed (``"Actor call trainers.step failed."``).
     """
 
     def __init__(
@@ -35,8 +36,12 @@ class ActorError(Exception):
         )
 
     @classmethod
-    def _from_local(cls, exception: BaseException, where: str) -> ActorError:
-        return cls(exception, f"A remote actor call has failed {where}.")
+    def _of_call(
+        cls, exception: BaseException, actor: str, method: str, where: str = ""
+    ) -> ActorError:
+        """The error of a call to ``actor.method`` (``where``: when it failed, if not
+        while the method ran)."""
+        return cls(exception, f"Actor call {actor}.{method} failed{where}.")
 
     def _to_wire(self) -> tuple[Any, str, str, str]:
         try:

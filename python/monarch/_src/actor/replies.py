@@ -76,11 +76,16 @@ class MeshInfo:
 def _unanswered(item: ReplyItem, mesh: MeshInfo, endpoint: str) -> SupervisionError:
     index, parts = item.index, item.parts
     reason = parts[0].decode(errors="replace") if parts else "no reason given"
-    return SupervisionError(
-        f"actor mesh {mesh.name!r} ({mesh.class_name}) rank {mesh.rank(index)} cannot "
-        f"handle {endpoint}: {reason}",
-        endpoint,
-    )
+    rank = mesh.rank(index)
+    head = f"actor mesh {mesh.name!r} ({mesh.class_name}) rank {rank} cannot handle {endpoint}"
+    if item.status == FAILED:
+        actor = f"{mesh.name}[{rank}]"
+        return SupervisionError(
+            f"{head}: The actor {actor} and all its descendants have failed. Actor {actor} "
+            f"exited because of the following reason: {reason}",
+            endpoint,
+        )
+    return SupervisionError(f"{head}: {reason}", endpoint)
 
 
 def _value(item: ReplyItem) -> Any:

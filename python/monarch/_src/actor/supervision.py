@@ -53,7 +53,9 @@ class MeshFailure:
     ``reason`` what happened (an exception's traceback, an exit status, a signal, a lost
     connection); ``cause`` the failure that led to this one, if any; ``report()`` the
     readable account, causes included. ``mesh`` is the owner's handle of the failed mesh
-    (``None`` where the owner holds none).
+    (``None`` where the owner holds none). ``str()`` is one record:
+    ``MeshFailure(mesh_name=..., rank=..., crashed_ranks=[...], event=...)``, the event
+    naming the actor, its proc and the reason.
     """
 
     __slots__ = ("_failure",)
@@ -130,10 +132,14 @@ class MeshFailure:
         return self._failure.report()
 
     def __str__(self) -> str:
-        return str(self._failure)
+        rank = self.rank
+        return (
+            f"MeshFailure(mesh_name={self.mesh_name}, rank={rank}, crashed_ranks=[{rank}], "
+            f"event={self._failure})"
+        )
 
     def __repr__(self) -> str:
-        return f"MeshFailure({self._failure})"
+        return str(self)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (MeshFailure, (self._failure,))
