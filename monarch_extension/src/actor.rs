@@ -246,6 +246,12 @@ impl PyDrivenActor {
         self.spawn.origin.to_string()
     }
 
+    /// The name of the actor that spawned the mesh (`client` for a process's client).
+    #[getter]
+    fn creator_name(&self) -> String {
+        self.spawn.origin.name().to_string()
+    }
+
     /// The parts the spawner sent (the pickled class, then the pickled arguments).
     fn spawn_parts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         crate::recv_bytes::parts_to_list(py, &self.spawn.parts)

@@ -664,6 +664,8 @@ class DrivenActor:
 
     @property
     def creator(self) -> str: ...
+    @property
+    def creator_name(self) -> str: ...
     def spawn_parts(self) -> list[bytes]:
         """The pickled class, then the pickled arguments."""
 
@@ -1077,6 +1079,11 @@ class Shape:
         dimension (``IndexError`` out of range, negative included); a ``slice`` keeps
         it, restricted (``ValueError`` unless the step is positive). ``ValueError`` for
         an unknown label, ``TypeError`` for another kind of index."""
+
+    def at(self, label: str, index: int) -> Shape:
+        """Select coordinate ``index`` of dimension ``label`` and remove the dimension,
+        as ``select`` with an int: ``ValueError`` for an unknown label or an index out
+        of range, ``OverflowError`` for a negative index."""
 
     def split(self, spec: Mapping[str, Sequence[str] | int]) -> Shape:
         """Split dimensions into several: ``spec`` maps an existing label to a tuple of

@@ -89,6 +89,12 @@ class Counter(Actor):
         return x
 
     @endpoint
+    def creator(self) -> tuple[str, str]:
+        creator = context().actor_instance.creator
+        assert creator is not None
+        return creator.name, str(creator)
+
+    @endpoint
     def call_other(self, other: Counter) -> int:
         # A sync endpoint may block on a future.
         return other.incr.call_one(10).get(timeout=30)
@@ -226,6 +232,8 @@ def test_actor_error_carries_the_remote_traceback_and_the_actor_lives_on(
     assert isinstance(err.exception, ValueError)
     assert str(err.exception) == "boom"
     assert "Traceback of where the remote call failed" in str(err)
+    assert err.message == "Actor call counters.fail failed."
+    assert str(err).startswith("Actor call counters.fail failed.\n")
     assert "raise ValueError(message)" in err.exception_formatted
     assert one.echo.call_one("alive").get(timeout=30) == "alive"
     with pytest.raises(ActorError):
@@ -263,6 +271,38 @@ def test_await_works_on_any_loop_and_is_repeatable(counters: Counter) -> None:
     assert a is b and len(a.values()) == 4  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="running asyncio loop"):
         fut.__await__()
+
+
+def test_future_gather_keeps_the_order_and_the_first_error(counters: Counter) -> None:
+    one = counters.slice(hosts=0, gpus=0)
+    assert Future.gather(one.echo.call_one("a"), one.echo.call_one("b")).get(timeout=30) == [
+        "a",
+        "b",
+    ]
+    assert Future.gather().get(timeout=30) == []
+    failing = one.fail.call_one("gathered")
+    with pytest.raises(ActorError, match=r"Actor call counters\.fail failed"):
+        Future.gather(one.echo.call_one(1), failing).get(timeout=30)
+    first, second = Future.gather(one.echo.call_one(1), failing, return_exceptions=True).get(
+        timeout=30
+    )
+    assert first == 1 and isinstance(second, ActorError)
+    assert failing.exception(timeout=30) is second  # the futures stay usable on their own
+
+    async def gathered() -> list[object]:
+        return await Future.gather(one.echo.call_one(3), one.echo.call_one(4))
+
+    assert asyncio.run(gathered()) == [3, 4]
+    with pytest.raises(TypeError, match=r"argument #1 is int"):
+        Future.gather(one.echo.call_one(1), 2)  # type: ignore[arg-type]
+
+
+def test_the_client_is_the_root_that_creates_top_level_meshes(counters: Counter) -> None:
+    assert str(context().actor_instance) == "<root>"
+    assert counters.slice(hosts=0, gpus=1).creator.call_one().get(timeout=30) == (
+        "root",
+        "<root>",
+    )
 
 
 def test_async_actor_handles_one_message_at_a_time(procs: ProcMesh) -> None:
@@ -329,7 +369,11 @@ def test_proc_mesh_stop_and_async_with() -> None:
     assert len(pids) == 2
     pm = this_host().spawn_procs(per_host={"gpus": 1})
     assert pm.initialized.get(timeout=30) is True
+    before = pm.spawn("before_stop", Counter)
+    assert before.get.call_one().get(timeout=30) == 0
     pm.stop().get(timeout=30)
+    with pytest.raises(SupervisionError, match="actor mesh is stopped due to proc mesh shutdown"):
+        before.get.call_one().get(timeout=30)
     late = pm.spawn("late", Counter)
     with pytest.raises(RuntimeError, match="already been stopped"):
         late.get.call().get(timeout=30)
@@ -340,6 +384,11 @@ def test_proc_mesh_stop_and_async_with() -> None:
 
 class NotAnActor:
     pass
+
+
+class RefusesToPickle:
+    def __getstate__(self) -> object:
+        raise RuntimeError("refuses to pickle")
 
 
 class Mixed(Actor):
@@ -381,6 +430,10 @@ def test_endpoint_argument_errors(counters: Counter) -> None:
     lock = threading.Lock()
     with pytest.raises(TypeError, match=r"echo: argument #0 \(lock\) cannot be pickled"):
         counters.echo.call(lock)
+    # An argument whose own pickling code raises: its exception, told where.
+    with pytest.raises(RuntimeError, match="refuses to pickle") as info:
+        counters.echo.call(RefusesToPickle())
+    assert any("echo: argument #0" in note for note in getattr(info.value, "__notes__", []))
     with pytest.raises(AttributeError, match=r"no endpoint 'nope'.*'incr'"):
         counters.nope  # noqa: B018
     with pytest.raises(RuntimeError, match="not an endpoint"):
@@ -456,6 +509,9 @@ def test_failing_init_makes_later_calls_raise_supervision_error(procs: ProcMesh)
 
 def test_spawn_procs_bootstrap_runs_before_actors() -> None:
     def set_env() -> None:
+        # The bootstrap may use actors on its own proc (they are hosted already).
+        helper = this_proc().spawn("bootstrap_helper", Counter, 41)
+        assert helper.incr.call_one().get(timeout=30) == 42
         os.environ["MONARCH_TEST_BOOTSTRAP"] = "done"
 
     pm = this_host().spawn_procs({"gpus": 2}, bootstrap=set_env, name="booted")
@@ -464,6 +520,21 @@ def test_spawn_procs_bootstrap_runs_before_actors() -> None:
         assert vm.values() == ["done", "done"]
     finally:
         pm.stop().get(timeout=30)
+
+
+def test_concurrent_endpoint_misuse_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="can only wrap async endpoints; plain is sync"):
+
+        class Sync(Actor):
+            @concurrent_endpoint
+            def plain(self) -> None: ...
+
+    with pytest.raises(ValueError, match="does not wrap @endpoint"):
+
+        class Stacked(Actor):
+            @concurrent_endpoint  # type: ignore[arg-type]
+            @endpoint
+            async def both(self) -> None: ...
 
 
 def test_concurrent_endpoint_lets_the_next_message_in(procs: ProcMesh) -> None:

@@ -272,6 +272,25 @@ def test_shape_select_int_and_slice() -> None:
         shape.select("nodes", 0)
 
 
+def test_shape_at_selects_and_removes_a_dimension() -> None:
+    shape = Shape(["batch", "height", "width"], Slice.new_row_major([2, 3, 4]))
+    middle = shape.at("height", 2)
+    assert middle.labels == ["batch", "width"]
+    assert (middle.ndslice.sizes, middle.ndslice.strides, middle.ndslice.offset) == (
+        [2, 4],
+        [12, 1],
+        8,
+    )
+    assert middle == shape.select("height", 2)
+    assert shape.select("width", slice(1, 4)).at("batch", 0).ndslice.sizes == [3, 3]
+    with pytest.raises(ValueError, match="no such dimension"):
+        shape.at("nodes", 0)
+    with pytest.raises(ValueError, match="index 5 is out of range for dimension 'batch'"):
+        shape.at("batch", 5)
+    with pytest.raises(OverflowError):
+        shape.at("batch", -1)
+
+
 # --- MeshTrait.slice ------------------------------------------------------------------------
 
 
@@ -465,6 +484,13 @@ def test_value_mesh_get() -> None:
     for bad in (3, -1):
         with pytest.raises(IndexError, match="out of range"):
             vm.get(bad)
+
+
+def test_value_mesh_shape_is_its_shape() -> None:
+    shape = Shape(["x", "y"], Slice.new_row_major([2, 3]))
+    vm = ValueMesh(shape, list(range(6)))
+    assert vm.shape == shape and vm.shape.labels == ["x", "y"]
+    assert vm.slice(x=1).shape.ndslice.offset == 3
 
 
 def test_value_mesh_slice_keeps_selected_values_and_relative_points() -> None:

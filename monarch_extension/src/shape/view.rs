@@ -387,6 +387,22 @@ impl PyShape {
         Ok(Self::from(shape))
     }
 
+    /// Selects coordinate `index` of dimension `label` and removes the dimension (as
+    /// `select` with an int); out of range is a `ValueError`, a negative index an
+    /// `OverflowError`.
+    fn at(&self, label: &str, index: usize) -> PyResult<Self> {
+        let size = self.shape.size(label).map_err(shape_err)?;
+        if index >= size {
+            return Err(PyValueError::new_err(format!(
+                "index {index} is out of range for dimension '{label}' of size {size}; \
+                 expected 0 <= {label} < {size}"
+            )));
+        }
+        Ok(Self::from(
+            self.shape.select(label, index).map_err(shape_err)?,
+        ))
+    }
+
     /// Splits dimensions into several: `spec` maps an existing label to a tuple of new
     /// names (outermost first), and a new name to its size; at most one size per split
     /// may be left out, and is inferred.

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Context",
+    "Creator",
     "Instance",
     "context",
     "current_actor_name",
@@ -56,6 +57,29 @@ def set_this_proc(fn: Callable[[], ProcMesh]) -> None:
     _this_proc = fn
 
 
+class Creator:
+    """Who spawned an actor (``context().actor_instance.creator``): ``name`` is the
+    spawning actor's name, ``"root"`` for a script's client; ``actor_id`` its id.
+    Printed as ``<root>`` for the client, else as the actor's id."""
+
+    __slots__ = ("actor_id", "name")
+
+    def __init__(self, name: str, actor_id: str) -> None:
+        self.name = "root" if name == "client" else name
+        self.actor_id = actor_id
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Creator) and other.actor_id == self.actor_id
+
+    def __hash__(self) -> int:
+        return hash(self.actor_id)
+
+    def __str__(self) -> str:
+        return "<root>" if self.name == "root" else self.actor_id
+
+    __repr__ = __str__
+
+
 class Instance:
     """The running actor (or the client): ``context().actor_instance``."""
 
@@ -67,7 +91,7 @@ class Instance:
         actor_id: str,
         proc_id: str,
         rank: Point,
-        creator: str | None,
+        creator: Creator | None,
         hosted: Hosted | None = None,
     ) -> None:
         self.name = name
@@ -108,6 +132,8 @@ class Instance:
         self.kill(reason)
 
     def __str__(self) -> str:
+        if self._hosted is None:  # the process's client: the root of the actor tree
+            return "<root>"
         return f"<root>.<{self.class_name} {self.name}{self.rank!r}>"
 
     def __repr__(self) -> str:

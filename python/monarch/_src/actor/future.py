@@ -157,9 +157,75 @@ class Future(Generic[R]):
         loop = asyncio.get_running_loop()
         return loop.create_task(self._wait_async())
 
+    @staticmethod
+    def gather(*futures: Future[Any], return_exceptions: bool = False) -> Future[list[Any]]:
+        """One future of the results of ``futures``, in the order given.
+
+        Waiting for it (``get`` or ``await``) waits for each in turn. The first
+        exception among them is raised, unless ``return_exceptions``: then exceptions
+        take their future's place in the list. A ``get(timeout)`` bounds the whole wait.
+        The futures given stay usable on their own.
+
+        Raises:
+            TypeError: an argument is not a ``monarch.actor.Future``.
+        """
+        for i, f in enumerate(futures):
+            if not isinstance(f, Future):
+                raise TypeError(
+                    f"Future.gather takes monarch.actor.Future objects (such as the result "
+                    f"of call_one()); argument #{i} is {type(f).__name__}"
+                )
+        return Future(impl=_Gathered(futures, return_exceptions))
+
     def __repr__(self) -> str:
         state = "done" if self._settled() else "pending"
         return f"<monarch.actor.Future ({state})>"
+
+
+class _Gathered:
+    """The outcomes of several futures, in order (``Future.gather``)."""
+
+    def __init__(self, futures: tuple[Future[Any], ...], return_exceptions: bool) -> None:
+        self._futures = futures
+        self._return_exceptions = return_exceptions
+
+    def _take(self, future: Future[Any], out: list[Any]) -> None:
+        """Append the settled ``future``'s outcome to ``out`` (or raise its error)."""
+        if future._error is not None:
+            if not self._return_exceptions:
+                raise future._error
+            out.append(future._error)
+        else:
+            out.append(future._value)
+
+    def wait(self, timeout: float | None) -> list[Any]:
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out: list[Any] = []
+        for i, f in enumerate(self._futures):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                f.get(left)
+            except BaseException:
+                if not f._settled():  # our wait timed out; the work goes on
+                    raise TimeoutError(
+                        f"Future.gather: future #{i} of {len(self._futures)} did not finish "
+                        f"within {timeout} s; they keep running: call get() again or await"
+                    ) from None
+            self._take(f, out)
+        return out
+
+    async def wait_async(self) -> list[Any]:
+        out: list[Any] = []
+        for f in self._futures:
+            try:
+                await f._wait_async()
+            except BaseException:
+                if not f._settled():  # cancelled while waiting
+                    raise
+            self._take(f, out)
+        return out
 
 
 # --- lazy coroutine work ------------------------------------------------------------

@@ -194,10 +194,13 @@ def serve_child() -> None:
 
     remote_pdb.install()
     code_sync_base.apply_to_this_proc()  # a synced workspace on sys.path
+    # Actors spawned here are hosted from now on, so the bootstrap function may spawn
+    # and call actors on this proc; the client's spawns still come after it, as they
+    # wait for report_ready.
+    run_spawner(state)
     blob = os.environ.get(BOOTSTRAP_FN_ENV)
     if blob is not None:
         run_bootstrap(loads(base64.b64decode(blob)))
-    run_spawner(state)
     agent.report_ready()
     agent.wait_for_stop()
     asked = time.monotonic()

@@ -77,6 +77,12 @@ class ValueMesh(MeshTrait, Generic[R]):
     def _shape(self) -> Shape:
         return self._vm_shape
 
+    @property
+    def shape(self) -> Shape:
+        """The shape of the mesh the values came from: its ``labels`` and ``ndslice``
+        (the ranks each value belongs to)."""
+        return self._vm_shape
+
     def _new_with_shape(self, shape: Shape) -> ValueMesh[R]:
         index = self._vm_shape.ndslice.index
         return ValueMesh(shape, [self._vm_values[index(rank)] for rank in shape.ranks()])
