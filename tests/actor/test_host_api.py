@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -248,3 +249,49 @@ def test_a_per_point_function_that_raises_surfaces_its_error() -> None:
         this_host().spawn_procs(per_host={"gpus": 2}, bootstrap_command=refuse)
     if sys.version_info >= (3, 11):
         assert "bootstrap_command({'gpus': 0}) (rank 0)" in str(info.value.__notes__)
+
+
+WORKERS_BY_MODULE = """
+import signal, subprocess, sys, tempfile
+from monarch.actor import Actor, attach_to_workers, endpoint
+
+class Hello(Actor):
+    @endpoint
+    def doit(self) -> str:
+        return "hello!"
+
+with tempfile.TemporaryDirectory() as d:
+    addresses = [f"ipc://{d}/{i}" for i in range(2)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "monarch.tools.worker", "--addr", a],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for a in addresses
+    ]
+    try:
+        for w in workers:
+            print(w.stdout.readline().strip(), flush=True)
+        hosts = attach_to_workers(ca="trust_all_connections", workers=addresses)
+        print(hosts.spawn_procs().spawn("hello", Hello).doit.call().get(timeout=60).values())
+        hosts.shutdown().get(timeout=60)
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+            print("worker exit status", w.wait(timeout=30), flush=True)
+"""
+
+
+def test_python_m_monarch_tools_worker_serves_a_worker() -> None:
+    """Upstream Monarch's way to start a worker, ``python -m monarch.tools.worker --addr
+    ADDRESS``, is ``monarch worker --address ADDRESS``."""
+    out = subprocess.run(
+        [sys.executable, "-c", WORKERS_BY_MODULE], capture_output=True, text=True, timeout=100
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split(" at ")[0] for line in lines[:2]] == ["monarch worker ready"] * 2, lines
+    assert "['hello!', 'hello!']" in lines, lines
+    assert lines[-2:] == ["worker exit status 0"] * 2, lines

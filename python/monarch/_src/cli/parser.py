@@ -88,6 +88,8 @@ def _add_env(parser: argparse.ArgumentParser) -> None:
 def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument(
         "--address",
+        "--addr",
+        dest="address",
         required=True,
         help="where to serve: tcp://HOST:PORT (tcp://0.0.0.0:PORT for every interface), "
         "ADVERTISE@BIND, ipc://PATH, or tcp://HOST:fdN to serve on the listening socket "
