@@ -346,7 +346,7 @@ def test_unknown_keys_suggest_close_matches_or_list_all() -> None:
         (dict(mesh_admin_addr="::1:80"), kinds.ConfigValueError, "IPv6 host in brackets"),
         (dict(default_transport="carrier pigeon"), kinds.ConfigValueError, "transport name"),
         (dict(default_transport=7), TypeError, "expected a transport name"),
-        (dict(default_encoding="yaml"), kinds.ConfigValueError, "Encoding.Bincode"),
+        (dict(default_encoding="json"), TypeError, "expected an Encoding (Encoding.Bincode"),
         (dict(default_encoding=2), TypeError, "expected an Encoding"),
     ],
 )
@@ -398,18 +398,27 @@ def test_durations_parse_and_format(text: str, ns: int, canonical: str) -> None:
     assert kinds.parse_duration(text) == ns
     assert kinds.format_duration(ns) == canonical
     assert kinds.parse_duration(canonical) == ns
-    with configured(message_delivery_timeout=text) as merged:
+    with configured(message_delivery_timeout=canonical) as merged:
         assert merged["message_delivery_timeout"] == canonical
+    if text.strip().replace(".", "").isdigit():
+        # A bare number is seconds in an environment variable; configure() wants a
+        # unit, as upstream Monarch's does.
+        with pytest.raises(TypeError, match="Invalid duration format"):
+            configure(message_delivery_timeout=text)
+    else:
+        with configured(message_delivery_timeout=text) as merged:
+            assert merged["message_delivery_timeout"] == canonical
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("", "invalid duration ''"),
-        ("soon", "invalid duration 'soon'"),
+        ("", "Invalid duration format ''"),
+        ("soon", "Invalid duration format 'soon'"),
         ("5 parsecs", "unknown unit 'parsecs'"),
-        ("-1s", "invalid duration '-1s'"),
-        ("10s 5", "invalid duration '10s 5'"),
+        ("-1s", "Invalid duration format '-1s'"),
+        ("10s 5", "Invalid duration format '10s 5'"),
+        ("30", "Invalid duration format '30': a number needs a unit"),
         ("1e3s", "unknown unit 'e'"),
         ("99999999999999999999999y", "too long"),
     ],
@@ -422,17 +431,16 @@ def test_bad_durations_say_how_to_write_one(text: str, message: str) -> None:
         assert "e.g. '30s', '1h 30m', '500ms', '2m 5s'" in str(info.value)
 
 
-def test_durations_take_numbers_of_seconds_and_timedeltas() -> None:
-    with configured(cleanup_timeout=90) as merged:
-        assert merged["cleanup_timeout"] == "1m 30s"
-    with configured(cleanup_timeout=0.1) as merged:
-        assert merged["cleanup_timeout"] == "100ms"
+def test_durations_take_humantime_strings_and_timedeltas_not_numbers() -> None:
     with configured(cleanup_timeout=datetime.timedelta(minutes=2, microseconds=5)) as merged:
         assert merged["cleanup_timeout"] == "2m 5us"
-    for bad in (-1, -0.5, math.inf, math.nan, datetime.timedelta(seconds=-1)):
-        with pytest.raises(ValueError, match="cleanup_timeout"):
+    with pytest.raises(ValueError, match="cleanup_timeout"):
+        configure(cleanup_timeout=datetime.timedelta(seconds=-1))
+    # As upstream Monarch: a number is the wrong type (which unit?), and says how to write it.
+    for bad in (90, 0.1, -1, math.inf):
+        with pytest.raises(TypeError, match=rf"cleanup_timeout.*for seconds, write '{bad}s'"):
             configure(cleanup_timeout=bad)
-    with pytest.raises(TypeError, match=r"a number of seconds, or a datetime\.timedelta"):
+    with pytest.raises(TypeError, match=r"a humantime string such as '30s'"):
         configure(cleanup_timeout=True)
 
 
@@ -449,10 +457,19 @@ def test_duration_variables_use_the_same_syntax(monkeypatch: pytest.MonkeyPatch)
 # --- enums and other kinds --------------------------------------------------------------
 
 
+@pytest.mark.parametrize("member", list(Encoding))
+def test_encoding_takes_its_members_not_names(member: Encoding) -> None:
+    with configured(default_encoding=member) as merged:
+        assert merged["default_encoding"] is member
+        assert registry.get("default_encoding") is member
+    # As upstream Monarch: a name is the wrong type (the environment variable takes it).
+    with pytest.raises(TypeError, match=r"expected an Encoding \(Encoding\.Bincode"):
+        configure(default_encoding=member.name.lower())
+
+
 @pytest.mark.parametrize(
-    ("value", "expected"),
+    ("text", "expected"),
     [
-        (Encoding.Bincode, Encoding.Bincode),
         ("json", Encoding.Json),
         ("Multipart", Encoding.Multipart),
         ("serde_json", Encoding.Json),
@@ -460,10 +477,11 @@ def test_duration_variables_use_the_same_syntax(monkeypatch: pytest.MonkeyPatch)
         ("bincode", Encoding.Bincode),
     ],
 )
-def test_encoding_takes_its_members_and_names(value: object, expected: Encoding) -> None:
-    with configured(default_encoding=value) as merged:
-        assert merged["default_encoding"] is expected
-        assert registry.get("default_encoding") is expected
+def test_encoding_variable_takes_names(
+    text: str, expected: Encoding, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HYPERACTOR_DEFAULT_ENCODING", text)
+    assert get_global_config()["default_encoding"] is expected
 
 
 def test_encoding_variable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -683,7 +701,7 @@ def test_setting_an_ignored_key_warns_once_saying_why() -> None:
 
 def test_configured_warns_too_pointing_at_the_with() -> None:
     with pytest.warns(monarch.config.IgnoredSettingWarning, match="default_encoding") as caught:
-        with configured(default_encoding="json"):
+        with configured(default_encoding=Encoding.Json):
             pass
     assert [w.filename for w in caught] == [__file__]
 

@@ -579,7 +579,7 @@ def test_a_slow_sync_cleanup_does_not_hold_up_stop(
     import monarch
 
     marker = os.path.join(str(tmp_path), "slow")
-    with monarch.configured(cleanup_timeout=0.25):
+    with monarch.configured(cleanup_timeout="250ms"):
         procs = this_host().spawn_procs(per_host={"gpus": 1})
     try:
         s = procs.spawn("slow_cleanup", SelfStopper, marker, 600)

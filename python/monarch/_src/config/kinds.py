@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import datetime
 import enum
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 
@@ -280,10 +279,15 @@ _ENCODINGS = {
 
 
 def _coerce_encoding(value: Any) -> Encoding:
+    """``configure()``'s values: an ``Encoding`` member only, as upstream Monarch."""
     if isinstance(value, Encoding):
         return value
-    if not isinstance(value, str):
-        raise TypeError(f"expected an Encoding (or its name), got {_type_name(value)}")
+    names = ", ".join(f"Encoding.{e.name}" for e in Encoding)
+    raise TypeError(f"expected an Encoding ({names}), got {_type_name(value)}")
+
+
+def _parse_encoding(value: str) -> Encoding:
+    """An environment variable's text: an encoding's name, in any case."""
     encoding = _ENCODINGS.get(value.strip().lower())
     if encoding is None:
         names = ", ".join(f"Encoding.{e.name}" for e in Encoding)
@@ -293,7 +297,7 @@ def _coerce_encoding(value: Any) -> Encoding:
     return encoding
 
 
-ENCODING = Kind("Encoding", _coerce_encoding, _coerce_encoding, text=lambda e: str(e.value))
+ENCODING = Kind("Encoding", _coerce_encoding, _parse_encoding, text=lambda e: str(e.value))
 
 
 # --- durations --------------------------------------------------------------------------
@@ -327,17 +331,23 @@ _BARE = re.compile(r"\s*\d+(?:\.\d+)?\s*")
 MAX_NS = (2**64 - 1) * S
 DURATION_SYNTAX = (
     "write a number and a unit, e.g. '30s', '1h 30m', '500ms', '2m 5s' (units: ns, us, "
-    "ms, s, m, h, d, w, M, y); a bare number means seconds"
+    "ms, s, m, h, d, w, M, y)"
 )
 
 
-def parse_duration(text: str) -> int:
-    """Nanoseconds of a humantime duration (``"1h 30m"``) or a bare number of seconds.
+def parse_duration(text: str, bare_seconds: bool = True) -> int:
+    """Nanoseconds of a humantime duration (``"1h 30m"``), or of a bare number of
+    seconds when ``bare_seconds`` (environment variables and files; ``configure()``
+    takes humantime only, as upstream Monarch).
 
     Raises:
         ConfigValueError: ``text`` is not a duration.
     """
     if _BARE.fullmatch(text):
+        if not bare_seconds:
+            raise ConfigValueError(
+                f"Invalid duration format {text!r}: a number needs a unit; {DURATION_SYNTAX}"
+            )
         return _checked_ns(Decimal(text.strip()) * S, text)
     total, at = Decimal(0), 0
     for piece in _PIECE.finditer(text):
@@ -347,19 +357,19 @@ def parse_duration(text: str) -> int:
         scale = _UNITS.get(unit)
         if scale is None:
             raise ConfigValueError(
-                f"invalid duration {text!r}: unknown unit {unit!r}; {DURATION_SYNTAX}"
+                f"Invalid duration format {text!r}: unknown unit {unit!r}; {DURATION_SYNTAX}"
             )
         total += Decimal(number) * scale
         at = piece.end()
     if at == 0 or at != len(text):
-        raise ConfigValueError(f"invalid duration {text!r}: {DURATION_SYNTAX}")
+        raise ConfigValueError(f"Invalid duration format {text!r}: {DURATION_SYNTAX}")
     return _checked_ns(total, text)
 
 
 def _checked_ns(total: Decimal, text: str) -> int:
     ns = int(total.to_integral_value())
     if ns > MAX_NS:
-        raise ConfigValueError(f"invalid duration {text!r}: too long")
+        raise ConfigValueError(f"Invalid duration {text!r}: too long")
     return ns
 
 
@@ -387,20 +397,18 @@ def format_duration(ns: int) -> str:
 
 def _coerce_duration(value: Any) -> int:
     if isinstance(value, str):
-        return parse_duration(value)
+        return parse_duration(value, bare_seconds=False)
     if isinstance(value, datetime.timedelta):
         seconds = Decimal(value.days * 86400 + value.seconds) + Decimal(value.microseconds) / 10**6
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not math.isfinite(value):
-            raise ConfigValueError(f"expected a finite duration, got {value}")
-        try:
-            seconds = Decimal(value)
-        except InvalidOperation:  # pragma: no cover - finite floats always convert
-            raise ConfigValueError(f"expected a duration, got {value!r}") from None
+        raise TypeError(
+            f"expected a duration: a humantime string such as '30s' or '1h 30m', or a "
+            f"datetime.timedelta; got {_type_name(value)} (for seconds, write '{value}s')"
+        )
     else:
         raise TypeError(
-            "expected a duration: a humantime string such as '30s' or '1h 30m', a number "
-            f"of seconds, or a datetime.timedelta; got {_type_name(value)}"
+            "expected a duration: a humantime string such as '30s' or '1h 30m', or a "
+            f"datetime.timedelta; got {_type_name(value)}"
         )
     if seconds < 0:
         raise ConfigValueError(f"expected a duration >= 0, got {value!r}")
