@@ -14,11 +14,13 @@ import os
 import pickle
 import tempfile
 import uuid
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from monarch._src.job import mount_spec
 from monarch._src.job.telemetry import (
     MeshAdminConfig,
     TelemetryConfig,
@@ -132,6 +134,9 @@ class JobTrait(ABC):
     #: Where this (running) job was last saved with ``dump`` (or reconnected from by
     #: ``state()``), for saving it again when its allocation grows (``add_mesh``).
     _saved_at: str | None = None
+    #: The mounts ``state()`` applies (``remote_mount``, ``gather_mount``).
+    _remote_mounts: tuple[mount_spec.RemoteMount, ...] = ()
+    _gather_mounts: tuple[mount_spec.GatherMount, ...] = ()
 
     def __init__(self) -> None:
         self._status = "not_running"
@@ -195,7 +200,63 @@ class JobTrait(ABC):
             self.enable_admin(mesh_admin_config)
         return self
 
+    def remote_mount(
+        self,
+        source: str,
+        mntpoint: str | None = None,
+        meshes: list[str] | None = None,
+        python_exe: str | None = ".venv/bin/python",
+        **kwargs: Any,
+    ) -> None:
+        """Make the directory ``source`` of this machine appear, read-only, at
+        ``mntpoint`` (default: the same path) on every host of ``meshes`` (default:
+        all), from the next ``state()`` on, each ``state()`` refreshing it.
+
+        With ``python_exe`` (a path inside ``source``; ``None`` for none), the meshes
+        ``state()`` returns start their procs with that interpreter inside the mount:
+        the client's virtual environment on every host.
+
+        Here the directory is copied at each ``state()`` (upstream Monarch serves it
+        live through FUSE); ``kwargs``, the FUSE mount's options there, are ignored
+        with a warning.
+
+        Raises:
+            ValueError: ``source`` is not a directory, or ``python_exe`` is not a file
+                in it.
+        """
+        if kwargs:
+            warnings.warn(
+                f"remote_mount: options {sorted(kwargs)} configure upstream Monarch's FUSE "
+                "mount; ignored here, where the directory is copied at each state()",
+                UserWarning,
+                stacklevel=2,
+            )
+        mount = mount_spec.remote_mount(source, mntpoint, meshes, python_exe)
+        self._remote_mounts = (*self._remote_mounts, mount)
+
+    def gather_mount(
+        self, remote_mount_point: str, local_mount_point: str, meshes: list[str] | None = None
+    ) -> None:
+        """Make the directory ``remote_mount_point`` of every host of ``meshes``
+        (default: all) appear, read-only, under ``local_mount_point`` on this machine,
+        from the next ``state()`` on: one sub-directory per host named after its
+        coordinates (``hosts_0``), or the directory itself for a mesh of one host
+        without dimensions. ``$SUBDIR`` in ``remote_mount_point`` is replaced, on each
+        host, by that name.
+
+        Here each ``state()`` copies the hosts' directories (upstream Monarch serves
+        them live through FUSE).
+        """
+        mount = mount_spec.gather_mount(remote_mount_point, local_mount_point, meshes)
+        self._gather_mounts = (*self._gather_mounts, mount)
+
     def _monitored(self, state: JobState) -> JobState:
+        if self._remote_mounts or self._gather_mounts:
+            from monarch._src.job import mounts  # the actor runtime: not on import
+
+            state._hosts = mounts.apply_mounts(
+                state._hosts, self._remote_mounts, self._gather_mounts
+            )
         start_for_state(state, self._admin, self._telemetry)
         return state
 
