@@ -47,6 +47,12 @@ class Leaf(Actor):
     def pid(self) -> int:
         return os.getpid()
 
+    @endpoint
+    def paths(self) -> list[str]:
+        me = context().actor_instance
+        assert me.creator is not None
+        return [str(me.creator), str(me)]
+
 
 class Level(Actor):
     """A or B: spawns the next level on procs of its own and remembers the failures its
@@ -71,6 +77,14 @@ class Level(Actor):
             return [os.getpid(), self.leaf.pid.call_one().get(timeout=60)]
         self.below = self.procs.spawn("B", Level, below[0], self.seen_port)
         return [os.getpid(), *self.below.build.call_one(below[1:]).get(timeout=60)]
+
+    @endpoint
+    def paths(self) -> list[str]:
+        """The creator's path of each level from this one down, then the leaf's path."""
+        me = context().actor_instance
+        assert me.creator is not None
+        below = self.below.paths if self.below is not None else self.leaf.paths  # type: ignore[union-attr]
+        return [str(me.creator), *below.call_one().get(timeout=60)]
 
     @endpoint
     def seen_reports(self, depth: int = 0) -> list[str]:
@@ -125,6 +139,16 @@ def build(
     pids = a.build.call_one([b_handles]).get(timeout=90)
     assert len(pids) == 3 and len(set(pids)) == 3, pids  # A, B and C: a proc each
     return a, pids, seen
+
+
+def test_each_actors_path_runs_from_the_root_through_its_creators(top: ProcMesh) -> None:
+    a, _, _ = build(top, a_handles=True, b_handles=True)
+    a_creator, b_creator, c_creator, c = a.paths.call_one().get(timeout=60)
+    level = "test_nested.Level"
+    assert a_creator == "<root>"
+    assert b_creator == f"<root>.<{level} A{{'procs': 0/1}}>"
+    assert c_creator == f"{b_creator}.<{level} B{{'procs': 0/1}}>"
+    assert c == f"{c_creator}.<test_nested.Leaf C{{'procs': 0/1}}>"
 
 
 def test_a_kill_at_the_bottom_is_handled_by_the_parent(top: ProcMesh, faults: Faults) -> None:

@@ -46,7 +46,7 @@ from monarch._rust_bindings import (
 from monarch._src.actor import process
 from monarch._src.actor.actor import _class_info, _ClassInfo
 from monarch._src.actor.channel import Port
-from monarch._src.actor.context import Context, Creator, Instance, _current
+from monarch._src.actor.context import ROOT_PATH, Context, Creator, Instance, _current
 from monarch._src.actor.errors import ActorError
 from monarch._src.actor.pickling import dumps, dumps_value, format_exception, loads, loads_parts
 from monarch._src.actor.point import Point
@@ -232,7 +232,8 @@ class HostedActor:
     def _init(self) -> bool:
         driven = self.driven
         try:
-            cls_blob, args_blob = driven.spawn_parts()
+            cls_blob, args_blob, *rest = driven.spawn_parts()
+            creator_path = rest[0].decode() if rest else ROOT_PATH
             cls = loads(cls_blob)
             args, kwargs = loads(args_blob)
             self.info = info = _class_info(cls)
@@ -246,7 +247,7 @@ class HostedActor:
                 actor_id=driven.actor_id,
                 proc_id=driven.proc_id,
                 rank=Point(driven.rank, driven.extent()),
-                creator=Creator(driven.creator_name, driven.creator),
+                creator=Creator(driven.creator_name, driven.creator, creator_path),
                 hosted=self,
             )
             token = _current.set(Context(self.instance))

@@ -21,7 +21,7 @@ from monarch._rust_bindings import ActorMeshHandle, CallReplies, CastMode, PortH
 from monarch._src import config
 from monarch._src.actor import extensions, process
 from monarch._src.actor.actor import Actor, _class_info, _ClassInfo
-from monarch._src.actor.context import context, sender
+from monarch._src.actor.context import ROOT_PATH, context, sender
 from monarch._src.actor.endpoint import Endpoint, EndpointKind, TensorRoute, _NotAnEndpoint
 
 # Re-exported: the errors of actor calls are imported from here too.
@@ -301,10 +301,12 @@ def _check_spawn(name: str, cls: Any, args: tuple[Any, ...], kwargs: dict[str, A
 
 
 def _spawn_parts(
-    name: str, cls: type[Actor], args: tuple[Any, ...], kwargs: dict[str, Any]
+    name: str, cls: type[Actor], args: tuple[Any, ...], kwargs: dict[str, Any], creator: str
 ) -> list[bytes]:
+    """The spawn's parts: the pickled class, the pickled arguments, and the spawner's
+    path (``str(context().actor_instance)``), which prefixes the new actors' paths."""
     try:
-        return [dumps(cls), dumps((args, kwargs))]
+        return [dumps(cls), dumps((args, kwargs)), creator.encode()]
     except Exception as e:
         raise TypeError(
             f"spawn({name!r}, {cls.__qualname__}, ...): the class or its arguments cannot "
@@ -326,10 +328,11 @@ def spawn_actor_mesh(
     engine = extensions.tensor_engine_if_tensors()
     if engine is not None:  # monarch tensors become each actor's local shard
         args, kwargs = engine.spawn_args(proc_mesh, name, info.name, args, kwargs)
-    parts = _spawn_parts(name, cls, args, kwargs)
+    spawner = context().actor_instance
+    parts = _spawn_parts(name, cls, args, kwargs, str(spawner))
     who = sender()
     state = process.get()
-    client_owned = state.is_root and context().actor_instance._hosted is None
+    client_owned = state.is_root and spawner._hosted is None
     broken = proc_mesh._stopped_error()
     if broken is not None:
         # Nothing is spawned on stopped procs; every use of the handle says why.
@@ -347,7 +350,7 @@ def get_or_spawn_controller(name: str, cls: type[A], *args: Any, **kwargs: Any) 
     """The process-wide singleton actor ``name``, spawned on the root client's proc the
     first time it is asked for (from any actor)."""
     info = _check_spawn(name, cls, args, kwargs)
-    parts = _spawn_parts(name, cls, args, kwargs)
+    parts = _spawn_parts(name, cls, args, kwargs, ROOT_PATH)  # a child of the root client
     state = process.get()
     with state.controllers_lock:
         known = state.controllers.get(name)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from monarch._src.actor.proc_mesh import ProcMesh
 
 __all__ = [
+    "ROOT_PATH",
     "Context",
     "Creator",
     "Instance",
@@ -57,16 +58,22 @@ def set_this_proc(fn: Callable[[], ProcMesh]) -> None:
     _this_proc = fn
 
 
+#: The path of a process's client, the root of the actor tree.
+ROOT_PATH = "<root>"
+
+
 class Creator:
     """Who spawned an actor (``context().actor_instance.creator``): ``name`` is the
-    spawning actor's name, ``"root"`` for a script's client; ``actor_id`` its id.
-    Printed as ``<root>`` for the client, else as the actor's id."""
+    spawning actor's name, ``"root"`` for a script's client; ``actor_id`` its id;
+    ``path`` its path, as ``str()`` of its instance prints it (``<root>`` for the
+    client), which is also how a ``Creator`` prints."""
 
-    __slots__ = ("actor_id", "name")
+    __slots__ = ("actor_id", "name", "path")
 
-    def __init__(self, name: str, actor_id: str) -> None:
+    def __init__(self, name: str, actor_id: str, path: str = ROOT_PATH) -> None:
         self.name = "root" if name == "client" else name
         self.actor_id = actor_id
+        self.path = path
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Creator) and other.actor_id == self.actor_id
@@ -75,7 +82,7 @@ class Creator:
         return hash(self.actor_id)
 
     def __str__(self) -> str:
-        return "<root>" if self.name == "root" else self.actor_id
+        return self.path
 
     __repr__ = __str__
 
@@ -132,9 +139,13 @@ class Instance:
         self.kill(reason)
 
     def __str__(self) -> str:
+        """The actor's path: its creator's path, then ``<module.Class name{rank}>``
+        (``<root>.<__main__.Trainer trainers{'gpus': 0/2}>``); ``<root>`` for the
+        process's client."""
         if self._hosted is None:  # the process's client: the root of the actor tree
-            return "<root>"
-        return f"<root>.<{self.class_name} {self.name}{self.rank!r}>"
+            return ROOT_PATH
+        parent = self.creator.path if self.creator is not None else ROOT_PATH
+        return f"{parent}.<{self.class_name} {self.name}{self.rank!r}>"
 
     def __repr__(self) -> str:
         return f"Instance({self})"
