@@ -245,6 +245,10 @@ def test_future_get_timeout_does_not_cancel_and_results_are_cached(procs: ProcMe
     fut = a.slow_append.call_one(1, 0.5)
     with pytest.raises(TimeoutError):
         fut.get(timeout=0.01)
+    gathered = Future.gather(fut)
+    with pytest.raises(TimeoutError, match=r"future #0 of 1 did not finish within 0.01 s"):
+        gathered.get(timeout=0.01)
+    assert gathered.get(timeout=30) == [[1]]  # the timeout cancelled nothing
     first = fut.get(timeout=30)
     assert first == [1]
     assert fut.get() is first and fut.result(timeout=1) is first

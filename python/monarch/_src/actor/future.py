@@ -207,12 +207,15 @@ class _Gathered:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 f.get(left)
-            except BaseException:
+            except TimeoutError:
                 if not f._settled():  # our wait timed out; the work goes on
                     raise TimeoutError(
                         f"Future.gather: future #{i} of {len(self._futures)} did not finish "
                         f"within {timeout} s; they keep running: call get() again or await"
                     ) from None
+            except BaseException:
+                if not f._settled():  # not the future's outcome (a KeyboardInterrupt)
+                    raise
             self._take(f, out)
         return out
 
