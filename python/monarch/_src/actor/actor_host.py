@@ -247,7 +247,11 @@ class HostedActor:
                 actor_id=driven.actor_id,
                 proc_id=driven.proc_id,
                 rank=Point(driven.rank, driven.extent()),
-                creator=Creator(driven.creator_name, driven.creator, creator_path),
+                creator=Creator(
+                    "root" if driven.creator_name == "client" else driven.creator_name,
+                    driven.creator,
+                    creator_path,
+                ),
                 hosted=self,
             )
             token = _current.set(Context(self.instance))

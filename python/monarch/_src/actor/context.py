@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextvars
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from monarch._rust_bindings import Client, Delivery, DrivenActor
@@ -62,24 +63,16 @@ def set_this_proc(fn: Callable[[], ProcMesh]) -> None:
 ROOT_PATH = "<root>"
 
 
+@dataclass(frozen=True)
 class Creator:
     """Who spawned an actor (``context().actor_instance.creator``): ``name`` is the
     spawning actor's name, ``"root"`` for a script's client; ``actor_id`` its id;
     ``path`` its path, as ``str()`` of its instance prints it (``<root>`` for the
     client), which is also how a ``Creator`` prints."""
 
-    __slots__ = ("actor_id", "name", "path")
-
-    def __init__(self, name: str, actor_id: str, path: str = ROOT_PATH) -> None:
-        self.name = "root" if name == "client" else name
-        self.actor_id = actor_id
-        self.path = path
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Creator) and other.actor_id == self.actor_id
-
-    def __hash__(self) -> int:
-        return hash(self.actor_id)
+    name: str
+    actor_id: str
+    path: str = ROOT_PATH
 
     def __str__(self) -> str:
         return self.path

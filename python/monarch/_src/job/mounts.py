@@ -117,14 +117,11 @@ def _extract_replacing(archive: tarfile.TarFile, dest: str) -> None:
     try:
         archive.extractall(staging, filter="tar")  # links as they are (a venv's python)
         _read_only(staging)
-        old = None
+        old = staging + "-old"  # staging's name is unique, so is this one
         if os.path.lexists(dest):
-            old = tempfile.mkdtemp(prefix=".monarch-old-", dir=parent)
-            os.rmdir(old)
             os.rename(dest, old)
         os.rename(staging, dest)
-        if old is not None:
-            _remove(old)
+        _remove(old)
     except BaseException:
         _remove(staging)
         raise
