@@ -40,6 +40,7 @@
 //!     pid: Some(4242),
 //!     cause: FailureCause::ProcExited { code: 3 },
 //!     caused_by: None,
+//!     path: None,
 //! };
 //! assert_eq!(
 //!     failure.to_string(),
@@ -47,7 +48,26 @@
 //!      failed: its process died (exited with status 3)"
 //! );
 //! let event = failure.to_event();
-//! assert_eq!(MeshFailure::from_event(&event), Some(failure));
+//! assert_eq!(MeshFailure::from_event(&event), Some(failure.clone()));
+//!
+//! // The report: the headline, then which actor failed and what kind of failure it
+//! // was (by its path, once the owner named it), then the cause.
+//! assert_eq!(
+//!     failure.attribution(),
+//!     "The actor trainers[3] failed. This occurred because its process failed \
+//!      (process failure: Exited(code=3))."
+//! );
+//! let failure = MeshFailure {
+//!     path: Some("<root>.<m.Trainer trainers{'gpus': 3/4}>".into()),
+//!     ..failure
+//! };
+//! assert_eq!(
+//!     failure.report().lines().nth(1),
+//!     Some(
+//!         "    The actor <root>.<m.Trainer trainers{'gpus': 3/4}> failed. This occurred \
+//!          because its process failed (process failure: Exited(code=3))."
+//!     )
+//! );
 //! ```
 
 use std::fmt;
@@ -144,6 +164,11 @@ pub struct MeshFailure {
     /// The failure that caused this one (an owned mesh's failure that the actor did not
     /// handle).
     pub caused_by: Option<Box<MeshFailure>>,
+    /// The failed actor's path in the actor tree, from the root through its creators
+    /// (`<root>.<mod.Outer outer>.<mod.Inner inner{'gpus': 0/2}>`), when the owner that
+    /// received the failure named it; the report falls back to `name[rank]`.
+    #[serde(default)]
+    pub path: Option<String>,
 }
 
 impl MeshFailure {
@@ -156,17 +181,47 @@ impl MeshFailure {
         )
     }
 
-    /// The failure and its causes, for people: one paragraph per level.
+    /// Which actor failed and what kind of failure it was, in one sentence: `The actor
+    /// <path> failed. This occurred because the actor itself failed.` (or its process
+    /// failed, or it did not handle a failure of a mesh it owns).
+    pub fn attribution(&self) -> String {
+        let who = match &self.path {
+            Some(path) => path.clone(),
+            None => format!("{}[{}]", self.mesh.name, self.rank),
+        };
+        let because = match &self.cause {
+            FailureCause::Actor { .. } => "the actor itself failed".to_string(),
+            FailureCause::Unhandled { .. } => {
+                "it did not handle the failure of an actor mesh it owns (below)".to_string()
+            }
+            FailureCause::SpawnFailed { .. } => "it could not be spawned".to_string(),
+            FailureCause::ProcExited { code } => {
+                format!("its process failed (process failure: Exited(code={code}))")
+            }
+            FailureCause::ProcSignaled { signal } => {
+                format!("its process failed (process failure: Killed(sig={signal}))")
+            }
+            FailureCause::ProcLost { .. } => "its process was lost".to_string(),
+        };
+        format!("The actor {who} failed. This occurred because {because}.")
+    }
+
+    /// The failure and its causes, for people: one paragraph per level, each the
+    /// headline, then the [attribution](Self::attribution) and the cause, indented.
     pub fn report(&self) -> String {
-        let mut out = format!("{}:\n{}", self.headline(), indent(&self.cause.to_string()));
-        let mut cause = self.caused_by.as_deref();
-        while let Some(c) = cause {
+        let mut out = String::new();
+        let mut level = Some(self);
+        while let Some(failure) = level {
+            if !out.is_empty() {
+                out.push_str("\ncaused by: ");
+            }
             out.push_str(&format!(
-                "\ncaused by: {}:\n{}",
-                c.headline(),
-                indent(&c.cause.to_string())
+                "{}:\n{}\n{}",
+                failure.headline(),
+                indent(&failure.attribution()),
+                indent(&failure.cause.to_string())
             ));
-            cause = c.caused_by.as_deref();
+            level = failure.caused_by.as_deref();
         }
         out
     }

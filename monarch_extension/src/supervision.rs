@@ -40,6 +40,7 @@ impl PyMeshFailure {
                 reason: event.reason.clone(),
             },
             caused_by: None,
+            path: None,
         });
         Self { failure, event }
     }
@@ -111,6 +112,27 @@ impl PyMeshFailure {
             .cloned()
             .unwrap_or_else(|| failure.to_event());
         Some(Self { failure, event })
+    }
+
+    /// The failed actor's path in the actor tree, when its owner named it.
+    #[getter]
+    fn path(&self) -> Option<&str> {
+        self.failure.path.as_deref()
+    }
+
+    /// This failure with the failed actor's `path` (what the owner that received it
+    /// names it), carried on when the owner fails in turn with this as the cause.
+    fn with_path(&self, path: String) -> Self {
+        let mut failure = self.failure.clone();
+        failure.path = Some(path);
+        let mut event = self.event.clone();
+        event.detail = bincode::serialize(&failure).ok().map(Bytes::from);
+        Self { failure, event }
+    }
+
+    /// Which actor failed and what kind of failure it was, in one sentence.
+    fn attribution(&self) -> String {
+        self.failure.attribution()
     }
 
     /// The first line of the report: which mesh, rank and process.

@@ -151,6 +151,15 @@ def test_each_actors_path_runs_from_the_root_through_its_creators(top: ProcMesh)
     assert c == f"{c_creator}.<test_nested.Leaf C{{'procs': 0/1}}>"
 
 
+def test_an_actor_of_a_mesh_without_dimensions_has_no_coordinates_in_its_path() -> None:
+    procs = this_host().spawn_procs()  # no per_host: one proc, no dimensions
+    try:
+        leaf = procs.spawn("solo", Leaf)
+        assert leaf.paths.call_one().get(timeout=60) == ["<root>", "<root>.<test_nested.Leaf solo>"]
+    finally:
+        procs.stop().get(timeout=30)
+
+
 def test_a_kill_at_the_bottom_is_handled_by_the_parent(top: ProcMesh, faults: Faults) -> None:
     a, (_, _, c_pid), seen = build(top, a_handles=False, b_handles=True)
     os.kill(c_pid, signal.SIGKILL)
@@ -176,8 +185,9 @@ def test_an_unhandled_kill_fails_the_parent_and_reaches_the_grandparent(
     assert sorted(reports) == ["A", "B"], reports
     assert "actor mesh 'C'" in reports["B"], reports
     report = reports["A"]
-    # A hears that B failed because of C, and how C died.
-    first = " ".join(report.splitlines()[:2])
+    # A hears that B failed because of C, and how C died: the first paragraph (the
+    # headline, the attribution, the cause) names both.
+    first = " ".join(report.splitlines()[:3])
     assert "actor mesh 'B'" in first and "'C'" in first, report
     assert f"pid {c_pid}" in report and "SIGKILL" in report, report
     # A handled it, so A keeps serving; B failed: A's call to it raises
@@ -199,6 +209,18 @@ def test_unhandled_at_every_level_the_client_hook_gets_the_whole_chain(
     report = failure.report()
     assert f"pid {a_pid}" in str(failure) and "'B'" in str(failure), str(failure)
     assert "'C'" in report and f"pid {c_pid}" in report and "SIGKILL" in report, report
+    # Every level names its actor by its path and says what kind of failure it was.
+    level, leaf = "test_nested.Level", "test_nested.Leaf"
+    a_path = f"<root>.<{level} A{{'procs': 0/1}}>"
+    b_path = f"{a_path}.<{level} B{{'procs': 0/1}}>"
+    c_path = f"{b_path}.<{leaf} C{{'procs': 0/1}}>"
+    unhandled = "This occurred because it did not handle the failure of an actor mesh it owns"
+    for path, why in [
+        (a_path, unhandled),
+        (b_path, unhandled),
+        (c_path, "This occurred because its process failed (process failure: Killed(sig=9))."),
+    ]:
+        assert f"The actor {path} failed. {why}" in report, report
     with pytest.raises(SupervisionError, match="actor mesh 'A'"):
         a.alive.call_one().get(timeout=30)
 

@@ -169,6 +169,11 @@ def test_exception_in_broadcast_fails_the_rank_and_reports_to_the_owner(
     w.slice(gpus=1).boom.broadcast()
     [failure] = faults.wait_for(1, "bcast")
     assert failure.rank == 1 and "boom in broadcast" in failure.report()
+    # The report names the actor by its path and says the actor itself failed.
+    path = "<root>.<test_supervision.Worker bcast{'gpus': 1/2}>"
+    assert failure.path == path
+    attribution = f"The actor {path} failed. This occurred because the actor itself failed."
+    assert failure.report().splitlines()[1].strip() == attribution, failure.report()
     assert "bcast" in str(failure) and "rank 1" in str(failure)
     # One record, as upstream Monarch prints it: which mesh and rank, then the event.
     assert str(failure).startswith("MeshFailure(mesh_name=bcast, rank=1, crashed_ranks=[1], ")

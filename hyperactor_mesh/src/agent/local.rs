@@ -334,6 +334,7 @@ impl Inner {
                             reason: reason.to_string(),
                         },
                         caused_by: None,
+                        path: None,
                     };
                     self.report_to_owner(&spec.owner, &failure);
                 }
@@ -386,6 +387,7 @@ impl Inner {
                 reason: format!("its proc was stopping ({why}) and hosts no new actors"),
             },
             caused_by: None,
+            path: None,
         };
         self.send_control(
             spec.owner.proc_id(),

@@ -378,6 +378,7 @@ impl Supervisor {
                     pid: pid.or(Some(death.pid)),
                     cause: death.end.cause(),
                     caused_by: None,
+                    path: None,
                 },
             ));
         }
@@ -625,6 +626,7 @@ impl Inner {
             pid: Some(std::process::id()),
             cause,
             caused_by,
+            path: None,
         };
         // The actor's host reports it where it runs (Python prints it); the owner hears.
         tracing::debug!(agent = %self.id, "{}", failure.report());

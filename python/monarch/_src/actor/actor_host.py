@@ -51,7 +51,7 @@ from monarch._src.actor.errors import ActorError
 from monarch._src.actor.pickling import dumps, dumps_value, format_exception, loads, loads_parts
 from monarch._src.actor.point import Point
 from monarch._src.actor.replies import ERROR, FAILED, OK, STOPPED
-from monarch._src.actor.supervision import MeshFailure
+from monarch._src.actor.supervision import MeshFailure, located
 
 __all__ = ["HostedActor", "after_call_hook", "cleanup_timeout", "run_spawner", "stop_all"]
 
@@ -452,9 +452,10 @@ class HostedActor:
                 self._call_sync(d)
             elif kind is DELIVERY_SUPERVISE:
                 raw = d.failure
-                failure = MeshFailure(raw) if raw is not None else None
-                if failure is None or self.ended:
+                if raw is None or self.ended:
                     continue
+                raw = located(raw, str(self.instance))
+                failure = MeshFailure(raw)
                 token = _current.set(self._context(d))
                 try:
                     handled, error = self._supervise(failure), None
@@ -601,6 +602,7 @@ class HostedActor:
         raw = d.failure
         if raw is None or self.ended:
             return
+        raw = located(raw, str(self.instance))
         failure = MeshFailure(raw)
         token = _current.set(self._context(d))
         try:

@@ -31,6 +31,7 @@ __all__ = [
     "Context",
     "Creator",
     "Instance",
+    "actor_path",
     "context",
     "current_actor_name",
     "current_rank",
@@ -61,6 +62,14 @@ def set_this_proc(fn: Callable[[], ProcMesh]) -> None:
 
 #: The path of a process's client, the root of the actor tree.
 ROOT_PATH = "<root>"
+
+
+def actor_path(parent: str, class_name: str, name: str, rank: Point | None) -> str:
+    """The path of actor ``name`` of class ``class_name`` at ``rank``, spawned by the
+    actor whose path is ``parent``: ``<root>.<__main__.Trainer trainers{'gpus': 0/2}>``
+    (no coordinates for a rank of a mesh without dimensions)."""
+    coords = repr(rank) if rank is not None and len(rank) else ""
+    return f"{parent}.<{class_name} {name}{coords}>"
 
 
 @dataclass(frozen=True)
@@ -138,7 +147,7 @@ class Instance:
         if self._hosted is None:  # the process's client: the root of the actor tree
             return ROOT_PATH
         parent = self.creator.path if self.creator is not None else ROOT_PATH
-        return f"{parent}.<{self.class_name} {self.name}{self.rank!r}>"
+        return actor_path(parent, self.class_name, self.name, self.rank)
 
     def __repr__(self) -> str:
         return f"Instance({self})"

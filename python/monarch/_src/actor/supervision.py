@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from monarch._rust_bindings import MeshFailure as _RustMeshFailure
 from monarch._src.actor import extensions, process
+from monarch._src.actor.context import ROOT_PATH, actor_path
+from monarch._src.actor.point import Point
 
 if TYPE_CHECKING:
     from monarch._src.actor.actor_mesh import ActorMesh
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MeshFailure",
     "await_verdict",
+    "located",
     "route_failures",
     "start_root_supervision",
     "unhandled_fault_hook",
@@ -104,6 +107,14 @@ class MeshFailure:
         return self._failure.actor_id
 
     @property
+    def path(self) -> str | None:
+        """The failed actor's path in the actor tree, from the root through the actors
+        that spawned it (``<root>.<__main__.Trainer trainers{'gpus': 1/2}>``), as the
+        owner that received the failure names it (``None`` only for a failure built
+        outside monarch's Python layer)."""
+        return self._failure.path
+
+    @property
     def reason(self) -> str:
         """What happened, in words: an exception's traceback, an exit status, a signal or
         a lost connection."""
@@ -143,6 +154,27 @@ class MeshFailure:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (MeshFailure, (self._failure,))
+
+
+def located(failure: _RustMeshFailure, owner_path: str) -> _RustMeshFailure:
+    """``failure`` as its owner (the actor whose path is ``owner_path``) received it,
+    with the failed actor's path: the owner's, then the failed actor's class, mesh name
+    and coordinates in the mesh (when the owner still holds the mesh). The path travels
+    on with the failure when the owner fails in turn, so every level of a report names
+    its actor."""
+    if failure.path is not None:
+        return failure
+    state = process.peek()
+    mesh = state.owned.get(failure.mesh_id) if state is not None else None
+    try:
+        rank = Point(failure.rank, mesh.extent) if mesh is not None else None
+    except Exception:  # a rank outside the handle's extent: never from the owner's mesh
+        rank = None
+    if rank is None:  # the owner dropped its handle: the rank without coordinates
+        path = f"{owner_path}.<{failure.class_name} {failure.mesh_name}[{failure.rank}]>"
+    else:
+        path = actor_path(owner_path, failure.class_name, failure.mesh_name, rank)
+    return failure.with_path(path)
 
 
 def unhandled_fault_hook(failure: MeshFailure) -> None:
@@ -338,7 +370,7 @@ def start_root_supervision(state: process.ProcessState) -> None:
             if failure is None:  # drained by the exit sequence, or the client closed
                 return
             try:
-                _judge(MeshFailure(failure))
+                _judge(MeshFailure(located(failure, ROOT_PATH)))
             finally:
                 client.supervision_judged()
 
@@ -358,4 +390,4 @@ def drain_at_exit(state: process.ProcessState) -> None:
     except BaseException:
         return
     for failure in failures:
-        _judge(MeshFailure(failure))
+        _judge(MeshFailure(located(failure, ROOT_PATH)))
