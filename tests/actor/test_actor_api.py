@@ -27,6 +27,7 @@ from monarch.actor import (
     SupervisionError,
     ValueMesh,
     as_endpoint,
+    concurrent_actor,
     concurrent_endpoint,
     context,
     current_actor_name,
@@ -546,6 +547,92 @@ def test_concurrent_endpoint_lets_the_next_message_in(procs: ProcMesh) -> None:
     waiting = c.wait_for_release.call_one()
     c.release_now.call_one().get(timeout=30)
     assert waiting.get(timeout=30) == "released"
+
+
+class Gate(Actor):
+    """A plain async actor: one message at a time."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    @endpoint
+    async def wait_for_release(self) -> str:
+        await self.release.wait()
+        return "released"
+
+    @endpoint
+    async def release_now(self) -> None:
+        self.release.set()
+
+
+@concurrent_actor
+class ConcurrentGate(Gate):
+    """Every endpoint concurrent; a stop lets the running ones finish."""
+
+    def __init__(self, path: str = "") -> None:
+        super().__init__()
+        self.path = path
+        self.finished = False
+
+    @endpoint(explicit_response_port=True)
+    async def work(self, port: Port[str]) -> None:
+        port.send("started")
+        await asyncio.sleep(0.3)  # the work the stop must let finish
+        self.finished = True
+        Path(self.path).write_text("done")
+
+    async def __cleanup__(self, exc: Exception | None) -> None:
+        Path(self.path + ".cleanup").write_text(str(self.finished))
+
+
+def test_concurrent_actor_makes_every_endpoint_concurrent(procs: ProcMesh, tmp_path: Path) -> None:
+    g = procs.slice(hosts=0, gpus=0).spawn("concurrent_gate", ConcurrentGate, str(tmp_path / "x"))
+    try:
+        # An endpoint inherited from an undecorated base is concurrent here too...
+        waiting = g.wait_for_release.call_one()
+        g.release_now.call_one().get(timeout=30)
+        assert waiting.get(timeout=30) == "released"
+    finally:
+        g.stop().get(timeout=30)
+    # ... and stays sequential on the base class.
+    assert not Gate.wait_for_release._concurrent
+    assert ConcurrentGate.wait_for_release._concurrent
+
+
+def test_stopping_a_concurrent_actor_lets_its_running_endpoints_finish(
+    procs: ProcMesh, tmp_path: Path
+) -> None:
+    done = tmp_path / "done"
+    g = procs.slice(hosts=0, gpus=0).spawn("draining_gate", ConcurrentGate, str(done))
+    assert g.work.call_one().get(timeout=30) == "started"
+    g.stop().get(timeout=30)
+    assert done.read_text() == "done"
+    # __cleanup__ ran after the endpoint finished, and saw what it did.
+    assert Path(str(done) + ".cleanup").read_text() == "True"
+
+
+def test_concurrent_actor_misuse_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match=r"can only wrap async endpoints.*\['ping'\]"):
+
+        @concurrent_actor
+        class SyncEndpoint(Actor):
+            @endpoint
+            def ping(self) -> str:
+                return "pong"
+
+    with pytest.raises(ValueError, match="requires async __cleanup__"):
+
+        @concurrent_actor
+        class SyncCleanup(Actor):
+            @endpoint
+            async def ping(self) -> str:
+                return "pong"
+
+            def __cleanup__(self, exc: Exception | None) -> None:
+                pass
+
+    with pytest.raises(TypeError, match="decorates an actor class"):
+        concurrent_actor(len)  # type: ignore[type-var]
 
 
 def test_as_endpoint_calls_a_plain_method(counters: Counter) -> None:

@@ -486,6 +486,11 @@ def test_value_mesh_get() -> None:
             vm.get(bad)
 
 
+def test_value_mesh_subscripted_is_the_class_at_run_time() -> None:
+    assert ValueMesh[int] is ValueMesh
+    assert isinstance(vmesh(gpus=2), ValueMesh[int])
+
+
 def test_value_mesh_shape_is_its_shape() -> None:
     shape = Shape(["x", "y"], Slice.new_row_major([2, 3]))
     vm = ValueMesh(shape, list(range(6)))

@@ -20,7 +20,13 @@ from monarch._src.actor.context import (
     current_size,
 )
 from monarch._src.actor.debugger import debug_controller
-from monarch._src.actor.endpoint import Endpoint, as_endpoint, concurrent_endpoint, endpoint
+from monarch._src.actor.endpoint import (
+    Endpoint,
+    as_endpoint,
+    concurrent_actor,
+    concurrent_endpoint,
+    endpoint,
+)
 from monarch._src.actor.errors import ActorError, SupervisionError
 from monarch._src.actor.extent import Extent
 from monarch._src.actor.future import Future
@@ -110,6 +116,7 @@ __all__ = [
     "as_endpoint",
     "attach",
     "attach_to_workers",
+    "concurrent_actor",
     "concurrent_endpoint",
     "config",
     "context",

@@ -10,7 +10,7 @@ import inspect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
-from monarch._src.actor.endpoint import _endpoints
+from monarch._src.actor.endpoint import CONCURRENT_ACTOR_FLAG, _endpoints
 from monarch._src.actor.extent import Extent
 from monarch._src.actor.future import Future
 
@@ -39,6 +39,8 @@ class _ClassInfo:
         self.cls = cls
         self.name = f"{cls.__module__}.{cls.__qualname__}"
         self.endpoints = _endpoints(cls)
+        #: ``@concurrent_actor``: a stop lets running endpoint tasks finish first.
+        self.drains_on_stop = bool(getattr(cls, CONCURRENT_ACTOR_FLAG, False))
         kinds = {ep._is_async for ep in self.endpoints.values()}
         self.is_async = kinds == {True}
         self.problem: str | None = None

@@ -18,8 +18,9 @@ Deliveries:
 - a failure of a mesh this actor owns: ``__supervise__(failure)`` handles it (truthy),
   or the actor fails, with the failure as its cause;
 - a stop: the running concurrent endpoint tasks are cancelled (their
-  ``CancelledError`` is the stop's, not a failure), the meshes the actor owns are
-  stopped, then ``__cleanup__`` runs, then the actor ends.
+  ``CancelledError`` is the stop's, not a failure; an ``@concurrent_actor``'s are let
+  finish first, up to the cleanup timeout), the meshes the actor owns are stopped, then
+  ``__cleanup__`` runs, then the actor ends.
 """
 
 from __future__ import annotations
@@ -411,6 +412,11 @@ class HostedActor:
 
         self._stopping = reason
         self._end = (STOPPED, self._stopped_reason(reason))
+        if tasks and self.info is not None and self.info.drains_on_stop:
+            # @concurrent_actor: the running endpoint tasks finish first (bounded by the
+            # cleanup timeout; what still runs then is cancelled below).
+            await asyncio.wait(set(tasks), timeout=cleanup_timeout())
+            tasks = {t for t in tasks if not t.done()}
         # The stop cancels the running concurrent endpoint tasks: for them the
         # CancelledError is the expected end, whatever they do with it (see _invoke).
         for task in tasks:

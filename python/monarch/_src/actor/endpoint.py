@@ -78,6 +78,7 @@ __all__ = [
     "EndpointKind",
     "EndpointProperty",
     "as_endpoint",
+    "concurrent_actor",
     "concurrent_endpoint",
     "endpoint",
 ]
@@ -339,6 +340,58 @@ def concurrent_endpoint(
         )
 
     return wrap(method) if method is not None else wrap
+
+
+#: Set on a class by :func:`concurrent_actor`: a stop lets its running endpoint tasks
+#: finish before ``__cleanup__`` instead of cancelling them.
+CONCURRENT_ACTOR_FLAG = "_monarch_concurrent_actor"
+
+_A = TypeVar("_A", bound=type)
+
+
+def concurrent_actor(cls: _A) -> _A:
+    """Class decorator: every endpoint of the actor class (base classes' included) is
+    concurrent, as if each were a :func:`concurrent_endpoint`: its body runs as a task of
+    the actor's loop and the actor takes the next message at once.
+
+    A stop (``mesh.stop()``, the proc mesh's stop) lets the endpoint tasks that are
+    running finish first, for up to the ``cleanup_timeout`` config key (those still
+    running then are cancelled), then runs ``__cleanup__``, which therefore sees what
+    they did.
+
+    ``ValueError`` if an endpoint is sync or ``__cleanup__`` is sync: every endpoint and
+    ``__cleanup__`` must be ``async def``.
+    """
+    if not isinstance(cls, type):
+        raise TypeError(f"@concurrent_actor decorates an actor class, not {cls!r}")
+    endpoints = _endpoints(cls)
+    sync = sorted(name for name, ep in endpoints.items() if not ep._is_async)
+    if sync:
+        raise ValueError(
+            f"@concurrent_actor can only wrap async endpoints; {cls.__qualname__} has sync "
+            f"endpoint(s) {sync} (define them with `async def`)"
+        )
+    cleanup = getattr(cls, "__cleanup__", None)
+    if cleanup is not None and not inspect.iscoroutinefunction(cleanup):
+        raise ValueError(
+            f"@concurrent_actor requires async __cleanup__; {cls.__qualname__}.__cleanup__ "
+            "is sync (define it with `async def`)"
+        )
+    for name, ep in endpoints.items():
+        if not ep._concurrent:  # a copy: a base class's endpoint stays as it is there
+            setattr(
+                cls,
+                name,
+                EndpointProperty(
+                    ep._method,
+                    propagate=ep._propagate,
+                    explicit_response_port=ep._explicit_response_port,
+                    instrument=ep._instrument,
+                    concurrent=True,
+                ),
+            )
+    setattr(cls, CONCURRENT_ACTOR_FLAG, True)
+    return cls
 
 
 # --- caller side: the adverbs ---------------------------------------------------------------

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from itertools import repeat
-from typing import Generic, TypeVar, final
+from typing import Any, Generic, TypeVar, final
 
 from monarch._src.actor.point import Point
 from monarch._src.actor.shape import MeshTrait, Shape
@@ -56,6 +56,12 @@ class ValueMesh(MeshTrait, Generic[R]):
 
     _vm_shape: Shape
     _vm_values: list[R]
+
+    def __class_getitem__(cls, item: Any) -> Any:
+        """``ValueMesh[int]`` is ``ValueMesh`` itself at run time (as upstream Monarch's
+        is), so ``isinstance(x, ValueMesh[int])`` works; type checkers still read the
+        parameter."""
+        return cls
 
     def __init__(self, shape: Shape, values: Sequence[R]) -> None:
         if not isinstance(shape, Shape):
