@@ -64,15 +64,23 @@ if _TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from monarch._src.tensor_engine.client.api import slice_mesh as slice_mesh
     from monarch._src.tensor_engine.client.api import to_mesh as to_mesh
     from monarch._src.tensor_engine.client.coalescing import coalescing as coalescing
+    from monarch._src.tensor_engine.client.future import Future as Future
     from monarch._src.tensor_engine.client.grad import grad_function as grad_function
     from monarch._src.tensor_engine.client.grad import grad_generator as grad_generator
     from monarch._src.tensor_engine.client.opaque import OpaqueRef as OpaqueRef
+    from monarch._src.tensor_engine.client.resolvers import (
+        function_resolvers as function_resolvers,
+    )
     from monarch._src.tensor_engine.client.stream import Stream as Stream
     from monarch._src.tensor_engine.client.stream import get_active_stream as get_active_stream
     from monarch._src.tensor_engine.client.tensor import Tensor as Tensor
     from monarch._src.tensor_engine.client.tensor import get_active_mesh as get_active_mesh
     from monarch._src.tensor_engine.client.tensor import no_mesh as no_mesh
     from monarch._src.tensor_engine.errors import RemoteException as RemoteException
+    from monarch._src.tensor_engine.legacy import mast_reserve as mast_reserve
+    from monarch._src.tensor_engine.legacy import world_mesh as world_mesh
+    from monarch._src.tensor_engine.selection import Selection as Selection
+    from monarch._src.tensor_engine.sim_config import set_meta as set_meta
     from monarch._src.tensor_engine.simulator import Simulator as Simulator
 
 #: Distributed tensors (``monarch._src.tensor_engine``), imported on first access so that
@@ -98,7 +106,14 @@ _LAZY = {
     "grad_generator": ("monarch._src.tensor_engine.client.grad", "grad_generator"),
     "grad_function": ("monarch._src.tensor_engine.client.grad", "grad_function"),
     "Simulator": ("monarch._src.tensor_engine.simulator", "Simulator"),
+    "set_meta": ("monarch._src.tensor_engine.sim_config", "set_meta"),
     "OpaqueRef": ("monarch._src.tensor_engine.client.opaque", "OpaqueRef"),
+    "Future": ("monarch._src.tensor_engine.client.future", "Future"),
+    "function_resolvers": ("monarch._src.tensor_engine.client.resolvers", "function_resolvers"),
+    "Selection": ("monarch._src.tensor_engine.selection", "Selection"),
+    # Upstream names with no equivalent here: calling them says what to use instead.
+    "world_mesh": ("monarch._src.tensor_engine.legacy", "world_mesh"),
+    "mast_reserve": ("monarch._src.tensor_engine.legacy", "mast_reserve"),
     "Extent": ("monarch._src.actor.extent", "Extent"),
     "Shape": ("monarch._src.actor.shape", "Shape"),
     "NDSlice": ("monarch._src.actor.slice", "Slice"),
@@ -123,11 +138,13 @@ def __dir__() -> list[str]:
 __all__ = [
     "Encoding",
     "Extent",
+    "Future",
     "IgnoredSettingWarning",
     "NDSlice",
     "OpaqueRef",
     "RemoteException",
     "RemoteProcessGroup",
+    "Selection",
     "Shape",
     "Simulator",
     "Stream",
@@ -139,6 +156,7 @@ __all__ = [
     "configure",
     "configured",
     "fetch_shard",
+    "function_resolvers",
     "get_active_mesh",
     "get_active_stream",
     "get_global_config",
@@ -146,13 +164,16 @@ __all__ = [
     "grad_function",
     "grad_generator",
     "inspect",
+    "mast_reserve",
     "no_mesh",
     "parametrize_config",
     "parametrize_config_pointwise",
     "reduce",
     "reduce_",
     "remote",
+    "set_meta",
     "show",
     "slice_mesh",
     "to_mesh",
+    "world_mesh",
 ]

@@ -15,6 +15,9 @@ The simulator models time, not values: no operator runs, and a fetch
 Remote functions run once, in this process, only to learn the shapes of their results
 (on fake tensors, or on zeros when that fails).
 
+Commands recorded inside ``with monarch.set_meta("label"):`` carry the label in the
+trace (after their name, and in their ``meta`` argument).
+
 Guide: ``docs/simulator.md``.
 """
 
@@ -32,7 +35,8 @@ from monarch._src.actor.proc_mesh import ProcMesh
 from monarch._src.actor.shape import Shape
 from monarch._src.actor.slice import Slice
 from monarch._src.tensor_engine import wire
-from monarch._src.tensor_engine.client.engine import Engine, View
+from monarch._src.tensor_engine.client.engine import FRAME_RING, Engine, View
+from monarch._src.tensor_engine.sim_config import current_meta
 from monarch._src.tensor_engine.sim_model import (
     GROUP,
     RUN,
@@ -47,6 +51,7 @@ from monarch._src.tensor_engine.sim_model import (
 
 if TYPE_CHECKING:
     from monarch._src.actor.actor import Actor
+    from monarch._src.tensor_engine.client.stream import Stream
 
 __all__ = [
     "CostModel",
@@ -360,6 +365,7 @@ class Simulator:
                     if work is None:
                         continue
                     name, dur, cat, args = work
+                    name = self._labelled(wire.seq_of(cmd), name)
                     for r in ranks:
                         tl.add(r, sid, Task(RUN, name, dur, cat, args=args, earliest=earliest))
 
@@ -369,7 +375,16 @@ class Simulator:
         if frames:
             file, line, fn = frames[-1]
             args["at"] = f"{file}:{line} ({fn})"
+        labels = self._engine.labels_of(seq)
+        if labels:
+            args["meta"] = list(labels)
         return args
+
+    def _labelled(self, seq: int, name: str) -> str:
+        """``name`` followed by the ``monarch.set_meta`` labels command ``seq`` was
+        recorded under."""
+        labels = self._engine.labels_of(seq)
+        return " ".join((name, *labels)) if labels else name
 
     def _work(self, cmd: wire.Command) -> tuple[str, float, str, dict[str, Any]] | None:
         """The name, duration, category and trace arguments of an ordinary command
@@ -463,7 +478,7 @@ class Simulator:
         else:
             kind = "reduce_scatter" if scatter else "all_reduce"
         nbytes = numel(size) * _itemsize(dtype)
-        name = kind if reduction == "stack" else f"{kind}({reduction})"
+        name = self._labelled(seq, kind if reduction == "stack" else f"{kind}({reduction})")
         cache: dict[tuple[int, ...], tuple[float, dict[str, Any]]] = {}
         for r, members in self._groups(view, vid, dims).items():
             got = cache.get(members)
@@ -496,7 +511,8 @@ class Simulator:
                     continue
                 dur = self.cost_model.collective_us("send", nbytes, 2, self._inter_host((src, dst)))
                 info = self._frame(seq, {"bytes": nbytes, "to": dst})
-                task = Task(GROUP, "send", dur, "p2p", key=("p2p", seq, src, dst), n=2, args=info)
+                name = self._labelled(seq, "send")
+                task = Task(GROUP, name, dur, "p2p", key=("p2p", seq, src, dst), n=2, args=info)
                 task.earliest = earliest
                 self._timeline.add(src, sid, task)
 
@@ -511,11 +527,13 @@ class Simulator:
             if src == dst:
                 dur = self.cost_model.compute_us(0, 2 * nbytes, "default")
                 info = self._frame(seq, {"bytes": nbytes})
-                self._timeline.add(dst, sid, Task(RUN, "copy", dur, args=info, earliest=earliest))
+                name = self._labelled(seq, "copy")
+                self._timeline.add(dst, sid, Task(RUN, name, dur, args=info, earliest=earliest))
                 continue
             dur = self.cost_model.collective_us("send", nbytes, 2, self._inter_host((src, dst)))
             info = self._frame(seq, {"bytes": nbytes, "from": src})
-            task = Task(GROUP, "recv", dur, "p2p", key=("p2p", seq, src, dst), n=2, args=info)
+            name = self._labelled(seq, "recv")
+            task = Task(GROUP, name, dur, "p2p", key=("p2p", seq, src, dst), n=2, args=info)
             task.earliest = earliest
             self._timeline.add(dst, sid, task)
 
@@ -686,9 +704,33 @@ class SimulatedEngine(Engine):
 
     def __init__(self, root: ProcMesh, sim: Simulator) -> None:
         self.sim = sim
+        #: seq % FRAME_RING -> (seq, the ``monarch.set_meta`` labels it was recorded under).
+        self.labels: dict[int, tuple[int, tuple[str, ...]]] = {}
         super().__init__(root)
 
     tracks_meta = True
+
+    def issue(
+        self,
+        view: View,
+        cmd: wire.Command,
+        fid: int = 0,
+        frame: Any = None,
+        stream: Stream | None = None,
+    ) -> None:
+        """As ``Engine.issue``; also keeps the ``monarch.set_meta`` labels the command is
+        recorded under, for the trace."""
+        labels = current_meta()
+        if labels:
+            seq = wire.seq_of(cmd)
+            if seq >= 0:
+                self.labels[seq % FRAME_RING] = (seq, labels)
+        super().issue(view, cmd, fid, frame, stream)
+
+    def labels_of(self, seq: int) -> tuple[str, ...]:
+        """The ``monarch.set_meta`` labels command ``seq`` was recorded under."""
+        entry = self.labels.get(seq % FRAME_RING)
+        return entry[1] if entry is not None and entry[0] == seq else ()
 
     def tensor_made(self, ref: int, meta: Any) -> None:
         self.sim.metas[ref] = meta

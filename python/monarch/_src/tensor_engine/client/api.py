@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from monarch._src.actor.future import Done, Future
-from monarch._src.actor.pickling import dumps
+from monarch._src.actor.future import Done
 from monarch._src.tensor_engine import wire
 from monarch._src.tensor_engine.client import _torch
 from monarch._src.tensor_engine.client.coalescing import no_coalescing
-from monarch._src.tensor_engine.client.engine import View, engine_of, mapped
+from monarch._src.tensor_engine.client.engine import View, engine_of
+from monarch._src.tensor_engine.client.future import Future, then
+from monarch._src.tensor_engine.client.resolvers import spec_of
 from monarch._src.tensor_engine.client.stream import Stream, get_active_stream
 from monarch._src.tensor_engine.client.tensor import (
     READ,
@@ -144,8 +144,10 @@ def _remote_error(view: View, failure: wire.Failure) -> RemoteException:
 def fetch_shard(obj: Any, shard: dict[str, int] | None = None, **coords: int) -> Future[Any]:
     """The shard at ``coords`` (missing dimensions: 0) of every monarch tensor in the
     pytree ``obj``, as local CPU tensors in the same structure, when the returned
-    future completes. Raises ``RemoteException`` (on ``get``/``await``) if the work
-    producing one of them failed."""
+    future (a ``monarch.Future``: ``result``, ``done``, ``exception``, ``add_callback``,
+    and ``get``/``await`` as any ``monarch.actor.Future``) completes. Raises
+    ``RemoteException`` (on ``result``/``get``/``await``) if the work producing one of
+    them failed."""
     if shard is not None:
         coords = {**shard, **coords}
     leaves, spec = tree_flatten(obj)
@@ -175,7 +177,7 @@ def fetch_shard(obj: Any, shard: dict[str, int] | None = None, **coords: int) ->
             out[i] = value
         return tree_unflatten(out, spec)
 
-    return mapped(fut, convert)
+    return then(fut, convert)
 
 
 def inspect(obj: Any, shard: dict[str, int] | None = None, **coords: int) -> Any:
@@ -202,16 +204,15 @@ def call_on_shard_and_fetch(
     **kwargs: Any,
 ) -> Future[Any]:
     """Run ``remote_fn`` on the one rank at ``shard`` of the active mesh (or of its
-    tensor arguments' mesh) and fetch what it returns."""
+    tensor arguments' mesh) and fetch what it returns, as a ``monarch.Future``."""
     fn = remote_fn if isinstance(remote_fn, Remote) else Remote(remote_fn)
     no_coalescing("call_on_shard_and_fetch")
     view, eargs, ekwargs, _ = fn._encode(args, kwargs, "call_on_shard_and_fetch")
     rank = _rank_at(view, shard or {}, "call_on_shard_and_fetch")
     engine = view.engine
     engine.flush()
-    return engine.workers_at(view, rank).call_function.call_one(  # type: ignore[no-any-return]
-        fn._spec, eargs, ekwargs, [get_active_stream().sid]
-    )
+    worker = engine.workers_at(view, rank)
+    return then(worker.call_function.call_one(fn._spec, eargs, ekwargs, [get_active_stream().sid]))
 
 
 # --- collectives ----------------------------------------------------------------------------
@@ -482,27 +483,6 @@ class RemoteProcessGroup:
         return f"RemoteProcessGroup(dims={self.dims}, mesh={self.mesh!r})"
 
 
-def _fn_spec(fn: Callable[..., Any] | str) -> tuple[Any, ...]:
-    if isinstance(fn, str):
-        if "." not in fn:
-            raise ValueError(
-                f"remote({fn!r}): a function by name is 'module.function' (importable on "
-                "the workers)"
-            )
-        return ("path", fn)
-    module = getattr(fn, "__module__", None)
-    if module and module != "__main__" and module in sys.modules:
-        # By name when the name leads back to the function (torch's builtins have a
-        # qualified name that does not: look them up by their plain name).
-        for name in (getattr(fn, "__qualname__", ""), getattr(fn, "__name__", "")):
-            obj: Any = sys.modules[module]
-            for part in name.split(".") if name and "<" not in name else ["<none>"]:
-                obj = getattr(obj, part, None)
-            if obj is fn:
-                return ("path", module, name)
-    return ("pickle", dumps(fn))
-
-
 class Remote:
     """A function that runs on the workers of the active mesh (see ``remote``)."""
 
@@ -516,7 +496,7 @@ class Remote:
             raise TypeError(f"remote(): expected a function or 'module.function', got {fn!r}")
         self._fn = fn
         self._propagate = propagate
-        self._spec = _fn_spec(fn)
+        self._spec = spec_of(fn)
         self._name = fn if isinstance(fn, str) else getattr(fn, "__qualname__", repr(fn))
         self._cache: dict[Any, Any] = {}
         if callable(fn):
@@ -782,6 +762,10 @@ def remote(fn: Any = None, *, propagate: Any = None) -> Any:
     runs it once on rank 0 with zero tensors of the inputs' shapes (cached per input
     shapes); ``"inspect"`` runs it and reads the real outputs' shapes from rank 0 (a
     round trip per call); a function computes them from (fake) inputs on the client.
+
+    A function goes to the workers by the name ``monarch.function_resolvers`` gives it
+    (by default: its module and qualified name, when they lead back to it), else by
+    value (pickled); ``"module.function"`` / ``"module:qualified.name"`` name it directly.
     """
     if fn is None:
         return lambda f: Remote(f, propagate)

@@ -648,20 +648,3 @@ class Controller(Actor):
                 except asyncio.TimeoutError:
                     return False
         return True
-
-
-def mapped(fut: Future[Any], fn: Any) -> Future[Any]:
-    """A future whose value is ``fn(value of fut)``."""
-    return Future(impl=_Mapped(fut, fn))
-
-
-class _Mapped:
-    def __init__(self, inner: Future[Any], fn: Any) -> None:
-        self.inner = inner
-        self.fn = fn
-
-    def wait(self, timeout: float | None) -> Any:
-        return self.fn(self.inner.get(timeout))
-
-    async def wait_async(self) -> Any:
-        return self.fn(await self.inner)
