@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import pickle
 from collections.abc import Iterator
 
 import pytest
@@ -96,6 +97,18 @@ def test_proc_ids_parse_their_printed_form() -> None:
     assert Uid.from_string("mesh").is_singleton
     assert Uid.instance("trainer").label == "trainer"
     assert Uid.anonymous().label is None
+    # An instance uid with an explicit value: the same value, the same uid.
+    first = ProcId(Uid.instance_from_value(12, "service"))
+    assert str(first) == "service-00000000000c" and first.label == "service"
+    assert first.uid.is_instance and ProcId.from_string(str(first)) == first
+    assert first == ProcId(Uid.instance_from_value(12, "service"))
+    assert first != ProcId(Uid.instance_from_value(13, "service"))
+    assert pickle.loads(pickle.dumps(first)) == first
+    assert Uid.instance_from_value(255).label is None
+    with pytest.raises(ValueError, match="non-negative"):
+        Uid.instance_from_value(-1, "service")
+    with pytest.raises(TypeError, match="non-negative int"):
+        Uid.instance_from_value("12", "service")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not a proc id"):
         ProcId.from_string("worker@")
     with pytest.raises(ValueError, match="not a uid"):

@@ -336,11 +336,66 @@ def test_local_job_rejects_a_bare_string() -> None:
         LocalJob(hosts=cast(Any, "trainers"))
 
 
-@pytest.mark.parametrize("job", [LocalJob(), ProcessJob({"hosts": 2})], ids=repr)
-def test_batch_mode_is_refused(job: JobTrait) -> None:
+def test_batch_mode_is_refused_by_process_job() -> None:
+    job = ProcessJob({"hosts": 2})
     with pytest.raises(RuntimeError, match="batch mode is not supported by"):
         job.apply(client_script="train.py")
     assert not job.active
+
+
+#: A client script for batch mode: its own job asks for a mesh named "hosts", but inside
+#: the batch job (MONARCH_BATCH_JOB=1) state() gives the batch job's meshes instead.
+BATCH_SCRIPT = """
+import os
+from monarch.job import LocalJob
+
+state = LocalJob().state()
+print("batch env", os.environ.get("MONARCH_BATCH_JOB"))
+print("hosts", getattr(state, "hosts", None) is not None)
+print("batch_launched_hosts", getattr(state, "batch_launched_hosts", None) is not None)
+"""
+
+
+def test_local_job_batch_mode_runs_the_script_with_the_jobs_meshes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text(BATCH_SCRIPT)
+    job = LocalJob(("batch_launched_hosts",))
+    job.apply(client_script=str(script))
+    assert job.active and job.process is not None and job.log_dir is not None
+    assert job.process.wait(timeout=120) == 0, (Path(job.log_dir) / "stderr.log").read_text()
+    out = (Path(job.log_dir) / "stdout.log").read_text()
+    assert "batch env 1" in out and "batch_launched_hosts True" in out, out
+    assert "hosts False" in out, out
+    # The saved job is the batch job; outside batch mode a LocalJob never reuses it.
+    assert job_load(str(tmp_path / ".monarch" / "job_state.pkl"))._batch
+    assert getattr(LocalJob().state(), "hosts", None) is not None
+    job.kill()
+
+
+def test_local_job_batch_mode_needs_an_existing_script(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    job = LocalJob()
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        job.apply(client_script="missing.py")
+    assert not job.active and not (tmp_path / ".monarch").exists()
+
+
+def test_killing_a_local_batch_job_ends_its_script(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "forever.py"
+    script.write_text("import threading\nthreading.Event().wait()\n")
+    job = LocalJob()
+    job.apply(client_script=str(script))
+    assert job.process is not None and job.process.poll() is None
+    job.kill()
+    assert job.process.returncode is not None and not job.active
 
 
 # --- ProcessJob with stand-in workers ------------------------------------------------

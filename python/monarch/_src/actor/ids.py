@@ -40,6 +40,25 @@ class Uid:
         return Uid(f"{label}-{secrets.token_hex(6)}" if label else secrets.token_hex(6))
 
     @staticmethod
+    def instance_from_value(value: int, label: str | None = None) -> Uid:
+        """The instance uid with the given random part ``value`` (a non-negative int,
+        printed as 12 or more hex digits) and optional label: the same ``value`` and
+        label always make the same uid (``Uid.instance_from_value(12, "service")`` is
+        ``service-00000000000c``).
+
+        Raises:
+            TypeError: ``value`` is not an int.
+            ValueError: ``value`` is negative, or ``label`` is not a valid name.
+        """
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(
+                f"Uid.instance_from_value(value={value!r}): expected a non-negative int"
+            )
+        if value < 0:
+            raise ValueError(f"Uid.instance_from_value(value={value}): expected a non-negative int")
+        return Uid(f"{label}-{value:012x}" if label else f"{value:012x}")
+
+    @staticmethod
     def from_string(uid: str) -> Uid:
         """Parse a uid from its printed form."""
         return Uid(uid)

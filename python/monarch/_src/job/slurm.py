@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any
 
 from monarch._src.job.job import DEFAULT_JOB_PATH, JobState, JobTrait
 from monarch._src.job.slurm_status import _NEVER_STARTS, _Status
+from monarch._src.job.trait import BATCH_ENV
 
 if TYPE_CHECKING:
     from monarch.actor import HostMesh
@@ -85,7 +86,7 @@ _COMMAND_TIMEOUT = 30.0
 #: cancelled it, or which task failed, while the job completes).
 _COMPLETING_SETTLE = 5.0
 #: The environment variable a batch-mode client runs with.
-_BATCH_ENV = "MONARCH_BATCH_JOB"
+_BATCH_ENV = BATCH_ENV
 #: Variables of other authentication modes, removed from the workers' environment.
 _OTHER_AUTH = ("MONARCH_CLUSTER_AUTH", "MONARCH_TLS_CA", "MONARCH_TLS_KEY", "MONARCH_TLS_CERT")
 

@@ -137,6 +137,10 @@ class JobTrait(ABC):
     #: The mounts ``state()`` applies (``remote_mount``, ``gather_mount``).
     _remote_mounts: tuple[mount_spec.RemoteMount, ...] = ()
     _gather_mounts: tuple[mount_spec.GatherMount, ...] = ()
+    #: Set on the copy a job saves for its batch-mode client script
+    #: (``apply(client_script=...)``): inside that script (``MONARCH_BATCH_JOB=1``),
+    #: ``state()`` of any job uses it, whatever the script's own job asks for.
+    _batch: bool = False
 
     def __init__(self) -> None:
         self._status = "not_running"
@@ -168,8 +172,9 @@ class JobTrait(ABC):
         """Create the allocation, unless this job is active (then a no-op).
 
         ``client_script`` asks the job to run that script inside the allocation (batch
-        mode); job types that cannot raise :class:`RuntimeError`, as ``LocalJob`` and
-        ``ProcessJob`` do.
+        mode): the job is saved at ``.monarch/job_state.pkl`` and the script runs with
+        ``MONARCH_BATCH_JOB=1``, where ``state()`` of any job returns this one's meshes.
+        Job types that cannot raise :class:`RuntimeError`, as ``ProcessJob`` does.
         """
         if self._running is not None:
             return
@@ -279,7 +284,7 @@ class JobTrait(ABC):
         if cached_path is not None:
             cached = _load_cached(cached_path)
             if cached is not None:
-                if _can_run(cached, self):
+                if _batch_client_of(cached) or _can_run(cached, self):
                     logger.info("reusing the job saved at %s", cached_path)
                     cached._saved_at = os.path.abspath(cached_path)
                     self._status = _Reconnected(cached)
@@ -404,6 +409,16 @@ def _load_cached(path: str) -> JobTrait | None:
         logger.warning("ignoring the unreadable job cache at %s", path, exc_info=True)
         return None
     return job._running
+
+
+#: The environment variable a batch-mode client script runs with.
+BATCH_ENV = "MONARCH_BATCH_JOB"
+
+
+def _batch_client_of(cached: JobTrait) -> bool:
+    """Whether this process is the batch-mode client script of the saved job ``cached``
+    (which then serves every ``state()`` of the script)."""
+    return cached._batch and os.environ.get(BATCH_ENV) == "1"
 
 
 def _can_run(cached: JobTrait, spec: JobTrait) -> bool:
