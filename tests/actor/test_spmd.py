@@ -22,7 +22,7 @@ from monarch._src.spmd.actor import torch_elastic_env
 from monarch.actor import Actor, ActorError, HostMesh, ProcMesh, endpoint, this_host
 from monarch.job import ProcessJob
 from monarch.spmd import SPMDActor, setup_torch_elastic_env, setup_torch_elastic_env_async
-from monarch.tools.network import AddrType, get_ipaddr, get_sockaddr
+from monarch.tools.network import AddrType, get_consistent_sockaddr, get_ipaddr, get_sockaddr
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -116,6 +116,46 @@ def test_network_addresses() -> None:
         get_ipaddr("127.0.0.1", 80, "IPv4")  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="cannot resolve"):
         get_ipaddr("no-such-host.invalid", 80, AddrType.IPv4)
+
+
+def _addrinfo(*ips: str, port: int = 8080) -> list[Any]:
+    """A ``socket.getaddrinfo`` answer holding ``ips``, in this order."""
+    return [
+        (socket.AF_INET6, socket.SOCK_STREAM, 6, "", (ip, port, 0, 0))
+        if ":" in ip
+        else (socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))
+        for ip in ips
+    ]
+
+
+@pytest.mark.parametrize(
+    ("ips", "expected"),
+    [
+        # An IPv6 address only this host sees (its /etc/hosts) does not change the answer.
+        (["2a03:83e4::cba7", "10.130.53.206"], "10.130.53.206:8080"),
+        (["10.130.53.206"], "10.130.53.206:8080"),
+        # The resolver's order does not decide: the lowest address does.
+        (["10.130.53.206", "10.130.53.7"], "10.130.53.7:8080"),
+        (["10.130.53.7", "10.130.53.206"], "10.130.53.7:8080"),
+        (["2a03:83e4::cba7"], "[2a03:83e4::cba7]:8080"),
+        # Unreachable by peers: dropped.
+        (["127.0.1.1", "::1", "fe80::1%eth0", "169.254.1.1", "10.0.0.9"], "10.0.0.9:8080"),
+    ],
+)
+def test_consistent_sockaddr_is_what_every_host_agrees_on(
+    ips: list[str], expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: _addrinfo(*ips))
+    assert get_consistent_sockaddr("node-0", 8080) == expected
+
+
+def test_consistent_sockaddr_refuses_loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: _addrinfo("127.0.0.1"))
+    with pytest.raises(RuntimeError, match="routable address"):
+        get_consistent_sockaddr("node-0", 8080)
+    with pytest.raises(RuntimeError, match="cannot resolve"):
+        monkeypatch.undo()
+        get_consistent_sockaddr("no-such-host.invalid", 80)
 
 
 # --- the environment of real meshes ------------------------------------------------------

@@ -10,7 +10,7 @@ import ipaddress
 import socket
 from enum import Enum, auto
 
-__all__ = ["AddrType", "get_ipaddr", "get_sockaddr"]
+__all__ = ["AddrType", "get_consistent_sockaddr", "get_ipaddr", "get_sockaddr"]
 
 
 class AddrType(Enum):
@@ -74,3 +74,51 @@ def get_sockaddr(hostname: str, port: int) -> str:
     """
     address = get_ipaddr(hostname, port, AddrType.Default)
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def get_consistent_sockaddr(hostname: str, port: int) -> str:
+    """``hostname:port`` as a socket address that every machine resolving ``hostname``
+    agrees on, for an address one host advertises and others dial.
+
+    Of the addresses ``hostname`` resolves to, those no peer can reach are dropped
+    (loopback, link-local, with any ``%scope``), then the lowest IPv4 address is taken
+    (``"10.0.0.5:8080"``), or, with none, the lowest IPv6 one (``"[2001:db8::5]:8080"``).
+    The choice depends neither on the resolver's order nor on addresses only one host
+    sees in addition (its own ``/etc/hosts`` giving it an IPv6 address its DNS record
+    lacks, say): IPv4 is preferred whenever the name has one.
+
+    Raises:
+        RuntimeError: ``hostname`` resolves to no routable address.
+    """
+    try:
+        infos = socket.getaddrinfo(hostname, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise RuntimeError(
+            f"cannot resolve {hostname!r}: {e}; check the machine's network configuration "
+            "(/etc/hosts, DNS)"
+        ) from None
+    found: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = set()
+    for _family, _type, _proto, _name, sockaddr in infos:
+        try:
+            address = ipaddress.ip_address(str(sockaddr[0]).split("%")[0])
+        except ValueError:
+            continue
+        if not (
+            address.is_loopback
+            or address.is_link_local
+            or address.is_unspecified
+            or address.is_multicast
+        ):
+            found.add(address)
+    v4 = sorted(a for a in found if isinstance(a, ipaddress.IPv4Address))
+    if v4:
+        return f"{v4[0]}:{port}"
+    v6 = sorted(a for a in found if isinstance(a, ipaddress.IPv6Address))
+    if v6:
+        return f"[{v6[0]}]:{port}"
+    seen = sorted({str(sockaddr[0]) for *_, sockaddr in infos})
+    raise RuntimeError(
+        f"cannot resolve {hostname!r} to a routable address: it resolves to {seen}, "
+        "loopback or link-local only, which other machines cannot reach; give the host a "
+        "routable address in /etc/hosts or DNS"
+    )
