@@ -37,6 +37,14 @@ use crate::runtime::{block, deadline};
 use crate::sender::Sender;
 use crate::shape::PyShape;
 
+pyo3::create_exception!(
+    monarch._rust_bindings,
+    MessageTooLarge,
+    PyValueError,
+    "A message is over the largest message size a channel carries (the \
+     `codec_max_frame_length` config key): it was not sent."
+);
+
 /// What every view of one actor mesh shares.
 #[derive(Debug)]
 pub struct ActorMeshInner {
@@ -319,7 +327,7 @@ impl PyActorMesh {
                 bytes,
                 max,
             };
-            return Err(PyValueError::new_err(format!(
+            return Err(MessageTooLarge::new_err(format!(
                 "cannot call endpoint {method}: {too_large}"
             )));
         }

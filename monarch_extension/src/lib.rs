@@ -142,6 +142,10 @@ pub fn _rust_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "WouldBlockRuntime",
         m.py().get_type::<runtime::WouldBlockRuntime>(),
     )?;
+    m.add(
+        "MessageTooLarge",
+        m.py().get_type::<actor_mesh::MessageTooLarge>(),
+    )?;
     Ok(())
 }
 

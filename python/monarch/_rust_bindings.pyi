@@ -43,6 +43,7 @@ __all__ = [
     "Future",
     "HostMeshHandle",
     "MeshFailure",
+    "MessageTooLarge",
     "OutputReceiver",
     "Point",
     "PortHandle",
@@ -393,6 +394,10 @@ class ReplyItem:
 #: The port of a Python actor that takes its calls (a message's parts: the endpoint's
 #: name, the pickled arguments, their out-of-band buffers).
 PYTHON_MESSAGE_PORT: Final[int]
+
+class MessageTooLarge(ValueError):
+    """A message is over the largest message size a channel carries (the
+    ``codec_max_frame_length`` config key): it was not sent."""
 
 class WouldBlockRuntime(RuntimeError):
     """A blocking call (such as ``Future.get()``) was made on a thread of Monarch's tokio

@@ -17,7 +17,14 @@ import weakref
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from monarch._rust_bindings import ActorMeshHandle, CallReplies, CastMode, PortHandle, ReplyQueue
+from monarch._rust_bindings import (
+    ActorMeshHandle,
+    CallReplies,
+    CastMode,
+    MessageTooLarge,
+    PortHandle,
+    ReplyQueue,
+)
 from monarch._src import config
 from monarch._src.actor import extensions, process
 from monarch._src.actor.actor import Actor, _class_info, _ClassInfo
@@ -26,6 +33,7 @@ from monarch._src.actor.endpoint import Endpoint, EndpointKind, TensorRoute, _No
 
 # Re-exported: the errors of actor calls are imported from here too.
 from monarch._src.actor.errors import ActorError as ActorError
+from monarch._src.actor.errors import MessageTooLargeError
 from monarch._src.actor.errors import SupervisionError as SupervisionError
 from monarch._src.actor.future import Done, Future
 from monarch._src.actor.pickling import dumps
@@ -186,7 +194,10 @@ class ActorMesh(MeshTrait, Generic[A]):
         n = self._count
         if mode is CastMode.CHOOSE:
             index = random.randrange(n)
-        out = self._handle.cast(sender(), method, payload, mode, port, index, n)
+        try:
+            out = self._handle.cast(sender(), method, payload, mode, port, index, n)
+        except MessageTooLarge as e:
+            raise MessageTooLargeError(str(e), endpoint) from None
         if out is None:
             return None
         assert isinstance(out, CallReplies)
@@ -216,9 +227,12 @@ class ActorMesh(MeshTrait, Generic[A]):
         if error is not None:
             return iter([Future(impl=Failed(error)) for _ in range(self._count)])
         _sync_fanout()
-        queue = self._handle.cast(sender(), method, payload, CastMode.STREAM)
-        assert isinstance(queue, ReplyQueue)
         endpoint = f"{self._class_name}.{method}"
+        try:
+            queue = self._handle.cast(sender(), method, payload, CastMode.STREAM)
+        except MessageTooLarge as e:
+            raise MessageTooLargeError(str(e), endpoint) from None
+        assert isinstance(queue, ReplyQueue)
         return iter(
             [Future(impl=StreamOne(queue, self._view_info(), endpoint)) for _ in range(self._count)]
         )

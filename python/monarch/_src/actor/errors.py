@@ -69,3 +69,10 @@ class SupervisionError(RuntimeError):
     def __init__(self, message: str, endpoint: str | None = None) -> None:
         super().__init__(message)
         self.endpoint = endpoint
+
+
+class MessageTooLargeError(SupervisionError, ValueError):
+    """A message was over the largest message a channel carries (the
+    ``codec_max_frame_length`` config key), so it was not sent: the call it carried
+    cannot reach its actors. A ``SupervisionError`` (as upstream Monarch reports an
+    undeliverable message) and a ``ValueError`` (the argument is too large)."""
