@@ -448,6 +448,13 @@ impl ProcAgent {
         }
     }
 
+    /// Records that `host` is about to end by this process's doing without asking it
+    /// (its job is being killed): its loss is then expected and only logged at info
+    /// level, as for a host asked to end ([`Self::end_host`]).
+    pub fn expect_host_end(&self, host: &ProcId) {
+        self.inner.liveness.mark_ending(host);
+    }
+
     /// Asks the worker `host` to stop all its procs (each gets `timeout`) and end
     /// ([`Control::EndHost`]); returns once it answered, its link failed, it was found
     /// lost (it stopped answering heartbeats for [`Liveness::timeout`]), or `timeout`

@@ -275,6 +275,16 @@ impl PyHostMesh {
         Ok(PyProcMesh::new(inner, None))
     }
 
+    /// Records that these hosts are about to end by this process's doing (their job
+    /// is being killed): their loss is expected, not warned about.
+    fn abandon(&self) -> PyResult<()> {
+        let agent = crate::agent::process_agent()?;
+        for host in self.mesh.hosts() {
+            agent.expect_host_end(host);
+        }
+        Ok(())
+    }
+
     /// Ends the workers of this mesh (each stops its procs, `timeout` seconds each, and
     /// exits); resolves to the failures, as `"host: reason"` strings (empty when every
     /// worker confirmed). Never waits on a host known lost, nor on a silent one longer

@@ -305,6 +305,22 @@ impl PyProcMesh {
         ))
     }
 
+    /// Marks the mesh stopped without stopping its procs, which are about to end with
+    /// their hosts (a job being killed): their ends, and what they cause in this
+    /// process, are then no failures. A mesh still starting is marked once it is up.
+    fn abandon(&self) -> PyResult<()> {
+        let agent = crate::agent::process_agent()?.clone();
+        for inner in self.inner.owners() {
+            let agent = agent.clone();
+            inner.deferred.run(move |mesh| {
+                if let Ok(mesh) = mesh {
+                    agent.mark_stopped(mesh.info().id);
+                }
+            });
+        }
+        Ok(())
+    }
+
     /// A new proc mesh named `name`, laid out along `extent`, whose rank `i` is the one
     /// proc of `members[i]` (a one-proc view of any ready proc mesh): procs already
     /// running, gathered from several meshes (the survivors of a mesh that lost a proc,

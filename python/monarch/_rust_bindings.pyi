@@ -743,6 +743,8 @@ class HostMeshHandle:
         ``forward_output`` is false, and goes to per-proc log files with ``log_files``;
         each host keeps the last ``tail_lines`` lines of each proc's stderr (shown when
         a proc exits before it is ready)."""
+    def abandon(self) -> None:
+        """Record that these hosts are about to end by this process's doing."""
     def end_workers(
         self, sender: Client | DrivenActor, reason: str, timeout: float
     ) -> Future[list[str]]:
@@ -779,6 +781,8 @@ class ProcMeshHandle:
         class_name: str,
         parts: Sequence[bytes | bytearray] | bytes,
     ) -> ActorMeshHandle: ...
+    def abandon(self) -> None:
+        """Mark the mesh stopped without stopping its procs (they end with their hosts)."""
     def stop(self, sender: Client | DrivenActor, reason: str) -> Future[None]: ...
     def error(self) -> str | None: ...
     @staticmethod

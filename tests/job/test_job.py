@@ -832,6 +832,60 @@ def test_process_job_end_to_end() -> None:
     assert not any(_alive(pid) for pid in worker_pids)
 
 
+#: A client whose actor on one host calls, in a loop, an actor on the other, and kills
+#: the job while it does; with the default fault hook, so a failure judged after the
+#: kill would end it with exit status 1.
+KILL_WHILE_BUSY = """
+import sys
+from monarch.actor import Actor, Channel, SupervisionError, endpoint
+from monarch.job import ProcessJob
+
+class Answerer(Actor):
+    @endpoint
+    def ask(self) -> int:
+        return 1
+
+class Asker(Actor):
+    def __init__(self, answerer, port):
+        self.answerer, self.port = answerer, port
+
+    @endpoint
+    def run(self) -> None:
+        self.port.send("looping")
+        while True:
+            self.answerer.ask.call_one().get(timeout=30)
+
+job = ProcessJob({"hosts": 2})
+procs = job.state(cached_path=None).hosts.spawn_procs(per_host={"p": 1})
+port, looping = Channel[str].open()
+answerer = procs.slice(hosts=0).spawn("answerer", Answerer)
+procs.slice(hosts=1).spawn("asker", Asker, answerer, port).run.broadcast()
+print(looping.recv().get(timeout=60), flush=True)
+job.kill()
+print("killed", flush=True)
+try:
+    answerer.ask.call_one().get(timeout=30)
+except SupervisionError as e:
+    print("after:", e, flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_killing_a_process_job_is_no_failure_of_what_ran_on_it() -> None:
+    """job.kill() ends the workers and every proc on them: in the client, the meshes on
+    them count as stopped first, so neither the procs' ends nor an actor that failed
+    because its peer went first is an unhandled failure; later calls say why."""
+    out = subprocess.run(
+        [sys.executable, "-c", KILL_WHILE_BUSY], capture_output=True, text=True, timeout=100
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[:2] == ["looping", "killed"], out
+    assert lines[2].startswith("after: ") and "its job (ProcessJob) was killed" in lines[2]
+    assert "unhandled failure" not in out.stderr, out.stderr
+    assert " is lost (" not in out.stderr, out.stderr  # an expected end: no warning
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.usefixtures("record_faults")
 def test_process_job_end_to_end_reconnects_through_the_cache(tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ from monarch._src.actor.value_mesh import ValueMesh
 if TYPE_CHECKING:
     from monarch._src.actor.proc_mesh import ProcMesh
 
-__all__ = ["ActorMesh", "get_or_spawn_controller", "spawn_actor_mesh"]
+__all__ = ["ActorMesh", "abandon_actor_meshes", "get_or_spawn_controller", "spawn_actor_mesh"]
 
 A = TypeVar("A", bound=Actor)
 
@@ -358,6 +358,21 @@ def spawn_actor_mesh(
     mesh: ActorMesh[Any] = ActorMesh(shared, proc_mesh._shape, handle)
     state.owned[handle.mesh_id] = mesh
     return mesh
+
+
+def abandon_actor_meshes(procs: Any, reason: str) -> None:
+    """Count the actor meshes this process spawned on the proc mesh ``procs`` (a mesh
+    ``spawn_procs`` returned) as stopped for ``reason``, without stopping them (their
+    procs end with their hosts): their failures are not judged, and calls to them
+    raise ``SupervisionError`` saying why."""
+    state = process.peek()
+    if state is None:
+        return
+    for mesh in list(state.owned.values()):
+        shared = mesh._shared
+        if shared.procs is not None and shared.procs() is procs and shared.stopped is None:
+            shared.stopped = reason
+            state.stopped.add(shared.handle.mesh_id)
 
 
 def get_or_spawn_controller(name: str, cls: type[A], *args: Any, **kwargs: Any) -> Future[A]:

@@ -28,7 +28,7 @@ from monarch._src.actor import context as _context
 from monarch._src.actor import cpu_threads, cuda_devices, extensions, logs, process
 from monarch._src.actor import proc_bind as proc_binding
 from monarch._src.actor.actor import Actor
-from monarch._src.actor.actor_mesh import spawn_actor_mesh
+from monarch._src.actor.actor_mesh import abandon_actor_meshes, spawn_actor_mesh
 from monarch._src.actor.bootstrap_command import BootstrapCommand
 from monarch._src.actor.context import sender
 from monarch._src.actor.errors import ActorError
@@ -151,6 +151,17 @@ class ProcMesh(MeshTrait):
         if self._host_mesh is None or len(self) != 1:
             raise NotImplementedError("host_mesh is available on singleton proc meshes only")
         return self._host_mesh
+
+    def _abandon(self, reason: str) -> None:
+        """Count this mesh (every view of it) and the actor meshes on it as stopped for
+        ``reason``, without stopping anything: its procs are about to end with their
+        hosts (a job being killed), and their ends, or the failures they cause in actors
+        still running, are no failures of the program. Later calls and spawns raise."""
+        if self._stopped:
+            return
+        self._stopped.append(reason)
+        self._handle.abandon()
+        abandon_actor_meshes(self._root, reason)
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop every proc of this mesh (lazy: runs when waited for). Only the process
@@ -521,6 +532,7 @@ class HostMesh(MeshTrait):
             python_executable=self._python,
         )
         view._name = self._name
+        view._spawned = self._spawned  # procs spawned on a slice are on these hosts too
         return view
 
     def with_python_executable(self, path: str) -> HostMesh:
@@ -572,6 +584,17 @@ class HostMesh(MeshTrait):
         from monarch._src.actor.future import coroutine_future
 
         return coroutine_future(stop)
+
+    def _abandon(self, reason: str) -> None:
+        """The hosts are about to end (their job is being killed): every proc mesh
+        spawned on them counts as stopped for ``reason`` (see ``ProcMesh._abandon``), and
+        the mesh as shut down."""
+        self._shut_down = True
+        self._workers_ended = True
+        self._handle.abandon()  # their loss is expected: no warning
+        for procs in list(self._spawned):
+            procs._abandon(reason)
+        self._spawned.clear()
 
     def shutdown(self) -> Future[None]:
         """Stop every proc spawned on these hosts, and end the workers of a mesh from

@@ -27,6 +27,8 @@ class LocalJob(JobTrait):
     any job returns this job's meshes. ``kill()`` ends the script if it still runs.
     """
 
+    _kill_ends_hosts = False  # the hosts are this machine: kill() leaves them be
+
     #: The batch-mode client script's process, once ``apply(client_script=...)`` ran.
     process: subprocess.Popen[bytes] | None = None
     #: Where that process's ``stdout.log`` and ``stderr.log`` are.

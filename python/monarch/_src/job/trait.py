@@ -15,6 +15,7 @@ import pickle
 import tempfile
 import uuid
 import warnings
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -141,6 +142,9 @@ class JobTrait(ABC):
     #: (``apply(client_script=...)``): inside that script (``MONARCH_BATCH_JOB=1``),
     #: ``state()`` of any job uses it, whatever the script's own job asks for.
     _batch: bool = False
+    #: Whether ``kill()`` ends the hosts ``state()`` hands out (and so every proc on
+    #: them); not so for a job whose hosts are this machine (``LocalJob``).
+    _kill_ends_hosts: bool = True
 
     def __init__(self) -> None:
         self._status = "not_running"
@@ -256,6 +260,7 @@ class JobTrait(ABC):
         self._gather_mounts = (*self._gather_mounts, mount)
 
     def _monitored(self, state: JobState) -> JobState:
+        _note_handed_out(self, state)
         if self._remote_mounts or self._gather_mounts:
             from monarch._src.job import mounts  # the actor runtime: not on import
 
@@ -306,6 +311,12 @@ class JobTrait(ABC):
         to). A no-op when inactive."""
         running = self._running
         if running is not None:
+            # The procs on the allocation's hosts end with it: in this process their
+            # meshes count as stopped first, so that their ends are no failures.
+            reason = f"its job ({type(running).__name__}) was killed"
+            if running._kill_ends_hosts:
+                for host in _handed_out(self, running):
+                    host._abandon(reason)
             running._kill()
             if running is not self:
                 running._status = "not_running"
@@ -409,6 +420,31 @@ def _load_cached(path: str) -> JobTrait | None:
         logger.warning("ignoring the unreadable job cache at %s", path, exc_info=True)
         return None
     return job._running
+
+
+#: The host meshes ``state()`` handed out in this process, by job (weakly: neither
+#: the jobs nor the meshes are kept alive by this), for ``kill()``.
+_handed: weakref.WeakKeyDictionary[JobTrait, list[weakref.ref[Any]]] = weakref.WeakKeyDictionary()
+
+
+def _note_handed_out(job: JobTrait, state: JobState) -> None:
+    refs = _handed.setdefault(job, [])
+    refs[:] = [r for r in refs if r() is not None]
+    known = {id(r()) for r in refs}
+    for host in state._hosts.values():
+        if id(host) not in known and hasattr(host, "_abandon"):
+            refs.append(weakref.ref(host))
+            known.add(id(host))
+
+
+def _handed_out(*jobs: JobTrait) -> list[Any]:
+    hosts: dict[int, Any] = {}
+    for job in jobs:
+        for ref in _handed.get(job, ()):
+            host = ref()
+            if host is not None:
+                hosts[id(host)] = host
+    return list(hosts.values())
 
 
 #: The environment variable a batch-mode client script runs with.
