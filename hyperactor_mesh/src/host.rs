@@ -583,8 +583,9 @@ impl Host {
         }
     }
 
-    /// Stops every proc of this host gracefully, all at once (see [`ProcHandle::stop`]:
-    /// each gets `timeout`, then is killed), and waits until all are reaped (HOST-3).
+    /// Stops every proc of this host gracefully, all at once (see
+    /// [`ProcHandle::stop_at_end`]: each gets `timeout`, then is killed, which is
+    /// expected of a host that ends), and waits until all are reaped (HOST-3).
     /// Later spawns fail with [`HostError::ShutDown`]. The host's own proc keeps running.
     ///
     /// # Cancel safety
@@ -594,7 +595,7 @@ impl Host {
     pub async fn shutdown(&self, timeout: Duration) {
         self.shut_down.store(true, Ordering::SeqCst);
         let procs = self.procs();
-        futures::future::join_all(procs.iter().map(|p| p.stop(timeout))).await;
+        futures::future::join_all(procs.iter().map(|p| p.stop_at_end(timeout))).await;
     }
 }
 

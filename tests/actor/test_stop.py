@@ -293,6 +293,32 @@ def test_the_end_of_the_program_stops_actors_gracefully(tmp_path: Path) -> None:
     assert sorted(_lines(notes, 6)) == ["cleanup"] * 3 + ["del"] * 3
 
 
+def test_a_proc_slow_to_exit_at_the_end_of_the_program_is_killed_quietly(
+    tmp_path: Path,
+) -> None:
+    """At the end of the program each proc gets a second to exit, then is killed: that
+    is the expected end of a proc the program did not stop, so nothing is printed."""
+    script = tmp_path / "script.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parent.parent)!r}]
+            from test_stop import HangsAtExit
+            from monarch.actor import this_host
+
+            procs = this_host().spawn_procs(per_host={{"gpus": 2}})
+            pids = procs.spawn("hangs", HangsAtExit).hang_at_exit.call().get(timeout=60)
+            print(*pids.values())
+            """
+        )
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "did not stop" not in out.stderr and "WARN" not in out.stderr, out.stderr
+    assert not any(running(int(pid)) for pid in out.stdout.split())
+
+
 def test_stopping_an_actor_mesh_releases_its_actors(tmp_path: Path) -> None:
     procs = this_host().spawn_procs(per_host={"gpus": 1})
     notes = tmp_path / "notes"

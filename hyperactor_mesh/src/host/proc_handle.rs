@@ -107,15 +107,33 @@ impl ProcHandle {
     /// Cancel safe: the stop request is made before the first await; a cancelled call
     /// does not kill the proc after the timeout.
     pub async fn stop(&self, timeout: Duration) -> ProcStatus {
+        self.stop_logged(timeout, true).await
+    }
+
+    /// As [`Self::stop`], for a host that is ending (its process exits, or it was asked
+    /// to end): the kill of a proc that overran `timeout` is expected then, and logged
+    /// at info level, not as a warning.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Self::stop`].
+    pub async fn stop_at_end(&self, timeout: Duration) -> ProcStatus {
+        self.stop_logged(timeout, false).await
+    }
+
+    async fn stop_logged(&self, timeout: Duration, warn: bool) -> ProcStatus {
         self.child.close_stdin();
         match tokio::time::timeout(timeout, self.wait()).await {
             Ok(status) => status,
             Err(_) => {
-                tracing::warn!(
-                    proc = %self.proc_id,
-                    rank = self.rank(),
-                    "proc did not stop within {timeout:?} of its stop request; killing it"
-                );
+                let (proc, rank) = (&self.proc_id, self.rank());
+                let message =
+                    format!("proc did not stop within {timeout:?} of its stop request; killing it");
+                if warn {
+                    tracing::warn!(%proc, rank, "{message}");
+                } else {
+                    tracing::info!(%proc, rank, "{message}");
+                }
                 self.kill();
                 self.wait().await
             }
