@@ -491,11 +491,13 @@ class EnvReader(Actor):
         return os.environ.get(key)
 
 
-class Concurrent(Actor):
+class Gate(Actor):
+    """A plain async actor: one message at a time."""
+
     def __init__(self) -> None:
         self.release = asyncio.Event()
 
-    @concurrent_endpoint
+    @endpoint
     async def wait_for_release(self) -> str:
         await self.release.wait()
         return "released"
@@ -503,6 +505,13 @@ class Concurrent(Actor):
     @endpoint
     async def release_now(self) -> None:
         self.release.set()
+
+
+class Concurrent(Gate):
+    @concurrent_endpoint
+    async def wait_for_release(self) -> str:
+        await self.release.wait()
+        return "released"
 
 
 def test_failing_init_makes_later_calls_raise_supervision_error(procs: ProcMesh) -> None:
@@ -547,22 +556,6 @@ def test_concurrent_endpoint_lets_the_next_message_in(procs: ProcMesh) -> None:
     waiting = c.wait_for_release.call_one()
     c.release_now.call_one().get(timeout=30)
     assert waiting.get(timeout=30) == "released"
-
-
-class Gate(Actor):
-    """A plain async actor: one message at a time."""
-
-    def __init__(self) -> None:
-        self.release = asyncio.Event()
-
-    @endpoint
-    async def wait_for_release(self) -> str:
-        await self.release.wait()
-        return "released"
-
-    @endpoint
-    async def release_now(self) -> None:
-        self.release.set()
 
 
 @concurrent_actor

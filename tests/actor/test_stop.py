@@ -154,6 +154,16 @@ def _lines(path: Path, count: int, timeout: float = 30) -> list[str]:
         time.sleep(0.05)
 
 
+def _run_script(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+    """Run ``body`` (a script's statements, which may import from this module) as a
+    program of its own; its exit status and output."""
+    script = tmp_path / "script.py"
+    here = Path(__file__).parent
+    prelude = f"import sys\nsys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]\n"
+    script.write_text(prelude + textwrap.dedent(body))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
+
+
 def test_proc_mesh_stop_cancels_tasks_cleans_up_and_finalizes(tmp_path: Path) -> None:
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     plain = tmp_path / "plain"
@@ -204,12 +214,9 @@ def test_the_program_ends_normally_after_a_stop_cancelled_a_reraising_endpoint(
     tmp_path: Path,
 ) -> None:
     notes = tmp_path / "notes"
-    script = tmp_path / "script.py"
-    script.write_text(
-        textwrap.dedent(
-            f"""
-            import sys
-            sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parent.parent)!r}]
+    out = _run_script(
+        tmp_path,
+        f"""
             from test_stop import Reraises
             from monarch.actor import this_host
 
@@ -218,10 +225,8 @@ def test_the_program_ends_normally_after_a_stop_cancelled_a_reraising_endpoint(
             actors.forever.broadcast()
             actors.wait_started.call_one().get(timeout=60)
             print("returning")
-            """
-        )
+        """,
     )
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "failed" not in out.stderr, out.stderr[-3000:]
     assert _lines(notes, 3) == ["cancelled", "finally", "cleanup:None"]
@@ -268,12 +273,9 @@ def test_a_stuck_actor_costs_at_most_the_stop_timeout(tmp_path: Path) -> None:
 
 def test_the_end_of_the_program_stops_actors_gracefully(tmp_path: Path) -> None:
     notes = tmp_path / "notes"
-    script = tmp_path / "script.py"
-    script.write_text(
-        textwrap.dedent(
-            f"""
-            import sys
-            sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parent.parent)!r}]
+    out = _run_script(
+        tmp_path,
+        f"""
             from test_stop import Finalized
             from monarch.actor import this_host, this_proc
 
@@ -283,10 +285,8 @@ def test_the_end_of_the_program_stops_actors_gracefully(tmp_path: Path) -> None:
             assert remote.ping.call().get(timeout=60)
             assert local.ping.call_one().get(timeout=60) == 1
             print("returning")
-            """
-        )
+        """,
     )
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "returning" in out.stdout
     # Three actors (two procs and the client's own proc), each cleaned up and finalized.
@@ -298,22 +298,17 @@ def test_a_proc_slow_to_exit_at_the_end_of_the_program_is_killed_quietly(
 ) -> None:
     """At the end of the program each proc gets a second to exit, then is killed: that
     is the expected end of a proc the program did not stop, so nothing is printed."""
-    script = tmp_path / "script.py"
-    script.write_text(
-        textwrap.dedent(
-            f"""
-            import sys
-            sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parent.parent)!r}]
+    out = _run_script(
+        tmp_path,
+        """
             from test_stop import HangsAtExit
             from monarch.actor import this_host
 
-            procs = this_host().spawn_procs(per_host={{"gpus": 2}})
+            procs = this_host().spawn_procs(per_host={"gpus": 2})
             pids = procs.spawn("hangs", HangsAtExit).hang_at_exit.call().get(timeout=60)
             print(*pids.values())
-            """
-        )
+        """,
     )
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "did not stop" not in out.stderr and "WARN" not in out.stderr, out.stderr
     assert not any(running(int(pid)) for pid in out.stdout.split())
