@@ -26,9 +26,11 @@ Importing this module imports neither torch nor the actor runtime.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
@@ -37,10 +39,59 @@ if TYPE_CHECKING:
 
 __all__ = ["Selection"]
 
-#: A node of a selection: ("true",), ("all", inner), ("any", inner),
-#: ("range", start, stop | None, step, is_index, inner), ("union", a, b), ("inter", a, b).
-_Node = tuple[Any, ...]
-_TRUE: _Node = ("true",)
+# --- the nodes of a selection -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _True:
+    """Every coordinate of the dimensions left."""
+
+
+@dataclass(frozen=True)
+class _All:
+    """Every coordinate of this dimension, then ``inner`` below."""
+
+    inner: _Node
+
+
+@dataclass(frozen=True)
+class _Any:
+    """One coordinate of this dimension, chosen at random, then ``inner`` below."""
+
+    inner: _Node
+
+
+@dataclass(frozen=True)
+class _Range:
+    """Coordinates ``start:stop:step`` of this dimension (``stop`` ``None``: to its
+    end), then ``inner`` below; ``is_index`` for a single index (out of range is an
+    error, where a range is clamped)."""
+
+    start: int
+    stop: int | None
+    step: int
+    is_index: bool
+    inner: _Node
+
+
+@dataclass(frozen=True)
+class _Union:
+    """The points of either side."""
+
+    a: _Node
+    b: _Node
+
+
+@dataclass(frozen=True)
+class _Inter:
+    """The points of both sides."""
+
+    a: _Node
+    b: _Node
+
+
+_Node = _True | _All | _Any | _Range | _Union | _Inter
+_TRUE = _True()
 
 _EXAMPLES = "for example '*', '0,1:3', '*,(0|2)', '?', '(0,*)&(*,1)'"
 
@@ -81,26 +132,26 @@ class Selection:
     @classmethod
     def all(cls) -> Selection:
         """Every point of the mesh (``"*"``)."""
-        return cls(("all", _TRUE), "*")
+        return cls(_All(_TRUE), "*")
 
     @classmethod
     def any(cls) -> Selection:
         """A coordinate of the first dimension chosen at random at each evaluation, and
         everything below it (``"?"``): one point of a one-dimensional mesh; on
         ``{"hosts": 2, "gpus": 4}`` one host's four gpus (``"?,?"`` picks one point)."""
-        return cls(("any", _TRUE), "?")
+        return cls(_Any(_TRUE), "?")
 
     def __or__(self, other: Selection) -> Selection:
         """The points of either selection."""
         if not isinstance(other, Selection):
             return NotImplemented
-        return Selection(("union", self._node, other._node), f"({self._text})|({other._text})")
+        return Selection(_Union(self._node, other._node), f"({self._text})|({other._text})")
 
     def __and__(self, other: Selection) -> Selection:
         """The points of both selections."""
         if not isinstance(other, Selection):
             return NotImplemented
-        return Selection(("inter", self._node, other._node), f"({self._text})&({other._text})")
+        return Selection(_Inter(self._node, other._node), f"({self._text})&({other._text})")
 
     # --- evaluating ---------------------------------------------------------------------------
 
@@ -175,46 +226,44 @@ def _eval(
     node: _Node, labels: list[str], sizes: list[int], d: int, text: str
 ) -> set[tuple[int, ...]]:
     """The coordinates, from dimension ``d`` on, that ``node`` picks."""
-    kind = node[0]
-    if kind == "true":
+    if isinstance(node, _True):
         return set(itertools.product(*(range(s) for s in sizes[d:])))
-    if kind == "union":
-        return _eval(node[1], labels, sizes, d, text) | _eval(node[2], labels, sizes, d, text)
-    if kind == "inter":
-        return _eval(node[1], labels, sizes, d, text) & _eval(node[2], labels, sizes, d, text)
+    if isinstance(node, _Union):
+        return _eval(node.a, labels, sizes, d, text) | _eval(node.b, labels, sizes, d, text)
+    if isinstance(node, _Inter):
+        return _eval(node.a, labels, sizes, d, text) & _eval(node.b, labels, sizes, d, text)
     if d == len(sizes):
         raise ValueError(
             f"Selection {text!r} goes down more dimensions than the mesh has: "
             f"{len(sizes)} ({dict(zip(labels, sizes, strict=True))})"
         )
     size = sizes[d]
-    if kind == "all":
-        picked: Sequence[int] = range(size)
-    elif kind == "any":
+    picked: Sequence[int]
+    if isinstance(node, _All):
+        picked = range(size)
+    elif isinstance(node, _Any):
         picked = [random.randrange(size)] if size else []
     else:
-        _, start, stop, step, is_index, _ = node
-        if is_index and start >= size:
+        if node.is_index and node.start >= size:
             raise IndexError(
-                f"Selection {text!r}: index {start} is outside dimension {labels[d]!r} "
-                f"of size {size}"
+                f"Selection {text!r}: index {node.start} is outside dimension "
+                f"{labels[d]!r} of size {size}"
             )
-        picked = range(start, size if stop is None else min(stop, size), step)
-    inner = node[-1]
+        stop = size if node.stop is None else min(node.stop, size)
+        picked = range(node.start, stop, node.step)
     out: set[tuple[int, ...]] = set()
     for i in picked:
-        out.update((i, *rest) for rest in _eval(inner, labels, sizes, d + 1, text))
+        out.update((i, *rest) for rest in _eval(node.inner, labels, sizes, d + 1, text))
     return out
 
 
 def _nest(dim: _Node, tail: _Node) -> _Node:
     """``dim`` (a group of a chain) with ``tail`` (the rest of the chain) below it."""
-    kind = dim[0]
-    if kind == "true":
+    if isinstance(dim, _True):
         return tail
-    if kind in ("union", "inter"):
-        return (kind, _nest(dim[1], tail), _nest(dim[2], tail))
-    return (*dim[:-1], _nest(dim[-1], tail))
+    if isinstance(dim, (_Union, _Inter)):
+        return type(dim)(_nest(dim.a, tail), _nest(dim.b, tail))
+    return dataclasses.replace(dim, inner=_nest(dim.inner, tail))
 
 
 class _Parser:
@@ -239,14 +288,14 @@ class _Parser:
         node = self.intersection()
         while self.peek() == "|":
             self.pos += 1
-            node = ("union", node, self.intersection())
+            node = _Union(node, self.intersection())
         return node
 
     def intersection(self) -> _Node:
         node = self.chain()
         while self.peek() == "&":
             self.pos += 1
-            node = ("inter", node, self.chain())
+            node = _Inter(node, self.chain())
         return node
 
     def chain(self) -> _Node:
@@ -254,7 +303,7 @@ class _Parser:
         while self.peek() == ",":
             self.pos += 1
             groups.append(self.group())
-        node = _TRUE
+        node: _Node = _TRUE
         for dim in reversed(groups):
             node = _nest(dim, node)
         return node
@@ -270,10 +319,10 @@ class _Parser:
             return node
         if c == "*":
             self.pos += 1
-            return ("all", _TRUE)
+            return _All(_TRUE)
         if c == "?":
             self.pos += 1
-            return ("any", _TRUE)
+            return _Any(_TRUE)
         if c.isdigit() or c == ":":
             return self.range()
         self.fail("unexpected end" if not c else f"unexpected {c!r}")
@@ -288,7 +337,7 @@ class _Parser:
         start = self.number()
         if self.peek() != ":":
             assert start is not None
-            return ("range", start, start + 1, 1, True, _TRUE)
+            return _Range(start, start + 1, 1, True, _TRUE)
         self.pos += 1
         stop = self.number()
         step = 1
@@ -301,4 +350,4 @@ class _Parser:
                 self.pos -= 1
                 self.fail("a step of 0")
             step = given
-        return ("range", start or 0, stop, step, False, _TRUE)
+        return _Range(start or 0, stop, step, False, _TRUE)
