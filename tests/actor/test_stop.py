@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import monarch
-from monarch.actor import Actor, SupervisionError, concurrent_endpoint, endpoint, this_host
+from monarch.actor import (
+    Actor,
+    Port,
+    SupervisionError,
+    concurrent_endpoint,
+    endpoint,
+    this_host,
+)
 from proc_state import running
 
 if TYPE_CHECKING:  # not imported at run time: procs unpickling this module lack it
@@ -312,6 +319,89 @@ def test_a_proc_slow_to_exit_at_the_end_of_the_program_is_killed_quietly(
     assert out.returncode == 0, out.stderr[-3000:]
     assert "did not stop" not in out.stderr and "WARN" not in out.stderr, out.stderr
     assert not any(running(int(pid)) for pid in out.stdout.split())
+
+
+class Answerer(Actor):
+    @endpoint
+    def ask(self) -> int:
+        return 1
+
+
+class Asker(Actor):
+    """Calls ``answerer`` for ever: when the answerer's proc stops first, the call
+    raises out of this broadcast endpoint and the actor fails."""
+
+    def __init__(self, answerer: Answerer, port: Port[str]) -> None:
+        self.answerer, self.port = answerer, port
+
+    @endpoint
+    def run(self) -> None:
+        self.port.send("looping")
+        while True:
+            self.answerer.ask.call_one().get(timeout=30)
+
+
+def test_an_actor_failing_because_its_peer_stopped_first_is_no_failure(
+    tmp_path: Path,
+) -> None:
+    """A proc mesh stops its procs all at once: an actor whose peer's proc stopped
+    first fails on its next call, and that is part of the stop, not a failure of the
+    program (with the default fault hook, one would end it with exit status 1)."""
+    out = _run_script(
+        tmp_path,
+        """
+            from test_stop import Answerer, Asker
+            from monarch.actor import Channel, this_host
+
+            procs = this_host().spawn_procs(per_host={"p": 4})
+            port, looping = Channel[str].open()
+            answerer = procs.slice(p=0).spawn("answerer", Answerer)
+            askers = procs.slice(p=slice(1, 4)).spawn("asker", Asker, answerer, port)
+            askers.run.broadcast()
+            for _ in range(3):
+                looping.recv().get(timeout=60)
+            procs.stop().get(timeout=60)
+            print("stopped")
+        """,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["stopped"]
+    assert "unhandled failure" not in out.stderr, out.stderr[-3000:]
+
+
+class AskersOwner(Actor):
+    """Owns a proc mesh of an answerer and askers (see above), and stops it."""
+
+    @endpoint
+    def run_and_stop(self) -> str:
+        from monarch.actor import Channel
+
+        procs = this_host().spawn_procs(per_host={"p": 4})
+        port, looping = Channel[str].open()
+        answerer = procs.slice(p=0).spawn("answerer", Answerer)
+        askers = procs.slice(p=slice(1, 4)).spawn("asker", Asker, answerer, port)
+        askers.run.broadcast()
+        for _ in range(3):
+            looping.recv().get(timeout=60)
+        procs.stop().get(timeout=60)
+        return "stopped"
+
+    @endpoint
+    def alive(self) -> bool:
+        return True
+
+
+def test_an_owner_actor_is_not_failed_by_the_stop_of_what_it_owns(faults: Faults) -> None:
+    procs = this_host().spawn_procs(per_host={"p": 1})
+    try:
+        owner = procs.spawn("askers_owner", AskersOwner)
+        assert owner.run_and_stop.call_one().get(timeout=90) == "stopped"
+        # Had a failure of the stopped mesh reached it, the owner (no __supervise__)
+        # would have failed, and this call would raise.
+        assert owner.alive.call_one().get(timeout=30)
+        assert not [f for f in faults.failures if f.mesh_name == "askers_owner"]
+    finally:
+        procs.stop().get(timeout=60)
 
 
 def test_stopping_an_actor_mesh_releases_its_actors(tmp_path: Path) -> None:

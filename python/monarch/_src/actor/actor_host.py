@@ -52,7 +52,7 @@ from monarch._src.actor.errors import ActorError
 from monarch._src.actor.pickling import dumps, dumps_value, format_exception, loads, loads_parts
 from monarch._src.actor.point import Point
 from monarch._src.actor.replies import ERROR, FAILED, OK, STOPPED
-from monarch._src.actor.supervision import MeshFailure, located
+from monarch._src.actor.supervision import MeshFailure, located, stopped_on_purpose
 
 __all__ = ["HostedActor", "after_call_hook", "cleanup_timeout", "run_spawner", "stop_all"]
 
@@ -458,7 +458,7 @@ class HostedActor:
                 self._call_sync(d)
             elif kind is DELIVERY_SUPERVISE:
                 raw = d.failure
-                if raw is None or self.ended:
+                if raw is None or self.ended or stopped_on_purpose(raw.mesh_id):
                     continue
                 raw = located(raw, str(self.instance))
                 failure = MeshFailure(raw)
@@ -606,7 +606,7 @@ class HostedActor:
 
     async def _supervise_async(self, d: Delivery) -> None:
         raw = d.failure
-        if raw is None or self.ended:
+        if raw is None or self.ended or stopped_on_purpose(raw.mesh_id):
             return
         raw = located(raw, str(self.instance))
         failure = MeshFailure(raw)

@@ -360,19 +360,21 @@ def spawn_actor_mesh(
     return mesh
 
 
-def abandon_actor_meshes(procs: Any, reason: str) -> None:
+def abandon_actor_meshes(procs: Any, reason: str | None) -> None:
     """Count the actor meshes this process spawned on the proc mesh ``procs`` (a mesh
-    ``spawn_procs`` returned) as stopped for ``reason``, without stopping them (their
-    procs end with their hosts): their failures are not judged, and calls to them
-    raise ``SupervisionError`` saying why."""
+    ``spawn_procs`` returned) as stopped, without stopping them (their procs are being
+    stopped, or end with their hosts): their failures are not judged. With a
+    ``reason``, later calls to them raise ``SupervisionError`` at once saying why;
+    without, calls go on to the procs, which answer that they stopped."""
     state = process.peek()
     if state is None:
         return
     for mesh in list(state.owned.values()):
         shared = mesh._shared
-        if shared.procs is not None and shared.procs() is procs and shared.stopped is None:
-            shared.stopped = reason
+        if shared.procs is not None and shared.procs() is procs:
             state.stopped.add(shared.handle.mesh_id)
+            if reason is not None and shared.stopped is None:
+                shared.stopped = reason
 
 
 def get_or_spawn_controller(name: str, cls: type[A], *args: Any, **kwargs: Any) -> Future[A]:

@@ -170,6 +170,7 @@ class ProcMesh(MeshTrait):
         handle = self._handle
         stopped = self._stopped
         engines = self._tensor_engine
+        root = self._root
 
         async def stop() -> None:
             if stopped:
@@ -179,6 +180,9 @@ class ProcMesh(MeshTrait):
             state = process.peek()
             if state is not None:
                 state.agent.exit_timeout = exit_timeout()
+            # The actor meshes on these procs are stopped with them: an actor that fails
+            # because a peer's proc stopped first is no failure of the program.
+            abandon_actor_meshes(root, None)
             await handle.stop(sender(), reason)
             stopped.append(reason)
             # The procs' last lines arrived before the stop's answer: written first.

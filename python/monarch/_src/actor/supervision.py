@@ -44,6 +44,7 @@ __all__ = [
     "located",
     "route_failures",
     "start_root_supervision",
+    "stopped_on_purpose",
     "unhandled_fault_hook",
 ]
 
@@ -154,6 +155,13 @@ class MeshFailure:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (MeshFailure, (self._failure,))
+
+
+def stopped_on_purpose(mesh_id: int) -> bool:
+    """Whether this process stopped the actor mesh ``mesh_id``, or the procs it runs on
+    (its failures are then part of the stop, for its owner here)."""
+    state = process.peek()
+    return state is not None and mesh_id in state.stopped
 
 
 def located(failure: _RustMeshFailure, owner_path: str) -> _RustMeshFailure:
@@ -274,9 +282,8 @@ def _judge(failure: MeshFailure) -> None:
     raises."""
     v = _verdicts
     key = (failure.mesh_id, failure.rank)
-    state = process.peek()
-    if state is not None and failure.mesh_id in state.stopped:
-        return  # stopped on purpose: its procs' exits are not failures
+    if stopped_on_purpose(failure.mesh_id):
+        return  # its procs' exits, and what they cause, are not failures
     with v.cond:
         if key in v.seen or process.is_shut_down():
             return
