@@ -883,7 +883,10 @@ def test_killing_a_process_job_is_no_failure_of_what_ran_on_it() -> None:
     assert lines[:2] == ["looping", "killed"], out
     assert lines[2].startswith("after: ") and "its job (ProcessJob) was killed" in lines[2]
     assert "unhandled failure" not in out.stderr, out.stderr
-    assert " is lost (" not in out.stderr, out.stderr  # an expected end: no warning
+    # The client expects the hosts' end: it warns of no lost host. (A proc may still see
+    # the other host go first, and say so in its own forwarded output: "[anon N] ...".)
+    client_lines = [line for line in out.stderr.splitlines() if not line.startswith("[anon")]
+    assert not [line for line in client_lines if " is lost (" in line], out.stderr
 
 
 @pytest.mark.timeout(120)
