@@ -341,6 +341,22 @@ class Asker(Actor):
             self.answerer.ask.call_one().get(timeout=30)
 
 
+def ask_then_stop() -> str:
+    """Spawn an answerer and three askers on four procs, wait until every asker calls
+    it in a loop, then stop the procs (from the client, or from an owner actor)."""
+    from monarch.actor import Channel
+
+    procs = this_host().spawn_procs(per_host={"p": 4})
+    port, looping = Channel[str].open()
+    answerer = procs.slice(p=0).spawn("answerer", Answerer)
+    askers = procs.slice(p=slice(1, 4)).spawn("asker", Asker, answerer, port)
+    askers.run.broadcast()
+    for _ in range(3):
+        looping.recv().get(timeout=60)
+    procs.stop().get(timeout=60)
+    return "stopped"
+
+
 def test_an_actor_failing_because_its_peer_stopped_first_is_no_failure(
     tmp_path: Path,
 ) -> None:
@@ -350,18 +366,9 @@ def test_an_actor_failing_because_its_peer_stopped_first_is_no_failure(
     out = _run_script(
         tmp_path,
         """
-            from test_stop import Answerer, Asker
-            from monarch.actor import Channel, this_host
+            from test_stop import ask_then_stop
 
-            procs = this_host().spawn_procs(per_host={"p": 4})
-            port, looping = Channel[str].open()
-            answerer = procs.slice(p=0).spawn("answerer", Answerer)
-            askers = procs.slice(p=slice(1, 4)).spawn("asker", Asker, answerer, port)
-            askers.run.broadcast()
-            for _ in range(3):
-                looping.recv().get(timeout=60)
-            procs.stop().get(timeout=60)
-            print("stopped")
+            print(ask_then_stop())
         """,
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -374,17 +381,7 @@ class AskersOwner(Actor):
 
     @endpoint
     def run_and_stop(self) -> str:
-        from monarch.actor import Channel
-
-        procs = this_host().spawn_procs(per_host={"p": 4})
-        port, looping = Channel[str].open()
-        answerer = procs.slice(p=0).spawn("answerer", Answerer)
-        askers = procs.slice(p=slice(1, 4)).spawn("asker", Asker, answerer, port)
-        askers.run.broadcast()
-        for _ in range(3):
-            looping.recv().get(timeout=60)
-        procs.stop().get(timeout=60)
-        return "stopped"
+        return ask_then_stop()
 
     @endpoint
     def alive(self) -> bool:
